@@ -1,0 +1,145 @@
+"""Model folders: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``).
+
+A model folder is everything needed to use a trained model with no flags: the resolved config
+(model shape, and whatever else the producer recorded, e.g. data and training settings), the
+weights in safetensors (loading never executes pickled code) and the tokenizer. Writes are atomic.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from aiayn.config import ModelConfig, from_dict, to_dict
+from aiayn.errors import AiaynError, CheckpointError
+from aiayn.io import atomic_path, write_json
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+
+# kind -> constructor(ModelConfig) -> nn.Module. Other model shapes register themselves here.
+MODEL_KINDS: dict[str, Callable[[ModelConfig], nn.Module]] = {}
+
+
+def register_kind(kind: str, build: Callable[[ModelConfig], nn.Module]) -> None:
+    MODEL_KINDS[kind] = build
+
+
+def _builtin_kinds() -> None:
+    if "seq2seq" not in MODEL_KINDS:
+        from aiayn.model.transformer import Transformer
+
+        register_kind("seq2seq", Transformer)
+
+
+def save_weights(model: nn.Module, path: str | Path) -> None:
+    """Atomically write ``model``'s state to safetensors (tied tensors stored once)."""
+    state = {}
+    seen: dict[int, str] = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen and tensor.numel() > 0:
+            continue  # a tied weight (shared embedding / output projection)
+        seen[key] = name
+        state[name] = tensor.detach().contiguous().cpu()
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp))
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load safetensors weights into ``model``; a missing/corrupt file or mismatched tensor is a
+    CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file not found")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and not _is_tied(model, k, state)]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model in config.json "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{path}: tensor '{name}' has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=False)
+
+
+def _is_tied(model: nn.Module, name: str, state: dict) -> bool:
+    """True when ``name`` shares storage with a tensor present in ``state``."""
+    sd = model.state_dict()
+    ptr = sd[name].data_ptr()
+    return any(k in state for k, t in sd.items() if t.data_ptr() == ptr and k != name)
+
+
+def save_model_dir(
+    folder: str | Path,
+    model: nn.Module,
+    cfg: ModelConfig,
+    kind: str = "seq2seq",
+    tokenizer_json: str | None = None,
+    extra: dict[str, Any] | None = None,
+    weights_name: str = WEIGHTS_FILE,
+) -> Path:
+    """Write a loadable model folder: config.json (kind, model config, extras), weights, tokenizer."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_weights(model, folder / weights_name)
+    if tokenizer_json is not None:
+        with atomic_path(folder / TOKENIZER_FILE) as tmp:
+            tmp.write_text(tokenizer_json, encoding="utf-8")
+    write_json(folder / CONFIG_FILE, {"kind": kind, "model": to_dict(cfg), **(extra or {})})
+    return folder
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The parsed config.json of a model folder, with clear errors."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: model folder not found")
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: not a model folder ({CONFIG_FILE} is missing)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(meta, dict) or "model" not in meta or "kind" not in meta:
+        raise CheckpointError(f"{path}: not an aiayn model config (needs 'kind' and 'model')")
+    return meta
+
+
+def load_model_dir(
+    folder: str | Path, weights_name: str = WEIGHTS_FILE, expect_kind: str | None = None,
+    map_location: str | torch.device = "cpu",
+) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
+    """Build the model a folder describes and load its weights. Returns (model, cfg, meta)."""
+    _builtin_kinds()
+    folder = Path(folder)
+    meta = read_config(folder)
+    kind = meta["kind"]
+    if kind not in MODEL_KINDS:
+        raise CheckpointError(f"{folder}: unknown model kind '{kind}'")
+    if expect_kind is not None and kind != expect_kind:
+        raise CheckpointError(f"{folder}: holds a '{kind}' model, this command needs '{expect_kind}'")
+    try:
+        cfg = from_dict(ModelConfig, meta["model"])
+    except AiaynError as err:
+        raise CheckpointError(f"{folder / CONFIG_FILE}: {err}") from None
+    model = MODEL_KINDS[kind](cfg)
+    load_weights(model, folder / weights_name)
+    model.to(map_location).eval()
+    return model, cfg, meta

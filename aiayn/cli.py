@@ -1,0 +1,51 @@
+"""The ``aiayn`` command line: a thin layer over the library.
+
+Each sub-command lives in ``aiayn/commands/<name>.py`` and defines ``add_parser(subparsers)``
+returning its parser, with ``parser.set_defaults(run=callable)``. Errors caused by user input
+(:class:`aiayn.errors.AiaynError`) print one line ``aiayn: error: …`` and exit 2, without a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from aiayn.errors import AiaynError
+
+# Sub-command modules, in the order `aiayn --help` lists them.
+COMMANDS: list[str] = [
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn", description="The Transformer of 'Attention Is All You Need', as tools.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"aiayn.commands.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(message)s", stream=sys.stderr)
+    try:
+        return int(args.run(args) or 0)
+    except AiaynError as err:
+        print(f"aiayn: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("aiayn: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

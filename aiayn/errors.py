@@ -1,0 +1,22 @@
+"""User-facing errors.
+
+Anything a user can get wrong (a config value, a file, a flag, a checkpoint) raises a subclass of
+:class:`AiaynError`. The CLI prints its message on one line and exits non-zero, without a
+traceback. ``ConfigError`` is also a ``ValueError`` so library callers can catch either.
+"""
+
+
+class AiaynError(Exception):
+    """An error caused by user input; its message is shown as is."""
+
+
+class ConfigError(AiaynError, ValueError):
+    """A configuration value or key is invalid."""
+
+
+class DataError(AiaynError, ValueError):
+    """A data file or dataset is missing, malformed or fails its checksum."""
+
+
+class CheckpointError(AiaynError, ValueError):
+    """A model folder or checkpoint is missing, incomplete, corrupt or of the wrong kind."""

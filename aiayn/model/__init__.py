@@ -1,0 +1,21 @@
+"""The Transformer's building blocks (Vaswani et al. 2017, §3)."""
+
+from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.model.cache import DecoderCache, LayerCache
+from aiayn.model.embeddings import (
+    Embeddings,
+    LearnedPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
+from aiayn.model.feedforward import PositionwiseFeedForward
+from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.masks import causal_mask, padding_mask, target_mask
+from aiayn.model.transformer import Decoder, Encoder, Transformer
+
+__all__ = [
+    "MultiHeadAttention", "scaled_dot_product_attention", "DecoderCache", "LayerCache",
+    "Embeddings", "LearnedPositionalEncoding", "SinusoidalPositionalEncoding", "sinusoidal_table",
+    "PositionwiseFeedForward", "EncoderLayer", "DecoderLayer", "causal_mask", "padding_mask",
+    "target_mask", "Encoder", "Decoder", "Transformer",
+]

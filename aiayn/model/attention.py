@@ -1,0 +1,123 @@
+"""Scaled dot-product attention and multi-head attention (Vaswani et al. 2017, §3.2).
+
+Shape legend: B batch · H heads · Tq query len · Tk key len · D d_model · K d_k · Kv d_v.
+
+Tested against ``torch.nn.MultiheadAttention`` (outputs and gradients, weights copied across);
+the fast path (``F.scaled_dot_product_attention``) is tested against the explicit math.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q Kᵀ / √d_k) with masked keys removed (Eq. 1). (B,H,Tq,K),(B,H,Tk,K) -> (B,H,Tq,Tk).
+
+    A query row that may attend to nothing gets all-zero weights, never NaN.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    if mask is not None:
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return weights
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V (§3.2.1, Eq. 1).
+
+    Shape:
+        q (B, H, Tq, K), k (B, H, Tk, K), v (B, H, Tk, Kv),
+        mask bool broadcastable to (B, H, Tq, Tk), True = may attend.
+        -> output (B, H, Tq, Kv), weights (B, H, Tq, Tk) or None.
+
+    ``need_weights=True`` takes the explicit-math path and returns the weights; otherwise the
+    fused ``F.scaled_dot_product_attention`` kernel runs. Either way a query that may attend to
+    nothing (a fully padded row) outputs zeros.
+    """
+    if need_weights:
+        weights = attention_weights(q, k, mask)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        return weights @ v, weights  # (B, H, Tq, Kv)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    alive = mask.any(-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
+    if bool(alive.all()):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    # Let dead rows attend everywhere (finite), then zero them.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~alive, dropout_p=dropout_p)
+    return out.masked_fill(~alive, 0.0), None
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Vaswani et al. 2017, §3.2.2. ``d_k`` and ``d_v`` are independent of ``d_model / n_heads``.
+    Keys/values can be projected once and reused (:meth:`project_kv`), which is how the decoder
+    cache avoids recomputing them. Reference: ``torch.nn.MultiheadAttention``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if d_k is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            d_k = d_model // n_heads
+        d_v = d_k if d_v is None else d_v
+        self.n_heads, self.d_k, self.d_v, self.dropout = n_heads, d_k, d_v, dropout
+        self.q_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_heads * d_v, bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
+
+    def _split(self, x: Tensor, d_head: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, d_head).transpose(1, 2)  # (B, H, T, d_head)
+
+    def project_q(self, query: Tensor) -> Tensor:
+        """(B, Tq, D) -> (B, H, Tq, K)."""
+        return self._split(self.q_proj(query), self.d_k)
+
+    def project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, Tk, D), (B, Tk, D) -> k (B, H, Tk, K), v (B, H, Tk, Kv)."""
+        return self._split(self.k_proj(key), self.d_k), self._split(self.v_proj(value), self.d_v)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over projected heads, then the output projection.
+
+        Shape: q (B, H, Tq, K), k (B, H, Tk, K), v (B, H, Tk, Kv) -> (B, Tq, D), weights or None.
+        """
+        p = self.dropout if self.training else 0.0
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
+        B, _, Tq, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(B, Tq, self.n_heads * self.d_v)  # (B, Tq, H*Kv)
+        return self.out_proj(concat), weights
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Shape: query (B, Tq, D), key/value (B, Tk, D), mask -> (B, Tq, D)."""
+        out, _ = self.attend(self.project_q(query), *self.project_kv(key, value), mask)
+        return out

@@ -1,0 +1,86 @@
+"""Token embeddings and positional encodings (Vaswani et al. 2017, §3.4 and §3.5).
+
+Shape legend: B batch · T sequence len · D d_model · V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(…) (§3.5). -> (length, D)."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position / div)
+    table[:, 1::2] = torch.cos(position / div[: d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """The paper's fixed sinusoids, looked up from a precomputed table (§3.5)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Encodings of positions offset … offset+length-1. -> (length, D)."""
+        if offset + length > self.max_len:
+            raise ValueError(f"position {offset + length - 1} exceeds max_len={self.max_len}")
+        return self.table[offset : offset + length]
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """Learned position embeddings, the alternative of Table 3 row (E)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=d_model**-0.5)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        if offset + length > self.max_len:
+            raise ValueError(f"position {offset + length - 1} exceeds max_len={self.max_len}")
+        return self.weight[offset : offset + length]
+
+
+class Embeddings(nn.Module):
+    """Token embedding × √d_model + positional encoding, then dropout (§3.4, §3.5, §5.4).
+
+    ``token`` may be shared with another Embeddings and with the output projection (§3.4).
+    """
+
+    def __init__(
+        self,
+        token: nn.Embedding,
+        positional: nn.Module,
+        dropout: float,
+        scale: bool = True,
+    ) -> None:
+        super().__init__()
+        self.token = token
+        self.positional = positional
+        self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0]."""
+        x = self.token(ids) * self.scale  # (B, T, D)
+        return self.dropout(x + self.positional(ids.size(1), offset).to(x.dtype))
+
+
+def token_embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embedding:
+    """An embedding table ~ N(0, d_model^-0.5) with a zero padding row (fairseq's initialisation,
+    which keeps the √d_model-scaled embedding at unit variance)."""
+    emb = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+    nn.init.normal_(emb.weight, std=d_model**-0.5)
+    with torch.no_grad():
+        emb.weight[pad_id].zero_()
+    return emb

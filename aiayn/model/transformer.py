@@ -1,0 +1,168 @@
+"""The encoder–decoder Transformer (Vaswani et al. 2017, §3, Figure 1).
+
+Shape legend: B batch · S source len · T target len · D d_model · V vocab · H heads.
+
+``Encoder`` and ``Decoder`` are stacks of N layers over already-embedded inputs (what
+``torch.nn.TransformerEncoder/Decoder`` compute, against which they are tested). ``Transformer``
+adds the embeddings, positional encodings, masks from ``pad_id`` and the output projection, with
+``encode`` and a step-wise ``decode`` that takes an explicit :class:`DecoderCache`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.model.cache import DecoderCache
+from aiayn.model.embeddings import (
+    Embeddings,
+    LearnedPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    token_embedding,
+)
+from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.masks import as_attention_mask, causal_mask, padding_mask, target_mask
+
+
+class Encoder(nn.Module):
+    """N identical encoder layers (§3.1). Pre-LN adds a final LayerNorm; post-LN needs none."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, attn_record: list | None = None) -> Tensor:
+        """Shape: x (B, S, D), mask broadcastable to (B, H, S, S) -> (B, S, D)."""
+        for layer in self.layers:
+            x = layer(x, mask, attn_record)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Decoder(nn.Module):
+    """N identical decoder layers (§3.1); cross-attention off for a decoder-only model."""
+
+    def __init__(self, cfg: ModelConfig, cross_attention: bool = True) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, cross_attention) for _ in range(cfg.n_decoder_layers)
+        )
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        attn_record: list | None = None,
+    ) -> Tensor:
+        """Shape: x (B, T, D), memory (B, S, D) -> (B, T, D). See :class:`DecoderLayer`."""
+        for i, layer in enumerate(self.layers):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x = layer(x, memory, tgt_mask, memory_mask, layer_cache, attn_record)
+        return self.norm(x) if self.norm is not None else x
+
+
+def positional_encoding(cfg: ModelConfig) -> nn.Module:
+    if cfg.positional == "learned":
+        return LearnedPositionalEncoding(cfg.d_model, cfg.max_len)
+    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+
+
+def init_weights(module: nn.Module) -> None:
+    """Xavier-uniform weights and zero biases for every linear layer (as nn.Transformer and the
+    Annotated Transformer do); embeddings keep their N(0, d^-0.5) initialisation."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+class Transformer(nn.Module):
+    """The encoder–decoder model of Figure 1, with embeddings shared as in §3.4.
+
+    ``forward(src, tgt)`` gives next-token logits for teacher forcing; ``encode`` and ``decode``
+    (with an optional :class:`DecoderCache`) serve search. Masks are derived from ``cfg.pad_id``
+    and causality unless given explicitly.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.n_encoder_layers == 0:
+            raise ValueError("Transformer needs n_encoder_layers > 0 (an encoder–decoder model)")
+        self.cfg = cfg
+        src_token = token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
+        tgt_token = src_token if cfg.share_embeddings else token_embedding(
+            cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id)
+        self.src_embed = Embeddings(src_token, positional_encoding(cfg), cfg.dropout,
+                                    cfg.scale_embeddings)
+        tgt_pos = self.src_embed.positional if cfg.positional == "sinusoidal" else positional_encoding(cfg)
+        self.tgt_embed = Embeddings(tgt_token, tgt_pos, cfg.dropout, cfg.scale_embeddings)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        # The pre-softmax linear transformation (§3.4); "Generator" in the Annotated Transformer.
+        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        init_weights(self)
+        if cfg.share_embeddings or cfg.tie_output:
+            self.generator.weight = tgt_token.weight
+
+    # ---- masks -------------------------------------------------------------------------------
+    def src_mask(self, src: Tensor) -> Tensor:
+        """(B, S) -> (B, 1, 1, S), True at real source tokens."""
+        return padding_mask(src, self.cfg.pad_id)
+
+    # ---- the three entry points --------------------------------------------------------------
+    def encode(self, src: Tensor, src_mask: Tensor | None = None, attn_record: list | None = None) -> Tensor:
+        """Shape: src (B, S) LongTensor -> memory (B, S, D)."""
+        mask = self.src_mask(src) if src_mask is None else as_attention_mask(src_mask)
+        return self.encoder(self.src_embed(src), mask, attn_record)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        attn_record: list | None = None,
+    ) -> Tensor:
+        """Next-token logits for every target position.
+
+        Shape: tgt (B, T), memory (B, S, D), src_mask (B, S) or (B, 1, 1, S) -> logits (B, T, V).
+
+        With ``cache`` (from :meth:`init_cache`), ``tgt`` holds only the tokens after the
+        ``cache.length`` already decoded; the cache is extended in place.
+        """
+        offset = cache.length if cache is not None else 0
+        if cache is not None:
+            memory_mask = cache.memory_mask
+            self_mask = tgt_mask if tgt_mask is not None else (
+                None if tgt.size(1) == 1 else causal_mask(tgt.size(1), tgt.device, offset))
+        else:
+            memory_mask = as_attention_mask(src_mask) if src_mask is not None else None
+            self_mask = target_mask(tgt, self.cfg.pad_id) if tgt_mask is None else as_attention_mask(tgt_mask)
+        x = self.tgt_embed(tgt, offset)  # (B, T, D)
+        h = self.decoder(x, memory, self_mask, memory_mask, cache, attn_record)
+        if cache is not None:
+            cache.length += tgt.size(1)
+        return self.generator(h)  # (B, T, V)
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+    ) -> Tensor:
+        """Teacher-forced logits. Shape: src (B, S), tgt (B, T) -> (B, T, V).
+
+        ``tgt`` is the decoder input (BOS + target[:-1]); padded with ``cfg.pad_id``.
+        """
+        src_mask = self.src_mask(src) if src_mask is None else as_attention_mask(src_mask)
+        memory = self.encode(src, src_mask)
+        return self.decode(tgt, memory, src_mask, tgt_mask)
+
+    def init_cache(self, memory: Tensor, src: Tensor | None = None, src_mask: Tensor | None = None) -> DecoderCache:
+        """An empty cache for incremental decoding of ``memory`` (B, S, D)."""
+        if src_mask is None and src is not None:
+            src_mask = self.src_mask(src)
+        return DecoderCache.empty(len(self.decoder.layers), as_attention_mask(src_mask))
