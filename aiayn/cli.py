@@ -17,6 +17,8 @@ from aiayn.errors import AiaynError
 
 # Sub-command modules, in the order `aiayn --help` lists them.
 COMMANDS: list[str] = [
+    "plot",
+    "summary",
 ]
 
 

@@ -1,0 +1,106 @@
+"""Config validation, presets, overrides, the parameter summary and their CLI errors."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aiayn import ConfigError, ModelConfig, Transformer
+from aiayn.cli import main
+from aiayn.config import apply_overrides, from_dict, to_dict
+from aiayn.model import EncoderLayer
+from aiayn.model.summary import summarize
+
+
+def test_presets_match_the_papers():
+    base = ModelConfig.preset("base")
+    assert (base.d_model, base.n_heads, base.d_ff, base.n_encoder_layers, base.dropout) == (512, 8, 2048, 6, 0.1)
+    big = ModelConfig.preset("big")
+    assert (big.d_model, big.n_heads, big.d_ff) == (1024, 16, 4096)
+    small = ModelConfig.preset("small")
+    assert (small.d_model, small.n_heads, small.d_ff, small.n_encoder_layers) == (256, 4, 1024, 3)
+    tiny = ModelConfig.preset("tiny", src_vocab_size=100, tgt_vocab_size=100)
+    assert (tiny.d_model, tiny.n_heads, tiny.d_ff, tiny.n_decoder_layers, tiny.src_vocab_size) == (128, 4, 256, 4, 100)
+    assert base.head_dim_k == 64 and base.head_dim_v == 64
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(d_model=100, n_heads=8), "d_model"),
+    (dict(d_model=0), "d_model"),
+    (dict(n_heads=-1), "n_heads"),
+    (dict(d_ff=0), "d_ff"),
+    (dict(d_k=0), "d_k"),
+    (dict(dropout=1.5), "dropout"),
+    (dict(src_vocab_size=100, tgt_vocab_size=200), "share_embeddings"),
+])
+def test_invalid_configs_raise_value_error_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**kwargs)
+
+
+def test_d_k_set_allows_any_d_model():
+    cfg = ModelConfig(d_model=100, n_heads=8, d_k=16)
+    assert cfg.head_dim_k == 16 and cfg.head_dim_v == 16
+
+
+def test_unknown_preset_and_field_and_wrong_type():
+    with pytest.raises(ConfigError, match="did you mean 'base'"):
+        ModelConfig.preset("bsae")
+    with pytest.raises(ConfigError, match="unknown config key 'd_modle'.*d_model"):
+        apply_overrides(ModelConfig(), {"d_modle": 3})
+    with pytest.raises(ConfigError, match="d_model: expected an integer"):
+        apply_overrides(ModelConfig(), {"d_model": "wide"})
+    with pytest.raises(ConfigError, match="activation"):
+        apply_overrides(ModelConfig(), {"activation": "tanh"})
+    with pytest.raises(ConfigError, match="unknown config key 'nonsense'"):
+        ModelConfig.preset("base", nonsense=1)
+
+
+def test_overrides_from_strings_and_round_trip():
+    cfg = apply_overrides(ModelConfig(), {"d_model": "256", "n_heads": "4", "norm_first": "true",
+                                           "d_k": "none", "dropout": "0.3"})
+    assert (cfg.d_model, cfg.norm_first, cfg.d_k, cfg.dropout) == (256, True, None, 0.3)
+    assert from_dict(ModelConfig, to_dict(cfg)) == cfg
+
+
+def test_keras_imdb_encoder_block_has_10656_parameters():
+    """Chollet's IMDB TransformerEncoder: embed 32, 2 heads with key_dim 32, dense 32; Keras
+    reports 10,656 parameters for it."""
+    cfg = ModelConfig(d_model=32, n_heads=2, d_k=32, d_v=32, d_ff=32, dropout=0.0)
+    layer = EncoderLayer(cfg)
+    assert sum(p.numel() for p in layer.parameters()) == 10_656
+
+
+def test_base_preset_with_37k_vocab_is_within_5_percent_of_65m():
+    model = Transformer(ModelConfig.preset("base", src_vocab_size=37000, tgt_vocab_size=37000))
+    rows, total = summarize(model, None)
+    assert abs(total - 65e6) / 65e6 < 0.05
+    shared = {r.name for r in rows if r.shared}
+    assert shared == {"tgt_embed", "generator"}
+    assert total == sum(r.params for r in rows if not r.shared and "." not in r.name)
+
+
+def test_summary_cli_prints_table(capsys):
+    assert main(["summary", "tiny", "--set", "src_vocab_size=1000", "--set", "tgt_vocab_size=1000"]) == 0
+    out = capsys.readouterr().out
+    assert "encoder.layers.3 (EncoderLayer)" in out and "(2, 16, 1000)" in out
+    total = sum(p.numel() for p in Transformer(ModelConfig.preset(
+        "tiny", src_vocab_size=1000, tgt_vocab_size=1000)).parameters())
+    assert f"Total params: {total:,}" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["summary", "bsae"], "unknown preset 'bsae' (did you mean 'base'?)"),
+    (["summary", "base", "--set", "d_model=100"], "d_model (100) must be divisible by n_heads (8)"),
+    (["summary", "base", "--set", "d_modle=100"], "unknown config key 'd_modle'"),
+    (["summary", "base", "--set", "src_vocab_size=10", "--set", "tgt_vocab_size=20"], "share_embeddings"),
+    (["summary", "base", "--set", "d_ff=-1"], "d_ff must be positive"),
+    (["summary", "missing.toml"], "missing.toml: config file not found"),
+])
+def test_cli_bad_input_is_one_line_error_no_traceback(args, message):
+    proc = subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

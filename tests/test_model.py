@@ -1,0 +1,143 @@
+"""Invariants of the Transformer: causality, padding and batch invariance, NaN-free masking,
+the positional-encoding formula, float64 gradcheck, and learning the copy task."""
+
+import math
+
+import pytest
+import torch
+
+from aiayn import ModelConfig, Transformer
+from aiayn.model import sinusoidal_table
+from aiayn.model.attention import scaled_dot_product_attention
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    base = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=32,
+                n_encoder_layers=2, n_decoder_layers=2, dropout=0.0)
+    return ModelConfig(**{**base, **kw})
+
+
+@pytest.fixture(params=[False, True], ids=["post-LN", "pre-LN"])
+def model(request):
+    return Transformer(tiny_cfg(norm_first=request.param)).eval()
+
+
+def test_causality_future_target_tokens_change_no_earlier_output(model):
+    src = torch.randint(4, 20, (2, 6))
+    tgt = torch.randint(4, 20, (2, 7))
+    base = model(src, tgt)
+    for t in range(tgt.size(1) - 1):
+        changed = tgt.clone()
+        changed[:, t + 1:] = torch.randint(4, 20, changed[:, t + 1:].shape)
+        out = model(src, changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])  # the future does matter
+
+
+def test_padding_invariance_extra_padding_changes_no_real_output(model):
+    src = torch.randint(4, 20, (2, 5))
+    tgt = torch.randint(4, 20, (2, 4))
+    base = model(src, tgt)
+    padded = model(torch.cat([src, torch.full((2, 3), PAD)], 1),
+                   torch.cat([tgt, torch.full((2, 2), PAD)], 1))
+    torch.testing.assert_close(padded[:, :4], base, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_invariance_a_sentence_alone_equals_inside_a_batch(model):
+    srcs = [torch.randint(4, 20, (n,)) for n in (3, 7, 5)]
+    tgts = [torch.randint(4, 20, (n,)) for n in (4, 2, 6)]
+    pad = lambda xs: torch.nn.utils.rnn.pad_sequence(xs, batch_first=True, padding_value=PAD)
+    batch = model(pad(srcs), pad(tgts))
+    for i, (s, t) in enumerate(zip(srcs, tgts)):
+        alone = model(s[None], t[None])
+        torch.testing.assert_close(batch[i, : len(t)], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_fully_padded_row_gives_no_nan(model):
+    src = torch.tensor([[5, 6, 7], [PAD, PAD, PAD]])
+    tgt = torch.tensor([[BOS, 5], [BOS, 6]])
+    out = model(src, tgt)
+    assert torch.isfinite(out).all()
+    q = k = v = torch.randn(1, 1, 3, 4)
+    dead = torch.zeros(1, 1, 3, 3, dtype=torch.bool)
+    for need in (False, True):
+        o, _ = scaled_dot_product_attention(q, k, v, dead, need_weights=need)
+        assert torch.equal(o, torch.zeros_like(o))
+
+
+def test_positional_encoding_equals_closed_formula():
+    L, D = 50, 16
+    table = sinusoidal_table(L, D)
+    for pos in (0, 1, 17, 49):
+        for i in range(D // 2):
+            angle = pos / 10000 ** (2 * i / D)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_embeddings_are_scaled_and_shared():
+    m = Transformer(tiny_cfg())
+    assert m.src_embed.token is m.tgt_embed.token
+    assert m.generator.weight is m.src_embed.token.weight
+    ids = torch.tensor([[5]])
+    pe0 = sinusoidal_table(1, 16)[0]
+    expected = m.src_embed.token.weight[5] * 4.0 + pe0  # sqrt(16) = 4
+    torch.testing.assert_close(m.src_embed(ids)[0, 0], expected)
+    separate = Transformer(tiny_cfg(share_embeddings=False, tgt_vocab_size=30))
+    assert separate.src_embed.token is not separate.tgt_embed.token
+    assert separate.generator.weight is separate.tgt_embed.token.weight  # tie_output
+
+
+def test_gradcheck_float64():
+    cfg = tiny_cfg(d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
+                   src_vocab_size=10, tgt_vocab_size=10)
+    model = Transformer(cfg).double().eval()
+    src = torch.tensor([[4, 5, 6, PAD]])
+    tgt = torch.tensor([[BOS, 7, 8]])
+    memory = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
+
+    def f(x, memory):
+        mask = model.src_mask(src)
+        enc = model.encoder(memory, mask)
+        from aiayn.model.masks import target_mask
+        return model.decoder(x, enc, target_mask(tgt, PAD), mask)
+
+    assert torch.autograd.gradcheck(f, (x, memory), eps=1e-6, atol=1e-4)
+
+
+def greedy(model, src, max_len):
+    memory = model.encode(src)
+    ys = torch.full((src.size(0), 1), BOS)
+    for _ in range(max_len):
+        logits = model.decode(ys, memory, model.src_mask(src))
+        ys = torch.cat([ys, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return ys[:, 1:]
+
+
+def test_learns_the_copy_task():
+    """The Annotated Transformer's learning check: copy random sequences; greedy output must
+    reproduce held-out sources exactly."""
+    torch.manual_seed(0)
+    V, L = 12, 8
+    cfg = tiny_cfg(src_vocab_size=V, tgt_vocab_size=V, d_model=64, n_heads=4, d_ff=128)
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=500, pct_start=0.2)
+    for step in range(500):
+        src = torch.randint(4, V, (64, L))
+        tgt_in = torch.cat([torch.full((64, 1), BOS), src], 1)
+        tgt_out = torch.cat([src, torch.full((64, 1), EOS)], 1)
+        loss = loss_fn(model(src, tgt_in).reshape(-1, V), tgt_out.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+    model.eval()
+    held_out = torch.randint(4, V, (32, L), generator=torch.Generator().manual_seed(123))
+    with torch.no_grad():
+        out = greedy(model, held_out, L)
+    assert torch.equal(out, held_out), f"final loss {loss.item():.3f}"
