@@ -1,0 +1,154 @@
+"""Attention maps of a Transformer on one sentence pair (Vaswani et al. 2017, §3.2, Figures 3–5).
+
+Shape legend: S source len · T target len (decoder inputs: BOS + produced tokens) · H heads.
+
+:func:`record_attention` runs the model once with ``attn_record`` lists, which makes every layer
+take the explicit-math path (:func:`aiayn.model.attention.attention_weights`) and keep its weights:
+encoder self-attention, decoder (masked) self-attention and encoder–decoder ("cross") attention.
+:func:`plot_attention` draws them, one panel per (kind, layer, head); a row of the figure is one
+layer of one kind, its columns the heads. Layers and heads are numbered from 1, as in the paper.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.errors import AiaynError
+from aiayn.viz import pyplot
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+# kind -> (panel title prefix, which token list labels the queries, which labels the keys)
+KINDS: dict[str, tuple[str, str, str]] = {
+    "encoder": ("enc self", "src", "src"),
+    "decoder": ("dec self", "tgt", "tgt"),
+    "cross": ("enc-dec", "tgt", "src"),
+}
+LEGEND = ("enc self: encoder self-attention · dec self: decoder masked self-attention · "
+          "enc-dec: decoder queries over the encoder output.  Rows: queries, columns: keys; "
+          "colour: attention weight, 0 to 1.")
+
+
+@dataclass
+class AttentionMaps:
+    """Per-layer attention weights of one sentence pair, batch dimension removed.
+
+    ``encoder[l]`` (H, S, S), ``decoder[l]`` (H, T, T), ``cross[l]`` (H, T, S).
+    """
+
+    encoder: list[Tensor]
+    decoder: list[Tensor]
+    cross: list[Tensor]
+
+    def of(self, kind: str) -> list[Tensor]:
+        return getattr(self, kind)
+
+
+@torch.no_grad()
+def record_attention(model: nn.Module, src_ids: Sequence[int] | Tensor,
+                     tgt_ids: Sequence[int] | Tensor) -> AttentionMaps:
+    """Attention weights of ``model`` (a :class:`aiayn.model.Transformer`) for one pair.
+
+    ``src_ids`` are the source ids as the model encodes them; ``tgt_ids`` the decoder inputs
+    (BOS followed by the tokens it produced). The model is run in eval mode (no dropout), the
+    same computation that produced the translation.
+    """
+    device = next(model.parameters()).device
+    src = torch.as_tensor(src_ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, S)
+    tgt = torch.as_tensor(tgt_ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, T)
+    if src.size(1) == 0 or tgt.size(1) == 0:
+        raise AiaynError("attention needs at least one source and one target token")
+    was_training = model.training
+    model.eval()
+    try:
+        enc_record: list = []
+        dec_record: list = []
+        memory = model.encode(src, attn_record=enc_record)  # (1, S, D)
+        model.decode(tgt, memory, model.src_mask(src), attn_record=dec_record)
+    finally:
+        model.train(was_training)
+    return AttentionMaps(
+        encoder=[w[0].float().cpu() for _, w in enc_record],  # each (H, S, S)
+        decoder=[w[0].float().cpu() for kind, w in dec_record if kind == "self"],  # (H, T, T)
+        cross=[w[0].float().cpu() for kind, w in dec_record if kind == "cross"],  # (H, T, S)
+    )
+
+
+def _select(requested: Sequence[int] | None, available: int, what: str) -> list[int]:
+    """1-based numbers -> 0-based indices, checked against ``available``."""
+    if requested is None or len(requested) == 0:
+        return list(range(available))
+    bad = [n for n in requested if not 1 <= n <= available]
+    if bad:
+        raise AiaynError(f"{what} {bad[0]} does not exist: the model has {what}s 1 to {available}")
+    return sorted(set(n - 1 for n in requested))
+
+
+def _rows(maps: AttentionMaps, layers: Sequence[int] | None) -> list[tuple[str, int]]:
+    """(kind, 0-based layer) for each figure row, in the order encoder, decoder, cross."""
+    deepest = max(len(maps.encoder), len(maps.decoder))
+    chosen = _select(layers, deepest, "layer")
+    rows = [(kind, i) for kind in KINDS for i in chosen if i < len(maps.of(kind))]
+    if not rows:
+        raise AiaynError("no attention to plot")
+    return rows
+
+
+def plot_attention(
+    maps: AttentionMaps,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    title: str | None = None,
+) -> "Figure":
+    """One heat-map per (kind, layer, head): queries down, keys across, tokens on the axes.
+
+    ``src_tokens`` label the S source positions, ``tgt_tokens`` the T decoder inputs. ``layers``
+    and ``heads`` (1-based) restrict the panels; by default every layer and head is drawn.
+    Panels: 3 kinds × len(layers) × len(heads) (fewer where the encoder and decoder depths differ).
+    """
+    sample = (maps.encoder or maps.decoder)[0]
+    n_heads = sample.size(0)
+    chosen_heads = _select(heads, n_heads, "head")
+    rows = _rows(maps, layers)
+    tokens = {"src": list(src_tokens), "tgt": list(tgt_tokens)}
+    _check_lengths(maps, tokens)
+    cell = max(2.2, 0.16 * max(len(tokens["src"]), len(tokens["tgt"])))
+    plt = pyplot()
+    fig, axes = plt.subplots(len(rows), len(chosen_heads), squeeze=False, layout="constrained",
+                             figsize=(cell * len(chosen_heads) + 1.0, (cell + 0.5) * len(rows)))
+    for r, (kind, layer) in enumerate(rows):
+        label, q_side, k_side = KINDS[kind]
+        for c, head in enumerate(chosen_heads):
+            ax = axes[r][c]
+            weights = maps.of(kind)[layer][head]  # (Tq, Tk)
+            image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
+                              interpolation="nearest")
+            ax.set_title(f"{label} · layer {layer + 1} · head {head + 1}", fontsize=8)
+            _label_axes(ax, tokens[q_side], tokens[k_side], show_queries=c == 0)
+    fig.colorbar(image, ax=axes, shrink=min(1.0, 4.0 / len(rows)), label="attention weight")
+    legend = textwrap.fill(LEGEND, width=max(40, int(14 * fig.get_figwidth())))
+    fig.suptitle(f"{title}\n{legend}" if title else legend, fontsize=8)
+    return fig
+
+
+def _check_lengths(maps: AttentionMaps, tokens: dict[str, list[str]]) -> None:
+    for kind, (_, q_side, k_side) in KINDS.items():
+        for w in maps.of(kind):
+            if w.shape[-2:] != (len(tokens[q_side]), len(tokens[k_side])):
+                raise AiaynError(
+                    f"{kind} attention is {tuple(w.shape[-2:])} but there are "
+                    f"{len(tokens[q_side])} query and {len(tokens[k_side])} key tokens")
+
+
+def _label_axes(ax, queries: list[str], keys: list[str], show_queries: bool) -> None:
+    ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
+    ax.set_yticks(range(len(queries)), queries if show_queries else [], fontsize=6)
+    ax.tick_params(length=0)
