@@ -18,7 +18,6 @@ from aiayn.errors import AiaynError
 # Sub-command modules, in the order `aiayn --help` lists them.
 COMMANDS: list[str] = [
     "plot",
-    "plot",
     "summary",
 ]
 
