@@ -1,0 +1,27 @@
+"""`aiayn average`: average the last N checkpoints of a training run into a model folder."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("average", help="average a run's last N checkpoints (paper: 5)",
+                       description="Element-wise mean of the last N weight snapshots in "
+                                   "RUN_DIR/checkpoints/, written as a loadable model folder.")
+    p.add_argument("run_dir", help="a training run folder")
+    p.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
+    p.add_argument("-o", "--out", required=True, help="output model folder")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.train.average import average_checkpoints
+
+    steps = average_checkpoints(args.run_dir, args.last, args.out)
+    log.info("averaged steps %s into %s", ", ".join(map(str, steps)), args.out)
+    return 0

@@ -1,0 +1,53 @@
+"""`aiayn train`: train a model from a TOML run config (see README "Training")."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from aiayn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "train", help="train a model (the paper's recipe; resumable; torchrun for DDP)",
+        description="Train from a TOML config with [model], [data] and [train] sections. "
+                    "Multi-process: torchrun --nproc_per_node=N -m aiayn train CONFIG.toml")
+    p.add_argument("config", nargs="?", help="run config (.toml); optional with --resume, which "
+                                             "then reads the run folder's config.json")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set train.max_steps=1000 (repeatable)")
+    p.add_argument("--out", "-o", help="run folder (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, exactly")
+    p.set_defaults(run=run)
+    return p
+
+
+def _resolve(args: argparse.Namespace):
+    from aiayn.config import _flatten
+    from aiayn.train.config import build_run_config, load_run_config, parse_sets, run_config_to_dict
+
+    if args.config is None:
+        if not (args.resume and args.out):
+            raise ConfigError("give a CONFIG.toml (or --resume --out RUN_DIR to continue a run)")
+        from aiayn.train.run import resume_config
+
+        saved = _flatten(run_config_to_dict(resume_config(args.out)))
+        return build_run_config({**saved, **parse_sets(args.overrides)}), {}, Path(args.out)
+    cfg, values = load_run_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    return cfg, {"preset": values.get("model.preset")}, out
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.train.run import train_run
+
+    cfg, extra, out = _resolve(args)
+    result = train_run(cfg, out, resume=args.resume, extra_meta=extra)
+    best = f", best {cfg.train.best_metric} {result.best:.4f}" if result.best is not None else ""
+    log.info("trained to step %d (%s)%s; run folder %s", result.step, result.stop_reason, best, out)
+    return 0

@@ -1,0 +1,83 @@
+"""Checkpoint averaging (Vaswani et al. 2017, §6.1: "averaging the last 5 checkpoints").
+
+The element-wise mean of the last N weight snapshots of a run (``RUN/checkpoints/``), written as a
+loadable model folder with the run's config.json (plus which steps were averaged) and tokenizer.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_model_dir
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.io import atomic_path, write_json
+from aiayn.train.run_folder import RunFolder
+
+__all__ = ["average_checkpoints", "average_state_dicts"]
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise mean (accumulated in float64) of state dicts with the same keys and shapes."""
+    first = states[0]
+    out = {}
+    for name, tensor in first.items():
+        if not tensor.is_floating_point():
+            out[name] = tensor.clone()  # counters and the like: keep the first
+            continue
+        total = torch.zeros_like(tensor, dtype=torch.float64)
+        for state in states:
+            total += state[name].to(torch.float64)
+        out[name] = (total / len(states)).to(tensor.dtype)
+    return out
+
+
+def _load_snapshot(path: Path, reference: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    if reference is not None:
+        if state.keys() != reference.keys() or any(
+                state[k].shape != reference[k].shape for k in state):
+            raise CheckpointError(f"{path}: holds different tensors than the other snapshots")
+    return state
+
+
+def average_checkpoints(run_dir: str | Path, last: int, out: str | Path) -> list[int]:
+    """Average the last ``last`` snapshots of ``run_dir`` into the model folder ``out``.
+
+    Returns the averaged steps. ``out`` must not be the run folder itself.
+    """
+    folder = RunFolder(run_dir)
+    out = Path(out)
+    if last < 1:
+        raise ConfigError(f"--last must be >= 1, got {last}")
+    if not folder.config.is_file():
+        raise CheckpointError(f"{folder.path}: not a training run folder ({CONFIG_FILE} not found)")
+    if out.resolve() == folder.path.resolve():
+        raise ConfigError("-o must be a new folder, not the run folder (it would replace its weights)")
+    steps = folder.snapshot_steps()
+    if len(steps) < last:
+        raise CheckpointError(
+            f"{folder.path}: asked to average the last {last} checkpoints but only {len(steps)} "
+            f"are kept ({', '.join(map(str, steps)) or 'none'}); raise train.keep_last")
+    steps = steps[-last:]
+    states: list[dict[str, torch.Tensor]] = []
+    for step in steps:
+        states.append(_load_snapshot(folder.snapshot_path(step), states[0] if states else None))
+    averaged = average_state_dicts(states)
+    meta = folder.read_meta()
+    meta["averaged"] = {"steps": steps, "run": str(folder.path)}
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(averaged, str(tmp))
+    if folder.tokenizer.is_file():
+        with atomic_path(out / TOKENIZER_FILE) as tmp:
+            shutil.copyfile(folder.tokenizer, tmp)
+    write_json(out / CONFIG_FILE, meta)
+    load_model_dir(out)  # the result must load; raises CheckpointError otherwise
+    return steps

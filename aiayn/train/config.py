@@ -1,0 +1,178 @@
+"""The run configuration: ``[model]``, ``[data]`` and ``[train]`` sections of one TOML file.
+
+One config system (:mod:`aiayn.config`): the TOML file is flattened to dotted keys
+(``train.lr``) and applied with :func:`aiayn.config.apply_overrides`, exactly as
+``--set train.lr=5e-4`` is. ``[model]`` may name a ``preset`` (``tiny``, ``base`` …) that the
+other model keys then override. Defaults are the paper's recipe (Vaswani et al. 2017, §5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from aiayn.config import ModelConfig, _flatten, apply_overrides, parse_override, to_dict
+from aiayn.data.config import DataConfig
+from aiayn.errors import ConfigError
+
+__all__ = ["TrainConfig", "RunConfig", "load_run_config", "build_run_config", "parse_sets",
+           "run_config_from_dict", "run_config_to_dict"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to optimise (Vaswani et al. 2017, §5.3–5.4) and how to run and checkpoint."""
+
+    # Label smoothing ε of the cross-entropy (§5.4, 0.1); padding is never a target.
+    label_smoothing: float = 0.1
+    # Adam's β1, β2 and ε (§5.3: 0.9, 0.98, 1e-9).
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    # Decoupled weight decay (AdamW); 0 as in the paper.
+    weight_decay: float = 0.0
+    # noam: the §5.3 formula scale·d_model^-0.5·min(step^-0.5, step·warmup^-1.5);
+    # inverse_sqrt: fairseq's linear warmup to `lr`, then lr·sqrt(warmup/step); constant: `lr`.
+    lr_schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    # The §5.3 schedule's multiplier (1.0 in the paper; some codebases use 2.0).
+    lr_scale: float = 1.0
+    # Peak learning rate of inverse_sqrt, the rate of constant (unused by noam).
+    lr: float = 5e-4
+    # Warm-up updates (§5.3: 4000).
+    warmup_steps: int = 4000
+    # Learning rate at update 0 of inverse_sqrt's linear warm-up (fairseq's warmup_init_lr).
+    warmup_init_lr: float = 0.0
+    # Clip the global gradient L2 norm to this; 0 = no clipping (the paper does not clip).
+    clip_norm: float = 0.0
+    # Micro-batches (of data.max_tokens each, per process) accumulated into one update.
+    update_freq: int = 1
+    # Stop after this many updates / epochs / seconds of wall-clock; 0 = no limit.
+    max_steps: int = 100_000
+    max_epochs: int = 0
+    max_time: float = 0.0
+    # Validation loss every N updates (and at the end); 0 = only at the end.
+    valid_every: int = 1000
+    # Validation BLEU (greedy/beam decoding) every N updates; 0 = never. Needs aiayn.decode.
+    bleu_every: int = 0
+    # Sentences of the validation set decoded for BLEU (0 = all), beam size and length penalty α.
+    bleu_max_sentences: int = 500
+    bleu_beam: int = 1
+    bleu_alpha: float = 0.6
+    # The validation metric that picks the best checkpoint (best/ folder) and drives patience.
+    best_metric: Literal["valid_loss", "valid_bleu"] = "valid_loss"
+    # Early stopping: stop after this many validations without a new best; 0 = never.
+    patience: int = 0
+    # Write a checkpoint every N updates (and at validations and the end).
+    save_every: int = 1000
+    # Weight snapshots kept in checkpoints/ for `aiayn average` (the paper averages 5).
+    keep_last: int = 5
+    # Write a metrics.jsonl line (and refresh the progress bar) every N updates.
+    log_every: int = 100
+    # Stop when this many consecutive updates had a non-finite loss or gradient (each is skipped).
+    max_bad_steps: int = 10
+    # Seed of weight initialisation and dropout (data order has its own seed, data.seed).
+    seed: int = 1
+    # auto = CUDA when available, else CPU.
+    device: str = "auto"
+    # auto = bf16 autocast where the hardware supports it (CUDA, AMX/AVX512-BF16 CPUs), else fp32.
+    # Master weights and optimizer state are fp32 either way.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # Show a tqdm progress bar (rank 0 only).
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not all(0.0 <= b < 1.0 for b in self.adam_betas) or len(self.adam_betas) != 2:
+            raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        for name in ("update_freq", "keep_last", "log_every", "max_bad_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "max_steps", "max_epochs", "valid_every", "bleu_every",
+                     "bleu_max_sentences", "patience", "save_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "lr_scale", "adam_eps", "max_time", "clip_norm", "weight_decay",
+                     "warmup_init_lr"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr_schedule == "noam" and self.warmup_steps == 0:
+            raise ConfigError("train.warmup_steps must be > 0 for the noam schedule")
+        if self.bleu_beam < 1:
+            raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
+        if self.best_metric == "valid_bleu" and self.bleu_every == 0:
+            raise ConfigError("train.best_metric = 'valid_bleu' needs train.bleu_every > 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs; saved, fully resolved, in the run's config.json."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+
+
+def build_run_config(values: dict[str, Any]) -> RunConfig:
+    """A RunConfig from dotted keys; ``model.preset`` picks the base model config."""
+    values = dict(values)
+    preset = values.pop("model.preset", None)
+    base = RunConfig()
+    if preset is not None:
+        if not isinstance(preset, str):
+            raise ConfigError(f"model.preset: expected a string, got {preset!r}")
+        base = dataclasses.replace(base, model=ModelConfig.preset(preset))
+    return apply_overrides(base, values)
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
+    """Read a TOML run config and apply ``--set section.key=value`` overrides.
+
+    Returns the config and the dotted keys that produced it (``model.preset`` included), so that a
+    later step (the vocabulary size known after the tokenizer is trained) can rebuild it.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        table = _read_toml(Path(path))
+        for name, section in table.items():
+            if not isinstance(section, dict):
+                raise ConfigError(
+                    f"{path}: '{name}' must be a [section] (model, data or train), not a bare key")
+        values = _flatten(table)
+    values.update(parse_sets(overrides))
+    return build_run_config(values), values
+
+
+def parse_sets(overrides: list[str]) -> dict[str, str]:
+    """``["train.lr=1e-3", …]`` -> ``{"train.lr": "1e-3", …}``; every key names its section."""
+    values = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        if "." not in key:
+            raise ConfigError(f"--set {text}: name the section, e.g. train.{key} or model.{key}")
+        values[key] = value
+    return values
+
+
+def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild the RunConfig saved in a run's config.json (extra top-level keys are ignored)."""
+    sections = {k: data[k] for k in ("model", "data", "train") if k in data}
+    return apply_overrides(RunConfig(), _flatten(sections))
+
+
+def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return {"model": to_dict(cfg.model), "data": to_dict(cfg.data), "train": to_dict(cfg.train)}

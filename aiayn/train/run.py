@@ -1,0 +1,109 @@
+"""``train_run``: config + run folder -> a trained run. What ``aiayn train`` calls.
+
+Handles what surrounds the loop: joining the process group, checking the run folder, restoring
+the tokenizer and config on ``--resume`` (refusing a config whose model or data differ), writing
+the resolved config.json and tokenizer.json, and turning a failure on rank 0 into the same error on
+every rank (so no process waits forever).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from aiayn import __version__
+from aiayn.config import _flatten
+from aiayn.errors import AiaynError, ConfigError
+from aiayn.train.config import RunConfig, run_config_from_dict, run_config_to_dict
+from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
+from aiayn.train.run_folder import RunFolder
+from aiayn.train.tasks import Task, build_task
+from aiayn.train.trainer import Trainer, TrainResult
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+__all__ = ["train_run", "resume_config", "config_differences"]
+
+
+def _on_main(dist: DistContext, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 and hand its result (or its user error) to every rank."""
+    result: Any = None
+    error: str | None = None
+    if dist.is_main:
+        try:
+            result = fn()
+        except AiaynError as err:
+            error = f"{type(err).__name__}:{err}"
+            if not dist.active:
+                raise
+    result, error = dist.broadcast((result, error))
+    if error is not None:
+        name, _, message = error.partition(":")
+        import aiayn.errors as errors
+
+        raise getattr(errors, name, AiaynError)(message)
+    return result
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], sections: tuple[str, ...]) -> list[str]:
+    """``section.key: old -> new`` for every key of ``sections`` that differs."""
+    a = _flatten({s: old.get(s, {}) for s in sections})
+    b = _flatten({s: new.get(s, {}) for s in sections})
+    return [f"{k}: run has {a.get(k)!r}, config says {b.get(k)!r}"
+            for k in sorted(set(a) | set(b)) if _norm(a.get(k)) != _norm(b.get(k))]
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _check_resume(folder: RunFolder, new: dict[str, Any]) -> None:
+    old = folder.read_meta()
+    diffs = config_differences(old, new, ("model", "data"))
+    if diffs:
+        raise ConfigError(
+            f"--resume: the config differs from the run in {folder.path} in what shapes the model "
+            f"or its data: {'; '.join(diffs[:5])}" + (" …" if len(diffs) > 5 else ""))
+    changed = config_differences(old, new, ("train",))
+    for line in changed:
+        log.info("resume: changed %s", line)
+
+
+def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
+              extra_meta: dict[str, Any] | None = None, task: Task | None = None) -> TrainResult:
+    """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``)."""
+    dist = init_distributed(cfg.train.device)
+    try:
+        folder = RunFolder(out)
+        _on_main(dist, lambda: folder.prepare(resume))
+        task = task or build_task(cfg)
+        saved_tok = _on_main(dist, folder.read_tokenizer) if resume else None
+        tokenizer_json = _on_main(dist, lambda: task.setup(saved_tok))
+        if not dist.is_main:
+            task.setup(tokenizer_json)
+        cfg = replace(cfg, model=task.model_config(cfg.model))
+        task.cfg = cfg
+        meta = {"kind": task.kind, **run_config_to_dict(cfg), "task": cfg.data.task,
+                "aiayn_version": __version__, **(extra_meta or {})}
+        if resume:
+            _on_main(dist, lambda: _check_resume(folder, meta))
+        _on_main(dist, lambda: folder.write_meta(meta, tokenizer_json))
+        trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)
+        result = trainer.fit()
+        dist.barrier()
+        return result
+    finally:
+        shutdown_distributed()
+
+
+def resume_config(out: str | Path) -> RunConfig:
+    """The RunConfig saved in a run folder (for ``aiayn train --resume`` without CONFIG)."""
+    folder = RunFolder(out)
+    if not folder.config.is_file():
+        raise ConfigError(f"{folder.path}: no run to resume ({folder.config.name} not found)")
+    return run_config_from_dict(folder.read_meta())
+

@@ -1,0 +1,152 @@
+"""The run folder: a loadable model folder plus everything needed to resume training.
+
+Layout::
+
+    RUN/config.json          fully resolved config: kind, model, data, train (+ task, preset)
+    RUN/tokenizer.json       the joint subword vocabulary
+    RUN/model.safetensors    weights at the latest checkpoint   -> RUN is a model folder
+    RUN/best/                model folder of the best validation checkpoint (best.json says which)
+    RUN/checkpoints/step_00001000.safetensors   the last `train.keep_last` weight snapshots
+    RUN/trainer_state.pt     optimizer, step, epoch, data position, RNG states, best metric, …
+    RUN/metrics.jsonl        one JSON object per logged update
+
+Every file is written atomically (temporary file, fsync, rename). A checkpoint is committed by
+writing ``trainer_state.pt`` last; it names its weight snapshot, which is written first, so a kill
+at any moment leaves a consistent pair to resume from. The state holds only tensors, numbers,
+strings, lists and dicts: it loads with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, save_weights
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.io import write_bytes, write_json, write_text
+
+STATE_FILE = "trainer_state.pt"
+METRICS_FILE = "metrics.jsonl"
+BEST_DIR = "best"
+CHECKPOINT_DIR = "checkpoints"
+STATE_VERSION = 1
+_SNAPSHOT = re.compile(r"^step_(\d+)\.safetensors$")
+
+
+class RunFolder:
+    """Paths and atomic reads/writes of one run folder."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config = self.path / CONFIG_FILE
+        self.tokenizer = self.path / TOKENIZER_FILE
+        self.weights = self.path / WEIGHTS_FILE
+        self.state = self.path / STATE_FILE
+        self.metrics = self.path / METRICS_FILE
+        self.best = self.path / BEST_DIR
+        self.checkpoints = self.path / CHECKPOINT_DIR
+
+    # ---- setup -----------------------------------------------------------------------------
+    def prepare(self, resume: bool) -> None:
+        """Check the folder can be used: writable, and holding a run exactly when resuming."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"{self.path}: run folder is a file")
+        if resume and not self.state.is_file():
+            raise CheckpointError(f"{self.path}: nothing to resume ({STATE_FILE} not found)")
+        if not resume and self.state.is_file():
+            raise ConfigError(
+                f"{self.path}: already holds a training run; pass --resume to continue it "
+                "or choose another --out")
+        try:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            write_text(self.path / ".write_test", "ok\n")
+            (self.path / ".write_test").unlink()
+        except OSError as err:
+            raise ConfigError(f"{self.path}: run folder is not writable ({err.strerror})") from None
+
+    def write_meta(self, meta: dict[str, Any], tokenizer_json: str) -> None:
+        write_json(self.config, meta)
+        write_text(self.tokenizer, tokenizer_json)
+
+    def read_meta(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{self.config}: cannot read the run's config ({err})") from None
+
+    def read_tokenizer(self) -> str:
+        try:
+            return self.tokenizer.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{self.tokenizer}: cannot read the run's tokenizer ({err})") from None
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def snapshot_path(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step:08d}.safetensors"
+
+    def snapshot_steps(self) -> list[int]:
+        """Steps of the weight snapshots present, oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        steps = [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := _SNAPSHOT.match(p.name))]
+        return sorted(steps)
+
+    def save_checkpoint(self, model: nn.Module, state: dict[str, Any], keep_last: int) -> None:
+        """Snapshot, last weights, then the state that commits them; prune old snapshots."""
+        step = state["step"]
+        save_weights(model, self.snapshot_path(step))
+        save_weights(model, self.weights)
+        buffer = io.BytesIO()
+        torch.save({**state, "version": STATE_VERSION, "snapshot": self.snapshot_path(step).name},
+                   buffer)
+        write_bytes(self.state, buffer.getvalue())
+        for old in self.snapshot_steps()[:-keep_last]:
+            self.snapshot_path(old).unlink(missing_ok=True)
+
+    def load_state(self) -> dict[str, Any]:
+        """The trainer state, checked; CheckpointError when missing, truncated or foreign."""
+        if not self.state.is_file():
+            raise CheckpointError(f"{self.state}: trainer state not found")
+        try:
+            state = torch.load(self.state, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError,
+                zipfile.BadZipFile, AttributeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(f"{self.state}: corrupt or truncated trainer state ({first})") from None
+        required = ("version", "step", "epoch", "position", "optimizer", "rng", "snapshot")
+        if not isinstance(state, dict) or any(k not in state for k in required):
+            raise CheckpointError(f"{self.state}: not an aiayn trainer state")
+        if state["version"] != STATE_VERSION:
+            raise CheckpointError(f"{self.state}: trainer state version {state['version']}, "
+                                  f"this aiayn reads version {STATE_VERSION}")
+        return state
+
+    def discard_after(self, step: int) -> None:
+        """Remove what a killed run wrote past the checkpoint it resumes from."""
+        for later in self.snapshot_steps():
+            if later > step:
+                self.snapshot_path(later).unlink(missing_ok=True)
+        if self.metrics.is_file():
+            kept = []
+            for line in self.metrics.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line)["step"] <= step:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by the kill
+            write_text(self.metrics, "".join(f"{line}\n" for line in kept))
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())

@@ -1,0 +1,192 @@
+"""Tasks: what the one training loop needs to know about a model shape.
+
+The trainer (:mod:`aiayn.train.trainer`) owns optimisation, precision, processes, checkpoints and
+logging. A :class:`Task` owns the data and the model shape: it loads and tokenises the data,
+builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
+and token counts, and computes expensive validation metrics (BLEU for translation). An
+encoder-only classifier or a decoder-only language model plugs in as another Task.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.checkpoint import MODEL_KINDS, _builtin_kinds
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
+from aiayn.train.config import RunConfig
+from aiayn.train.loss import label_smoothed_nll_loss
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StepStats", "Task", "TranslationTask", "TASKS", "build_task"]
+
+
+@dataclass
+class StepStats:
+    """One micro-batch's contribution: summed loss (with grad) and counts."""
+
+    loss: Tensor  # summed training loss over the targets (label-smoothed for translation)
+    nll: Tensor  # summed negative log-likelihood of the targets (detached), for reporting
+    n_targets: int  # what the loss is normalised by: predicted tokens (or examples)
+    n_tokens: int  # tokens the model processed (source + target, no padding), for tokens/s
+
+
+class Task(ABC):
+    """The interface between the trainer and one model shape (see the module docstring).
+
+    Lifecycle: ``setup`` (data + tokenizer) -> ``model_config`` (vocabulary size filled in) ->
+    ``build_model`` -> per epoch ``epoch_batches`` -> per micro-batch ``collate`` + ``loss``;
+    validation: ``valid_batches`` + ``loss``, and ``valid_metrics`` when due.
+    """
+
+    #: model kind written to config.json and used by :func:`aiayn.checkpoint.load_model_dir`.
+    kind: str = ""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def setup(self, tokenizer_json: str | None) -> str:
+        """Load the data; train the tokenizer unless ``tokenizer_json`` restores one. Returns the
+        tokenizer as JSON (saved in the run folder)."""
+
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        """``model`` with the fields the data fixes (vocabulary size) filled in."""
+        return model
+
+    def build_model(self, model: ModelConfig) -> nn.Module:
+        _builtin_kinds()
+        return MODEL_KINDS[self.kind](model)
+
+    @abstractmethod
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+        """This process's batches (lists of training-example indices) for ``epoch`` (1-based): a
+        deterministic function of the arguments and the config, using no global RNG."""
+
+    @abstractmethod
+    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+        """This process's share of the validation set, as batches of indices."""
+
+    @abstractmethod
+    def collate(self, split: str, indices: list[int]) -> Any:
+        """The tensors of one batch of ``split`` ("train" or "valid") examples."""
+
+    @abstractmethod
+    def num_targets(self, batch: Any) -> int:
+        """The loss normaliser of ``batch``, known before the forward pass."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
+        """Forward ``batch`` (moved to ``device``) through ``model``; summed loss and counts."""
+
+    def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
+        """Expensive validation metrics, computed on rank 0 when ``train.bleu_every`` says so."""
+        return {}
+
+
+# --------------------------------------------------------------------------------------------
+# Translation: an encoder–decoder on sentence pairs (Vaswani et al. 2017, §5–6)
+# --------------------------------------------------------------------------------------------
+
+
+class TranslationTask(Task):
+    """Teacher-forced encoder–decoder training on (source, target) token-id pairs."""
+
+    kind = "seq2seq"
+
+    def setup(self, tokenizer_json: str | None) -> str:
+        from aiayn.data import Tokenizer, fit_tokenizer, prepare_translation
+
+        data = self.cfg.data
+        if tokenizer_json is None:
+            log.info("training a %s tokenizer (vocabulary %d) on the training split",
+                     data.tokenizer, data.vocab_size)
+            self.tokenizer = fit_tokenizer(data)
+        else:
+            self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
+        self.train_pairs, self.valid_pairs = prepare_translation(data, self.tokenizer)
+        if not self.train_pairs:
+            raise ConfigError("no training pairs left after filtering by data.max_len")
+        self._samplers: dict[tuple, Any] = {}
+        log.info("%d training pairs, %d validation pairs, vocabulary %d",
+                 len(self.train_pairs), len(self.valid_pairs), self.tokenizer.vocab_size)
+        return self.tokenizer.to_str()
+
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        v = self.tokenizer.vocab_size
+        return replace(model, src_vocab_size=v, tgt_vocab_size=v)
+
+    def _sampler(self, split: str, rank: int, world_size: int) -> Any:
+        from aiayn.data import TokenBatchSampler, pair_lengths
+
+        key = (split, rank, world_size)
+        if key not in self._samplers:
+            pairs = self.train_pairs if split == "train" else self.valid_pairs
+            self._samplers[key] = TokenBatchSampler(
+                *pair_lengths(pairs), max_tokens=self.cfg.data.max_tokens,
+                shuffle=split == "train", seed=self.cfg.data.seed, rank=rank, world_size=world_size)
+        return self._samplers[key]
+
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+        return self._sampler("train", rank, world_size).batches(epoch)
+
+    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+        if not self.valid_pairs:
+            return []
+        # Every batch on some rank (none dropped, unlike training): the loss sums are all-reduced.
+        return self._sampler("valid", 0, 1).batches(0)[rank::world_size]
+
+    def collate(self, split: str, indices: list[int]) -> Any:
+        from aiayn.data import collate_translation
+
+        pairs = self.train_pairs if split == "train" else self.valid_pairs
+        m = self.cfg.model
+        return collate_translation([pairs[i] for i in indices], m.pad_id, m.bos_id, m.eos_id)
+
+    def num_targets(self, batch: Any) -> int:
+        return int(batch.n_tgt_tokens)
+
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
+        batch = batch.to(device, non_blocking=True)
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss, nll = label_smoothed_nll_loss(
+            logits, batch.tgt_out, self.cfg.train.label_smoothing, self.cfg.model.pad_id)
+        return StepStats(loss, nll, batch.n_tgt_tokens, batch.n_src_tokens + batch.n_tgt_tokens)
+
+    def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
+        """Corpus BLEU (sacreBLEU) of the model's translations of the validation sources."""
+        try:
+            from aiayn.decode import translate_texts
+            from aiayn.eval.bleu import corpus_scores
+        except ImportError as err:
+            raise ConfigError(f"train.bleu_every needs aiayn.decode and aiayn.eval ({err})") from None
+        from aiayn.data import load_translation
+
+        t = self.cfg.train
+        if not hasattr(self, "_bleu_data"):
+            src, ref = load_translation(self.cfg.data, self.cfg.data.valid_split)
+            n = t.bleu_max_sentences or len(src)
+            self._bleu_data = (list(src[:n]), list(ref[:n]))
+        src, ref = self._bleu_data
+        hyps = translate_texts(model, self.tokenizer, src, beam=t.bleu_beam, alpha=t.bleu_alpha)
+        scores = corpus_scores(hyps, ref)
+        bleu = scores["bleu"] if isinstance(scores, dict) else getattr(scores, "bleu")
+        return {"valid_bleu": float(getattr(bleu, "score", bleu))}
+
+
+TASKS: dict[str, Callable[[RunConfig], Task]] = {"translation": TranslationTask}
+
+
+def build_task(cfg: RunConfig) -> Task:
+    """The Task for ``data.task``."""
+    name = cfg.data.task
+    if name not in TASKS:
+        raise ConfigError(f"data.task = '{name}' has no trainer task yet (have: {', '.join(TASKS)})")
+    return TASKS[name](cfg)

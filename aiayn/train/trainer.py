@@ -1,0 +1,424 @@
+"""The training loop: one for every model shape (the shape is a :class:`~aiayn.train.tasks.Task`).
+
+The paper's recipe (Vaswani et al. 2017, §5): token-bounded batches, Adam(0.9, 0.98, 1e-9), the
+§5.3 warm-up schedule (or fairseq's inverse-sqrt), label smoothing 0.1, dropout; plus what real
+runs need: gradient accumulation, clipping, bf16 autocast with fp32 master weights, validation,
+keep-best, early stopping, step/epoch/time limits, non-finite-loss guards, DDP, and checkpoints
+that resume to bit-identical weights (the RNG states and the data position are saved too).
+
+Normalisation: each update's gradient is the summed loss of all its micro-batches on all processes
+divided by their total target count, so one process with ``update_freq = k·n`` and ``n``
+processes with ``update_freq = k`` compute the same update from the same global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.train.config import RunConfig
+from aiayn.train.distributed import DistContext, resolve_precision
+from aiayn.train.run_folder import RunFolder
+from aiayn.train.schedule import make_schedule
+from aiayn.train.tasks import Task
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Trainer", "TrainingDiverged", "TrainResult"]
+
+
+class TrainingDiverged(AiaynError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    epoch: int
+    stop_reason: str
+    best: float | None
+    last_valid: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Progress:
+    """Counters that a checkpoint saves and a resume restores."""
+
+    step: int = 0  # updates applied
+    epoch: int = 1  # the epoch in progress (1-based)
+    position: int = 0  # batches of this epoch already consumed (this process's list)
+    wall: float = 0.0  # seconds of training before this session
+    best: float | None = None  # best value of train.best_metric so far
+    bad_valid: int = 0  # validations since the last new best (early stopping)
+    bad_steps: int = 0  # consecutive updates skipped for a non-finite loss
+    skipped: int = 0  # all updates skipped so far
+
+
+@dataclass
+class _Interval:
+    """Sums since the last metrics line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    targets: float = 0.0
+    tokens: float = 0.0
+    grad_norm: float = 0.0
+    updates: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+             "python_gauss": random.getstate()[2],
+             "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
+                       int(np_state[3]), float(np_state[4])]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
+    keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+@contextlib.contextmanager
+def _rng_untouched() -> Iterator[None]:
+    """Whatever runs inside (batching, validation) leaves the global RNGs as they were."""
+    saved = _rng_state()
+    try:
+        yield
+    finally:
+        _set_rng_state(saved)
+
+
+class Trainer:
+    """Trains ``task``'s model with ``cfg.train`` into ``folder``; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, task: Task, folder: RunFolder, dist: DistContext,
+                 meta: dict[str, Any], tokenizer_json: str, resume: bool) -> None:
+        self.cfg, self.task, self.folder, self.dist = cfg, task, folder, dist
+        self.t = cfg.train
+        self.meta = meta
+        self.tokenizer_json = tokenizer_json
+        self.device = dist.device
+        self.autocast_dtype = resolve_precision(self.t.precision, self.device)
+        torch.manual_seed(self.t.seed)
+        self.model = task.build_model(cfg.model).to(self.device)
+        self.optimizer = self._build_optimizer()
+        self.schedule = make_schedule(self.t, cfg.model.d_model)
+        self.progress = _Progress()
+        if resume:
+            self._restore()
+        else:
+            # Processes share the initial weights (seed) but each draws its own dropout masks.
+            torch.manual_seed(self.t.seed + 1_000_003 * dist.rank)
+        self.ddp = (DistributedDataParallel(self.model, device_ids=[self.device.index]
+                                            if self.device.type == "cuda" else None)
+                    if dist.active else None)
+        self.last_valid: dict[str, float] = {}
+        self.session_start = time.perf_counter()
+
+    # ---- construction ------------------------------------------------------------------------
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        t = self.t
+        opt = torch.optim.AdamW if t.weight_decay > 0 else torch.optim.Adam
+        return opt(self.model.parameters(), lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps,
+                   weight_decay=t.weight_decay)
+
+    def _restore(self) -> None:
+        from aiayn.checkpoint import load_weights
+
+        state = self.folder.load_state()
+        snapshot = self.folder.checkpoints / state["snapshot"]
+        load_weights(self.model, snapshot)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise CheckpointError(f"{self.folder.state}: optimizer state does not fit the model "
+                                  f"({err})") from None
+        p = state["progress"]
+        self.progress = _Progress(**p)
+        self.progress.step, self.progress.epoch = state["step"], state["epoch"]
+        self.progress.position = state["position"]
+        if self.dist.is_main:
+            self.folder.discard_after(state["step"])
+        rngs = state["rng"]
+        if len(rngs) != self.dist.world_size:
+            log.warning("resuming with %d processes, the checkpoint had %d: dropout masks will "
+                        "differ from an uninterrupted run", self.dist.world_size, len(rngs))
+        _set_rng_state(rngs[self.dist.rank % len(rngs)])
+        log.info("resumed %s at step %d (epoch %d)", self.folder.path, state["step"], state["epoch"])
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        """Train until a limit, early stopping or divergence; returns where it stopped."""
+        self._bar = self._progress_bar()
+        self._interval = _Interval()
+        reason = self._limit_reached()
+        try:
+            while reason is None:
+                reason = self._run_epoch()
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+        self._finish(reason)
+        p = self.progress
+        return TrainResult(p.step, p.epoch, reason, p.best, self.last_valid)
+
+    def _run_epoch(self) -> str | None:
+        p, t = self.progress, self.t
+        batches = self._epoch_batches(p.epoch)
+        while p.position < len(batches):
+            group = batches[p.position:p.position + t.update_freq]
+            p.position += len(group)
+            applied = self._update(group)
+            if applied:
+                reason = self._after_update()
+                if reason is not None:
+                    return reason
+            elif (reason := self._limit_reached()) is not None:
+                return reason
+        p.epoch, p.position = p.epoch + 1, 0
+        return self._limit_reached()
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        with _rng_untouched():
+            batches = self.task.epoch_batches(epoch, self.dist.rank, self.dist.world_size)
+        # Every process must run the same number of updates, or DDP would wait forever.
+        n = int(self.dist.all_reduce([len(batches)], op="min")[0])
+        if n == 0:
+            raise ConfigError(f"epoch {epoch} has no batches on rank {self.dist.rank}: too little "
+                              "data for the number of processes")
+        return batches[:n]
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _update(self, group: list[list[int]]) -> bool:
+        """One optimizer update from ``group``'s micro-batches; False when it was skipped."""
+        net = self.ddp or self.model
+        net.train()
+        batches = [self.task.collate("train", b) for b in group]
+        local = [float(sum(self.task.num_targets(b) for b in batches))]
+        n_targets = max(self.dist.all_reduce(local)[0], 1.0)
+        scale = self.dist.world_size / n_targets  # DDP averages gradients over processes
+        sums = [0.0, 0.0, 0.0]  # loss, nll, tokens
+        for i, batch in enumerate(batches):
+            sync = self.ddp is None or i == len(batches) - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self._autocast():
+                stats = self.task.loss(net, batch, self.device)
+            (stats.loss * scale).backward()
+            sums[0] += stats.loss.item()
+            sums[1] += stats.nll.item()
+            sums[2] += stats.n_tokens
+        loss, nll, tokens = self.dist.all_reduce(sums)
+        norm = self._grad_norm() if math.isfinite(loss) else math.nan
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            return self._skip(loss, norm)
+        self.progress.step += 1
+        lr = self.schedule(self.progress.step)
+        for group_ in self.optimizer.param_groups:
+            group_["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress.bad_steps = 0
+        self._count(loss, nll, n_targets, tokens, norm)
+        return True
+
+    def _grad_norm(self) -> float:
+        max_norm = self.t.clip_norm if self.t.clip_norm > 0 else math.inf
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return float(norm)
+
+    def _skip(self, loss: float, norm: float) -> bool:
+        p = self.progress
+        self.optimizer.zero_grad(set_to_none=True)
+        p.bad_steps += 1
+        p.skipped += 1
+        log.warning("update %d skipped: non-finite %s (%d in a row, %d in all)", p.step + 1,
+                    "loss" if not math.isfinite(loss) else "gradient norm", p.bad_steps, p.skipped)
+        if p.bad_steps >= self.t.max_bad_steps:
+            raise TrainingDiverged(
+                f"training stopped: {p.bad_steps} consecutive updates had a non-finite loss or "
+                f"gradient (train.max_bad_steps = {self.t.max_bad_steps}); the last good "
+                f"checkpoint in {self.folder.path} is intact. Lower train.lr or raise "
+                "train.warmup_steps, or try precision = fp32")
+        return False
+
+    def _count(self, loss: float, nll: float, targets: float, tokens: float, norm: float) -> None:
+        iv = self._interval
+        iv.loss += loss
+        iv.nll += nll
+        iv.targets += targets
+        iv.tokens += tokens
+        iv.grad_norm += norm
+        iv.updates += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    # ---- after each update: log, validate, save, stop ------------------------------------
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.progress.step % every == 0
+
+    def _after_update(self) -> str | None:
+        t = self.t
+        validate = self._due(t.valid_every)
+        reason = None
+        if validate:
+            reason = self._validate()
+        if validate or self._due(t.log_every):
+            self._log(self.last_valid if validate else {})
+        if validate or self._due(t.save_every):
+            self._save()
+        return reason or self._limit_reached()
+
+    def _wall(self) -> float:
+        return self.progress.wall + time.perf_counter() - self.session_start
+
+    def _limit_reached(self) -> str | None:
+        p, t = self.progress, self.t
+        if t.max_steps and p.step >= t.max_steps:
+            return "max_steps"
+        if t.max_epochs and p.epoch > t.max_epochs:
+            return "max_epochs"
+        if t.max_time and self._wall() >= t.max_time:
+            return "max_time"
+        return None
+
+    def _log(self, valid: dict[str, float]) -> None:
+        iv, p = self._interval, self.progress
+        elapsed = max(time.perf_counter() - iv.start, 1e-9)
+        targets = max(iv.targets, 1.0)
+        record = {
+            "step": p.step, "wall": round(self._wall(), 3), "epoch": p.epoch,
+            "loss": iv.loss / targets, "nll": iv.nll / targets,
+            "lr": self.schedule(p.step), "tokens_per_s": iv.tokens / elapsed,
+            "grad_norm": iv.grad_norm / max(iv.updates, 1), "skipped": p.skipped,
+            **valid,
+        }
+        if self.dist.is_main:
+            self.folder.append_metrics(record)
+            if self._bar is not None:
+                self._bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                                      tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+        self._interval = _Interval()
+
+    # ---- validation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def _valid_loss(self) -> dict[str, float]:
+        self.model.eval()
+        sums = [0.0, 0.0]
+        for indices in self.task.valid_batches(self.dist.rank, self.dist.world_size):
+            batch = self.task.collate("valid", indices)
+            with self._autocast():
+                stats = self.task.loss(self.model, batch, self.device)
+            sums[0] += stats.nll.item()
+            sums[1] += stats.n_targets
+        nll, n = self.dist.all_reduce(sums)
+        if n == 0:
+            return {}
+        return {"valid_loss": nll / n, "valid_ppl": math.exp(min(nll / n, 50.0))}
+
+    def _validate(self) -> str | None:
+        """Validation loss (+ BLEU when due), keep-best and early stopping."""
+        with _rng_untouched():
+            metrics = self._valid_loss()
+            if self._due(self.t.bleu_every):
+                extra = None
+                if self.dist.is_main:
+                    self.model.eval()
+                    with torch.no_grad(), self._autocast():
+                        extra = self.task.valid_metrics(self.model, self.progress.step)
+                metrics.update(self.dist.broadcast(extra))
+        self.last_valid = metrics
+        self._valid_step = self.progress.step
+        return self._track_best(metrics)
+
+    def _track_best(self, metrics: dict[str, float]) -> str | None:
+        p, t = self.progress, self.t
+        value = metrics.get(t.best_metric)
+        if value is None:
+            return None
+        better = p.best is None or (value < p.best if t.best_metric == "valid_loss" else value > p.best)
+        if better:
+            p.best, p.bad_valid = value, 0
+            if self.dist.is_main:
+                self._save_best(value)
+            return None
+        p.bad_valid += 1
+        if t.patience and p.bad_valid >= t.patience:
+            log.info("early stopping: %s has not improved for %d validations (best %.4f)",
+                     t.best_metric, p.bad_valid, p.best)
+            return "early_stopping"
+        return None
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        p = self.progress
+        progress = {k: v for k, v in vars(p).items()}
+        progress["wall"] = self._wall()
+        return {"step": p.step, "epoch": p.epoch, "position": p.position,
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": {"name": self.t.lr_schedule, "step": p.step},
+                "rng": self.dist.gather(_rng_state()), "progress": progress,
+                "world_size": self.dist.world_size}
+
+    def _save(self) -> None:
+        state = self._state()  # collective (RNG states of every process): all ranks call it
+        if self.dist.is_main:
+            self.folder.save_checkpoint(self.model, state, self.t.keep_last)
+        self._saved_step = self.progress.step
+
+    def _save_best(self, value: float) -> None:
+        from aiayn.checkpoint import save_model_dir
+
+        extra = {k: v for k, v in self.meta.items() if k not in ("kind", "model")}
+        save_model_dir(self.folder.best, self.model, self.cfg.model, kind=self.task.kind,
+                       tokenizer_json=self.tokenizer_json,
+                       extra={**extra, "best": {"step": self.progress.step,
+                                                self.t.best_metric: value}})
+
+    def _finish(self, reason: str) -> None:
+        """Validate, log and save the final step unless that already happened."""
+        p = self.progress
+        log.info("stopping at step %d (%s)", p.step, reason)
+        if p.step == 0:
+            return
+        valid: dict[str, float] = {}
+        if getattr(self, "_valid_step", None) != p.step:
+            self._validate()
+            valid = self.last_valid
+        if valid or self._interval.updates:
+            self._log(valid)
+        if getattr(self, "_saved_step", None) != p.step:
+            self._save()
+
+    def _progress_bar(self) -> Any:
+        if not (self.t.progress and self.dist.is_main):
+            return None
+        from tqdm import tqdm
+
+        total = self.t.max_steps or None
+        return tqdm(total=total, initial=self.progress.step, desc="train", unit="upd",
+                    dynamic_ncols=True, leave=False)
+
+
