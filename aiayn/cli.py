@@ -17,6 +17,7 @@ from aiayn.errors import AiaynError
 
 # Sub-command modules, in the order `aiayn --help` lists them.
 COMMANDS: list[str] = [
+    "data",
     "plot",
     "summary",
 ]

@@ -1,0 +1,136 @@
+"""``aiayn data``: list, fetch and inspect datasets; train a tokenizer.
+
+    aiayn data list
+    aiayn data prepare multi30k [--mirror DIR_OR_URL] [--cache DIR] [--force]
+    aiayn data tokenizer -o tokenizer.json [--config run.toml] [--set vocab_size=8000 ...]
+    aiayn data stats [--config run.toml] [--set dataset= --set train_src=a.en ...]
+
+``--set`` takes the keys of :class:`aiayn.data.DataConfig` (``data.`` prefix optional);
+``--config`` reads the ``[data]`` section of a TOML file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+import tomllib
+
+from aiayn.config import apply_overrides, parse_override
+from aiayn.data import (DATASETS, DataConfig, TokenBatchSampler, Tokenizer, cache_dir, fit_tokenizer,
+                        is_prepared, pair_lengths, padding_fraction, prepare, prepare_classification,
+                        prepare_lm, prepare_translation)
+from aiayn.data.readers import read_text
+from aiayn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("data", help="list, download and inspect datasets; train a tokenizer",
+                                   description="Datasets, tokenizers and batching.")
+    actions = parser.add_subparsers(dest="data_action", metavar="ACTION", required=True)
+
+    ls = actions.add_parser("list", help="registered datasets, their splits and whether they are cached")
+    ls.set_defaults(run=run_list)
+
+    prep = actions.add_parser(
+        "prepare", help="download (or copy from the mirror), verify and cache a dataset",
+        description="Fetch NAME into the cache ($AIAYN_CACHE, default ~/.cache/aiayn), checking "
+                    "sha256; does nothing if already there. $AIAYN_DATA_MIRROR (a folder or base "
+                    "URL laid out as FOLDER/FILE) replaces the official sources.")
+    prep.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
+    prep.add_argument("--mirror", help="folder or base URL to fetch from (default $AIAYN_DATA_MIRROR; "
+                                       "'' for the official sources)")
+    prep.add_argument("--cache", help="cache folder (default $AIAYN_CACHE or ~/.cache/aiayn)")
+    prep.add_argument("--force", action="store_true", help="fetch again even if cached")
+    prep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prep.set_defaults(run=run_prepare)
+
+    tok = actions.add_parser("tokenizer", help="train a tokenizer on the training split and save it")
+    _config_args(tok)
+    tok.add_argument("-o", "--output", default="tokenizer.json", help="where to write (default tokenizer.json)")
+    tok.set_defaults(run=run_tokenizer)
+
+    stats = actions.add_parser(
+        "stats", help="read, tokenise and batch the data; print sizes, timings and padding",
+        description="Checks the configured data end to end (any bad line is reported with its "
+                    "file and line) and measures tokenising and batching.")
+    _config_args(stats)
+    stats.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.json (default: train one)")
+    stats.set_defaults(run=run_stats)
+    return parser
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="TOML", help="read the [data] section of this file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a data field, e.g. --set vocab_size=8000 (repeatable)")
+
+
+def data_config(args: argparse.Namespace) -> DataConfig:
+    """DataConfig from ``--config`` then ``--set`` (keys with or without the ``data.`` prefix)."""
+    values: dict = {}
+    if args.config:
+        try:
+            table = tomllib.loads(read_text(args.config))
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{args.config}: {err}") from None
+        values.update(table.get("data", {}))
+    for text in args.overrides:
+        key, value = parse_override(text)
+        values[key.removeprefix("data.")] = value
+    return apply_overrides(DataConfig(), values, prefix="data.")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    root = cache_dir() / "datasets"
+    for spec in DATASETS.values():
+        cached = "cached" if is_prepared(root / spec.name) else "not cached"
+        print(f"{spec.name:<17} {spec.task:<15} {cached:<11} {spec.description}")
+        print(f"{'':<17} splits: {', '.join(spec.splits)}; terms: {spec.terms}")
+    return 0
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    folder = prepare(args.name, mirror=args.mirror, cache=args.cache, force=args.force,
+                     progress=False if args.no_progress else None)
+    print(folder)
+    return 0
+
+
+def run_tokenizer(args: argparse.Namespace) -> int:
+    cfg = data_config(args)
+    tokenizer = fit_tokenizer(cfg)
+    tokenizer.save(args.output)
+    print(f"{args.output}: {tokenizer.kind} tokenizer, {tokenizer.vocab_size} tokens")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    cfg = data_config(args)
+    start = time.perf_counter()
+    tokenizer = Tokenizer.from_file(args.tokenizer) if args.tokenizer else fit_tokenizer(cfg)
+    fitted = time.perf_counter()
+    if cfg.task == "lm":
+        train, valid = prepare_lm(cfg, tokenizer)
+        print(f"{cfg.task}: {len(train)} training and {len(valid)} validation tokens "
+              f"({tokenizer.kind}, vocabulary {tokenizer.vocab_size})")
+        return 0
+    if cfg.task == "translation":
+        train, valid = prepare_translation(cfg, tokenizer)
+        lengths = pair_lengths(train)
+    else:
+        train, valid = prepare_classification(cfg, tokenizer)
+        lengths = ([len(ids) for ids, _ in train], None)
+    sampler = TokenBatchSampler(*lengths, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    batches = sampler.batches()
+    done = time.perf_counter()
+    n_tokens = sum(sum(x) for x in lengths if x is not None)
+    print(f"{cfg.task}: {len(train)} training and {len(valid)} validation examples, "
+          f"{n_tokens} training tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})")
+    print(f"batches: {len(batches)} at max_tokens={cfg.max_tokens}, padding "
+          f"{100 * padding_fraction(sampler):.1f}% of source+target cells")
+    print(f"time: tokenizer {'loaded' if args.tokenizer else 'trained'} in {fitted - start:.2f} s; "
+          f"read + tokenise + batch the splits in {done - fitted:.2f} s")
+    return 0

@@ -1,0 +1,36 @@
+"""The data pipeline: datasets (registry, verified download or mirror, cache), readers for the
+user's own files, tokenizers, token-budget batching and collate functions.
+
+Typical use (translation)::
+
+    cfg = DataConfig(dataset="multi30k", vocab_size=8000, max_tokens=4096)
+    tokenizer = fit_tokenizer(cfg)                       # trained on the training split only
+    train, valid = prepare_translation(cfg, tokenizer)   # token-id pairs, long ones dropped
+    sampler = TokenBatchSampler(*pair_lengths(train), max_tokens=cfg.max_tokens, seed=cfg.seed)
+    for epoch in range(n):
+        sampler.set_epoch(epoch)
+        for indices in sampler:
+            batch = collate_translation([train[i] for i in indices])
+"""
+
+from aiayn.data.batching import (ClassificationBatch, Seq2SeqBatch, TokenBatchSampler,
+                                 collate_classification, collate_translation, pad_sequences,
+                                 padding_fraction, pair_lengths)
+from aiayn.data.config import DataConfig
+from aiayn.data.loaders import (fit_tokenizer, load_classification, load_lm_text, load_translation,
+                                prepare_classification, prepare_lm, prepare_translation,
+                                training_texts)
+from aiayn.data.readers import read_labelled, read_lines, read_parallel, read_text
+from aiayn.data.registry import DATASETS, cache_dir, get_spec, is_prepared, prepare
+from aiayn.data.tokenizer import (SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer, Tokenizer,
+                                  train_tokenizer)
+
+__all__ = [
+    "DataConfig", "DATASETS", "prepare", "get_spec", "cache_dir", "is_prepared",
+    "read_text", "read_lines", "read_parallel", "read_labelled",
+    "load_translation", "load_classification", "load_lm_text", "training_texts", "fit_tokenizer",
+    "prepare_translation", "prepare_classification", "prepare_lm",
+    "Tokenizer", "SubwordTokenizer", "CharTokenizer", "train_tokenizer", "SPECIAL_TOKENS",
+    "TokenBatchSampler", "pair_lengths", "padding_fraction", "pad_sequences",
+    "Seq2SeqBatch", "collate_translation", "ClassificationBatch", "collate_classification",
+]

@@ -1,0 +1,228 @@
+"""Token-budget batching (Vaswani et al. 2017, §5.1: "batched together by approximate sequence
+length ... approximately 25000 source tokens and 25000 target tokens") and collate functions.
+
+Shapes: B batch · S source length · T target length (BOS/EOS included).
+
+:class:`TokenBatchSampler` sorts examples by length (ties broken at random per epoch), cuts the
+sorted list greedily into batches whose *padded* size ``B × max(S, T)`` stays within
+``max_tokens``, and shuffles the batch order per epoch from ``(seed, epoch)``. The cut points
+depend only on the lengths, so every epoch has the same number of batches. It yields lists of
+example indices, to be collated by the caller (or used as a DataLoader ``batch_sampler``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["TokenBatchSampler", "Seq2SeqBatch", "ClassificationBatch", "collate_translation",
+           "collate_classification", "pad_sequences", "padding_fraction"]
+
+log = logging.getLogger(__name__)
+
+
+class TokenBatchSampler:
+    """Length-bucketed batches of indices under a padded-token budget, deterministic and resumable.
+
+    ``src_lengths[i]``/``tgt_lengths[i]``: lengths of example i *as they will be in the batch
+    tensors* (for translation the target side gains BOS or EOS: pass ``len(y) + 1``, as
+    :func:`pair_lengths` does). ``tgt_lengths=None`` for single-sequence tasks.
+
+    With ``world_size > 1`` each rank gets every ``world_size``-th batch of the shuffled order;
+    the few batches left over (fewer than ``world_size``) are dropped from that epoch, so all
+    ranks take the same number of steps and no example is seen twice. An example longer than
+    ``max_tokens`` on its own forms a batch of one (filter training data by length beforehand).
+    """
+
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int] | None = None,
+                 max_tokens: int = 4096, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, max_batch_size: int | None = None) -> None:
+        src = np.asarray(src_lengths, dtype=np.int64)
+        tgt = src if tgt_lengths is None else np.asarray(tgt_lengths, dtype=np.int64)
+        if src.ndim != 1 or tgt.shape != src.shape:
+            raise ValueError(f"src_lengths and tgt_lengths must be 1-D of equal length, "
+                             f"got {src.shape} and {tgt.shape}")
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+        self.src, self.tgt = src, tgt
+        self.max_tokens, self.shuffle, self.seed = int(max_tokens), bool(shuffle), int(seed)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.max_batch_size = max_batch_size
+        self.epoch = 0
+        self.position = 0  # batches of this epoch already handed out (by this rank)
+        self._width = np.maximum(src, tgt)
+        self._bounds = self._cut(self._width[self._sort_keys(None)])
+        n_over = int((self._width > self.max_tokens).sum())
+        if n_over:
+            log.warning("%d examples exceed max_tokens=%d and form batches of one", n_over, max_tokens)
+
+    # ---- batch construction -------------------------------------------------------------------
+    def _sort_keys(self, rng: np.random.Generator | None) -> np.ndarray:
+        """Indices sorted by (max length, source length, target length, random tie-break)."""
+        noise = rng.random(len(self.src)) if rng is not None else np.arange(len(self.src))
+        return np.lexsort((noise, self.tgt, self.src, self._width))
+
+    def _cut(self, widths: np.ndarray) -> list[int]:
+        """Batch boundaries over widths sorted ascending: each batch has B × max width ≤ budget.
+
+        In a sorted run the last element is the widest, so ``fits(end) = (end - start) *
+        widths[end - 1] <= max_tokens`` is monotone in ``end``: binary-search the largest end.
+        """
+        bounds, start, n = [0], 0, len(widths)
+        cap = self.max_batch_size or n
+        while start < n:
+            lo, hi = start + 1, min(start + cap, n)  # lo always kept: a batch has >= 1 example
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if (mid - start) * int(widths[mid - 1]) <= self.max_tokens:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            bounds.append(lo)
+            start = lo
+        return bounds
+
+    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This rank's batches for ``epoch`` (default: the current one), in iteration order."""
+        epoch = self.epoch if epoch is None else epoch
+        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+        order = self._sort_keys(rng)
+        batches = [order[a:b] for a, b in zip(self._bounds[:-1], self._bounds[1:])]
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        per_rank = len(batches) // self.world_size if self.world_size > 1 else len(batches)
+        mine = batches[self.rank::self.world_size][:per_rank]
+        return [b.tolist() for b in mine]
+
+    def __len__(self) -> int:
+        n = len(self._bounds) - 1
+        return n // self.world_size if self.world_size > 1 else n
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield the rest of the current epoch, then move on to the next epoch."""
+        batches = self.batches()
+        while self.position < len(batches):
+            self.position += 1
+            yield batches[self.position - 1]
+        self.epoch += 1
+        self.position = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (from its beginning, unless it is the epoch a loaded state is in)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = int(epoch), 0
+
+    # ---- resume -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """Plain ints (loadable with ``torch.load(weights_only=True)``): where the epoch stands."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_examples": len(self.src), "num_batches": len(self), "rank": self.rank,
+                "world_size": self.world_size, "max_tokens": self.max_tokens}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue exactly where :meth:`state_dict` was taken; ValueError if the data differs."""
+        for key in ("seed", "num_examples", "num_batches", "world_size", "max_tokens"):
+            mine = self.state_dict()[key]
+            if int(state[key]) != mine:
+                raise ValueError(f"cannot resume batching: {key} was {int(state[key])}, now {mine}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def pair_lengths(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[list[int], list[int]]:
+    """Batch-tensor lengths of (source, target) id pairs: ``len(x)`` and ``len(y) + 1`` (BOS/EOS)."""
+    return [len(x) for x, _ in pairs], [len(y) + 1 for _, y in pairs]
+
+
+# ---- collate ----------------------------------------------------------------------------------
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None,
+                  suffix: int | None = None) -> torch.Tensor:
+    """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence."""
+    extra = (prefix is not None) + (suffix is not None)
+    width = max((len(s) for s in seqs), default=0) + extra
+    out = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    start = int(prefix is not None)
+    for i, seq in enumerate(seqs):
+        if prefix is not None:
+            out[i, 0] = prefix
+        out[i, start:start + len(seq)] = seq
+        if suffix is not None:
+            out[i, start + len(seq)] = suffix
+    return torch.from_numpy(out)
+
+
+@dataclass
+class Seq2SeqBatch:
+    """A translation batch. ``tgt_in = [BOS] + y`` is fed to the decoder, ``tgt_out = y + [EOS]`` predicted."""
+
+    src: torch.Tensor  # (B, S)
+    tgt_in: torch.Tensor  # (B, T)
+    tgt_out: torch.Tensor  # (B, T)
+    n_src_tokens: int  # non-pad source tokens
+    n_tgt_tokens: int  # non-pad target tokens (= tokens predicted, EOS included)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Seq2SeqBatch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Seq2SeqBatch(move(self.src), move(self.tgt_in), move(self.tgt_out),
+                            self.n_src_tokens, self.n_tgt_tokens)
+
+    def __len__(self) -> int:
+        return self.src.size(0)
+
+
+def collate_translation(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = 0,
+                        bos_id: int = 1, eos_id: int = 2) -> Seq2SeqBatch:
+    """Pad (source ids, target ids) pairs into a :class:`Seq2SeqBatch` (no BOS/EOS on the source)."""
+    if not pairs:
+        raise ValueError("collate_translation needs at least one pair")
+    src = [x for x, _ in pairs]
+    tgt = [y for _, y in pairs]
+    return Seq2SeqBatch(
+        src=pad_sequences(src, pad_id),
+        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id),
+        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id),
+        n_src_tokens=sum(len(x) for x in src),
+        n_tgt_tokens=sum(len(y) + 1 for y in tgt),
+    )
+
+
+@dataclass
+class ClassificationBatch:
+    tokens: torch.Tensor  # (B, S) right-padded
+    labels: torch.Tensor  # (B,)
+    n_tokens: int  # non-pad tokens
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "ClassificationBatch":
+        return ClassificationBatch(self.tokens.to(device, non_blocking=non_blocking),
+                                   self.labels.to(device, non_blocking=non_blocking), self.n_tokens)
+
+    def __len__(self) -> int:
+        return self.tokens.size(0)
+
+
+def collate_classification(items: Sequence[tuple[Sequence[int], int]], pad_id: int = 0,
+                           bos_id: int | None = None) -> ClassificationBatch:
+    """Pad (ids, label) items; ``bos_id`` prepends a summary token (a [CLS]-style position)."""
+    if not items:
+        raise ValueError("collate_classification needs at least one item")
+    seqs = [ids for ids, _ in items]
+    return ClassificationBatch(tokens=pad_sequences(seqs, pad_id, prefix=bos_id),
+                               labels=torch.tensor([label for _, label in items], dtype=torch.long),
+                               n_tokens=sum(len(s) for s in seqs) + len(seqs) * (bos_id is not None))
+
+
+def padding_fraction(sampler: TokenBatchSampler, epoch: int = 0) -> float:
+    """Share of the padded source+target tensor cells that are padding, over one epoch."""
+    real = padded = 0
+    for batch in sampler.batches(epoch):
+        src, tgt = sampler.src[batch], sampler.tgt[batch]
+        real += int(src.sum()) + int(tgt.sum())
+        padded += len(batch) * (int(src.max()) + int(tgt.max()))
+    return 1.0 - real / padded if padded else 0.0

@@ -1,0 +1,76 @@
+"""The data section of a run's configuration (``[data]`` in the trainer's TOML file).
+
+One frozen dataclass, changed only through :func:`aiayn.config.apply_overrides` (dotted keys such
+as ``data.vocab_size=10000``), like every other config in aiayn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from aiayn.errors import ConfigError
+
+__all__ = ["DataConfig"]
+
+_USER_PATHS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "train_file", "valid_file")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data a run reads, how it is tokenised and how it is batched."""
+
+    # What the examples are: sentence pairs, labelled texts, or one running text.
+    task: Literal["translation", "classification", "lm"] = "translation"
+    # A registered dataset (`aiayn data list`), or "" to read your own files given below.
+    dataset: str = "multi30k"
+    # Source and target language of a translation dataset (Multi30k: en, de).
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # Split names used for training and validation (Multi30k: train, val, test_2016_flickr, ...).
+    train_split: str = "train"
+    valid_split: str = "val"
+    # Your own parallel text files, one sentence per line, line i of src translating line i of tgt.
+    train_src: str = ""
+    train_tgt: str = ""
+    valid_src: str = ""
+    valid_tgt: str = ""
+    # Your own classification data (.tsv `label<TAB>text` or .jsonl {"text", "label"}) or LM text.
+    train_file: str = ""
+    valid_file: str = ""
+    # Subword model (one joint vocabulary for source and target, §3.4) or characters.
+    tokenizer: Literal["bpe", "unigram", "char"] = "bpe"
+    # Vocabulary size including the 4 special tokens (the paper: 37000 BPE for WMT En-De).
+    vocab_size: int = 8000
+    # Token budget per batch, padding included (the paper: ~25000 source + 25000 target tokens).
+    max_tokens: int = 4096
+    # Longest sequence kept for training, in tokens with BOS/EOS; longer examples are dropped.
+    max_len: int = 256
+    # What to do with classification texts longer than max_len: drop them, or cut them (logged).
+    long_examples: Literal["filter", "truncate"] = "filter"
+    # Seed of the per-epoch batch shuffle (with the epoch number).
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def uses_own_files(self) -> bool:
+        """True when the run reads the user's files instead of a registered dataset."""
+        return self.dataset == ""
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the field when a value makes no sense."""
+        for name in ("vocab_size", "max_tokens", "max_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
+        if self.tokenizer != "char" and self.vocab_size <= 4:
+            raise ConfigError(f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
+        given = [name for name in _USER_PATHS if getattr(self, name)]
+        if given and self.dataset:
+            raise ConfigError(
+                f"data.dataset='{self.dataset}' and data.{given[0]} are both set; "
+                "set data.dataset='' to use your own files"
+            )
+        if self.task == "translation" and self.src_lang == self.tgt_lang and self.dataset:
+            raise ConfigError(f"data.src_lang and data.tgt_lang are both '{self.src_lang}'")

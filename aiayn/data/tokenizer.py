@@ -1,0 +1,213 @@
+"""Tokenizers: a joint subword model (BPE or Unigram, trained with Hugging Face ``tokenizers``) and
+a character-level one, behind one interface.
+
+Special ids are fixed and match :class:`aiayn.config.ModelConfig`: ``<pad>`` 0, ``<s>`` 1 (BOS),
+``</s>`` 2 (EOS), ``<unk>`` 3. ``encode`` never adds BOS/EOS (the collate functions do);
+``decode`` skips special tokens.
+
+Subword text is normalised first: NFKC (which also turns Multi30k's non-breaking spaces into
+plain ones), every run of whitespace to one space, ends stripped. Pieces are byte-level (GPT-2
+style), so any text encodes without ``<unk>`` and ``decode(encode(t)) == normalize(t)`` exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from typing import Iterable, Sequence
+
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from aiayn.data.readers import read_text
+from aiayn.errors import DataError
+from aiayn.io import write_text
+
+__all__ = ["Tokenizer", "SubwordTokenizer", "CharTokenizer", "train_tokenizer", "SPECIAL_TOKENS"]
+
+log = logging.getLogger(__name__)
+
+# In id order: pad 0, bos 1, eos 2, unk 3 (ModelConfig's defaults).
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+_CHAR_TYPE = "aiayn-char"
+
+
+class Tokenizer:
+    """The interface shared by the subword and the character tokenizer."""
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+    kind: str = ""
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def normalize(self, text: str) -> str:
+        """The text as the tokenizer sees it; ``decode(encode(text))`` gives this back."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without BOS/EOS."""
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` (a list or a 1-D tensor), special tokens skipped."""
+        raise NotImplementedError
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def to_str(self) -> str:
+        """The tokenizer as JSON (the content of ``tokenizer.json``)."""
+        raise NotImplementedError
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``tokenizer.json`` atomically."""
+        write_text(path, self.to_str())
+
+    @classmethod
+    def from_str(cls, text: str, origin: str = "tokenizer") -> "Tokenizer":
+        """Load what :meth:`to_str` wrote (either kind); DataError naming ``origin`` when invalid."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{origin}:{err.lineno}: not a tokenizer (invalid JSON: {err.msg})") from None
+        if isinstance(obj, dict) and obj.get("type") == _CHAR_TYPE:
+            return CharTokenizer.from_obj(obj, origin)
+        try:
+            return SubwordTokenizer(HFTokenizer.from_str(text), origin)
+        except Exception as err:  # tokenizers raises plain Exception subclasses from Rust
+            raise DataError(f"{origin}: not a tokenizer ({err})") from None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+        return cls.from_str(read_text(path), str(path))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+def _ids(ids: Iterable[int]) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+class SubwordTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers`` model (BPE or Unigram) with aiayn's special ids."""
+
+    def __init__(self, hf: HFTokenizer, origin: str = "tokenizer") -> None:
+        for expected, token in enumerate(SPECIAL_TOKENS):
+            if hf.token_to_id(token) != expected:
+                raise DataError(f"{origin}: special token {token} has id {hf.token_to_id(token)}, "
+                                f"expected {expected}")
+        self.hf = hf
+        self.kind = type(hf.model).__name__.lower()  # "bpe" or "unigram"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def normalize(self, text: str) -> str:
+        return self.hf.normalizer.normalize_str(text) if self.hf.normalizer else text
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encodes in parallel (Rust threads; ``TOKENIZERS_PARALLELISM`` controls them)."""
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(_ids(ids), skip_special_tokens=True)
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return self.hf.decode_batch([_ids(ids) for ids in batch], skip_special_tokens=True)
+
+    def to_str(self) -> str:
+        return self.hf.to_str()
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character, no normalisation (newlines and spacing are part of the text)."""
+
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise DataError("character vocabulary must be distinct single characters")
+        self.chars = list(chars)
+        self._stoi = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(self.chars)}
+        self._itos = [""] * len(SPECIAL_TOKENS) + self.chars  # specials decode to nothing
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIAL_TOKENS) + len(self.chars)
+
+    def normalize(self, text: str) -> str:
+        return "".join(c for c in text if c in self._stoi)
+
+    def encode(self, text: str) -> list[int]:
+        get, unk = self._stoi.get, self.unk_id
+        return [get(c, unk) for c in text]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        itos, n = self._itos, len(self._itos)
+        return "".join(itos[i] for i in _ids(ids) if 0 <= i < n)
+
+    def to_str(self) -> str:
+        return json.dumps({"type": _CHAR_TYPE, "special_tokens": list(SPECIAL_TOKENS),
+                           "chars": self.chars}, ensure_ascii=False)
+
+    @classmethod
+    def from_obj(cls, obj: dict, origin: str = "tokenizer") -> "CharTokenizer":
+        if obj.get("special_tokens") != list(SPECIAL_TOKENS) or not isinstance(obj.get("chars"), list):
+            raise DataError(f"{origin}: malformed character tokenizer")
+        return cls(obj["chars"])
+
+
+def _normalizer() -> normalizers.Normalizer:
+    return normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                 normalizers.Strip()])
+
+
+def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8000) -> Tokenizer:
+    """Train a tokenizer on ``texts`` (the training split only; source and target together).
+
+    ``kind``: "bpe", "unigram" or "char". For "char", ``vocab_size`` caps the vocabulary (the
+    most frequent characters are kept; the others become ``<unk>``).
+    """
+    texts = list(texts)
+    if not any(t.strip() for t in texts):
+        raise DataError("no training text to build a tokenizer from")
+    if kind == "char":
+        counts = Counter()
+        for text in texts:
+            counts.update(text)
+        keep = max(vocab_size - len(SPECIAL_TOKENS), 1)
+        if len(counts) > keep:
+            log.warning("char tokenizer: %d distinct characters, keeping the %d most frequent",
+                        len(counts), keep)
+        return CharTokenizer(sorted(c for c, _ in counts.most_common(keep)))
+    if kind not in ("bpe", "unigram"):
+        raise DataError(f"unknown tokenizer kind '{kind}'; choose bpe, unigram or char")
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if kind == "bpe":
+        hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                      initial_alphabet=alphabet, show_progress=False)
+    else:
+        hf = HFTokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                          unk_token="<unk>", initial_alphabet=alphabet,
+                                          show_progress=False)
+    hf.normalizer = _normalizer()
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.train_from_iterator(texts, trainer, length=len(texts))
+    tokenizer = SubwordTokenizer(hf)
+    log.info("trained a %s tokenizer: %d tokens from %d texts", kind, tokenizer.vocab_size, len(texts))
+    return tokenizer
