@@ -1,0 +1,22 @@
+"""Decoding: search over a step function, and text-to-text translation with a trained model."""
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import (
+    Hypothesis,
+    beam_search,
+    filter_log_probs,
+    greedy_search,
+    length_penalty,
+    sample,
+)
+from aiayn.decode.translate import (
+    token_batches,
+    transformer_step,
+    translate_hypotheses,
+    translate_ids,
+    translate_texts,
+)
+
+__all__ = ["DecodeConfig", "Hypothesis", "beam_search", "filter_log_probs", "greedy_search",
+           "length_penalty", "sample", "token_batches", "transformer_step", "translate_hypotheses",
+           "translate_ids", "translate_texts"]

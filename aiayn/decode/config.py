@@ -1,0 +1,46 @@
+"""Decoding settings: one frozen dataclass, overridable like every other aiayn config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from aiayn.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to turn a trained model into output text (Vaswani et al. 2017, §6.1).
+
+    Defaults are the paper's: beam 4, length penalty α = 0.6, maximum output length
+    input length + 50.
+    """
+
+    # Beam size; 1 is greedy search.
+    beam: int = 4
+    # GNMT length penalty exponent α (Wu et al. 2016, Eq. 14): lp(Y) = ((5 + |Y|) / 6)^α.
+    alpha: float = 0.6
+    # How a finished hypothesis's log-probability is normalised for ranking: the GNMT penalty
+    # above, plain length normalisation (log P / |Y|), or none (raw log P, favours short output).
+    length_penalty: Literal["gnmt", "average", "none"] = "gnmt"
+    # Output length cap a · src_len + b tokens, EOS included (§6.1: a = 1, b = 50).
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    # Forbid EOS before this many tokens (benchmarks force a fixed output length with it).
+    min_len: int = 0
+    # Hypotheses returned per input, best first (at most `beam`).
+    nbest: int = 1
+    # Token budget of one batch: sentences × longest padded source length.
+    max_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.beam < 1:
+            raise ConfigError(f"beam must be >= 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise ConfigError(f"nbest must be between 1 and beam ({self.beam}), got {self.nbest}")
+        if self.alpha < 0:
+            raise ConfigError(f"alpha must be >= 0, got {self.alpha}")
+        if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
+            raise ConfigError("max_len_a, max_len_b and min_len must be >= 0")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")

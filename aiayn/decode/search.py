@@ -1,0 +1,300 @@
+"""Search: greedy, batched beam search and sampling over a step function.
+
+Shape legend: B sentences · k beam size · N rows fed to the model (B, or B·k) · t tokens so far
+(BOS included) · V vocab.
+
+Search never sees the model. It sees a *step function* ``step(tokens, cache) -> (log_probs,
+cache)``: ``tokens`` (N, t) are all tokens so far (a cached model reads only those it has not seen),
+``log_probs`` (N, V) are the next-token log-probabilities. The cache is opaque except for
+``cache.reorder(index)``, called whenever rows are selected (beams move, finished sentences leave),
+and may be None. This is fairseq's split (``Search.step`` sees only log-probs), and it is what the
+tests exercise with hand-set probabilities.
+
+Lengths: ``max_len`` counts generated tokens, EOS included; a hypothesis that reaches it without EOS
+ends there (as Hugging Face ``max_new_tokens`` does). ``min_len`` forbids EOS before that many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+StepFn = Callable[[Tensor, Any], tuple[Tensor, Any]]
+
+__all__ = ["Hypothesis", "StepFn", "length_penalty", "greedy_search", "beam_search", "sample",
+           "filter_log_probs"]
+
+
+@dataclass
+class Hypothesis:
+    """One output sequence."""
+
+    tokens: list[int]  # generated tokens, without BOS and without EOS
+    score: float  # log_prob / length penalty: what hypotheses are ranked by
+    log_prob: float  # sum of the model's token log-probabilities, EOS included when emitted
+    finished: bool  # True when it ended with EOS, False when cut at max_len
+
+
+def length_penalty(length: int | Tensor, alpha: float, kind: str = "gnmt") -> float | Tensor:
+    """The divisor of a hypothesis's log-probability; ``length`` counts tokens, EOS included.
+
+    gnmt: ((5 + |Y|) / 6)^α (Wu et al. 2016, Eq. 14) · average: |Y| · none: 1.
+    """
+    if kind == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if kind == "average":
+        return length * 1.0
+    if kind == "none":
+        return length * 0.0 + 1.0
+    raise ValueError(f"length_penalty must be 'gnmt', 'average' or 'none', got {kind!r}")
+
+
+def _as_lengths(max_len: int | Tensor, n: int) -> Tensor:
+    """An int or (n,) tensor of per-sentence caps -> LongTensor (n,) on the CPU."""
+    lengths = torch.as_tensor(max_len, dtype=torch.long).cpu().expand(n).clone()
+    if bool((lengths < 1).any()):
+        raise ValueError(f"max_len must be >= 1, got {lengths.tolist()}")
+    return lengths
+
+
+def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool) -> Tensor:
+    """(N, V) -> (N, V) with EOS at -inf when ``forbid`` (before ``min_len``)."""
+    if forbid:
+        log_probs = log_probs.clone()
+        log_probs[:, eos_id] = float("-inf")
+    return log_probs
+
+
+def _start(bos_id: int | Tensor, n: int, device: torch.device | str | None) -> Tensor:
+    """BOS for n rows (or a given (n, t) prefix) -> (n, t) LongTensor."""
+    if isinstance(bos_id, Tensor):
+        return bos_id.to(device)
+    return torch.full((n, 1), bos_id, dtype=torch.long, device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy search
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_search(
+    step: StepFn, cache: Any, batch_size: int, bos_id: int, eos_id: int,
+    max_len: int | Tensor, min_len: int = 0, pad_id: int = 0, device: Any = None,
+) -> list[Hypothesis]:
+    """The most probable token at every step, for B sentences at once.
+
+    Shape: max_len int or (B,) -> B hypotheses (score = log_prob). Finished rows keep being fed
+    ``pad_id`` until every row is done.
+    """
+    lengths = _as_lengths(max_len, batch_size).to(device)
+    tokens = _start(bos_id, batch_size, device)  # (B, 1)
+    log_prob = torch.zeros(batch_size, device=device)
+    done = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    ended, count = done.clone(), torch.zeros(batch_size, dtype=torch.long, device=device)
+    for t in range(int(lengths.max())):
+        lp, cache = step(tokens, cache)
+        best, nxt = _forbid_eos(lp, eos_id, t < min_len).float().max(-1)  # (B,), (B,)
+        tokens, done = _extend(tokens, nxt, best, log_prob, done, ended, count, eos_id, pad_id)
+        done |= count >= lengths
+        if bool(done.all()):
+            break
+    return _row_hypotheses(tokens[:, 1:], log_prob, ended, count)
+
+
+def _extend(tokens: Tensor, nxt: Tensor, token_lp: Tensor, log_prob: Tensor, done: Tensor,
+            ended: Tensor, count: Tensor, eos_id: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Append one token per row (pad where already done); update the (B,) tallies in place."""
+    log_prob += token_lp.masked_fill(done, 0.0)
+    count += (~done).long()
+    nxt = nxt.masked_fill(done, pad_id)
+    ended |= ~done & (nxt == eos_id)
+    return torch.cat([tokens, nxt[:, None]], dim=1), done | ended  # (B, t + 1)
+
+
+def _row_hypotheses(new: Tensor, log_prob: Tensor, ended: Tensor, count: Tensor) -> list[Hypothesis]:
+    """(B, t) generated tokens + tallies -> B hypotheses (EOS and later padding dropped)."""
+    out = []
+    for row, lp, end, n in zip(new.tolist(), log_prob.tolist(), ended.tolist(), count.tolist()):
+        out.append(Hypothesis(row[: n - 1 if end else n], lp, lp, end))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Beams:
+    """The live state of beam search over b still-active sentences."""
+
+    tokens: Tensor  # (b·k, t) every hypothesis so far, BOS first
+    scores: Tensor  # (b, k) cumulative log-probabilities (float32)
+    sentence: Tensor  # (b,) original index of each active sentence (CPU)
+
+
+@torch.no_grad()
+def beam_search(
+    step: StepFn, cache: Any, batch_size: int, beam: int, bos_id: int, eos_id: int,
+    max_len: int | Tensor, alpha: float = 0.6, penalty: str = "gnmt", min_len: int = 0,
+    nbest: int = 1, device: Any = None,
+) -> list[list[Hypothesis]]:
+    """Batched beam search; returns the ``nbest`` best hypotheses of every sentence, best first.
+
+    Shape: the step function is fed (B·k, t) tokens (rows b·k … b·k + k-1 are sentence b's beams)
+    and returns (B·k, V). The cache must be built for B·k rows. At each step the 2k best
+    continuations of each sentence are taken (fairseq); EOS among the first k ends a hypothesis,
+    scored log P / lp(|Y|); the k best others continue. A sentence is done when it has k finished
+    hypotheses or reaches its max_len; done sentences leave the batch (``cache.reorder``).
+    """
+    lengths = _as_lengths(max_len, batch_size)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    scores = torch.full((batch_size, beam), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    state = _Beams(_start(bos_id, batch_size * beam, device), scores, torch.arange(batch_size))
+    for t in range(int(lengths.max())):
+        lp, cache = step(state.tokens, cache)
+        lp = _forbid_eos(lp, eos_id, t < min_len).float()
+        cand_scores, cand_rows, cand_tokens = _top_candidates(state, lp, beam)
+        _finish_eos(state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty)
+        state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
+        done = _done(state, lengths, finished, beam, t + 1, alpha, penalty)
+        keep = (~done).nonzero().squeeze(1)  # (b',)
+        if keep.numel() == 0:
+            break
+        rows = rows.view(-1, beam)[keep.to(rows.device)].reshape(-1)  # (b'·k,)
+        state = _Beams(state.tokens.view(-1, beam, state.tokens.size(1))[keep.to(device)].flatten(0, 1),
+                       state.scores[keep.to(device)], state.sentence[keep])
+        if cache is not None:
+            cache = cache.reorder(rows)
+    return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
+
+
+def _top_candidates(state: _Beams, log_probs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2k best one-token extensions of each sentence's beams.
+
+    Shape: log_probs (b·k, V) -> scores, source rows (into b·k), tokens, each (b, 2k).
+    """
+    b, V = state.scores.size(0), log_probs.size(-1)
+    total = (state.scores[:, :, None] + log_probs.view(b, beam, V)).view(b, beam * V)  # (b, k·V)
+    cand_scores, flat = total.topk(min(2 * beam, beam * V), dim=-1)  # (b, 2k)
+    base = torch.arange(b, device=flat.device)[:, None] * beam
+    return cand_scores, base + flat // V, flat % V
+
+
+def _finish_eos(
+    state: _Beams, cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, eos_id: int,
+    finished: list[list[Hypothesis]], alpha: float, penalty: str,
+) -> None:
+    """Move EOS candidates ranked among the first k of their sentence into ``finished``."""
+    beam = state.scores.size(1)
+    is_eos = (cand_tokens[:, :beam] == eos_id) & (cand_scores[:, :beam] > float("-inf"))  # (b, k)
+    if not bool(is_eos.any()):
+        return
+    length = state.tokens.size(1)  # tokens generated so far + this EOS
+    lp = float(length_penalty(length, alpha, penalty))
+    for i, j in is_eos.nonzero().tolist():
+        log_prob = float(cand_scores[i, j])
+        tokens = state.tokens[cand_rows[i, j], 1:].tolist()
+        finished[int(state.sentence[i])].append(Hypothesis(tokens, log_prob / lp, log_prob, True))
+
+
+def _advance(
+    state: _Beams, cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, eos_id: int,
+    beam: int,
+) -> tuple[_Beams, Tensor]:
+    """Continue with the k best non-EOS candidates; return the new state and their source rows.
+
+    Shape: candidates (b, 2k) -> tokens (b·k, t + 1), scores (b, k), rows (b·k,).
+    """
+    width = cand_tokens.size(1)
+    rank = torch.arange(width, device=cand_tokens.device).expand_as(cand_tokens)
+    order = (rank + (cand_tokens == eos_id) * width).topk(beam, dim=-1, largest=False).indices
+    rows = cand_rows.gather(1, order).view(-1)  # (b·k,)
+    new = cand_tokens.gather(1, order).view(-1, 1)  # (b·k, 1)
+    tokens = torch.cat([state.tokens.index_select(0, rows), new], dim=1)  # (b·k, t + 1)
+    return _Beams(tokens, cand_scores.gather(1, order), state.sentence), rows
+
+
+def _done(
+    state: _Beams, lengths: Tensor, finished: list[list[Hypothesis]], beam: int, generated: int,
+    alpha: float, penalty: str,
+) -> Tensor:
+    """Which active sentences are done (b,) bool: k finished hypotheses, no live beam left, or
+    max_len reached (their live beams are then kept, cut)."""
+    sentences = state.sentence.tolist()
+    at_cap = (lengths[state.sentence] <= generated).tolist()
+    dead = (state.scores == float("-inf")).all(1).tolist()
+    done = torch.zeros(len(sentences), dtype=torch.bool)
+    for i, (s, cap) in enumerate(zip(sentences, at_cap)):
+        if cap and len(finished[s]) < beam:
+            finished[s].extend(_cut(state, i, beam, alpha, penalty))
+        done[i] = cap or dead[i] or len(finished[s]) >= beam
+    return done
+
+
+def _cut(state: _Beams, i: int, beam: int, alpha: float, penalty: str) -> list[Hypothesis]:
+    """Sentence i's live beams as hypotheses without EOS (it reached max_len)."""
+    lp = float(length_penalty(state.tokens.size(1) - 1, alpha, penalty))
+    rows = state.tokens[i * beam : (i + 1) * beam, 1:].tolist()
+    scores = state.scores[i].tolist()
+    return [Hypothesis(r, s / lp, s, False) for r, s in zip(rows, scores) if s > float("-inf")]
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------------------------
+
+
+def filter_log_probs(log_probs: Tensor, temperature: float = 1.0, top_k: int = 0,
+                     top_p: float = 1.0) -> Tensor:
+    """Temperature, then top-k, then nucleus (top-p, Holtzman et al. 2020) filtering.
+
+    Shape: (N, V) -> (N, V) normalised log-probabilities, removed tokens at -inf. top_k = 0 and
+    top_p = 1 switch those filters off; at least one token always survives.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    x = log_probs.float() / temperature
+    if 0 < top_k < x.size(-1):
+        kth = x.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        before = sorted_x.softmax(-1).cumsum(-1) - sorted_x.softmax(-1)  # mass ranked above
+        drop = (before >= top_p).scatter(1, order, before >= top_p)
+        x = x.masked_fill(drop, float("-inf"))
+    return x.log_softmax(-1)
+
+
+@torch.no_grad()
+def sample(
+    step: StepFn, cache: Any, prefix: Tensor, eos_id: int, max_len: int,
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_len: int = 0,
+    pad_id: int = 0, generator: torch.Generator | None = None,
+) -> list[Hypothesis]:
+    """Ancestral sampling from a filtered distribution, for language models.
+
+    Shape: prefix (B, t0) (a prompt, BOS first) -> B hypotheses of at most ``max_len`` new
+    tokens; log_prob is the model's own (unfiltered) log-probability of the sampled tokens.
+    """
+    tokens, B = prefix, prefix.size(0)
+    log_prob = torch.zeros(B, device=prefix.device)
+    done = torch.zeros(B, dtype=torch.bool, device=prefix.device)
+    ended, count = done.clone(), torch.zeros(B, dtype=torch.long, device=prefix.device)
+    for t in range(max_len):
+        lp, cache = step(tokens, cache)
+        lp = _forbid_eos(lp, eos_id, t < min_len).float()
+        probs = filter_log_probs(lp, temperature, top_k, top_p).exp()
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+        token_lp = lp.gather(1, nxt[:, None]).squeeze(1)
+        tokens, done = _extend(tokens, nxt, token_lp, log_prob, done, ended, count, eos_id, pad_id)
+        if bool(done.all()):
+            break
+    return _row_hypotheses(tokens[:, prefix.size(1):], log_prob, ended, count)

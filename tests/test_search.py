@@ -1,0 +1,210 @@
+"""Search with a stub model whose per-step probabilities are set by hand (fairseq's approach).
+
+Vocabulary: 0 pad · 1 BOS · 2 EOS · 3 "a" · 4 "b". A table maps (sentence, prefix) to the next-token
+distribution. The stub cache records the tokens each row has seen and is reordered by search;
+every step asserts that it still matches the tokens search feeds, so a wrong ``reorder`` fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aiayn.decode import DecodeConfig, beam_search, filter_log_probs, greedy_search, sample
+from aiayn.decode.search import length_penalty
+from aiayn.errors import ConfigError
+
+PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
+V = 5
+
+
+def dist(eos=0.0, a=0.0, b=0.0) -> list[float]:
+    return [0.0, 0.0, eos, a, b]
+
+
+class StubCache:
+    """Per-row sentence id and the tokens seen so far; reorder() selects rows."""
+
+    def __init__(self, sentence: torch.Tensor) -> None:
+        self.sentence = sentence
+        self.seen = torch.ones(len(sentence), 0, dtype=torch.long)
+        self.reorders = 0
+
+    def reorder(self, index: torch.Tensor) -> "StubCache":
+        self.sentence = self.sentence[index]
+        self.seen = self.seen[index]
+        self.reorders += 1
+        return self
+
+
+def stub_step(tables: list[dict[tuple, list[float]]], default: list[float] | None = None):
+    """A step function reading tables[sentence][prefix without BOS]."""
+    default = default or dist(eos=1.0)
+
+    def step(tokens, cache):
+        assert torch.equal(cache.seen, tokens[:, :-1]), "cache out of sync with the beams"
+        cache.seen = tokens.clone()
+        rows = [tables[s].get(tuple(t[1:]), default) for s, t in zip(cache.sentence.tolist(), tokens.tolist())]
+        return torch.tensor(rows).log(), cache
+
+    return step
+
+
+def run_beam(tables, beam, max_len=10, **kw):
+    n = len(tables)
+    cache = StubCache(torch.arange(n).repeat_interleave(beam))
+    return beam_search(stub_step(tables), cache, n, beam, BOS, EOS, max_len, **kw)
+
+
+def run_greedy(tables, max_len=10, **kw):
+    cache = StubCache(torch.arange(len(tables)))
+    return greedy_search(stub_step(tables), cache, len(tables), BOS, EOS, max_len, **kw)
+
+
+# "a" looks best first, but only "b" leads to a confident EOS.
+TRAP = {(): dist(a=0.6, b=0.4), (A,): dist(eos=0.34, a=0.33, b=0.33), (B,): dist(eos=0.9, a=0.1)}
+
+
+def test_greedy_exact_tokens_and_score():
+    table = {(): dist(eos=0.1, a=0.6, b=0.3), (A,): dist(eos=0.2, a=0.1, b=0.7),
+             (A, B): dist(eos=0.9, a=0.1)}
+    (hyp,) = run_greedy([table])
+    assert hyp.tokens == [A, B] and hyp.finished
+    assert hyp.log_prob == pytest.approx(math.log(0.6) + math.log(0.7) + math.log(0.9), abs=1e-6)
+
+
+def test_beam_finds_a_better_sequence_than_greedy():
+    (g,) = run_greedy([TRAP])
+    assert g.tokens == [A] and g.log_prob == pytest.approx(math.log(0.6 * 0.34), abs=1e-6)
+    (best,) = run_beam([TRAP], beam=2, alpha=0.0)[0]
+    assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.4 * 0.9), abs=1e-6)
+    assert best.log_prob > g.log_prob
+
+
+def test_beam_scores_use_the_gnmt_length_penalty():
+    (best,) = run_beam([TRAP], beam=2, alpha=0.6)[0]
+    lp = ((5 + 2) / 6) ** 0.6  # two tokens: "b" and EOS
+    assert best.score == pytest.approx(math.log(0.36) / lp, abs=1e-6)
+    assert length_penalty(2, 0.6) == pytest.approx(lp)
+
+
+def test_nbest_returns_sorted_hypotheses_with_exact_scores():
+    hyps = run_beam([TRAP], beam=2, alpha=0.0, nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[B], [A]]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.36), math.log(0.6 * 0.34)], abs=1e-6)
+
+
+def test_length_normalisation_changes_the_winner():
+    # [] (EOS at once): P = 0.4. [a, b]: P = 0.6·0.6·0.95 = 0.342, but per token much better.
+    table = {(): dist(eos=0.4, a=0.6), (A,): dist(a=0.4, b=0.6), (A, B): dist(eos=0.95, a=0.05),
+             (A, A): dist(eos=0.5, b=0.5)}
+    raw = run_beam([table], beam=2, penalty="none")[0][0]
+    avg = run_beam([table], beam=2, penalty="average")[0][0]
+    assert raw.tokens == [] and raw.score == pytest.approx(math.log(0.4), abs=1e-6)
+    assert avg.tokens == [A, B] and avg.score == pytest.approx(math.log(0.342) / 3, abs=1e-6)
+
+
+def random_table(seed: int, depth: int = 6) -> dict:
+    """Every prefix up to ``depth`` gets random probabilities (EOS included)."""
+    g = torch.Generator().manual_seed(seed)
+    table, frontier = {}, [()]
+    for _ in range(depth):
+        nxt = []
+        for prefix in frontier:
+            p = torch.rand(3, generator=g) + 0.05
+            table[prefix] = dist(*(p / p.sum()).tolist())
+            nxt += [prefix + (A,), prefix + (B,)]
+        frontier = nxt
+    return table
+
+
+def test_beam_one_equals_greedy():
+    tables = [random_table(s) for s in range(12)]
+    greedy = run_greedy(tables, max_len=5)
+    beam = run_beam(tables, beam=1, max_len=5, alpha=0.0)
+    for g, (b,) in zip(greedy, beam):
+        assert b.tokens == g.tokens and b.finished == g.finished
+        assert b.log_prob == pytest.approx(g.log_prob, abs=1e-5)
+
+
+def test_a_sentence_decodes_the_same_alone_and_in_a_batch():
+    tables = [random_table(s) for s in range(8)]
+    together = run_beam(tables, beam=3, max_len=6, nbest=3)
+    for table, hyps in zip(tables, together):
+        alone = run_beam([table], beam=3, max_len=6, nbest=3)[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-6)
+
+
+def test_max_len_cuts_hypotheses_per_sentence():
+    never_ends = dist(a=0.5, b=0.5)
+    tables = [{}, {}]
+    cache = StubCache(torch.arange(2).repeat_interleave(2))
+    step = stub_step(tables, default=never_ends)
+    out = beam_search(step, cache, 2, 2, BOS, EOS, torch.tensor([3, 5]), alpha=0.0, nbest=2)
+    assert [len(h.tokens) for h in out[0]] == [3, 3] and [len(h.tokens) for h in out[1]] == [5, 5]
+    assert not any(h.finished for hs in out for h in hs)
+    assert out[1][0].score == pytest.approx(5 * math.log(0.5), abs=1e-6)
+    greedy = greedy_search(step, StubCache(torch.arange(2)), 2, BOS, EOS, torch.tensor([3, 5]))
+    assert [len(h.tokens) for h in greedy] == [3, 5]
+
+
+def test_min_len_forbids_early_eos():
+    table = {(): dist(eos=0.9, a=0.1), (A,): dist(eos=0.9, a=0.1), (A, A): dist(eos=0.9, a=0.1)}
+    (hyp,) = run_greedy([table], min_len=2)
+    assert hyp.tokens == [A, A] and hyp.finished
+    (best,) = run_beam([table], beam=2, min_len=2)[0]
+    assert best.tokens == [A, A]
+
+
+def test_finished_sentences_leave_the_batch():
+    quick = {(): dist(eos=1.0)}
+    slow = random_table(3)
+    cache = StubCache(torch.arange(2).repeat_interleave(2))
+    beam_search(stub_step([quick, slow]), cache, 2, 2, BOS, EOS, 6)
+    assert cache.sentence.tolist() == [1, 1]  # only the slow sentence's beams remain
+
+
+def test_filter_log_probs_top_k_and_top_p():
+    lp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    k2 = filter_log_probs(lp, top_k=2).exp()
+    assert k2[0].tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0])
+    p = filter_log_probs(lp, top_p=0.8).exp()  # 0.5 + 0.3 reach 0.8: the rest goes
+    assert p[0].tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0])
+    p = filter_log_probs(lp, top_p=0.81).exp()
+    assert p[0].tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
+    t = filter_log_probs(lp, temperature=0.5).exp()
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 2
+    assert t[0].tolist() == pytest.approx((expected / expected.sum()).tolist())
+    with pytest.raises(ValueError):
+        filter_log_probs(lp, temperature=0.0)
+
+
+def test_sampling_with_top_k_1_is_greedy_and_seeded_sampling_repeats():
+    tables = [random_table(s) for s in range(6)]
+    greedy = run_greedy(tables, max_len=5)
+    prefix = torch.full((6, 1), BOS)
+    top1 = sample(stub_step(tables), StubCache(torch.arange(6)), prefix, EOS, 5, top_k=1)
+    assert [h.tokens for h in top1] == [h.tokens for h in greedy]
+    assert [h.log_prob for h in top1] == pytest.approx([h.log_prob for h in greedy], abs=1e-5)
+    runs = [sample(stub_step(tables), StubCache(torch.arange(6)), prefix, EOS, 5,
+                   generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
+
+
+def test_sampling_follows_the_distribution():
+    table = {(): dist(eos=0.0, a=0.7, b=0.3)}
+    n = 4000
+    out = sample(stub_step([table] * 1, default=dist(eos=1.0)), StubCache(torch.zeros(n, dtype=torch.long)),
+                 torch.full((n, 1), BOS), EOS, 1, generator=torch.Generator().manual_seed(0))
+    share_a = sum(h.tokens == [A] for h in out) / n
+    assert abs(share_a - 0.7) < 0.03
+
+
+def test_decode_config_validates():
+    with pytest.raises(ConfigError):
+        DecodeConfig(beam=0)
+    with pytest.raises(ConfigError):
+        DecodeConfig(beam=2, nbest=3)
