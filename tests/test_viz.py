@@ -269,3 +269,118 @@ def test_read_metrics_bad_files(tmp_path, content, message):
 def test_plot_curves_missing_run_dir_cli(tmp_path, capsys):
     assert main(["plot", "curves", str(tmp_path / "nope"), "-o", str(tmp_path / "c.png")]) == 2
     assert "no metrics file" in capsys.readouterr().err
+
+
+# ---- attention on a model's own translation -------------------------------------------------
+
+PAIRS = [("a man rides a bike .", "ein mann fährt ein fahrrad ."),
+         ("two dogs play in the snow .", "zwei hunde spielen im schnee .")]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only contend
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory, one_thread):
+    """A tiny model that has learned the two PAIRS by heart (40 Adam steps, ~1 s)."""
+    import torch.nn.functional as F
+
+    from aiayn.checkpoint import save_model_dir
+    from aiayn.data.batching import collate_translation
+    from aiayn.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer([s for pair in PAIRS for s in pair] * 5, kind="bpe", vocab_size=300)
+    cfg = ModelConfig(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+                      d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                      dropout=0.0, max_len=64)
+    torch.manual_seed(1)
+    model = Transformer(cfg)
+    batch = collate_translation([(tokenizer.encode(s), tokenizer.encode(t)) for s, t in PAIRS])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(40):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
+                               ignore_index=cfg.pad_id)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return save_model_dir(tmp_path_factory.mktemp("viz") / "model", model, cfg,
+                          tokenizer_json=tokenizer.to_str())
+
+
+@pytest.fixture
+def model_dir(trained_dir, tmp_path):
+    """A throw-away copy of the trained model folder (tests may damage it)."""
+    import shutil
+
+    return shutil.copytree(trained_dir, tmp_path / "model")
+
+
+def test_attention_of_translation_uses_the_produced_translation(model_dir):
+    from aiayn.checkpoint import load_model_dir
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.decode import translate_texts
+    from aiayn.viz.attention import attention_of_model_dir
+
+    model, _, _ = load_model_dir(model_dir)
+    tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
+    text, learned = PAIRS[0]
+    pair = attention_of_model_dir(model_dir, text, beam=1)
+    assert pair.translation == translate_texts(model, tokenizer, [text], beam=1)[0] == learned
+    assert pair.tgt_tokens[0] == "<s>"
+    assert "".join(pair.src_tokens).replace("▁", " ") == text
+    assert "".join(pair.tgt_tokens[1:]).replace("▁", " ") == learned  # "fährt" in one piece
+    assert pair.maps.cross[0].shape == (2, len(pair.tgt_tokens), len(pair.src_tokens))
+
+
+def test_recorded_attention_equals_step_by_step_decoding(trained_dir):
+    """Teacher forcing over the produced tokens gives the weights the cached search computed."""
+    from aiayn.checkpoint import load_model_dir
+
+    model, cfg, _ = load_model_dir(trained_dir)
+    src, tgt = torch.tensor([[9, 12, 15, 2]]), [1, 20, 7, 30, 11]
+    maps = record_attention(model, src[0], tgt)
+    with torch.no_grad():
+        memory = model.encode(src)
+        cache = model.init_cache(memory, src=src)
+        steps = []
+        for t in range(len(tgt)):
+            record: list = []
+            model.decode(torch.tensor([[tgt[t]]]), memory, cache=cache, attn_record=record)
+            steps.append(record)
+    for layer in range(2):
+        cross = torch.stack([s[2 * layer + 1][1][0, :, 0] for s in steps], dim=1)  # (H, T, S)
+        torch.testing.assert_close(cross, maps.cross[layer], rtol=1e-5, atol=1e-6)
+        last = steps[-1][2 * layer][1][0, :, 0]  # the last query's self-attention (H, T)
+        torch.testing.assert_close(last, maps.decoder[layer][:, -1], rtol=1e-5, atol=1e-6)
+
+
+def test_plot_attention_cli(model_dir, tmp_path):
+    out = tmp_path / "att.png"
+    argv = ["plot", "attention", str(model_dir), "--text", PAIRS[1][0], "--beam", "2"]
+    assert main([*argv, "-o", str(out)]) == 0
+    assert len(png_panels(out)) == 3 * 2 * 2
+    assert main([*argv, "--layer", "2", "--head", "1", "--head", "2", "-o", str(out)]) == 0
+    assert png_panels(out) == [f"{TITLES[k]} · layer 2 · head {h}"
+                               for k in ("encoder", "decoder", "cross") for h in (1, 2)]
+
+
+@pytest.mark.parametrize("setup, argv, message", [
+    (None, ["--text", "  "], "--text is empty"),
+    (None, ["--text", "a", "--layer", "9"], "layer 9 does not exist"),
+    ("no-tokenizer", ["--text", "a"], "no tokenizer.json"),
+    ("no-model", ["--text", "a"], "model folder not found"),
+])
+def test_plot_attention_cli_bad_input(model_dir, tmp_path, capsys, setup, argv, message):
+    folder = model_dir
+    if setup == "no-tokenizer":
+        (model_dir / "tokenizer.json").unlink()
+    elif setup == "no-model":
+        folder = tmp_path / "missing"
+    assert main(["plot", "attention", str(folder), *argv, "-o", str(tmp_path / "a.png")]) == 2
+    assert message in capsys.readouterr().err

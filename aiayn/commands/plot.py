@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     att = kinds.add_parser(
         "attention", help="attention maps of a model on its own translation of a sentence",
-        description="Translate TEXT with the model (greedy, or --beam), then draw encoder "
+        description="Translate TEXT with the model (as `aiayn translate` does), then draw encoder "
                     "self-attention, decoder self-attention and encoder-decoder attention for "
                     "every layer and head (or the chosen ones), tokens on the axes.")
     att.add_argument("model_dir", metavar="MODEL_DIR", help="a model folder (config.json, weights, tokenizer.json)")
@@ -47,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="only layer L (1-based, as in the paper); repeat for several")
     att.add_argument("--head", type=int, action="append", metavar="H",
                      help="only head H (1-based); repeat for several")
-    att.add_argument("--beam", type=int, default=1, help="beam size of the translation (default 1: greedy)")
+    att.add_argument("--beam", type=int, default=None,
+                     help="beam size of the translation (default: as `aiayn translate`; 1 = greedy)")
     _output_arg(att, "attention.png")
     att.set_defaults(run=run_attention)
 
@@ -93,9 +94,9 @@ def run_curves(args: argparse.Namespace) -> int:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    from aiayn.viz.attention import attention_of_translation, plot_attention
+    from aiayn.viz.attention import attention_of_model_dir, plot_attention
 
-    pair = attention_of_translation(args.model_dir, args.text, beam=args.beam)
+    pair = attention_of_model_dir(args.model_dir, args.text, beam=args.beam)
     log.info("translation: %s", pair.translation)
     fig = plot_attention(pair.maps, pair.src_tokens, pair.tgt_tokens, args.layer, args.head,
                          title=f"{args.text}  →  {pair.translation}")

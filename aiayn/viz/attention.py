@@ -152,3 +152,66 @@ def _label_axes(ax, queries: list[str], keys: list[str], show_queries: bool) -> 
     ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
     ax.set_yticks(range(len(queries)), queries if show_queries else [], fontsize=6)
     ax.tick_params(length=0)
+
+
+# ---- on a model's own translation -----------------------------------------------------------
+
+
+@dataclass
+class TranslationAttention:
+    """A sentence, the model's translation of it, and the attention that produced it."""
+
+    translation: str
+    src_tokens: list[str]  # S labels: the source pieces as the encoder reads them
+    tgt_tokens: list[str]  # T labels: <s>, then the produced pieces (the decoder inputs)
+    maps: AttentionMaps
+
+
+def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
+    """A readable label per id: special tokens by name, a piece as the text it decodes to, a
+    leading space (a word start) shown as '▁'."""
+    from aiayn.data.tokenizer import SPECIAL_TOKENS
+
+    labels = []
+    for i in ids:
+        if 0 <= i < len(SPECIAL_TOKENS):
+            labels.append(SPECIAL_TOKENS[i])
+            continue
+        text = tokenizer.decode([i]).replace("\n", "\\n")
+        labels.append("▁" + text[1:] if text.startswith(" ") else text)
+    return labels
+
+
+def attention_of_translation(model: nn.Module, tokenizer, text: str, beam: int | None = None
+                             ) -> TranslationAttention:
+    """Translate ``text`` as ``aiayn translate`` does (:func:`aiayn.decode.translate_ids`, beam
+    search or greedy with ``beam=1``), then record the attention of the model re-reading its own
+    output (teacher forcing over BOS + the produced tokens): the same weights the search computed
+    step by step."""
+    from aiayn.decode import DecodeConfig, translate_ids
+    from aiayn.decode.translate import encode_sources
+
+    cfg = model.cfg
+    (src,) = encode_sources(tokenizer, [text], cfg.max_len)
+    if not src:
+        raise AiaynError("--text is empty: give a sentence to translate")
+    decode_cfg = DecodeConfig() if beam is None else DecodeConfig(beam=beam)
+    best = translate_ids(model, [src], decode_cfg)[0][0]  # the one sentence's best hypothesis
+    tgt = [cfg.bos_id] + best.tokens
+    return TranslationAttention(tokenizer.decode(best.tokens), token_labels(tokenizer, src),
+                                token_labels(tokenizer, tgt), record_attention(model, src, tgt))
+
+
+def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> TranslationAttention:
+    """:func:`attention_of_translation` for a model folder (config.json, weights, tokenizer.json)."""
+    from pathlib import Path
+
+    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.errors import CheckpointError
+
+    model, _, _ = load_model_dir(model_dir, expect_kind="seq2seq")
+    path = Path(model_dir) / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir}: no {TOKENIZER_FILE}; attention maps need the tokenizer")
+    return attention_of_translation(model, Tokenizer.from_file(path), text, beam)
