@@ -79,6 +79,7 @@ def fetch(source: str, dest: str | os.PathLike, sha256: str | None, *, progress:
         with stream, bar, atomic_path(dest) as tmp:
             with open(tmp, "wb") as out:
                 received = _copy(stream, out, digest, bar, source)
+            os.chmod(tmp, 0o644)  # a shared cache: readable like any downloaded file
             if total is not None and received != total:
                 raise DataError(f"{source}: truncated transfer, got {received} of {total} bytes; "
                                 "nothing was saved")

@@ -1,0 +1,176 @@
+"""Token-budget batching: budget, coverage, determinism, resume, DDP sharding; collate functions."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from _data_helpers import multi30k_bpe, needs_mirror, real_cache, use_real_cache  # noqa: F401
+from aiayn.data import (DataConfig, TokenBatchSampler, collate_classification, collate_translation,
+                        padding_fraction, pair_lengths, prepare_translation)
+
+RNG = np.random.default_rng(1234)
+SRC = RNG.integers(1, 60, size=3000).tolist()
+TGT = (np.asarray(SRC) + RNG.integers(-5, 10, size=3000)).clip(2, None).tolist()
+BUDGET = 1500
+
+
+def sampler(**kw) -> TokenBatchSampler:
+    return TokenBatchSampler(SRC, TGT, **{"max_tokens": BUDGET, "seed": 7, **kw})
+
+
+def padded(batch: list[int]) -> int:
+    return len(batch) * max(max(SRC[i], TGT[i]) for i in batch)
+
+
+def test_every_example_once_per_epoch_within_the_budget():
+    s = sampler()
+    for epoch in range(3):
+        batches = s.batches(epoch)
+        assert sorted(i for b in batches for i in b) == list(range(len(SRC)))
+        assert all(padded(b) <= BUDGET for b in batches)
+
+
+def test_batches_are_full_and_length_bucketed():
+    s = sampler()
+    batches = s.batches(0)
+    # Greedy cut over the sorted order: each batch could not take one more example of its width.
+    widths = sorted(max(a, b) for a, b in zip(SRC, TGT))
+    assert len(batches) <= np.ceil(sum(widths) / BUDGET) * 1.15
+    assert padding_fraction(s) < 0.15  # random lengths 1-60 would pad ~50% unsorted
+
+
+def test_padding_fraction_counts_padded_cells():
+    s = TokenBatchSampler([2, 4], [3, 1], max_tokens=100, shuffle=False)
+    assert s.batches() == [[0, 1]]
+    # cells: src 2 x 4 = 8, tgt 2 x 3 = 6; real tokens: 6 + 4 = 10
+    assert padding_fraction(s) == pytest.approx(1 - 10 / 14)
+
+
+def test_deterministic_given_seed_and_different_across_epochs_and_seeds():
+    assert sampler().batches(0) == sampler().batches(0)
+    assert sampler().batches(0) != sampler().batches(1)
+    assert sampler().batches(0) != sampler(seed=8).batches(0)
+    assert len({len(sampler().batches(e)) for e in range(5)}) == 1  # same count every epoch
+    assert len(sampler()) == len(sampler().batches(3))
+
+
+def test_no_shuffle_is_sorted_by_length():
+    batches = sampler(shuffle=False).batches(0)
+    assert batches == sampler(shuffle=False).batches(5)
+    order = [i for b in batches for i in b]
+    widths = [max(SRC[i], TGT[i]) for i in order]
+    assert widths == sorted(widths)
+    for batch, following in zip(batches, batches[1:]):  # greedy: the next example did not fit
+        assert (len(batch) + 1) * max(SRC[following[0]], TGT[following[0]]) > BUDGET
+
+
+def test_iteration_follows_epochs_and_set_epoch():
+    s = sampler()
+    assert list(s) == s.batches(0)
+    assert s.epoch == 1 and list(s) == s.batches(1)
+    s.set_epoch(5)
+    assert list(s) == sampler().batches(5)
+
+
+def test_resume_mid_epoch_is_exact():
+    s = sampler()
+    s.set_epoch(2)
+    it = iter(s)
+    head = [next(it) for _ in range(7)]
+    buffer = io.BytesIO()
+    torch.save(s.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)  # plain ints only
+    assert all(type(v) is int for v in state.values())
+
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)  # what a trainer does at the top of the epoch: must not rewind
+    assert head + list(resumed) == sampler().batches(2)
+    assert list(resumed) == sampler().batches(3)
+
+
+def test_resume_refuses_other_data():
+    state = sampler().state_dict()
+    with pytest.raises(ValueError, match="num_examples"):
+        TokenBatchSampler(SRC[:-1], TGT[:-1], max_tokens=BUDGET, seed=7).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        sampler(seed=1).load_state_dict(state)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_shards_of_equal_length(world_size):
+    shards = [sampler(rank=r, world_size=world_size).batches(4) for r in range(world_size)]
+    assert len({len(s) for s in shards}) == 1
+    assert len(shards[0]) == len(sampler(rank=0, world_size=world_size))
+    seen = [i for shard in shards for b in shard for i in b]
+    assert len(seen) == len(set(seen))  # disjoint
+    full = sampler().batches(4)
+    assert len(full) - world_size < len(shards[0]) * world_size <= len(full)  # < world_size dropped
+    assert set(map(tuple, (b for s in shards for b in s))) <= set(map(tuple, full))
+
+
+def test_single_sequence_lengths_and_oversized_examples():
+    s = TokenBatchSampler([5, 500, 5, 5], None, max_tokens=100, shuffle=False)
+    assert s.batches() == [[0, 2, 3], [1]]  # the over-long example alone
+    s = TokenBatchSampler([5] * 10, max_tokens=100, max_batch_size=4, shuffle=False)
+    assert [len(b) for b in s.batches()] == [4, 4, 2]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="equal length"):
+        TokenBatchSampler([1, 2], [1])
+    with pytest.raises(ValueError, match="max_tokens"):
+        TokenBatchSampler([1], max_tokens=0)
+    with pytest.raises(ValueError, match="rank"):
+        TokenBatchSampler([1], rank=2, world_size=2)
+
+
+# ---- collate ------------------------------------------------------------------------------------
+
+
+def test_collate_translation_shifts_and_pads():
+    pairs = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])]
+    batch = collate_translation(pairs, pad_id=0, bos_id=1, eos_id=2)
+    assert batch.src.tolist() == [[5, 6, 7], [10, 0, 0]]
+    assert batch.tgt_in.tolist() == [[1, 8, 9, 0, 0], [1, 11, 12, 13, 14]]
+    assert batch.tgt_out.tolist() == [[8, 9, 2, 0, 0], [11, 12, 13, 14, 2]]
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (4, 8)
+    assert batch.n_tgt_tokens == int((batch.tgt_out != 0).sum()) and len(batch) == 2
+    assert pair_lengths(pairs) == ([3, 1], [3, 5])  # the tensor widths the sampler budgets
+    moved = batch.to("cpu")
+    assert torch.equal(moved.tgt_out, batch.tgt_out)
+
+
+def test_collate_translation_other_special_ids():
+    batch = collate_translation([([4], [])], pad_id=9, bos_id=7, eos_id=8)
+    assert batch.tgt_in.tolist() == [[7]] and batch.tgt_out.tolist() == [[8]]
+    with pytest.raises(ValueError):
+        collate_translation([])
+
+
+def test_collate_classification():
+    batch = collate_classification([([5, 6], 1), ([7], 0)], pad_id=0, bos_id=1)
+    assert batch.tokens.tolist() == [[1, 5, 6], [1, 7, 0]]
+    assert batch.labels.tolist() == [1, 0] and batch.n_tokens == 5
+
+
+@needs_mirror
+def test_multi30k_tokenise_and_batch_under_10_seconds(use_real_cache, multi30k_bpe):
+    cfg = DataConfig(dataset="multi30k", max_tokens=4096)
+    start = time.perf_counter()
+    train, valid = prepare_translation(cfg, multi30k_bpe)  # read + tokenise train and val
+    sampler = TokenBatchSampler(*pair_lengths(train), max_tokens=cfg.max_tokens, seed=cfg.seed)
+    batches = [collate_translation([train[i] for i in b]) for b in sampler]
+    elapsed = time.perf_counter() - start
+    assert len(train) == 29000 and len(valid) == 1014  # nothing over max_len=256 in Multi30k
+    assert sum(len(b) for b in batches) == 29000
+    assert all(b.src.numel() <= 4096 and b.tgt_in.numel() <= 4096 for b in batches)
+    assert padding_fraction(sampler) < 0.10
+    assert elapsed < 10.0, f"tokenising and batching Multi30k train took {elapsed:.1f} s"

@@ -1,0 +1,155 @@
+"""Tokenizers: special ids, normalisation, exact round trips, save/load, the character tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _data_helpers import (files_in, multi30k_bpe, needs_mirror, real_cache,  # noqa: F401
+                           use_real_cache)
+from aiayn.config import ModelConfig
+from aiayn.data import (CharTokenizer, DataConfig, Tokenizer, fit_tokenizer, load_translation,
+                        train_tokenizer)
+from aiayn.errors import DataError
+
+CORPUS = [
+    "A man in an orange hat starring at something.",
+    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+    "Two young, White males are outside near many bushes.",
+    "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
+    "A little girl climbing into a wooden playhouse.",
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+] * 20
+
+TRICKY = [
+    "Ein\u00a0Mann  mit   Hut.",        # non-breaking and double spaces (as in Multi30k)
+    "  leading and trailing\t",
+    "Straße, Œuvre, ﬁne ligature, ①",   # NFKC folds ligatures and circled digits
+    "never seen: 漢字 😀 ñ",              # characters absent from the training text
+    "",
+]
+
+
+@pytest.fixture(scope="module", params=["bpe", "unigram"])
+def subword(request):
+    return train_tokenizer(CORPUS, request.param, vocab_size=300)
+
+
+def test_special_ids_match_the_model_config(subword):
+    m = ModelConfig()
+    assert (subword.pad_id, subword.bos_id, subword.eos_id, subword.unk_id) == (
+        m.pad_id, m.bos_id, m.eos_id, m.unk_id) == (0, 1, 2, 3)
+    assert [subword.hf.id_to_token(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert 4 < subword.vocab_size <= 300
+
+
+def test_normalisation_is_nfkc_and_single_spaces(subword):
+    assert subword.normalize(TRICKY[0]) == "Ein Mann mit Hut."
+    assert subword.normalize(TRICKY[1]) == "leading and trailing"
+    assert subword.normalize(TRICKY[2]) == "Straße, Œuvre, fine ligature, 1"
+
+
+@pytest.mark.parametrize("text", CORPUS[:6] + TRICKY)
+def test_decode_inverts_encode_up_to_normalisation(subword, text):
+    ids = subword.encode(text)
+    assert all(4 <= i < subword.vocab_size for i in ids)  # no BOS/EOS, never <unk> (byte-level)
+    assert subword.decode(ids) == subword.normalize(text)
+
+
+def test_decode_skips_special_tokens_and_takes_tensors(subword):
+    ids = subword.encode("Ein Mann.")
+    wrapped = [subword.bos_id] + ids + [subword.eos_id, subword.pad_id, subword.pad_id]
+    assert subword.decode(wrapped) == "Ein Mann."
+    assert subword.decode(torch.tensor(wrapped)) == "Ein Mann."
+    assert subword.decode_batch([wrapped, ids]) == ["Ein Mann.", "Ein Mann."]
+
+
+def test_encode_batch_equals_encode(subword):
+    assert subword.encode_batch(CORPUS[:6] + TRICKY) == [subword.encode(t) for t in CORPUS[:6] + TRICKY]
+
+
+def test_save_and_load_give_the_same_tokenizer(subword, tmp_path):
+    subword.save(tmp_path / "tokenizer.json")
+    assert files_in(tmp_path) == ["tokenizer.json"]  # written atomically, no temporary left
+    for loaded in (Tokenizer.from_file(tmp_path / "tokenizer.json"), Tokenizer.from_str(subword.to_str())):
+        assert loaded.kind == subword.kind and loaded.vocab_size == subword.vocab_size
+        assert loaded.encode_batch(CORPUS[:6] + TRICKY) == subword.encode_batch(CORPUS[:6] + TRICKY)
+
+
+def test_training_is_deterministic():
+    a, b = train_tokenizer(CORPUS, "bpe", 300), train_tokenizer(CORPUS, "bpe", 300)
+    assert a.to_str() == b.to_str()
+
+
+def test_bad_tokenizer_files(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.json: no such file"):
+        Tokenizer.from_file(tmp_path / "missing.json")
+    (tmp_path / "garbage.json").write_text("{\n  not json")
+    with pytest.raises(DataError, match=r"garbage\.json:2: not a tokenizer"):
+        Tokenizer.from_file(tmp_path / "garbage.json")
+    (tmp_path / "other.json").write_text('{"some": "object"}')
+    with pytest.raises(DataError, match=r"other\.json: not a tokenizer"):
+        Tokenizer.from_file(tmp_path / "other.json")
+
+
+def test_foreign_special_ids_are_refused():
+    from tokenizers import Tokenizer as HF, models
+    hf = HF(models.WordLevel({"<unk>": 0, "<pad>": 1, "<s>": 2, "</s>": 3}, unk_token="<unk>"))
+    with pytest.raises(DataError, match=r"theirs\.json: special token <pad> has id 1, expected 0"):
+        Tokenizer.from_str(hf.to_str(), "theirs.json")
+
+
+def test_unknown_kind_and_empty_text():
+    with pytest.raises(DataError, match="unknown tokenizer kind 'wordpiece'"):
+        train_tokenizer(CORPUS, "wordpiece", 100)
+    with pytest.raises(DataError, match="no training text"):
+        train_tokenizer(["", "  "], "bpe", 100)
+
+
+# ---- characters -------------------------------------------------------------------------------
+
+SHAKESPEARE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+
+
+def test_char_tokenizer_round_trips_text_exactly(tmp_path):
+    tok = train_tokenizer([SHAKESPEARE], "char", vocab_size=1000)
+    assert isinstance(tok, CharTokenizer) and tok.kind == "char"
+    assert tok.vocab_size == 4 + len(set(SHAKESPEARE))
+    ids = tok.encode(SHAKESPEARE)
+    assert len(ids) == len(SHAKESPEARE) and min(ids) >= 4
+    assert tok.decode(ids) == SHAKESPEARE  # newlines and double spaces kept
+    assert tok.decode([tok.bos_id] + ids[:5] + [tok.eos_id, tok.pad_id]) == SHAKESPEARE[:5]
+    assert tok.encode("FQ") == [tok.encode("F")[0], tok.unk_id]  # no Q in the text
+    tok.save(tmp_path / "tokenizer.json")
+    loaded = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert isinstance(loaded, CharTokenizer) and loaded.encode(SHAKESPEARE) == ids
+
+
+def test_char_vocabulary_cap_keeps_the_most_frequent():
+    tok = train_tokenizer(["aaaabbbc"], "char", vocab_size=6)
+    assert tok.chars == ["a", "b"] and tok.encode("abc") == [4, 5, 3]
+
+
+# ---- Multi30k -----------------------------------------------------------------------------------
+
+
+@needs_mirror
+def test_multi30k_validation_round_trips_exactly(use_real_cache, multi30k_bpe):
+    cfg = DataConfig(dataset="multi30k", vocab_size=8000)
+    tok = multi30k_bpe  # trained on the training split only
+    assert tok.kind == "bpe" and tok.vocab_size == 8000
+    src, tgt = load_translation(cfg, "val")
+    texts = src + tgt
+    decoded = tok.decode_batch(tok.encode_batch(texts))
+    assert decoded == [tok.normalize(t) for t in texts]
+    assert sum("\u00a0" in t or "  " in t for t in load_translation(cfg, "train")[1]) > 0  # the quirks exist
+    assert sum(i == tok.unk_id for ids in tok.encode_batch(texts) for i in ids) == 0
+
+
+@pytest.mark.slow
+@needs_mirror
+def test_multi30k_validation_round_trips_with_unigram(use_real_cache):
+    cfg = DataConfig(dataset="multi30k", tokenizer="unigram", vocab_size=8000)
+    tok = fit_tokenizer(cfg)
+    src, tgt = load_translation(cfg, "val")
+    assert tok.decode_batch(tok.encode_batch(src + tgt)) == [tok.normalize(t) for t in src + tgt]
