@@ -134,6 +134,8 @@ class Trainer:
                     if dist.active else None)
         self.last_valid: dict[str, float] = {}
         self.session_start = time.perf_counter()
+        self._bar: Any = None
+        self._interval = _Interval()
 
     # ---- construction ------------------------------------------------------------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -185,6 +187,7 @@ class Trainer:
     def _run_epoch(self) -> str | None:
         p, t = self.progress, self.t
         batches = self._epoch_batches(p.epoch)
+        self._epoch_len = len(batches)
         while p.position < len(batches):
             group = batches[p.position:p.position + t.update_freq]
             p.position += len(group)
@@ -281,15 +284,14 @@ class Trainer:
 
     def _after_update(self) -> str | None:
         t = self.t
-        validate = self._due(t.valid_every)
-        reason = None
-        if validate:
-            reason = self._validate()
+        limit = self._limit_reached()
+        validate = self._due(t.valid_every) or limit is not None
+        reason = self._validate() if validate else None
         if validate or self._due(t.log_every):
             self._log(self.last_valid if validate else {})
         if validate or self._due(t.save_every):
             self._save()
-        return reason or self._limit_reached()
+        return reason or limit
 
     def _wall(self) -> float:
         return self.progress.wall + time.perf_counter() - self.session_start
@@ -298,7 +300,8 @@ class Trainer:
         p, t = self.progress, self.t
         if t.max_steps and p.step >= t.max_steps:
             return "max_steps"
-        if t.max_epochs and p.epoch > t.max_epochs:
+        completed = p.epoch - 1 + int(0 < getattr(self, "_epoch_len", 0) <= p.position)
+        if t.max_epochs and completed >= t.max_epochs:
             return "max_epochs"
         if t.max_time and self._wall() >= t.max_time:
             return "max_time"
@@ -403,12 +406,9 @@ class Trainer:
         log.info("stopping at step %d (%s)", p.step, reason)
         if p.step == 0:
             return
-        valid: dict[str, float] = {}
-        if getattr(self, "_valid_step", None) != p.step:
+        if self._interval.updates:  # stopped without passing through _after_update (time limit)
             self._validate()
-            valid = self.last_valid
-        if valid or self._interval.updates:
-            self._log(valid)
+            self._log(self.last_valid)
         if getattr(self, "_saved_step", None) != p.step:
             self._save()
 

@@ -1,0 +1,180 @@
+"""The paper's recipe against closed forms: label-smoothed loss, the §5.3 and inverse-sqrt
+schedules, the optimizer settings, and the run config (one override mechanism)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
+from aiayn.train.config import TrainConfig, build_run_config, load_run_config
+from aiayn.train.loss import label_smoothed_nll_loss
+from aiayn.train.schedule import inverse_sqrt_lr, make_schedule, noam_lr
+
+# ---- label-smoothed cross-entropy --------------------------------------------------------------
+
+
+def test_label_smoothing_two_class_closed_form():
+    # p = (1/4, 3/4); gold = 1: loss = (1-ε)(-log 3/4) + ε · (-(log 1/4 + log 3/4) / 2)
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    eps = 0.1
+    loss, nll = label_smoothed_nll_loss(logits, torch.tensor([1]), eps, ignore_index=-100)
+    expected = (1 - eps) * -math.log(0.75) + eps * -(math.log(0.25) + math.log(0.75)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert nll.item() == pytest.approx(-math.log(0.75), rel=1e-6)
+
+
+def test_label_smoothing_uniform_logits_is_log_v_for_any_epsilon():
+    logits = torch.zeros(2, 3, 11)
+    target = torch.tensor([[4, 5, 6], [7, 8, 9]])
+    for eps in (0.0, 0.1, 0.5):
+        loss, _ = label_smoothed_nll_loss(logits, target, eps, ignore_index=0)
+        assert loss.item() == pytest.approx(6 * math.log(11), rel=1e-6)
+
+
+def test_label_smoothing_matches_explicit_sum_and_torch_cross_entropy():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 7, dtype=torch.float64)
+    target = torch.randint(1, 7, (3, 5))
+    target[0, 3:] = 0  # padding
+    target[2, 1:] = 0
+    eps = 0.1
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, ignore_index=0)
+    log_p = torch.log_softmax(logits, -1)
+    expected = 0.0
+    expected_nll = 0.0
+    for b in range(3):
+        for t in range(5):
+            y = int(target[b, t])
+            if y == 0:
+                continue
+            q = torch.full((7,), eps / 7, dtype=torch.float64)
+            q[y] += 1 - eps
+            expected += float(-(q * log_p[b, t]).sum())
+            expected_nll += float(-log_p[b, t, y])
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert nll.item() == pytest.approx(expected_nll, rel=1e-6)
+    ref = F.cross_entropy(logits.reshape(-1, 7).float(), target.reshape(-1), ignore_index=0,
+                          label_smoothing=eps, reduction="sum")
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_padding_is_never_a_target():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 6)
+    target = torch.tensor([[3, 4, 0, 0], [5, 0, 0, 0]])
+    changed = logits.clone()
+    changed[target == 0] = 100.0 * torch.randn_like(changed[target == 0])
+    a, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0)
+    b, _ = label_smoothed_nll_loss(changed, target, 0.1, ignore_index=0)
+    assert torch.equal(a, b)
+
+
+def test_loss_gradient_flows_and_is_finite_in_bf16():
+    logits = torch.randn(2, 3, 9, requires_grad=True)
+    loss, _ = label_smoothed_nll_loss(logits.bfloat16(), torch.tensor([[1, 2, 3], [4, 0, 0]]), 0.1, 0)
+    loss.backward()
+    assert loss.dtype == torch.float32 and torch.isfinite(logits.grad).all()
+
+
+# ---- schedules ---------------------------------------------------------------------------------
+
+
+def test_noam_schedule_closed_form():
+    d, w = 512, 4000
+    assert noam_lr(1, d, w) == pytest.approx(d ** -0.5 * w ** -1.5)
+    assert noam_lr(w, d, w) == pytest.approx(d ** -0.5 * w ** -0.5)  # the peak, ~7.0e-4
+    assert noam_lr(w, d, w) == pytest.approx(6.987712429686844e-4)
+    assert noam_lr(4 * w, d, w) == pytest.approx(noam_lr(w, d, w) / 2)
+    assert noam_lr(w // 2, d, w) == pytest.approx(noam_lr(w, d, w) / 2)  # linear warm-up
+    assert noam_lr(w, d, w, scale=2.0) == pytest.approx(2 * noam_lr(w, d, w))
+    peak = max(range(1, 3 * w), key=lambda s: noam_lr(s, d, w))
+    assert peak == w
+
+
+def test_inverse_sqrt_schedule_closed_form():
+    peak, w = 5e-3, 2000
+    assert inverse_sqrt_lr(1, peak, w) == pytest.approx(peak / w)
+    assert inverse_sqrt_lr(w // 4, peak, w) == pytest.approx(peak / 4)
+    assert inverse_sqrt_lr(w, peak, w) == pytest.approx(peak)
+    assert inverse_sqrt_lr(4 * w, peak, w) == pytest.approx(peak / 2)
+    assert inverse_sqrt_lr(100 * w, peak, w) == pytest.approx(peak / 10)
+    assert inverse_sqrt_lr(w // 2, peak, w, init=1e-7) == pytest.approx(1e-7 + (peak - 1e-7) / 2)
+
+
+def test_make_schedule_picks_by_name():
+    noam = make_schedule(TrainConfig(lr_schedule="noam", warmup_steps=10), d_model=64)
+    assert noam(10) == pytest.approx(64 ** -0.5 * 10 ** -0.5)
+    inv = make_schedule(TrainConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_steps=10), 64)
+    assert inv(40) == pytest.approx(5e-4)
+    const = make_schedule(TrainConfig(lr_schedule="constant", lr=1e-3), 64)
+    assert const(1) == const(10_000) == 1e-3
+
+
+def test_paper_defaults():
+    t = TrainConfig()
+    assert t.adam_betas == (0.9, 0.98) and t.adam_eps == 1e-9
+    assert t.label_smoothing == 0.1 and t.lr_schedule == "noam" and t.warmup_steps == 4000
+
+
+# ---- run config --------------------------------------------------------------------------------
+
+
+def test_toml_and_set_take_the_same_path(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\npreset = "tiny"\nd_ff = 200\n[train]\nlr = 0.001\n'
+                    '[data]\nvocab_size = 1000\n', encoding="utf-8")
+    cfg, values = load_run_config(path, ["train.lr=5e-3", "model.n_heads=2"])
+    assert cfg.model.d_model == ModelConfig.preset("tiny").d_model  # from the preset
+    assert cfg.model.d_ff == 200 and cfg.model.n_heads == 2  # file and --set both override it
+    assert cfg.train.lr == 5e-3 and cfg.data.vocab_size == 1000
+    assert values["model.preset"] == "tiny"
+    assert build_run_config(values) == cfg
+
+
+def test_unknown_key_has_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.warmup_step'.*did you mean 'warmup_steps'"):
+        load_run_config(None, ["train.warmup_step=10"])
+    path = tmp_path / "bad.toml"
+    path.write_text("[trian]\nlr = 1.0\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="did you mean 'train'"):
+        load_run_config(path)
+
+
+def test_wrong_value_type_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="train.max_steps: expected an integer"):
+        load_run_config(None, ["train.max_steps=lots"])
+    path = tmp_path / "bad.toml"
+    path.write_text('[train]\nlr = "fast"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="train.lr: expected a number"):
+        load_run_config(path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.precision=fp8", "not one of"),
+    ("train.label_smoothing=1.5", "label_smoothing must be in"),
+    ("train.update_freq=0", "update_freq must be >= 1"),
+    ("train.best_metric=valid_bleu", "needs train.bleu_every > 0"),
+    ("model.preset=huge", "unknown preset 'huge'"),
+    ("lr=1", "name the section"),
+])
+def test_invalid_values(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, [override])
+
+
+def test_invalid_toml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_run_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nlr = 1", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_run_config(bad)
+    bare = tmp_path / "bare.toml"
+    bare.write_text("lr = 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="must be a \\[section\\]"):
+        load_run_config(bare)
