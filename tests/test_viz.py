@@ -244,8 +244,16 @@ def test_plot_curves_without_bleu_shows_perplexity(tmp_path):
     rows = read_metrics(write_metrics(tmp_path / "run", bleu=False))
     metric = panels(plot_curves(rows))[2]
     (line,) = metric.lines
-    assert line.get_label() == "valid_perplexity"
+    assert line.get_label() == "valid_ppl"
     assert line.get_ydata()[0] == pytest.approx(math.exp(rows[9]["valid_loss"]))
+
+
+def test_plot_curves_logged_perplexity_and_nll(tmp_path):
+    rows = [dict(step=s, wall=float(s), loss=3.0, nll=2.5, lr=1e-3) for s in range(1, 5)]
+    rows[-1].update(valid_loss=2.0, valid_ppl=7.0)
+    loss_ax, _, metric = panels(plot_curves(rows))[:3]
+    assert [line.get_label() for line in loss_ax.lines] == ["loss", "nll", "valid_loss"]
+    assert [list(line.get_ydata()) for line in metric.lines] == [[7.0]]
 
 
 def test_read_metrics_skips_an_unfinished_last_line(tmp_path):

@@ -1,8 +1,9 @@
 """Learning curves of a training run, read from ``RUN_DIR/metrics.jsonl``.
 
 The trainer appends one JSON object per line: ``step``, ``wall`` (seconds since start), ``epoch``,
-``loss``, ``lr``, ``tokens_per_s``; validation lines add ``valid_loss`` and other ``valid_*``
-metrics (``valid_bleu`` …). Lines may carry either or both kinds of values.
+``loss`` (label-smoothed), ``nll``, ``lr``, ``tokens_per_s``; validation lines add ``valid_loss``
+(NLL), ``valid_ppl`` and, when computed, other ``valid_*`` metrics (``valid_bleu`` …). Lines may
+carry either or both kinds of values.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+TRAIN_KEYS = ("loss", "nll", "lr")
 
 
 @dataclass
@@ -82,11 +84,11 @@ def _is_number(value: object) -> bool:
 
 
 def collect_series(rows: list[dict]) -> dict[str, Series]:
-    """Every numeric quantity of interest: ``loss``, ``lr``, ``valid_loss`` and each ``valid_*``."""
+    """Every numeric quantity of interest: ``loss``, ``nll``, ``lr`` and each ``valid_*``."""
     series: dict[str, Series] = {}
     for row in rows:
         for key, value in row.items():
-            if (key in ("loss", "lr") or key.startswith("valid_")) and _is_number(value):
+            if (key in TRAIN_KEYS or key.startswith("valid_")) and _is_number(value):
                 series.setdefault(key, Series()).add(row, key)
     return series
 
@@ -99,17 +101,28 @@ def _wall_unit(seconds: float) -> tuple[float, str]:
     return 1.0, "s"
 
 
+def _metric_series(series: dict[str, Series]) -> dict[str, Series]:
+    """The validation metrics of the third column: BLEU and the like, else the perplexity."""
+    metrics = {k: s for k, s in series.items()
+               if k.startswith("valid_") and k not in ("valid_loss", "valid_ppl")}
+    if metrics:
+        return metrics
+    if "valid_ppl" in series:
+        return {"valid_ppl": series["valid_ppl"]}
+    if "valid_loss" in series:
+        vl = series["valid_loss"]
+        return {"valid_ppl": Series(vl.step, vl.wall, [math.exp(min(v, 700.0)) for v in vl.value])}
+    return {}
+
+
 def plot_curves(rows: list[dict], title: str | None = None) -> "Figure":
     """Loss (training and validation), learning rate and validation metrics, against step (top
-    row) and wall-clock (bottom row). Six panels. Without ``valid_*`` metrics other than the loss,
-    the third column shows the validation perplexity exp(valid_loss)."""
+    row) and wall-clock (bottom row). Six panels. The third column shows the ``valid_*`` metrics
+    other than loss and perplexity (BLEU …); without any, the validation perplexity."""
     series = collect_series(rows)
     if "loss" not in series and "valid_loss" not in series:
         raise DataError("the metrics hold no 'loss' or 'valid_loss' values to plot")
-    metrics = {k: s for k, s in series.items() if k.startswith("valid_") and k != "valid_loss"}
-    if not metrics and "valid_loss" in series:
-        vl = series["valid_loss"]
-        metrics = {"valid_perplexity": Series(vl.step, vl.wall, [math.exp(min(v, 700)) for v in vl.value])}
+    metrics = _metric_series(series)
     unit, unit_name = _wall_unit(max(r["wall"] for r in rows))
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5), layout="constrained")
@@ -120,8 +133,9 @@ def plot_curves(rows: list[dict], title: str | None = None) -> "Figure":
             ax.plot([x / scale for x in getattr(s, axis)], s.value, label=key, **kw)
 
         loss_ax, lr_ax, metric_ax = axes[r]
-        if "loss" in series:
-            draw(loss_ax, "loss", series["loss"], lw=0.8, alpha=0.8)
+        for key in ("loss", "nll"):
+            if key in series:
+                draw(loss_ax, key, series[key], lw=0.8, alpha=0.8)
         if "valid_loss" in series:
             draw(loss_ax, "valid_loss", series["valid_loss"], marker="o", ms=3)
         loss_ax.set(yscale="log", ylabel="loss (nats/token)", title=f"loss vs {axis}")
