@@ -5,6 +5,11 @@ Shape legend: B batch (× beams) · H heads · t tokens decoded so far · S sour
 Self-attention keys/values grow by the new tokens at every step; cross-attention keys/values are
 projected from the encoder memory once. ``reorder(index)`` selects batch rows, which is how beam
 search follows the surviving hypotheses.
+
+Beams share their source: with ``beam = k`` the cache holds B·k self-attention rows (rows
+b·k … b·k + k-1 belong to sentence b) but only B rows of cross-attention keys/values and memory
+mask, and the decoder attends the k beams of a sentence as k queries over that one memory. Beam
+moves then copy no cross-attention state; only sentences leaving the batch do.
 """
 
 from __future__ import annotations
@@ -40,18 +45,54 @@ class DecoderCache:
     layers: list[LayerCache]
     memory_mask: Tensor | None = None  # (B, 1, 1, S), True = real source token
     length: int = 0  # tokens decoded so far (the position of the next token)
+    beam: int = 1  # decoder rows per source row (memory, cross K/V, memory_mask)
 
     @classmethod
     def empty(cls, n_layers: int, memory_mask: Tensor | None = None) -> "DecoderCache":
         return cls([LayerCache() for _ in range(n_layers)], memory_mask)
 
-    def reorder(self, index: Tensor) -> "DecoderCache":
-        """Keep batch rows ``index`` (LongTensor (B',)), in that order; in place, returns self."""
-        for layer in self.layers:
-            for name in ("self_k", "self_v", "cross_k", "cross_v"):
-                t = getattr(layer, name)
-                if t is not None:
-                    setattr(layer, name, t.index_select(0, index))
-        if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
+    def with_beam(self, beam: int) -> "DecoderCache":
+        """Decode ``beam`` rows per source row (before the first step); returns self."""
+        if self.length or any(layer.self_k is not None for layer in self.layers):
+            raise ValueError("with_beam() must be called on an empty cache")
+        if beam < 1:
+            raise ValueError(f"beam must be >= 1, got {beam}")
+        self.beam = beam
         return self
+
+    def reorder(self, index: Tensor) -> "DecoderCache":
+        """Keep decoder rows ``index`` (LongTensor (N',)), in that order; in place, returns self.
+
+        With ``beam = k`` each consecutive group of k indices must come from one source row
+        (beam moves, sentences leaving); cross-attention state is then copied only when the set
+        of source rows changes.
+        """
+        source = self._source_rows(index)
+        for layer in self.layers:
+            layer.self_k, layer.self_v = _select(layer.self_k, index), _select(layer.self_v, index)
+            if source is not None:
+                layer.cross_k, layer.cross_v = _select(layer.cross_k, source), _select(layer.cross_v, source)
+        if source is not None:
+            self.memory_mask = _select(self.memory_mask, source)
+        return self
+
+    def _source_rows(self, index: Tensor) -> Tensor | None:
+        """The source rows ``index`` keeps, (N'/k,); None when they are unchanged."""
+        if self.beam == 1:
+            return index
+        if index.numel() % self.beam:
+            raise ValueError(f"reorder index of {index.numel()} rows is not a multiple of beam={self.beam}")
+        groups = index.view(-1, self.beam) // self.beam  # (N'/k, k)
+        if not bool((groups == groups[:, :1]).all()):
+            raise ValueError("reorder index mixes rows of different source sentences")
+        source = groups[:, 0]
+        known = [t for t in (self.memory_mask, self.layers[0].cross_k if self.layers else None)
+                 if t is not None]
+        n_source = known[0].size(0) if known else None
+        if n_source == source.numel() and bool((source == torch.arange(n_source, device=source.device)).all()):
+            return None
+        return source
+
+
+def _select(t: Tensor | None, index: Tensor) -> Tensor | None:
+    return None if t is None else t.index_select(0, index)

@@ -75,6 +75,29 @@ class EncoderLayer(nn.Module):
         return self.ff_block(x, self.feed_forward)
 
 
+def attend_shared_memory(
+    attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Cross-attention where g = N / B consecutive query rows (beams) share one memory row.
+
+    Shape: q (N, H, T, K), k/v (B, H, S, K), mask (B, 1, 1, S) -> (N, T, D), weights (N, H, T, S).
+    The g beams of a source are attended as g·T queries over its single memory (no copies).
+    """
+    N, H, T, K = q.shape
+    B = k.size(0)
+    if N == B:
+        return attn.attend(q, k, v, mask, need)
+    if N % B:
+        raise ValueError(f"{N} decoder rows cannot share {B} memory rows")
+    g = N // B
+    q = q.view(B, g, H, T, K).transpose(1, 2).reshape(B, H, g * T, K)  # (B, H, g·T, K)
+    out, w = attn.attend(q, k, v, mask, need)  # (B, g·T, D)
+    out = out.view(N, T, out.size(-1))  # (N, T, D): query rows were (g, T)-ordered
+    if w is not None:
+        w = w.view(B, H, g, T, -1).transpose(1, 2).reshape(N, H, T, w.size(-1))  # (N, H, T, S)
+    return out, w
+
+
 class DecoderLayer(nn.Module):
     """Masked self-attention, attention over the encoder output, feed-forward (§3.1).
 
@@ -123,7 +146,8 @@ class DecoderLayer(nn.Module):
                 k, v = self.cross_attn.project_kv(memory, memory)  # (B, H, S, K)
                 if cache is not None:
                     cache.cross_k, cache.cross_v = k, v
-            out, w = self.cross_attn.attend(self.cross_attn.project_q(h), k, v, memory_mask, need)
+            out, w = attend_shared_memory(self.cross_attn, self.cross_attn.project_q(h), k, v,
+                                          memory_mask, need)
             if need:
                 attn_record.append(("cross", w))
             return out

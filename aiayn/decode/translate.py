@@ -1,0 +1,142 @@
+"""Translation: text in, text out, through a trained encoder–decoder and :mod:`aiayn.decode.search`.
+
+Shape legend: B sentences in a batch · k beam size · S source len · D d_model · V vocab.
+
+Sentences are tokenised, sorted by length into token-bounded batches (sentences × padded source
+length ≤ ``max_tokens``), decoded, put back in input order and detokenised. A sentence decodes the
+same alone or inside a batch (tested). The source is the subword ids followed by EOS; the decoder
+starts from BOS (the convention of :mod:`aiayn.data` and fairseq).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis, StepFn, beam_search, greedy_search
+
+log = logging.getLogger(__name__)
+
+__all__ = ["transformer_step", "token_batches", "max_output_lengths", "translate_ids",
+           "encode_sources", "translate_texts", "translate_hypotheses"]
+
+
+def transformer_step(model: Any, memory: Tensor) -> StepFn:
+    """The step function of an encoder–decoder model with a :class:`DecoderCache`.
+
+    Shape: tokens (N, t) -> log_probs (N, V); only tokens the cache has not seen are fed. ``memory``
+    (N, S, D) is read on the first call only (cross-attention keys/values are then cached).
+    """
+
+    def step(tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
+        logits = model.decode(tokens[:, cache.length:], memory, cache=cache)  # (N, new, V)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1), cache  # (N, V)
+
+    return step
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length (longest first), cut into batches whose padded size
+    (sentences × longest length) stays within ``max_tokens``; a longer sentence goes alone."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * max(lengths[batches[-1][0]], 1) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def max_output_lengths(src_lengths: Tensor, cfg: DecodeConfig, cap: int) -> Tensor:
+    """a · src_len + b, at most ``cap`` (the decoder's positional table). (B,) -> (B,)."""
+    lengths = (src_lengths.double() * cfg.max_len_a).floor().long() + cfg.max_len_b
+    return lengths.clamp(min=1, max=cap)
+
+
+def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
+    """Ragged ids -> (B, S) LongTensor padded with ``pad_id``."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long,
+                        device=device)
+
+
+@torch.no_grad()
+def _decode_batch(model: Any, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """Search one padded batch. Shape: src (B, S) -> B lists of ``cfg.nbest`` hypotheses."""
+    mc, B, k = model.cfg, src.size(0), cfg.beam
+    src_lengths = (src != mc.pad_id).sum(1).cpu()
+    max_len = max_output_lengths(src_lengths, cfg, mc.max_len)
+    memory = model.encode(src)  # (B, S, D)
+    if k == 1:
+        cache = model.init_cache(memory, src=src)
+        hyps = greedy_search(transformer_step(model, memory), cache, B, mc.bos_id, mc.eos_id,
+                             max_len, cfg.min_len, mc.pad_id, src.device)
+        return [[h] for h in hyps]
+    cache = model.init_cache(memory, src=src).with_beam(k)  # B·k rows share B memory rows
+    return beam_search(transformer_step(model, memory), cache, B, k, mc.bos_id, mc.eos_id,
+                       max_len, cfg.alpha, cfg.length_penalty, cfg.min_len, cfg.nbest, src.device)
+
+
+def translate_ids(
+    model: Any, sources: Sequence[list[int]], cfg: DecodeConfig = DecodeConfig(),
+    progress: Callable[[int], None] | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode source id sequences in token-bounded batches; input order kept.
+
+    Empty sources give no hypotheses (an empty list). ``progress(n)`` is called after each batch.
+    """
+    device, was_training = next(model.parameters()).device, model.training
+    model.eval()
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    todo = [i for i, s in enumerate(sources) if s]
+    for batch in token_batches([len(sources[i]) for i in todo], cfg.max_tokens):
+        index = [todo[j] for j in batch]
+        src = _pad([list(sources[i]) for i in index], model.cfg.pad_id, device)
+        for i, hyps in zip(index, _decode_batch(model, src, cfg)):
+            results[i] = hyps
+        if progress is not None:
+            progress(len(index))
+    model.train(was_training)
+    return results
+
+
+def encode_sources(tokenizer: Any, texts: Iterable[str], max_len: int) -> list[list[int]]:
+    """Tokenise source lines. Blank lines give []; a line longer than ``max_len`` tokens (the
+    model's positional table) is cut to fit, with a warning naming it."""
+    out = []
+    for n, text in enumerate(texts, 1):
+        ids = list(tokenizer.encode(text)) if text.strip() else []
+        if len(ids) > max_len:
+            log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids), max_len)
+            ids = ids[:max_len]
+        out.append(ids)
+    return out
+
+
+def translate_hypotheses(
+    model: Any, tokenizer: Any, texts: Sequence[str], cfg: DecodeConfig = DecodeConfig(),
+    progress: Callable[[int], None] | None = None,
+) -> list[list[tuple[str, Hypothesis]]]:
+    """Translate raw text lines; per line its ``cfg.nbest`` (detokenised text, hypothesis) pairs,
+    best first ([] for a blank line)."""
+    sources = encode_sources(tokenizer, texts, model.cfg.max_len)
+    hyps = translate_ids(model, sources, cfg, progress)
+    return [[(tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
+
+
+def translate_texts(
+    model: Any, tokenizer: Any, texts: Sequence[str], beam: int = 4, alpha: float = 0.6,
+    max_tokens: int = 4096, **options: Any,
+) -> list[str]:
+    """Translate raw text lines into one best line each ("" for a blank line).
+
+    ``options`` are further :class:`DecodeConfig` fields (max_len_a, max_len_b, length_penalty…).
+    This is what ``aiayn translate`` and validation BLEU during training both call.
+    """
+    cfg = DecodeConfig(beam=beam, alpha=alpha, max_tokens=max_tokens, **options)
+    return [line[0][0] if line else "" for line in translate_hypotheses(model, tokenizer, texts, cfg)]
