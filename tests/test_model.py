@@ -62,8 +62,8 @@ def test_fully_padded_row_gives_no_nan(model):
     assert torch.isfinite(out).all()
     q = k = v = torch.randn(1, 1, 3, 4)
     dead = torch.zeros(1, 1, 3, 3, dtype=torch.bool)
-    for need in (False, True):
-        o, _ = scaled_dot_product_attention(q, k, v, dead, need_weights=need)
+    for fused in (False, True):
+        o, _ = scaled_dot_product_attention(q, k, v, dead, fused=fused)
         assert torch.equal(o, torch.zeros_like(o))
 
 

@@ -106,7 +106,7 @@ def test_fast_attention_path_equals_explicit_math(with_mask):
     B, Tq, Tk, K = 2, 4, 6, 8
     q, k, v = torch.randn(B, H, Tq, K), torch.randn(B, H, Tk, K), torch.randn(B, H, Tk, 5)
     mask = (torch.rand(B, 1, Tq, Tk) > 0.3) if with_mask else None
-    fast, none = scaled_dot_product_attention(q, k, v, mask)
+    fast, none = scaled_dot_product_attention(q, k, v, mask, fused=True)
     slow, weights = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
     assert none is None and weights.shape == (B, H, Tq, Tk)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
