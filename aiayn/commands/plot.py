@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     att = kinds.add_parser(
         "attention", help="attention maps of a model on its own translation of a sentence",
-        description="Translate TEXT with the model (as `aiayn translate` does), then draw encoder "
+        description="Translate TEXT with the model (beam search, the paper's settings), then draw encoder "
                     "self-attention, decoder self-attention and encoder-decoder attention for "
                     "every layer and head (or the chosen ones), tokens on the axes.")
     att.add_argument("model_dir", metavar="MODEL_DIR", help="a model folder (config.json, weights, tokenizer.json)")
@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     att.add_argument("--head", type=int, action="append", metavar="H",
                      help="only head H (1-based); repeat for several")
     att.add_argument("--beam", type=int, default=None,
-                     help="beam size of the translation (default: as `aiayn translate`; 1 = greedy)")
+                     help="beam size of the translation (default 4, the paper's; 1 = greedy)")
     _output_arg(att, "attention.png")
     att.set_defaults(run=run_attention)
 

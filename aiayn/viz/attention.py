@@ -184,8 +184,8 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
 
 def attention_of_translation(model: nn.Module, tokenizer, text: str, beam: int | None = None
                              ) -> TranslationAttention:
-    """Translate ``text`` as ``aiayn translate`` does (:func:`aiayn.decode.translate_ids`, beam
-    search or greedy with ``beam=1``), then record the attention of the model re-reading its own
+    """Translate ``text`` with :func:`aiayn.decode.translate_ids` (the DecodeConfig defaults: beam
+    search with the paper's settings; greedy with ``beam=1``), then record the attention of the model re-reading its own
     output (teacher forcing over BOS + the produced tokens): the same weights the search computed
     step by step."""
     from aiayn.decode import DecodeConfig, translate_ids
