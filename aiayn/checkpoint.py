@@ -34,9 +34,11 @@ def register_kind(kind: str, build: Callable[[ModelConfig], nn.Module]) -> None:
 
 def _builtin_kinds() -> None:
     if "seq2seq" not in MODEL_KINDS:
-        from aiayn.model.transformer import Transformer
+        from aiayn.model import Transformer, TransformerClassifier, TransformerLM
 
         register_kind("seq2seq", Transformer)
+        register_kind("classifier", TransformerClassifier)
+        register_kind("lm", TransformerLM)
 
 
 def save_weights(model: nn.Module, path: str | Path) -> None:

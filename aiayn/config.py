@@ -218,6 +218,10 @@ class ModelConfig:
     scale_embeddings: bool = True
     # Biases in the linear projections (the paper's equations omit them; most code keeps them).
     bias: bool = True
+    # Classifier head (encoder-only models): number of labels, and how token states are pooled
+    # into one vector — mean over real tokens, max (the Keras IMDB tutorial), or a learned CLS token.
+    n_classes: int = 2
+    pooling: Literal["mean", "max", "cls"] = "mean"
     # Special token ids; padding is never attended to and never predicted.
     pad_id: int = 0
     bos_id: int = 1
@@ -269,7 +273,8 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the field when a value makes no sense."""
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len",
+                     "n_classes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("d_k", "d_v"):

@@ -1,0 +1,55 @@
+"""Encoder-only Transformer for sequence classification (the IMDB shape).
+
+Shape legend: B batch · S sequence len · D d_model · C classes.
+
+The encoder stack of §3.1 over embedded tokens, pooled into one vector per sequence (mean over
+real tokens, max over real tokens as in the Keras IMDB tutorial, or a learned CLS token
+prepended), then dropout and a linear layer to class logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.model.embeddings import Embeddings, token_embedding
+from aiayn.model.masks import padding_mask
+from aiayn.model.transformer import Encoder, init_weights, positional_encoding
+
+
+class TransformerClassifier(nn.Module):
+    """Embeddings → Encoder → pooling → dropout → Linear(D, C). Uses ``src_vocab_size``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.n_encoder_layers == 0:
+            raise ValueError("TransformerClassifier needs n_encoder_layers > 0")
+        self.cfg = cfg
+        self.embed = Embeddings(token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id),
+                                positional_encoding(cfg), cfg.dropout, cfg.scale_embeddings)
+        self.cls = nn.Parameter(torch.randn(cfg.d_model) * cfg.d_model**-0.5) if cfg.pooling == "cls" else None
+        self.encoder = Encoder(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        init_weights(self)
+
+    def forward(self, ids: Tensor, attn_record: list | None = None) -> Tensor:
+        """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C)."""
+        keep = ids != self.cfg.pad_id  # (B, S)
+        x = self.embed(ids)  # (B, S, D)
+        if self.cls is not None:
+            x = torch.cat([self.cls.to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)  # (B, 1+S, D)
+            keep = torch.cat([keep.new_ones(keep.size(0), 1), keep], dim=1)
+        h = self.encoder(x, keep[:, None, None, :], attn_record)  # (B, S', D)
+        return self.head(self.dropout(self.pool(h, keep)))
+
+    def pool(self, h: Tensor, keep: Tensor) -> Tensor:
+        """(B, S, D), keep (B, S) -> (B, D). Padding never contributes; an all-padding row gives 0."""
+        if self.cfg.pooling == "cls":
+            return h[:, 0]
+        k = keep[..., None]  # (B, S, 1)
+        if self.cfg.pooling == "max":
+            pooled = h.masked_fill(~k, float("-inf")).amax(dim=1)
+            return pooled.masked_fill(~k.any(1), 0.0)
+        return (h * k).sum(1) / k.sum(1).clamp(min=1).to(h.dtype)
