@@ -177,8 +177,8 @@ class TranslationTask(Task):
         src, ref = self._bleu_data
         hyps = translate_texts(model, self.tokenizer, src, beam=t.bleu_beam, alpha=t.bleu_alpha)
         scores = corpus_scores(hyps, ref)
-        bleu = scores["bleu"] if isinstance(scores, dict) else getattr(scores, "bleu")
-        return {"valid_bleu": float(getattr(bleu, "score", bleu))}
+        return {"valid_bleu": float(scores["bleu"]), "valid_bleu_lc": float(scores["bleu_lc"]),
+                "valid_chrf": float(scores["chrf"])}
 
 
 TASKS: dict[str, Callable[[RunConfig], Task]] = {"translation": TranslationTask}

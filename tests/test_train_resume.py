@@ -1,0 +1,156 @@
+"""Exact resume: a run killed with SIGKILL at an arbitrary moment and restarted with --resume ends
+with weights bit-identical to an uninterrupted run (CPU, fp32, dropout on). And resume refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from aiayn.cli import main
+from trainutil import ROOT, aiayn_command, base_values, one_thread, run_aiayn, subprocess_env, write_toml  # noqa: F401
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(aiayn_command(*args), cwd=ROOT, env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _lines(path) -> int:
+    try:
+        return path.read_text().count("\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _steps_and_losses(run) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_sigkill_then_resume_is_bit_identical(tmp_path):
+    values = base_values(tmp_path / "data", max_steps=30, save_every=3, valid_every=10,
+                         log_every=1, keep_last=3)
+    cfg = write_toml(tmp_path / "run.toml", values)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    reference = _start("train", str(cfg), "--out", str(full))
+    victim = _start("train", str(cfg), "--out", str(killed))
+    rng = random.Random()
+    kill_after = rng.randint(4, 20)  # metrics lines (= updates) seen before the kill
+    deadline = time.monotonic() + 120
+    while _lines(killed / "metrics.jsonl") < kill_after and victim.poll() is None:
+        assert time.monotonic() < deadline, "the run to be killed made no progress"
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.05))  # land anywhere inside an update or a checkpoint write
+    assert victim.poll() is None, f"finished before the kill: {victim.communicate()[1][-2000:]}"
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    assert victim.returncode == -signal.SIGKILL
+    state = torch.load(killed / "trainer_state.pt", weights_only=True)
+    assert state["step"] < 30
+
+    resumed = run_aiayn("train", str(cfg), "--out", str(killed), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed {killed} at step {state['step']}" in resumed.stderr
+    _, err = reference.communicate(timeout=120)
+    assert reference.returncode == 0, err[-3000:]
+
+    a = load_file(str(full / "model.safetensors"))
+    b = load_file(str(killed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume (killed after {kill_after})"
+    # The metrics log is continuous (lines past the checkpoint were dropped and re-written) and the
+    # losses of every update agree exactly.
+    assert _steps_and_losses(full) == _steps_and_losses(killed)
+    assert [s for s, _ in _steps_and_losses(killed)] == list(range(1, 31))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    values = base_values(tmp / "data", max_steps=4, save_every=2, valid_every=2)
+    cfg = write_toml(tmp / "run.toml", values)
+    run = tmp / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["train", str(cfg), "--out", str(run)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return cfg, run
+
+
+def _snapshot(run) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _fails(capsys, argv: list[str], message: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn: error: ") and message in err, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_resume_continues_to_a_larger_max_steps(finished_run, tmp_path, capsys):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    assert main(["train", "--resume", "--out", str(copy), "--set", "train.max_steps=6"]) == 0
+    assert torch.load(copy / "trainer_state.pt", weights_only=True)["step"] == 6
+    assert json.loads((copy / "config.json").read_text())["train"]["max_steps"] == 6
+
+
+def test_resume_refuses_a_different_model_and_keeps_files(finished_run, capsys):
+    cfg, run = finished_run
+    before = _snapshot(run)
+    _fails(capsys, ["train", str(cfg), "--out", str(run), "--resume", "--set", "model.d_ff=64"],
+           "model.d_ff: run has 32, config says 64")
+    _fails(capsys, ["train", str(cfg), "--out", str(run), "--resume", "--set", "data.max_len=20"],
+           "data.max_len")
+    assert _snapshot(run) == before
+
+
+def test_training_into_an_existing_run_needs_resume(finished_run, capsys):
+    cfg, run = finished_run
+    before = _snapshot(run)
+    _fails(capsys, ["train", str(cfg), "--out", str(run)], "already holds a training run; pass --resume")
+    assert _snapshot(run) == before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_trainer_state_is_a_clear_error(finished_run, tmp_path, capsys, damage):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    state = copy / "trainer_state.pt"
+    data = state.read_bytes()
+    state.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10,
+                       "empty": b""}[damage])
+    _fails(capsys, ["train", str(cfg), "--out", str(copy), "--resume"],
+           "corrupt or truncated trainer state")
+
+
+def test_corrupt_weight_snapshot_is_a_clear_error(finished_run, tmp_path, capsys):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    snap = copy / "checkpoints" / torch.load(copy / "trainer_state.pt", weights_only=True)["snapshot"]
+    snap.write_bytes(snap.read_bytes()[:100])
+    _fails(capsys, ["train", str(cfg), "--out", str(copy), "--resume"], "not a readable safetensors file")
+
+
+def test_resume_without_a_run(tmp_path, capsys):
+    _fails(capsys, ["train", "--resume", "--out", str(tmp_path / "nothing")], "no run to resume")
+    (tmp_path / "empty").mkdir()
+    values = base_values(tmp_path / "data")
+    cfg = write_toml(tmp_path / "run.toml", values)
+    _fails(capsys, ["train", str(cfg), "--resume", "--out", str(tmp_path / "empty")],
+           "nothing to resume")
