@@ -222,3 +222,18 @@ def test_real_mirror_missing_a_file(tmp_path):
             (mirror / src.name).symlink_to(src)
     with pytest.raises(DataError, match=r"multi30k/val\.de\.gz: no such file"):
         prepare("multi30k", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
+
+
+def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server, tmp_path, capsys):
+    from aiayn.cli import main
+
+    server.routes.update({"/m/toyfolder/a.txt": b"tampered\n", "/m/toyfolder/b.txt": B})
+    rc = main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("aiayn: error: ")
+    assert "/m/toyfolder/a.txt: checksum mismatch" in err and "Traceback" not in err
+    assert files_in(tmp_path) == []
+    server.routes["/m/toyfolder/a.txt"] = A
+    assert main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "datasets" / "toy")

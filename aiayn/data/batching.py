@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-__all__ = ["TokenBatchSampler", "Seq2SeqBatch", "ClassificationBatch", "collate_translation",
+__all__ = ["TokenBatchSampler", "pair_lengths", "Seq2SeqBatch", "ClassificationBatch", "collate_translation",
            "collate_classification", "pad_sequences", "padding_fraction"]
 
 log = logging.getLogger(__name__)
