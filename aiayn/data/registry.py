@@ -105,6 +105,7 @@ def imdb_tarball_to_tsv(folder: Path) -> None:
     """
     rows: dict[str, list[tuple[int, int, str]]] = {"train": [], "test": []}
     tarball = folder / _IMDB_TARBALL.name
+    log.info("converting %s to train.tsv.gz and test.tsv.gz", tarball)
     try:
         with tarfile.open(tarball, "r:gz") as tar:
             for member in tar:
