@@ -25,9 +25,9 @@ __all__ = ["ModelConfig", "apply_overrides", "parse_override", "coerce_value", "
 # --------------------------------------------------------------------------------------------
 
 
-def _did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
+def _did_you_mean(name: str, choices: typing.Iterable[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
 def coerce_value(key: str, raw: Any, annotation: Any) -> Any:
@@ -120,7 +120,8 @@ def apply_overrides(obj: Any, overrides: dict[str, Any], prefix: str = "") -> An
         head, _, rest = key.partition(".")
         full = f"{prefix}{head}"
         if head not in types_:
-            raise ConfigError(f"unknown config key '{prefix}{key}'{_did_you_mean(head, types_)}")
+            raise ConfigError(
+                f"unknown config key '{prefix}{key}'{_did_you_mean(head, types_, prefix)}")
         value = getattr(obj, head)
         if dataclasses.is_dataclass(value):
             if rest:
