@@ -21,7 +21,6 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/aiayn summary base --set src_vocab_size=37000 --set tgt_vocab_size=37000
 	$(BIN)/python -m aiayn.demo
 
 test: install
