@@ -10,6 +10,7 @@ from aiayn.decode.search import (
     sample,
 )
 from aiayn.decode.translate import (
+    load_translator,
     token_batches,
     transformer_step,
     translate_hypotheses,
@@ -17,6 +18,6 @@ from aiayn.decode.translate import (
     translate_texts,
 )
 
-__all__ = ["DecodeConfig", "Hypothesis", "beam_search", "filter_log_probs", "greedy_search",
+__all__ = ["DecodeConfig", "Hypothesis", "load_translator", "beam_search", "filter_log_probs", "greedy_search",
            "length_penalty", "sample", "token_batches", "transformer_step", "translate_hypotheses",
            "translate_ids", "translate_texts"]

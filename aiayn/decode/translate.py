@@ -11,6 +11,7 @@ starts from BOS (the convention of :mod:`aiayn.data` and fairseq).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -21,8 +22,30 @@ from aiayn.decode.search import Hypothesis, StepFn, beam_search, greedy_search
 
 log = logging.getLogger(__name__)
 
-__all__ = ["transformer_step", "token_batches", "max_output_lengths", "translate_ids",
+__all__ = ["load_translator", "transformer_step", "token_batches", "max_output_lengths", "translate_ids",
            "encode_sources", "translate_texts", "translate_hypotheses"]
+
+
+def load_translator(folder: str | Path, device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, meta) of a translation model folder; CheckpointError when it lacks a
+    file, is corrupt or holds another kind of model."""
+    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir, read_config
+    from aiayn.data import Tokenizer
+    from aiayn.errors import CheckpointError, DataError
+
+    folder = Path(folder)
+    read_config(folder)  # a clear error for a missing folder or config before anything else
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise CheckpointError(f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)")
+    model, _, meta = load_model_dir(folder, expect_kind="seq2seq", map_location=device)
+    try:
+        tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
+    except DataError as err:
+        raise CheckpointError(str(err)) from None
+    if tokenizer.vocab_size > model.cfg.tgt_vocab_size:
+        raise CheckpointError(f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model "
+                              f"only {model.cfg.tgt_vocab_size}")
+    return model, tokenizer, meta
 
 
 def transformer_step(model: Any, memory: Tensor) -> StepFn:
