@@ -20,6 +20,8 @@ COMMANDS: list[str] = [
     "data",
     "plot",
     "summary",
+    "translate",
+    "evaluate",
 ]
 
 
