@@ -104,8 +104,30 @@ def run_figures(run: Path, out: Path, text: str) -> dict:
                                title=title), out / "attention-last-layer.png")
     save_figure(plot_attention(pair.maps, pair.src_tokens, pair.tgt_tokens, title=title),
                 out / "attention-all.png", dpi=80)
-    return {"run": _run_numbers(run, rows), "attention_example": {
-        "text": text, "translation": pair.translation, "model": str(model_dir.name)}}
+    return {"run": _run_numbers(run, rows), "test_bleu": test_bleu(model_dir),
+            "attention_example": {"text": text, "translation": pair.translation,
+                                  "model": str(model_dir.name)}}
+
+
+def test_bleu(model_dir: Path, split: str = "test_2016_flickr") -> dict:
+    """§6.1: sacreBLEU of the model on a test split of its dataset, beam 4, α = 0.6 (as
+    `aiayn evaluate MODEL_DIR --split SPLIT` computes it)."""
+    import time
+
+    from aiayn.config import from_dict
+    from aiayn.data import DataConfig, load_translation
+    from aiayn.decode import load_translator, translate_texts
+    from aiayn.eval import corpus_scores
+
+    model, tokenizer, meta = load_translator(model_dir)
+    src, ref = load_translation(from_dict(DataConfig, meta["data"]), split)
+    start = time.perf_counter()
+    hyps = translate_texts(model, tokenizer, src, beam=4, alpha=0.6)
+    seconds = time.perf_counter() - start
+    scores = corpus_scores(hyps, ref)
+    return {"split": split, "sentences": len(src), "beam": 4, "alpha": 0.6,
+            "bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"],
+            "chrf": scores["chrf"], "sentences_per_s_one_cpu_thread": round(len(src) / seconds, 1)}
 
 
 def _run_numbers(run: Path, rows: list[dict]) -> dict:

@@ -381,7 +381,7 @@ def test_plot_attention_cli(model_dir, tmp_path):
 @pytest.mark.parametrize("setup, argv, message", [
     (None, ["--text", "  "], "--text is empty"),
     (None, ["--text", "a", "--layer", "9"], "layer 9 does not exist"),
-    ("no-tokenizer", ["--text", "a"], "no tokenizer.json"),
+    ("no-tokenizer", ["--text", "a"], "tokenizer.json is missing"),
     ("no-model", ["--text", "a"], "model folder not found"),
 ])
 def test_plot_attention_cli_bad_input(model_dir, tmp_path, capsys, setup, argv, message):

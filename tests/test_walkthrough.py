@@ -81,3 +81,6 @@ def test_quoted_run_numbers_are_those_of_the_run():
     assert f"{run['best_valid_loss']:.3f} at update {run['best_valid_step']}" in text
     assert f"perplexity {run['best_valid_ppl']:.1f}" in text
     assert f"{run['first_loss']:.2f} → {run['last_loss']:.2f}" in text
+    bleu = json.loads(NUMBERS.read_text())["test_bleu"]
+    assert f"BLEU {bleu['bleu']:.2f} on Multi30k test 2016" in text
+    assert f"| {bleu['bleu']:.2f} (chrF {bleu['chrf']:.1f})" in text

@@ -204,14 +204,7 @@ def attention_of_translation(model: nn.Module, tokenizer, text: str, beam: int |
 
 def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> TranslationAttention:
     """:func:`attention_of_translation` for a model folder (config.json, weights, tokenizer.json)."""
-    from pathlib import Path
+    from aiayn.decode import load_translator
 
-    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
-    from aiayn.data.tokenizer import Tokenizer
-    from aiayn.errors import CheckpointError
-
-    model, _, _ = load_model_dir(model_dir, expect_kind="seq2seq")
-    path = Path(model_dir) / TOKENIZER_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{model_dir}: no {TOKENIZER_FILE}; attention maps need the tokenizer")
-    return attention_of_translation(model, Tokenizer.from_file(path), text, beam)
+    model, tokenizer, _ = load_translator(model_dir)
+    return attention_of_translation(model, tokenizer, text, beam)
