@@ -1,0 +1,1 @@
+"""The `aiayn` sub-commands, one module each (see aiayn/cli.py)."""
