@@ -141,3 +141,25 @@ def test_learns_the_copy_task():
     with torch.no_grad():
         out = greedy(model, held_out, L)
     assert torch.equal(out, held_out), f"final loss {loss.item():.3f}"
+
+
+def test_residual_dropout_placement_section_5_4():
+    """§5.4: dropout on every sub-layer output (before the residual add) and on embeddings +
+    positions; none anywhere else by default; off in eval mode."""
+    cfg = tiny_cfg(dropout=0.5)
+    model = Transformer(cfg)
+    drops = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p == 0.5}
+    per_enc = {f"encoder.layers.{i}.{b}.dropout" for i in range(2) for b in ("attn_block", "ff_block")}
+    per_dec = {f"decoder.layers.{i}.{b}.dropout" for i in range(2)
+               for b in ("self_block", "cross_block", "ff_block")}
+    assert drops == per_enc | per_dec | {"src_embed.dropout", "tgt_embed.dropout"}
+    # The residual block drops the sub-layer branch only, never the residual path itself.
+    block = model.encoder.layers[0].ff_block.train()
+    x = torch.randn(4, 3, 16)
+    out = block(x, lambda h: torch.zeros_like(h))
+    torch.testing.assert_close(out, block.norm(x))  # a zero branch leaves LayerNorm(x) exactly
+    src, tgt = torch.randint(4, 20, (2, 5)), torch.randint(4, 20, (2, 4))
+    model.train()
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+    model.eval()
+    torch.testing.assert_close(model(src, tgt), model(src, tgt))
