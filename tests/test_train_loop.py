@@ -101,7 +101,7 @@ def test_accumulation_equals_one_big_batch(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     first, second = a.task.epoch_batches(1, 0, 1)[:2]
     ga, gb = _capture_grads(a), _capture_grads(b)
-    assert a._update([first, second]) and b._update([first + second])
+    assert a.update([first, second]) and b.update([first + second])
     assert len(ga) == len(gb) > 10
     for (name, _), x, y in zip(a.model.named_parameters(), ga, gb):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=name)

@@ -191,7 +191,7 @@ class Trainer:
         while p.position < len(batches):
             group = batches[p.position:p.position + t.update_freq]
             p.position += len(group)
-            applied = self._update(group)
+            applied = self.update(group)
             if applied:
                 reason = self._after_update()
                 if reason is not None:
@@ -216,7 +216,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _update(self, group: list[list[int]]) -> bool:
+    def update(self, group: list[list[int]]) -> bool:
         """One optimizer update from ``group``'s micro-batches; False when it was skipped."""
         net = self.ddp or self.model
         net.train()
