@@ -20,6 +20,8 @@ COMMANDS: list[str] = [
     "data",
     "plot",
     "summary",
+    "train",
+    "average",
     "translate",
     "evaluate",
 ]
