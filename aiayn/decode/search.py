@@ -5,7 +5,8 @@ Shape legend: B sentences · k beam size · N rows fed to the model (B, or B·k)
 
 Search never sees the model. It sees a *step function* ``step(tokens, cache) -> (log_probs,
 cache)``: ``tokens`` (N, t) are all tokens so far (a cached model reads only those it has not seen),
-``log_probs`` (N, V) are the next-token log-probabilities. The cache is opaque except for
+``log_probs`` (N, V) are the next-token log-probabilities, a fresh tensor (search may write into
+it). The cache is opaque except for
 ``cache.reorder(index)``, called whenever rows are selected (beams move, finished sentences leave),
 and may be None. This is fairseq's split (``Search.step`` sees only log-probs), and it is what the
 tests exercise with hand-set probabilities.
@@ -61,9 +62,12 @@ def _as_lengths(max_len: int | Tensor, n: int) -> Tensor:
 
 
 def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool) -> Tensor:
-    """(N, V) -> (N, V) with EOS at -inf when ``forbid`` (before ``min_len``)."""
+    """(N, V) -> (N, V) float32 with EOS at -inf when ``forbid`` (before ``min_len``).
+
+    In place when ``log_probs`` is already float32: step functions return fresh tensors.
+    """
+    log_probs = log_probs.float()
     if forbid:
-        log_probs = log_probs.clone()
         log_probs[:, eos_id] = float("-inf")
     return log_probs
 
@@ -97,7 +101,7 @@ def greedy_search(
     ended, count = done.clone(), torch.zeros(batch_size, dtype=torch.long, device=device)
     for t in range(int(lengths.max())):
         lp, cache = step(tokens, cache)
-        best, nxt = _forbid_eos(lp, eos_id, t < min_len).float().max(-1)  # (B,), (B,)
+        best, nxt = _forbid_eos(lp, eos_id, t < min_len).max(-1)  # (B,), (B,)
         tokens, done = _extend(tokens, nxt, best, log_prob, done, ended, count, eos_id, pad_id)
         done |= count >= lengths
         if bool(done.all()):
@@ -158,7 +162,7 @@ def beam_search(
     state = _Beams(_start(bos_id, batch_size * beam, device), scores, torch.arange(batch_size))
     for t in range(int(lengths.max())):
         lp, cache = step(state.tokens, cache)
-        lp = _forbid_eos(lp, eos_id, t < min_len).float()
+        lp = _forbid_eos(lp, eos_id, t < min_len)
         cand_scores, cand_rows, cand_tokens = _top_candidates(state, lp, beam)
         _finish_eos(state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty)
         state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
@@ -290,7 +294,7 @@ def sample(
     ended, count = done.clone(), torch.zeros(B, dtype=torch.long, device=prefix.device)
     for t in range(max_len):
         lp, cache = step(tokens, cache)
-        lp = _forbid_eos(lp, eos_id, t < min_len).float()
+        lp = _forbid_eos(lp, eos_id, t < min_len)
         probs = filter_log_probs(lp, temperature, top_k, top_p).exp()
         nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
         token_lp = lp.gather(1, nxt[:, None]).squeeze(1)
