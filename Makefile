@@ -29,5 +29,10 @@ test: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
+# Decoding speed against Hugging Face generate and CTranslate2 -> docs/decoding.json, .table.md
+bench: install
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python benchmarks/bench_decode.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

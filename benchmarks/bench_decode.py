@@ -1,0 +1,206 @@
+"""Beam-search decoding speed: aiayn against Hugging Face `generate` and CTranslate2.
+
+Three equivalent models with random weights, same shape (default: aiayn's SMALL preset — d_model
+256, 4 heads, d_ff 1024, 3 + 3 layers, vocabulary 8000): aiayn's Transformer, a Hugging Face
+``MarianMTModel`` built from a ``MarianConfig``, and that Marian model converted by CTranslate2's
+Transformers converter (float32 and int8). Every system decodes the same random sources with the
+same beam, and is forced to emit exactly ``--tgt-len`` tokens (EOS suppressed until then), so all
+do the same number of decoder steps. Systems are interleaved round by round, so that load from
+other processes on the machine hits them alike; the table reports the median and the best round.
+
+    pip install -e '.[bench]'   # transformers, ctranslate2
+    python benchmarks/bench_decode.py            # writes docs/decoding.json and docs/decoding.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.decode import DecodeConfig, translate_ids
+from aiayn.model import Transformer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--batch", type=int, default=64, help="sentences per batch")
+    p.add_argument("--batches", type=int, default=2, help="batches per round")
+    p.add_argument("--src-len", type=int, default=25)
+    p.add_argument("--tgt-len", type=int, default=25, help="forced output length (tokens)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--skip", nargs="*", default=[], help="systems to leave out (hf, ct2)")
+    p.add_argument("--date", default=str(date.today()))
+    p.add_argument("--hardware", default=platform.processor() or platform.machine())
+    p.add_argument("--out", default=str(ROOT / "docs" / "decoding"),
+                   help="writes OUT.json and OUT.md")
+    return p.parse_args()
+
+
+def aiayn_system(cfg: ModelConfig, sources: list[list[int]], args, bf16: bool) -> Callable[[], None]:
+    model = Transformer(cfg).eval()
+    dcfg = DecodeConfig(beam=args.beam, alpha=0.6, max_len_a=0.0, max_len_b=args.tgt_len,
+                        min_len=args.tgt_len, max_tokens=args.batch * args.src_len)
+
+    def run() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = translate_ids(model, sources, dcfg)
+        assert all(len(h[0].tokens) == args.tgt_len for h in out)
+
+    return run
+
+
+def marian_config(cfg: ModelConfig):
+    from transformers import MarianConfig
+
+    # Marian's vocabulary ends with <pad> (the decoder's start token, a zero embedding), which
+    # CTranslate2's converter strips again: vocab + 1 rows here, vocab rows in CTranslate2.
+    v = cfg.tgt_vocab_size
+    return MarianConfig(
+        vocab_size=v + 1, decoder_vocab_size=v + 1, d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        max_position_embeddings=cfg.max_len, pad_token_id=v, decoder_start_token_id=v,
+        eos_token_id=2, bos_token_id=1, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+
+
+def save_marian(cfg: ModelConfig, folder: Path):
+    """A random MarianMTModel plus a word-level tokenizer naming its ids, saved for conversion."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+    from transformers import MarianMTModel, PreTrainedTokenizerFast
+
+    model = MarianMTModel(marian_config(cfg)).eval()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<x3>": 3}
+    vocab.update({f"t{i}": i for i in range(4, cfg.tgt_vocab_size)})
+    vocab["<pad>"] = cfg.tgt_vocab_size
+    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer(WordLevel(vocab, unk_token="<unk>")),
+                                  unk_token="<unk>", eos_token="</s>", pad_token="<pad>", bos_token="<s>")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model
+
+
+def hf_system(model, sources: list[list[int]], args) -> Callable[[], None]:
+    batches = [torch.tensor(sources[i : i + args.batch]) for i in range(0, len(sources), args.batch)]
+
+    def run() -> None:
+        with torch.inference_mode():
+            for src in batches:
+                out = model.generate(input_ids=src, attention_mask=torch.ones_like(src),
+                                     num_beams=args.beam, min_new_tokens=args.tgt_len,
+                                     max_new_tokens=args.tgt_len, do_sample=False)
+                assert out.shape[1] == args.tgt_len + 1  # + the decoder start token
+
+    return run
+
+
+def ct2_system(folder: Path, sources: list[list[int]], args, compute_type: str) -> Callable[[], None]:
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type,
+                                        intra_threads=args.threads, inter_threads=1)
+    tokens = [[f"t{i}" for i in s] + ["</s>"] for s in sources]
+
+    def run() -> None:
+        out = translator.translate_batch(tokens, beam_size=args.beam, max_batch_size=args.batch,
+                                         min_decoding_length=args.tgt_len,
+                                         max_decoding_length=args.tgt_len)
+        assert all(len(r.hypotheses[0]) == args.tgt_len for r in out)
+
+    return run
+
+
+def build_systems(args, tmp: Path) -> dict[str, Callable[[], None]]:
+    cfg = ModelConfig.preset(args.preset, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
+                             dropout=0.0, max_len=max(256, args.src_len + args.tgt_len))
+    g = torch.Generator().manual_seed(0)
+    n = args.batch * args.batches
+    sources = torch.randint(4, args.vocab, (n, args.src_len), generator=g).tolist()
+    systems = {"aiayn fp32": aiayn_system(cfg, sources, args, bf16=False),
+               "aiayn bf16 autocast": aiayn_system(cfg, sources, args, bf16=True)}
+    if "hf" not in args.skip or "ct2" not in args.skip:
+        marian = save_marian(cfg, tmp / "marian")
+    if "hf" not in args.skip:
+        systems["HF transformers fp32"] = hf_system(marian, sources, args)
+    if "ct2" not in args.skip:
+        from ctranslate2.converters import TransformersConverter
+
+        TransformersConverter(str(tmp / "marian")).convert(str(tmp / "ct2"), force=True)
+        for compute_type in ("float32", "int8"):
+            systems[f"CTranslate2 {compute_type}"] = ct2_system(tmp / "ct2", sources, args, compute_type)
+    return systems
+
+
+def measure(systems: dict[str, Callable[[], None]], args) -> dict[str, list[float]]:
+    """Sentences/s of every system, round by round (after one warm-up call each)."""
+    n = args.batch * args.batches
+    for run in systems.values():
+        run()
+    rates: dict[str, list[float]] = {name: [] for name in systems}
+    for r in range(args.rounds):
+        for name, run in systems.items():
+            start = time.perf_counter()
+            run()
+            rates[name].append(n / (time.perf_counter() - start))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), flush=True)
+    return rates
+
+
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__}
+    for name in ("transformers", "ctranslate2"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def write_report(rates: dict[str, list[float]], args, command: str) -> None:
+    rows = {k: {"median": round(statistics.median(v), 1), "best": round(max(v), 1),
+                "rounds": [round(x, 1) for x in v]} for k, v in rates.items()}
+    meta = {"date": args.date, "hardware": args.hardware, "threads": args.threads,
+            "command": command, "preset": args.preset, "vocab": args.vocab, "batch": args.batch,
+            "sentences_per_round": args.batch * args.batches, "src_len": args.src_len,
+            "tgt_len": args.tgt_len, "beam": args.beam, "rounds": args.rounds,
+            "load_average": os.getloadavg(), "versions": versions(), "sentences_per_s": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    lines = ["| system | sentences/s (median) | best round |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v['median']} | {v['best']} |" for k, v in rows.items()]
+    out.with_suffix(".table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    command = "python benchmarks/bench_decode.py " + " ".join(os.sys.argv[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        systems = build_systems(args, Path(tmp))
+        rates = measure(systems, args)
+    write_report(rates, args, command.strip())
+
+
+if __name__ == "__main__":
+    main()
