@@ -24,6 +24,8 @@ COMMANDS: list[str] = [
     "average",
     "translate",
     "evaluate",
+    "classify",
+    "generate",
 ]
 
 

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("evaluate", help="BLEU/chrF of a model on a test split or your files",
+    p = sub.add_parser("evaluate", help="BLEU/chrF of a model on a test split or your files "
+                                           "(accuracy for a classifier)",
                        description="Translate a test set, score it with sacreBLEU (BLEU cased and "
                                    "lowercased, chrF, with signatures), print and save as JSON.")
     add_decode_options(p)
@@ -70,10 +71,15 @@ def report(scores: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint import read_config
     from aiayn.decode import load_translator, translate_texts
     from aiayn.eval import corpus_scores
     from aiayn.io import write_json, write_text
 
+    if read_config(args.model)["kind"] == "classifier":  # accuracy instead of BLEU
+        from aiayn.commands.classify import evaluate_classifier_command
+
+        return evaluate_classifier_command(args)
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {args.limit}")
     cfg, device = decode_config(args), resolve_device(args.device)

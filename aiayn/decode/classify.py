@@ -1,0 +1,90 @@
+"""Classification with a trained encoder-only model: texts in, labels and probabilities out.
+
+Shape legend: N texts · B batch · S longest text in the batch · C classes.
+
+Texts go through the same steps as in training (:func:`encode_texts`: :func:`clean_text`, the
+run's tokenizer, cut to the run's ``data.max_len``), are sorted by length into token-bounded
+batches and padded; predictions come back in input order. Padding is masked out of attention and
+pooling, so a text's prediction does not depend on which texts share its batch (tested).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.data.batching import TokenBatchSampler, pad_sequences
+from aiayn.data.clean import clean_text
+
+__all__ = ["LABEL_NAMES", "encode_texts", "predict_ids", "load_classifier", "label_names",
+           "evaluate_classifier"]
+
+# Names of the class ids of registered datasets (the data files store integer labels).
+LABEL_NAMES: dict[str, tuple[str, ...]] = {"imdb": ("negative", "positive")}
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of cleaned ``texts`` (no BOS/EOS, not cut: callers cut to their ``max_len``)."""
+    return tokenizer.encode_batch([clean_text(t) for t in texts])
+
+
+@torch.no_grad()
+def predict_ids(model: nn.Module, items: Sequence[Sequence[int]], max_tokens: int = 16384,
+                device: torch.device | str = "cpu") -> Tensor:
+    """Class probabilities of token-id sequences, in input order. Shape: N lists -> (N, C) float32.
+
+    Batches hold texts of similar length, at most ``max_tokens`` padded tokens each.
+    """
+    model.eval()
+    probs = torch.empty(len(items), model.cfg.n_classes)
+    if not items:
+        return probs
+    sampler = TokenBatchSampler([max(len(x), 1) for x in items], max_tokens=max_tokens, shuffle=False)
+    for batch in sampler.batches(0):
+        ids = pad_sequences([items[i] for i in batch], model.cfg.pad_id).to(device)  # (B, S)
+        probs[batch] = model(ids).float().softmax(-1).cpu()  # (B, C)
+    return probs
+
+
+def load_classifier(folder: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, Any, dict]:
+    """(model, tokenizer, meta) of a classifier model folder."""
+    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
+    from aiayn.data import Tokenizer
+    from aiayn.errors import CheckpointError
+
+    model, _, meta = load_model_dir(folder, expect_kind="classifier", map_location=device)
+    path = Path(folder) / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: no {TOKENIZER_FILE} (a classifier needs its tokenizer)")
+    return model, Tokenizer.from_file(path), meta
+
+
+def text_limit(model: nn.Module, meta: dict) -> int:
+    """The longest input in tokens: the run's ``data.max_len`` (what training cut to)."""
+    return int(meta.get("data", {}).get("max_len", model.cfg.max_len))
+
+
+def label_names(meta: dict, n_classes: int) -> list[str]:
+    """Printable labels: the dataset's names when known, else the class ids."""
+    names = LABEL_NAMES.get(meta.get("data", {}).get("dataset", ""))
+    return list(names) if names and len(names) == n_classes else [str(i) for i in range(n_classes)]
+
+
+def evaluate_classifier(model: nn.Module, tokenizer: Any, meta: dict, texts: Sequence[str],
+                        labels: Sequence[int], max_tokens: int = 16384,
+                        device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Accuracy (and counts, timing) of ``model`` on labelled ``texts``, cut as in training."""
+    limit = text_limit(model, meta)
+    start = time.perf_counter()
+    ids = encode_texts(tokenizer, texts)
+    n_cut = sum(len(x) > limit for x in ids)
+    probs = predict_ids(model, [x[:limit] for x in ids], max_tokens, device)
+    seconds = time.perf_counter() - start
+    correct = int((probs.argmax(-1) == torch.as_tensor(list(labels))).sum())
+    return {"accuracy": correct / max(len(texts), 1), "correct": correct, "n": len(texts),
+            "cut_to_max_len": n_cut, "max_len": limit, "seconds": round(seconds, 3),
+            "texts_per_s": round(len(texts) / max(seconds, 1e-9), 1)}

@@ -1,0 +1,105 @@
+"""Text generation with a decoder-only language model: sampling with the KV cache, streamed.
+
+Shape legend: N rows (1 here) · t tokens so far (prompt included) · V vocab.
+
+:func:`lm_step` turns a :class:`~aiayn.model.lm.TransformerLM` into the step function the search
+functions take (``(tokens, state) -> (log_probs, state)``); :func:`generate` runs
+:func:`aiayn.decode.search.sample` over it and hands every token to ``on_token`` as soon as it is
+drawn. With the cache each step feeds only the new token; without it, each step re-reads the whole
+context. The model saw windows of ``window`` tokens in training: when the context outgrows that,
+the cached step restarts its cache on the last ``window // 2`` tokens (the uncached one simply
+reads the last ``window``), so the two agree exactly while the text fits in one window (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.decode.search import StepFn, sample
+from aiayn.model.cache import DecoderCache
+
+__all__ = ["LMState", "lm_step", "generate"]
+
+
+@dataclass
+class LMState:
+    """What a cached step carries: the K/V cache and how many of the tokens so far it has read."""
+
+    cache: DecoderCache
+    seen: int = 0  # tokens of the sequence consumed (the cache may hold only the last of them)
+
+    def reorder(self, index: Tensor) -> "LMState":
+        self.cache.reorder(index)
+        return self
+
+
+def _banned(model: nn.Module) -> list[int]:
+    """Special ids a running-text model never predicts (it never saw them as targets)."""
+    cfg = model.cfg
+    return sorted({cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id})
+
+
+def lm_step(model: nn.Module, window: int, use_cache: bool = True) -> StepFn:
+    """A step function over ``model``; its first call takes ``state=None``.
+
+    Shape: tokens (N, t) -> log_probs (N, V), special tokens at -inf, renormalised.
+    """
+    if window < 2:
+        raise ValueError(f"window must be >= 2, got {window}")
+    banned = _banned(model)
+
+    def step(tokens: Tensor, state: LMState | None) -> tuple[Tensor, LMState | None]:
+        if not use_cache:
+            logits = model(tokens[:, -window:])[:, -1]  # (N, V)
+        else:
+            t = tokens.size(1)
+            if state is None or state.cache.length + t - state.seen > window:
+                keep = min(t, window // 2) if state is not None or t > window else t
+                state = LMState(model.init_cache(), t - keep)
+            logits = model(tokens[:, state.seen:], state.cache)[:, -1]  # (N, V)
+            state.seen = t
+        logits = logits.float()
+        logits[:, banned] = float("-inf")
+        return logits.log_softmax(-1), state
+
+    return step
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt_ids: list[int], max_new_tokens: int, window: int,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             seed: int | None = None, use_cache: bool = True,
+             on_token: Callable[[int], Any] | None = None) -> list[int]:
+    """Sample ``max_new_tokens`` tokens after ``prompt_ids``; returns them (prompt excluded).
+
+    ``on_token(id)`` is called for each token as soon as it is drawn (streaming).
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt must have at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    model.eval()
+    device = next(model.parameters()).device
+    prefix = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, t0)
+    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    step, reported = lm_step(model, window, use_cache), prefix.size(1)
+
+    def streaming(tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
+        nonlocal reported
+        if on_token is not None:
+            for token in tokens[0, reported:].tolist():  # drawn since the last step
+                on_token(token)
+        reported = tokens.size(1)
+        return step(tokens, state)
+
+    cfg = model.cfg
+    hyp = sample(streaming, None, prefix, cfg.eos_id, max_new_tokens, temperature, top_k, top_p,
+                 pad_id=cfg.pad_id, generator=generator)[0]
+    if on_token is not None:
+        for token in hyp.tokens[reported - prefix.size(1):]:  # the last one drawn
+            on_token(token)
+    return hyp.tokens

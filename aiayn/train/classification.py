@@ -1,0 +1,141 @@
+"""Classification task: an encoder-only Transformer on labelled texts (the IMDB shape).
+
+The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.tasks.Task`:
+texts are cleaned (:func:`aiayn.data.clean.clean_text`: ``<br />`` tags, stray control
+characters), tokenised, and texts longer than ``data.max_len`` tokens are cut (``long_examples =
+"truncate"``, both splits) or dropped from training (``"filter"``); the loss is the
+(label-smoothed) cross-entropy per text, and validation also reports accuracy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError, DataError
+from aiayn.train.loss import label_smoothed_nll_loss
+from aiayn.train.tasks import StepStats, Task
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ClassificationTask", "limit_lengths"]
+
+Item = tuple[list[int], int]
+
+
+def limit_lengths(items: list[Item], max_len: int, mode: str, split: str, drop: bool) -> list[Item]:
+    """Cut texts to ``max_len`` tokens (``mode="truncate"``) or, where ``drop``, leave the longer
+    ones out (``"filter"``); logs how many."""
+    n_long = sum(len(ids) > max_len for ids, _ in items)
+    if not n_long:
+        return items
+    if mode == "truncate" or not drop:
+        log.info("%s: cut %d of %d texts to max_len=%d tokens (their first %d)", split, n_long,
+                 len(items), max_len, max_len)
+        return [(ids[:max_len], label) for ids, label in items]
+    log.warning("%s: dropped %d of %d texts longer than max_len=%d tokens", split, n_long,
+                len(items), max_len)
+    return [(ids, label) for ids, label in items if len(ids) <= max_len]
+
+
+class ClassificationTask(Task):
+    """Cross-entropy over (text, label) pairs with a :class:`TransformerClassifier`."""
+
+    kind = "classifier"
+
+    def setup(self, tokenizer_json: str | None) -> str:
+        from aiayn.data import Tokenizer, load_classification, train_tokenizer
+        from aiayn.data.clean import clean_text
+        from aiayn.decode.classify import encode_texts
+
+        data = self.cfg.data
+        train_texts, train_labels = load_classification(data, data.train_split)
+        if tokenizer_json is None:
+            log.info("training a %s tokenizer (vocabulary %d) on the cleaned training split",
+                     data.tokenizer, data.vocab_size)
+            self.tokenizer = train_tokenizer([clean_text(t) for t in train_texts], data.tokenizer,
+                                             data.vocab_size)
+        else:
+            self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
+        valid_texts, valid_labels = load_classification(data, data.valid_split)
+        self.items: dict[str, list[Item]] = {}
+        for split, texts, labels in (("train", train_texts, train_labels),
+                                     ("valid", valid_texts, valid_labels)):
+            items = list(zip(encode_texts(self.tokenizer, texts), labels))
+            self.items[split] = limit_lengths(items, data.max_len, data.long_examples, split,
+                                              drop=split == "train")
+        self._check_labels()
+        self._samplers: dict[tuple, Any] = {}
+        log.info("%d training texts, %d validation texts, vocabulary %d", len(self.items["train"]),
+                 len(self.items["valid"]), self.tokenizer.vocab_size)
+        return self.tokenizer.to_str()
+
+    def _check_labels(self) -> None:
+        if not self.items["train"]:
+            raise ConfigError("no training texts left after filtering by data.max_len")
+        top = max(label for items in self.items.values() for _, label in items)
+        if top >= self.cfg.model.n_classes:
+            raise DataError(f"the data has label {top}, but model.n_classes = "
+                            f"{self.cfg.model.n_classes} (labels are 0 … n_classes-1)")
+
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        longest = self.cfg.data.max_len + int(model.pooling == "cls")
+        if model.max_len < longest:
+            raise ConfigError(f"model.max_len = {model.max_len} positions cannot hold a text of "
+                              f"data.max_len = {self.cfg.data.max_len} tokens"
+                              + (" plus the CLS token" if model.pooling == "cls" else ""))
+        v = self.tokenizer.vocab_size
+        return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
+
+    def _sampler(self, split: str, rank: int, world_size: int) -> Any:
+        from aiayn.data import TokenBatchSampler
+
+        key = (split, rank, world_size)
+        if key not in self._samplers:
+            extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends
+            lengths = [len(ids) + extra for ids, _ in self.items[split]]
+            self._samplers[key] = TokenBatchSampler(
+                lengths, max_tokens=self.cfg.data.max_tokens, shuffle=split == "train",
+                seed=self.cfg.data.seed, rank=rank, world_size=world_size)
+        return self._samplers[key]
+
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+        return self._sampler("train", rank, world_size).batches(epoch)
+
+    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+        if not self.items["valid"]:
+            return []
+        return self._sampler("valid", 0, 1).batches(0)[rank::world_size]
+
+    def collate(self, split: str, indices: list[int]) -> Any:
+        from aiayn.data import collate_classification
+
+        items = self.items[split]
+        return collate_classification([items[i] for i in indices], self.cfg.model.pad_id)
+
+    def num_targets(self, batch: Any) -> int:
+        return len(batch)
+
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
+        batch = batch.to(device, non_blocking=True)
+        logits = model(batch.tokens)  # (B, C)
+        loss, nll = label_smoothed_nll_loss(logits, batch.labels, self.cfg.train.label_smoothing,
+                                            ignore_index=-1)
+        return StepStats(loss, nll, len(batch), batch.n_tokens)
+
+    def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
+        """Accuracy on the validation split (when ``train.bleu_every`` is due)."""
+        from aiayn.decode.classify import predict_ids
+
+        items = self.items["valid"]
+        if not items:
+            return {}
+        device = next(model.parameters()).device
+        probs = predict_ids(model, [ids for ids, _ in items], self.cfg.data.max_tokens, device)
+        labels = torch.tensor([label for _, label in items])
+        return {"valid_acc": float((probs.argmax(-1) == labels).float().mean())}
