@@ -97,7 +97,7 @@ def test_average_rejects_a_corrupt_snapshot(trained, tmp_path, capsys):
 def test_bad_config_inputs(tmp_path, capsys):
     cfg = write_toml(tmp_path / "run.toml", base_values(tmp_path / "data"))
     out = ["--out", str(tmp_path / "run")]
-    _fails(capsys, ["train", str(cfg), *out, "--set", "train.max_step=3"], "did you mean 'max_steps'")
+    _fails(capsys, ["train", str(cfg), *out, "--set", "train.max_step=3"], "did you mean 'train.max_steps'?")
     _fails(capsys, ["train", str(cfg), *out, "--set", "model.d_model=wide"],
            "model.d_model: expected an integer")
     _fails(capsys, ["train", str(tmp_path / "missing.toml"), *out], "config file not found")

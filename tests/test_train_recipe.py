@@ -137,7 +137,7 @@ def test_toml_and_set_take_the_same_path(tmp_path):
 
 
 def test_unknown_key_has_did_you_mean(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.warmup_step'.*did you mean 'warmup_steps'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.warmup_step' \(did you mean 'train.warmup_steps'\?\)"):
         load_run_config(None, ["train.warmup_step=10"])
     path = tmp_path / "bad.toml"
     path.write_text("[trian]\nlr = 1.0\n", encoding="utf-8")

@@ -125,17 +125,22 @@ def test_training_into_an_existing_run_needs_resume(finished_run, capsys):
     assert _snapshot(run) == before
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "foreign"])
 def test_corrupt_trainer_state_is_a_clear_error(finished_run, tmp_path, capsys, damage):
     cfg, run = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     state = copy / "trainer_state.pt"
     data = state.read_bytes()
-    state.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10,
-                       "empty": b""}[damage])
+    if damage == "foreign":
+        torch.save({"step": 3, "weights": torch.zeros(2)}, state)
+    else:
+        state.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10,
+                           "empty": b""}[damage])
+    before = _snapshot(copy)
     _fails(capsys, ["train", str(cfg), "--out", str(copy), "--resume"],
-           "corrupt or truncated trainer state")
+           "not an aiayn trainer state" if damage == "foreign" else "corrupt or truncated trainer state")
+    assert _snapshot(copy) == before
 
 
 def test_corrupt_weight_snapshot_is_a_clear_error(finished_run, tmp_path, capsys):

@@ -36,8 +36,12 @@ def _resolve(args: argparse.Namespace):
             raise ConfigError("give a CONFIG.toml (or --resume --out RUN_DIR to continue a run)")
         from aiayn.train.run import resume_config
 
+        from aiayn.train.run_folder import RunFolder
+
         saved = _flatten(run_config_to_dict(resume_config(args.out)))
-        return build_run_config({**saved, **parse_sets(args.overrides)}), {}, Path(args.out)
+        preset = RunFolder(args.out).read_meta().get("preset")
+        cfg = build_run_config({**saved, **parse_sets(args.overrides)})
+        return cfg, {"preset": preset}, Path(args.out)
     cfg, values = load_run_config(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     return cfg, {"preset": values.get("model.preset")}, out

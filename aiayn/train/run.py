@@ -91,8 +91,8 @@ def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
                 "aiayn_version": __version__, **(extra_meta or {})}
         if resume:
             _on_main(dist, lambda: _check_resume(folder, meta))
+        trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)  # loads the state
         _on_main(dist, lambda: folder.write_meta(meta, tokenizer_json))
-        trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)
         result = trainer.fit()
         dist.barrier()
         return result

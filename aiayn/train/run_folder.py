@@ -122,7 +122,7 @@ class RunFolder:
                 zipfile.BadZipFile, AttributeError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise CheckpointError(f"{self.state}: corrupt or truncated trainer state ({first})") from None
-        required = ("version", "step", "epoch", "position", "optimizer", "rng", "snapshot")
+        required = ("version", "step", "epoch", "position", "optimizer", "rng", "snapshot", "progress")
         if not isinstance(state, dict) or any(k not in state for k in required):
             raise CheckpointError(f"{self.state}: not an aiayn trainer state")
         if state["version"] != STATE_VERSION:

@@ -155,17 +155,18 @@ class Trainer:
         except (ValueError, KeyError, RuntimeError) as err:
             raise CheckpointError(f"{self.folder.state}: optimizer state does not fit the model "
                                   f"({err})") from None
-        p = state["progress"]
-        self.progress = _Progress(**p)
-        self.progress.step, self.progress.epoch = state["step"], state["epoch"]
-        self.progress.position = state["position"]
-        if self.dist.is_main:
-            self.folder.discard_after(state["step"])
-        rngs = state["rng"]
+        try:
+            self.progress = _Progress(**state["progress"])
+            rngs = state["rng"]
+            _set_rng_state(rngs[self.dist.rank % len(rngs)])
+        except (TypeError, KeyError, ValueError, RuntimeError, IndexError) as err:
+            raise CheckpointError(f"{self.folder.state}: not an aiayn trainer state ({err})") from None
         if len(rngs) != self.dist.world_size:
-            log.warning("resuming with %d processes, the checkpoint had %d: dropout masks will "
-                        "differ from an uninterrupted run", self.dist.world_size, len(rngs))
-        _set_rng_state(rngs[self.dist.rank % len(rngs)])
+            log.warning("resuming with %d processes, the checkpoint had %d: dropout masks and the "
+                        "data order will differ from an uninterrupted run", self.dist.world_size,
+                        len(rngs))
+        if self.dist.is_main:
+            self.folder.discard_after(self.progress.step)
         log.info("resumed %s at step %d (epoch %d)", self.folder.path, state["step"], state["epoch"])
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -173,7 +174,8 @@ class Trainer:
         """Train until a limit, early stopping or divergence; returns where it stopped."""
         self._bar = self._progress_bar()
         self._interval = _Interval()
-        reason = self._limit_reached()
+        self.session_start = time.perf_counter()
+        reason = self._limit_reached(check_time=False)  # the time limit is checked after updates
         try:
             while reason is None:
                 reason = self._run_epoch()
@@ -285,31 +287,35 @@ class Trainer:
     def _after_update(self) -> str | None:
         t = self.t
         limit = self._limit_reached()
+        trained_until = time.perf_counter()  # tokens/s counts training time only
         validate = self._due(t.valid_every) or limit is not None
         reason = self._validate() if validate else None
-        if validate or self._due(t.log_every):
-            self._log(self.last_valid if validate else {})
+        logged = validate or self._due(t.log_every)
+        if logged:
+            self._log(self.last_valid if validate else {}, trained_until)
         if validate or self._due(t.save_every):
             self._save()
+        if logged:
+            self._interval.start = time.perf_counter()
         return reason or limit
 
     def _wall(self) -> float:
         return self.progress.wall + time.perf_counter() - self.session_start
 
-    def _limit_reached(self) -> str | None:
+    def _limit_reached(self, check_time: bool = True) -> str | None:
         p, t = self.progress, self.t
         if t.max_steps and p.step >= t.max_steps:
             return "max_steps"
         completed = p.epoch - 1 + int(0 < getattr(self, "_epoch_len", 0) <= p.position)
         if t.max_epochs and completed >= t.max_epochs:
             return "max_epochs"
-        if t.max_time and self._wall() >= t.max_time:
+        if check_time and t.max_time and self._wall() >= t.max_time:
             return "max_time"
         return None
 
-    def _log(self, valid: dict[str, float]) -> None:
+    def _log(self, valid: dict[str, float], until: float | None = None) -> None:
         iv, p = self._interval, self.progress
-        elapsed = max(time.perf_counter() - iv.start, 1e-9)
+        elapsed = max((until or time.perf_counter()) - iv.start, 1e-9)
         targets = max(iv.targets, 1.0)
         record = {
             "step": p.step, "wall": round(self._wall(), 3), "epoch": p.epoch,
