@@ -48,7 +48,8 @@ class TrainConfig:
     clip_norm: float = 0.0
     # Micro-batches (of data.max_tokens each, per process) accumulated into one update.
     update_freq: int = 1
-    # Stop after this many updates / epochs / seconds of wall-clock; 0 = no limit.
+    # Stop after this many updates / epochs / seconds of wall-clock (summed over resumes, checked
+    # after each update); 0 = no limit.
     max_steps: int = 100_000
     max_epochs: int = 0
     max_time: float = 0.0
