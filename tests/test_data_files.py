@@ -217,7 +217,7 @@ def test_cli_tokenizer_and_prepare(tmp_path, capsys, parallel):
     rc, _, err = run_cli(capsys, "data", "prepare", "multi3k")
     assert rc == 2 and "unknown dataset 'multi3k' (did you mean 'multi30k'?)" in err
     rc, _, err = run_cli(capsys, "data", "stats", "--set", "max_tokenz=5")
-    assert rc == 2 and "unknown config key 'data.max_tokenz' (did you mean 'max_tokens'?)" in err
+    assert rc == 2 and "unknown config key 'data.max_tokenz' (did you mean 'data.max_tokens'?)" in err
 
 
 def test_cli_config_file(tmp_path, capsys, parallel):
