@@ -20,35 +20,54 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+# Rows of logits handled at a time: about 2 MiB of float32, so that every pass over a chunk runs
+# in cache and the full (N, V) logits are read from memory once forward and once backward.
+CHUNK_BYTES = 2 << 20
+
+
 class _LabelSmoothedCE(torch.autograd.Function):
     """Label-smoothed cross-entropy per row, from logits, without materialising log-probs.
 
     With lse = logsumexp(z):  -log p_gold = lse - z_gold  and  mean_v(-log p_v) = lse - mean(z),
-    and the gradient is softmax(z) - (1 - ε)·onehot(gold) - ε/V — one buffer, computed in place.
-    On this CPU the vocabulary-sized passes are a third of a tiny model's step; this needs three
-    (logsumexp, mean, exp) where log_softmax + gather + mean and their backward need about eight.
+    and the gradient is softmax(z) - (1 - ε)·onehot(gold) - ε/V. The forward pass works through
+    cache-sized chunks of rows in float32 (or wider) and keeps softmax(z) in the logits' dtype;
+    the backward pass turns a copy of it into the gradient. On this CPU the
+    vocabulary-sized passes were a third of a tiny model's step (log_softmax + gather + mean and
+    their backward); see docs/performance.md.
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, gold: Tensor, keep: Tensor, epsilon: float):
-        z = logits.to(_wide(logits.dtype))  # (N, V); a no-op for fp32/fp64 logits
-        lse = torch.logsumexp(z, dim=-1)  # (N,)
-        nll = (lse - z.gather(1, gold[:, None]).squeeze(1)) * keep  # (N,)
-        smooth = (lse - z.mean(dim=-1)) * keep
-        ctx.save_for_backward(logits, lse, gold, keep)
+        N, V = logits.shape
+        wide = _wide(logits.dtype)
+        probs = torch.empty_like(logits)  # (N, V): softmax(z), in the logits' dtype
+        lse = logits.new_empty(N, dtype=wide)
+        gold_z = logits.new_empty(N, dtype=wide)
+        mean_z = logits.new_empty(N, dtype=wide)
+        rows = max(1, CHUNK_BYTES // (4 * V))
+        for a in range(0, N, rows):
+            z = logits[a : a + rows].to(wide, copy=True)  # (C, V)
+            gold_z[a : a + rows] = z.gather(1, gold[a : a + rows, None]).squeeze(1)
+            mean_z[a : a + rows] = z.mean(dim=-1)
+            top = z.amax(dim=-1, keepdim=True)  # (C, 1)
+            e = z.sub_(top).exp_()
+            total = e.sum(dim=-1, keepdim=True)
+            lse[a : a + rows] = (top + total.log()).squeeze(1)
+            probs[a : a + rows] = e.div_(total)
+        nll = (lse - gold_z) * keep  # (N,)
+        smooth = (lse - mean_z) * keep
+        ctx.save_for_backward(probs, gold, keep)
         ctx.epsilon = epsilon
         return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        logits, lse, gold, keep = ctx.saved_tensors
-        eps, V = ctx.epsilon, logits.size(-1)
-        grad = logits.to(lse.dtype).sub(lse[:, None]).exp_()  # softmax, (N, V)
-        if eps:
-            grad.sub_(eps / V)
+        probs, gold, keep = ctx.saved_tensors
+        eps, V = ctx.epsilon, probs.size(-1)
+        grad = probs - eps / V  # a new buffer: the graph may be walked again (retain_graph)
         grad.scatter_add_(1, gold[:, None], grad.new_full((grad.size(0), 1), eps - 1.0))
-        grad.mul_((grad_loss * keep)[:, None])
-        return grad.to(logits.dtype), None, None, None
+        grad.mul_((grad_loss * keep)[:, None].to(grad.dtype))
+        return grad, None, None, None
 
 
 def label_smoothed_nll_loss(
