@@ -1,0 +1,676 @@
+"""Training speed: aiayn's trainer against a plain ``torch.nn.Transformer`` and Hugging Face Marian.
+
+Three systems with the same shape (aiayn's SMALL or BASE preset, one joint vocabulary, tied
+embeddings and output projection, post-LN, sinusoidal positions, dropout 0.1 on residuals and
+embeddings only, label smoothing 0.1, Adam-type optimizer with fp32 master weights):
+
+* ``aiayn``  — the trainer's own update (:meth:`aiayn.train.trainer.Trainer.update`: collate,
+  ``TranslationTask.loss``, backward, gradient norm, optimizer step), so every change to the model,
+  the loss or the trainer shows up here as users get it;
+* ``torch``  — the straightforward PyTorch model: ``nn.Embedding`` × √d + sinusoids, ``nn.Transformer``
+  (batch-first, bool masks), the tied projection and ``F.cross_entropy(label_smoothing=0.1,
+  ignore_index=pad)``, ``torch.optim.AdamW``;
+* ``marian`` — ``transformers.MarianMTModel`` from a ``MarianConfig`` of the same shape (random init,
+  SDPA attention), logits through the same ``F.cross_entropy``, AdamW.
+
+The batches are real Multi30k En→De batches from aiayn's data pipeline (joint BPE tokenizer trained
+with the config's vocabulary size, length-bucketed, ``--max-tokens`` padded tokens per batch, about
+3.9k target tokens): the same token ids go to every system. Each system runs in its own worker
+process (so that its peak RSS is its own, and a baseline never imports aiayn or inherits its
+start-up settings); the parent hands the workers one batch at a time, round-robin, so that load from
+other jobs on the machine hits all systems alike. Warm-up steps are excluded; every number is the
+median over the timed steps. tokens/s counts source + target tokens without padding.
+
+MFU = model FLOPs per step / step time / the matmul peak (bf16 or fp32, as the run) measured by this
+script on the same cores in the same run; the FLOP count is :func:`train_flops` (see
+docs/performance.md).
+
+    python benchmarks/bench_train.py [--threads N] [--presets small base] [--precisions fp32 bf16]
+
+writes docs/performance.json (one entry per thread count, kept across runs) and the table between
+the markers of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ROOT = Path(__file__).resolve().parent.parent
+CLEAN_ENV = dict(os.environ)  # the environment before anything of aiayn is imported
+SYSTEMS = ("aiayn", "torch", "marian")
+BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
+HARDWARE = "2-core AMD EPYC (AVX-512, avx512_bf16, no AMX), shared with other jobs"
+# Steps per preset (warm-up, timed): BASE costs ~5x SMALL per step.
+STEPS = {"small": (2, 8), "base": (1, 3)}
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes, batches and the FLOP count
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model shape shared by all three systems (fields named as in aiayn's ModelConfig)."""
+
+    vocab_size: int
+    d_model: int
+    n_heads: int
+    d_ff: int
+    n_encoder_layers: int
+    n_decoder_layers: int
+    dropout: float = 0.1
+    max_len: int = 256
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+
+PRESETS = {  # aiayn's presets "small" and "base" with the vocabulary of issue 7
+    "small": Shape(8000, 256, 4, 1024, 3, 3),
+    "base": Shape(32000, 512, 8, 2048, 6, 6),
+}
+
+
+@dataclass
+class Batch:
+    """One step's data, the same token ids for every system."""
+
+    indices: list[int]  # positions in the pairs list (aiayn's trainer collates them itself)
+    src: Tensor  # (B, S)
+    tgt_in: Tensor  # (B, T) BOS + y
+    tgt_out: Tensor  # (B, T) y + EOS
+    n_src: int  # non-pad source tokens
+    n_tgt: int  # non-pad target tokens (the loss normaliser)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_src + self.n_tgt
+
+
+def expected_params(s: Shape) -> int:
+    """Trainable parameters of the shape: one tied embedding/projection, biases everywhere.
+
+    Encoder layer: attention 4D²+4D, FFN 2DF+F+D, two LayerNorms 4D. Decoder layer: two attentions,
+    FFN, three LayerNorms. (Sinusoidal positions are not trained.)
+    """
+    d, f = s.d_model, s.d_ff
+    enc = 4 * d * d + 2 * d * f + 9 * d + f
+    dec = 8 * d * d + 2 * d * f + 15 * d + f
+    return s.vocab_size * d + s.n_encoder_layers * enc + s.n_decoder_layers * dec
+
+
+def train_flops(s: Shape, src_lengths: list[int], tgt_lengths: list[int]) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 × forward), non-pad tokens only.
+
+    Forward, per sentence of s source and t target tokens (one multiply-add = 2 FLOPs):
+      encoder layer:  s·2(4D² + 2DF)                      projections and FFN
+                      + 4s²D                              QKᵀ and AV
+      decoder layer:  t·2(4D² + 2D² + 2DF) + s·2(2D²)     self-attn, cross-attn Q/O, FFN; cross K/V
+                      + 2t²D                              causal self-attention (half of 4t²D)
+                      + 4tsD                              cross-attention
+      output:         t·2DV                               vocabulary projection
+    LayerNorm, softmax, dropout, embeddings and the optimizer are not counted.
+    """
+    d, f, v = s.d_model, s.d_ff, s.vocab_size
+    fwd = 0.0
+    for n_s, n_t in zip(src_lengths, tgt_lengths):
+        enc = n_s * 2 * (4 * d * d + 2 * d * f) + 4 * n_s * n_s * d
+        dec = (n_t * 2 * (6 * d * d + 2 * d * f) + n_s * 2 * (2 * d * d)
+               + 2 * n_t * n_t * d + 4 * n_t * n_s * d)
+        fwd += s.n_encoder_layers * enc + s.n_decoder_layers * dec + n_t * 2 * d * v
+    return 3.0 * fwd
+
+
+def batch_flops(s: Shape, batch: Batch) -> float:
+    src_len = (batch.src != s.pad_id).sum(1).tolist()
+    tgt_len = (batch.tgt_out != s.pad_id).sum(1).tolist()
+    return train_flops(s, src_len, tgt_len)
+
+
+def multi30k_batches(s: Shape, max_tokens: int, n: int) -> tuple[list, list[Batch], dict]:
+    """The first ``n`` batches of epoch 1 of Multi30k En→De through aiayn's data pipeline."""
+    from aiayn.data import (DataConfig, TokenBatchSampler, collate_translation, fit_tokenizer,
+                            pair_lengths, prepare_translation)
+
+    cfg = DataConfig(dataset="multi30k", src_lang="en", tgt_lang="de", train_split="train",
+                     valid_split="val", tokenizer="bpe", vocab_size=s.vocab_size,
+                     max_tokens=max_tokens, max_len=128)
+    tokenizer = fit_tokenizer(cfg)
+    pairs, _ = prepare_translation(cfg, tokenizer)
+    sampler = TokenBatchSampler(*pair_lengths(pairs), max_tokens=max_tokens, seed=1)
+    chosen = sampler.batches(1)[:n]
+    used = sorted({i for b in chosen for i in b})  # ship only the pairs the batches use
+    where = {i: k for k, i in enumerate(used)}
+    pairs = [pairs[i] for i in used]
+    batches = []
+    for b in chosen:
+        idx = [where[i] for i in b]
+        c = collate_translation([pairs[i] for i in idx], s.pad_id, s.bos_id, s.eos_id)
+        batches.append(Batch(idx, c.src, c.tgt_in, c.tgt_out, c.n_src_tokens, c.n_tgt_tokens))
+    info = {"dataset": "multi30k en-de train, epoch 1 order (seed 1)", "tokenizer": "joint BPE",
+            "tokenizer_vocab": tokenizer.vocab_size, "max_tokens": max_tokens}
+    return pairs, batches, info
+
+
+# --------------------------------------------------------------------------------------------
+# The three systems
+# --------------------------------------------------------------------------------------------
+
+
+class AiaynSystem:
+    """aiayn's Trainer on a TranslationTask whose training pairs are the benchmark's pairs."""
+
+    def __init__(self, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1) -> None:
+        from aiayn.config import ModelConfig
+        from aiayn.data import DataConfig
+        from aiayn.train.config import RunConfig, TrainConfig
+        from aiayn.train.distributed import DistContext
+        from aiayn.train.run_folder import RunFolder
+        from aiayn.train.tasks import TranslationTask
+        from aiayn.train.trainer import Trainer
+
+        model = ModelConfig(
+            src_vocab_size=s.vocab_size, tgt_vocab_size=s.vocab_size, d_model=s.d_model,
+            n_heads=s.n_heads, d_ff=s.d_ff, n_encoder_layers=s.n_encoder_layers,
+            n_decoder_layers=s.n_decoder_layers, dropout=s.dropout, attention_dropout=0.0,
+            activation_dropout=0.0, max_len=s.max_len, pad_id=s.pad_id, bos_id=s.bos_id,
+            eos_id=s.eos_id)
+        # AdamW (weight_decay > 0) like the peers; Adam costs the same.
+        train = TrainConfig(precision=precision, weight_decay=0.01, label_smoothing=0.1,
+                            seed=seed, progress=False)
+        cfg = RunConfig(model=model, data=DataConfig(), train=train)
+        self.task = TranslationTask(cfg)
+        self.task.train_pairs, self.task.valid_pairs = pairs, []
+        run = RunFolder(folder)
+        run.prepare(resume=False)
+        self.trainer = Trainer(cfg, self.task, run, DistContext(), {}, "", resume=False)
+        self.model = self.trainer.model
+
+    def step(self, batch: Batch) -> float:
+        before = self.trainer._interval.loss  # summed loss of the applied updates so far
+        if not self.trainer.update([batch.indices]):
+            return math.nan
+        return (self.trainer._interval.loss - before) / batch.n_tgt
+
+    @torch.no_grad()
+    def eval_loss(self, batch: Batch) -> float:
+        """Label-smoothed loss per target token, dropout off, through the task's own loss."""
+        from aiayn.data import collate_translation
+
+        self.model.eval()
+        pairs = [self.task.train_pairs[i] for i in batch.indices]
+        m = self.task.cfg.model
+        stats = self.task.loss(self.model, collate_translation(pairs, m.pad_id, m.bos_id, m.eos_id),
+                               torch.device("cpu"))
+        return float(stats.loss) / batch.n_tgt
+
+
+def sinusoids(length: int, d_model: int) -> Tensor:
+    """The paper's PE table (§3.5), (length, D): sin on even, cos on odd dimensions."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = torch.sin(pos / div), torch.cos(pos / div)
+    return table.float()
+
+
+class PlainTransformer(nn.Module):
+    """How one writes the paper's model with ``nn.Transformer``: embeddings × √D + sinusoids,
+    dropout, post-LN stacks (nn.Transformer's extra final LayerNorms removed, as the paper has
+    none), the output projection tied to the embedding. nn.Transformer's one ``dropout`` also
+    drops attention weights and the FFN's inner activation; those two are switched off so that
+    the regularisation equals aiayn's and Marian's (residual and embedding dropout only)."""
+
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.shape = s
+        self.embed = nn.Embedding(s.vocab_size, s.d_model, padding_idx=s.pad_id)
+        nn.init.normal_(self.embed.weight, std=s.d_model ** -0.5)
+        with torch.no_grad():
+            self.embed.weight[s.pad_id].zero_()
+        self.register_buffer("pe", sinusoids(s.max_len, s.d_model), persistent=False)
+        self.dropout = nn.Dropout(s.dropout)
+        self.transformer = nn.Transformer(
+            s.d_model, s.n_heads, s.n_encoder_layers, s.n_decoder_layers, s.d_ff, s.dropout,
+            batch_first=True)
+        self.transformer.encoder.norm = None
+        self.transformer.decoder.norm = None
+        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+            layer.dropout = nn.Identity()  # FFN inner activation
+            for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attn is not None:
+                    attn.dropout = 0.0  # attention weights
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        x = self.embed(ids) * math.sqrt(self.shape.d_model)  # (B, L, D)
+        return self.dropout(x + self.pe[: ids.size(1)])
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Shape: src (B, S), tgt (B, T) -> logits (B, T, V)."""
+        pad = self.shape.pad_id
+        t = tgt.size(1)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=tgt.device), 1)  # True = hidden
+        h = self.transformer(
+            self._embed(src), self._embed(tgt), tgt_mask=causal, src_key_padding_mask=src == pad,
+            tgt_key_padding_mask=tgt == pad, memory_key_padding_mask=src == pad, tgt_is_causal=True)
+        return F.linear(h, self.embed.weight)  # (B, T, V)
+
+
+def marian_model(s: Shape) -> nn.Module:
+    """A random ``MarianMTModel`` of the shape (shared, tied embeddings; ReLU; post-LN)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = MarianConfig(
+        vocab_size=s.vocab_size, decoder_vocab_size=s.vocab_size, d_model=s.d_model,
+        encoder_layers=s.n_encoder_layers, decoder_layers=s.n_decoder_layers,
+        encoder_attention_heads=s.n_heads, decoder_attention_heads=s.n_heads,
+        encoder_ffn_dim=s.d_ff, decoder_ffn_dim=s.d_ff, activation_function="relu",
+        max_position_embeddings=s.max_len, pad_token_id=s.pad_id, decoder_start_token_id=s.bos_id,
+        bos_token_id=s.bos_id, eos_token_id=s.eos_id, scale_embedding=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, dropout=s.dropout,
+        attention_dropout=0.0, activation_dropout=0.0)
+    return MarianMTModel(cfg)
+
+
+class PeerSystem:
+    """A baseline model trained the usual way: autocast forward, F.cross_entropy with label
+    smoothing, backward of the per-target mean, AdamW."""
+
+    def __init__(self, kind: str, s: Shape, precision: str, seed: int = 1) -> None:
+        torch.manual_seed(seed)
+        self.kind, self.shape = kind, s
+        self.model = PlainTransformer(s) if kind == "torch" else marian_model(s)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
+                                           eps=1e-9, weight_decay=0.01)
+        self.dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def logits(self, batch: Batch) -> Tensor:
+        if self.kind == "torch":
+            return self.model(batch.src, batch.tgt_in)
+        pad = self.shape.pad_id
+        return self.model(input_ids=batch.src, attention_mask=(batch.src != pad).long(),
+                          decoder_input_ids=batch.tgt_in,
+                          decoder_attention_mask=(batch.tgt_in != pad).long()).logits
+
+    def loss(self, batch: Batch) -> Tensor:
+        """Summed label-smoothed loss over the non-pad targets."""
+        with torch.autocast("cpu", dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None):
+            logits = self.logits(batch)  # (B, T, V)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch.tgt_out.reshape(-1),
+                                   ignore_index=self.shape.pad_id, label_smoothing=0.1,
+                                   reduction="sum")
+
+    def step(self, batch: Batch) -> float:
+        self.model.train()
+        loss = self.loss(batch)
+        (loss / batch.n_tgt).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item() / batch.n_tgt
+
+    @torch.no_grad()
+    def eval_loss(self, batch: Batch) -> float:
+        self.model.eval()
+        return self.loss(batch).item() / batch.n_tgt
+
+
+def build_system(name: str, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1):
+    if name == "aiayn":
+        return AiaynSystem(s, precision, pairs, folder, seed)
+    if name in ("torch", "marian"):
+        return PeerSystem(name, s, precision, seed)
+    raise ValueError(f"unknown system {name!r} (have: {', '.join(SYSTEMS)})")
+
+
+def trainable_params(model: nn.Module) -> int:
+    seen = {id(p): p for p in model.parameters() if p.requires_grad}  # tied weights once
+    return sum(p.numel() for p in seen.values())
+
+
+# --------------------------------------------------------------------------------------------
+# "Same math": the torch baseline's weights copied into aiayn give the same loss
+# --------------------------------------------------------------------------------------------
+
+
+def _linears(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> list[nn.Linear]:
+    """Linear layers of ``module`` in registration order, leaving out those inside ``skip``."""
+    skipped = {id(m) for s in skip for m in s.modules()}
+    return [m for m in module.modules() if isinstance(m, nn.Linear) and id(m) not in skipped]
+
+
+def _copy_attention(ours: nn.Module, ref: nn.MultiheadAttention) -> None:
+    """nn.MultiheadAttention packs Q, K, V in one in_proj; ours may keep them apart or fused, as
+    long as its projections are registered in Q, K, V order with out_proj last."""
+    projs = [m for m in _linears(ours) if m is not ours.out_proj]
+    sizes = [m.out_features for m in projs]
+    for lin, w, b in zip(projs, ref.in_proj_weight.split(sizes), ref.in_proj_bias.split(sizes)):
+        lin.weight.copy_(w)
+        lin.bias.copy_(b)
+    ours.out_proj.load_state_dict(ref.out_proj.state_dict())
+
+
+def _copy_layer(ours: nn.Module, ref: nn.Module, decoder: bool) -> None:
+    attns = [m for m in ours.children() if hasattr(m, "out_proj")]  # self (and cross) attention
+    for a, r in zip(attns, [ref.self_attn] + ([ref.multihead_attn] if decoder else [])):
+        _copy_attention(a, r)
+    norms = [m for m in ours.modules() if isinstance(m, nn.LayerNorm)]
+    for n, r in zip(norms, [ref.norm1, ref.norm2] + ([ref.norm3] if decoder else [])):
+        n.load_state_dict(r.state_dict())
+    ffn = _linears(ours, skip=tuple(attns))
+    ffn[0].load_state_dict(ref.linear1.state_dict())
+    ffn[1].load_state_dict(ref.linear2.state_dict())
+
+
+@torch.no_grad()
+def copy_plain_to_aiayn(plain: PlainTransformer, model: nn.Module) -> None:
+    """Load the torch baseline's weights into an aiayn Transformer of the same shape."""
+    model.src_embed.token.weight.copy_(plain.embed.weight)  # shared with tgt and the projection
+    for ours, ref in zip(model.encoder.layers, plain.transformer.encoder.layers):
+        _copy_layer(ours, ref, decoder=False)
+    for ours, ref in zip(model.decoder.layers, plain.transformer.decoder.layers):
+        _copy_layer(ours, ref, decoder=True)
+
+
+def same_math(s: Shape, batch: Batch, pairs: list, folder: str) -> dict[str, float]:
+    """fp32 eval loss of the torch baseline and of aiayn with the baseline's weights copied in."""
+    plain = PeerSystem("torch", s, "fp32")
+    ours = AiaynSystem(s, "fp32", pairs, folder)
+    copy_plain_to_aiayn(plain.model, ours.model)
+    ref, got = plain.eval_loss(batch), ours.eval_loss(batch)
+    return {"torch_loss": ref, "aiayn_loss": got, "abs_diff": abs(ref - got),
+            "sentences": len(batch.indices)}
+
+
+# --------------------------------------------------------------------------------------------
+# Matmul peak
+# --------------------------------------------------------------------------------------------
+
+
+def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) -> float:
+    """Best GFLOP/s of an n×n×n matmul on this process's threads."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        for _ in range(reps):
+            start = time.perf_counter()
+            a @ b
+            best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def matmul_peaks() -> dict[str, float]:
+    return {"bf16": matmul_peak(torch.bfloat16), "fp32": matmul_peak(torch.float32)}
+
+
+# --------------------------------------------------------------------------------------------
+# Workers: one process per system, driven step by step over pipes
+# --------------------------------------------------------------------------------------------
+
+
+def worker_main() -> None:
+    """Run in a child: read a spec, build the system, then answer step/rss/quit requests."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed by libraries goes to stderr, not into the protocol
+    inp = os.fdopen(0, "rb")
+    spec = pickle.load(inp)
+    torch.set_num_threads(spec["threads"])
+    data = torch.load(spec["data"], weights_only=False)
+    batches = [Batch(**b) for b in data["batches"]]
+    with tempfile.TemporaryDirectory() as folder:
+        system = build_system(spec["system"], Shape(**spec["shape"]), spec["precision"],
+                              data["pairs"], folder)
+        _send(out, {"params": trainable_params(system.model)})
+        while True:
+            req = pickle.load(inp)
+            if req[0] == "step":
+                start = time.perf_counter()
+                loss = system.step(batches[req[1]])
+                _send(out, {"seconds": time.perf_counter() - start, "loss": loss})
+            elif req[0] == "rss":
+                _send(out, {"max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+            else:
+                return
+
+
+def _send(stream, obj: Any) -> None:
+    pickle.dump(obj, stream)
+    stream.flush()
+
+
+class Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        env = {**CLEAN_ENV, "OMP_NUM_THREADS": str(spec["threads"]),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), CLEAN_ENV.get("PYTHONPATH")]))}
+        self.name = spec["system"]
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, cwd=ROOT)
+        _send(self.proc.stdin, spec)
+
+    def ask(self, *request: Any) -> dict[str, Any]:
+        if request:
+            _send(self.proc.stdin, request)
+        try:
+            return pickle.load(self.proc.stdout)
+        except EOFError:
+            raise RuntimeError(f"benchmark worker '{self.name}' died (exit code "
+                               f"{self.proc.wait()}); its error is above") from None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            _send(self.proc.stdin, ("quit",))
+            self.proc.wait(timeout=60)
+
+
+def run_group(systems: list[str], spec: dict[str, Any], n_steps: int) -> dict[str, Any]:
+    """Start one worker per system, then run steps 0..n_steps-1 round-robin (the order rotates
+    each step). Returns per-system step seconds, losses, parameter count and peak RSS."""
+    workers = [Worker({**spec, "system": name}) for name in systems]
+    try:
+        result = {w.name: {"params": w.ask()["params"], "seconds": [], "loss": []} for w in workers}
+        for i in range(n_steps):
+            for w in workers[i % len(workers):] + workers[:i % len(workers)]:
+                r = w.ask("step", i)
+                result[w.name]["seconds"].append(r["seconds"])
+                result[w.name]["loss"].append(r["loss"])
+            print(f"  step {i + 1}/{n_steps}: " + ", ".join(
+                f"{n} {result[n]['seconds'][-1]:.2f}s" for n in systems), flush=True)
+        for w in workers:
+            result[w.name]["max_rss_mib"] = w.ask("rss")["max_rss_kib"] / 1024
+    finally:
+        for w in workers:
+            w.close()
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Summary and reports
+# --------------------------------------------------------------------------------------------
+
+
+def summarise(raw: dict[str, Any], batches: list[Batch], flops: list[float], warmup: int,
+              peak: float) -> dict[str, Any]:
+    """Medians over the timed steps, and aiayn's paired speed-up over the faster peer."""
+    timed = range(warmup, len(batches))
+    out = {}
+    for name, r in raw.items():
+        sec = [r["seconds"][i] for i in timed]
+        tok_s = [batches[i].n_tokens / r["seconds"][i] for i in timed]
+        mfu = [flops[i] / r["seconds"][i] / 1e9 / peak for i in timed]
+        out[name] = {"tokens_per_s": statistics.median(tok_s), "step_s": statistics.median(sec),
+                     "mfu": statistics.median(mfu), "max_rss_mib": r["max_rss_mib"],
+                     "params": r["params"], "loss_first": r["loss"][0], "loss_last": r["loss"][-1],
+                     "tokens_per_s_steps": tok_s}
+    peers = [n for n in out if n != "aiayn"]
+    if "aiayn" in out and peers:
+        best = max(peers, key=lambda n: out[n]["tokens_per_s"])
+        ratio = [raw[best]["seconds"][i] / raw["aiayn"]["seconds"][i] for i in timed]
+        out["aiayn"]["speedup_vs"] = best
+        out["aiayn"]["speedup"] = statistics.median(ratio)
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x / 1000:.2f}k" if x >= 1000 else f"{x:.0f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [BEGIN, "", "*Written by `benchmarks/bench_train.py`; edit outside the markers.*", ""]
+    for key in sorted(report["runs"]):
+        run = report["runs"][key]
+        m = run["meta"]
+        lines += [f"### {m['threads']} thread{'s' if m['threads'] > 1 else ''} — {m['date']}", "",
+                  f"`{m['command']}`  ", f"{m['hardware']}; torch {m['torch']}, transformers "
+                  f"{m['transformers']}; load average (1/5/15 min) {_load(m['load_start'])} at start, "
+                  f"{_load(m['load_end'])} at end; matmul peak bf16 {m['peak_gflops']['bf16']:.0f} "
+                  f"GFLOP/s, fp32 {m['peak_gflops']['fp32']:.0f} GFLOP/s.", "",
+                  "| config | precision | system | tokens/s | step s | MFU | peak RSS MiB | params | "
+                  "aiayn speed-up |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        for g in run["groups"]:
+            for name, r in g["systems"].items():
+                up = f"{r['speedup']:.2f}× vs {r['speedup_vs']}" if "speedup" in r else ""
+                lines.append(f"| {g['preset']} | {g['precision']} | {name} | {_fmt(r['tokens_per_s'])} | "
+                             f"{r['step_s']:.2f} | {100 * r['mfu']:.1f}% | {r['max_rss_mib']:.0f} | "
+                             f"{r['params'] / 1e6:.2f}M | {up} |")
+        lines += [""]
+        for preset, sm in run["same_math"].items():
+            lines.append(f"Same math ({preset}, fp32, dropout off, {sm['sentences']} sentences): "
+                         f"nn.Transformer loss {sm['torch_loss']:.6f}, aiayn with its weights "
+                         f"{sm['aiayn_loss']:.6f} (|Δ| {sm['abs_diff']:.1e}).  ")
+        for preset, d in run["data"].items():
+            lines.append(f"Batches ({preset}): {d['steps']} real Multi30k batches "
+                         f"({d['warmup']} warm-up), {d['src_tokens']:.0f} source + "
+                         f"{d['tgt_tokens']:.0f} target tokens per step on average, "
+                         f"{d['sentences']:.0f} sentences, tokenizer vocabulary "
+                         f"{d['tokenizer_vocab']}.  ")
+        lines += [""]
+    return "\n".join(lines + [END])
+
+
+def _load(avg: list[float]) -> str:
+    return "/".join(f"{x:.2f}" for x in avg)
+
+
+def write_reports(run: dict[str, Any], out: Path) -> None:
+    """Merge ``run`` into OUT.json (keyed by thread count) and rewrite OUT.md's marked section."""
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    report = json.loads(json_path.read_text()) if json_path.exists() else {"runs": {}}
+    report["runs"][f"threads={run['meta']['threads']}"] = run
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    section = markdown(report)
+    text = md_path.read_text() if md_path.exists() else "# Performance\n\n" + BEGIN + "\n" + END + "\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    md_path.write_text(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads per worker")
+    p.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(PRESETS))
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
+    p.add_argument("--steps", type=int, nargs=2, metavar=("WARMUP", "TIMED"), action="append",
+                   help="override the steps of every preset (default small 2+8, base 1+3)")
+    p.add_argument("--date", default=str(date.today()))
+    p.add_argument("--hardware", default=HARDWARE)
+    p.add_argument("--out", default=str(ROOT / "docs" / "performance"), help="writes OUT.json, OUT.md")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def bench_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict]:
+    s = PRESETS[preset]
+    warmup, timed = tuple(args.steps[-1]) if args.steps else STEPS[preset]
+    pairs, batches, info = multi30k_batches(s, args.max_tokens, warmup + timed)
+    n = len(batches)
+    data_file = os.path.join(folder, f"{preset}.pt")
+    torch.save({"pairs": pairs, "batches": [vars(b) for b in batches]}, data_file)
+    flops = [batch_flops(s, b) for b in batches]
+    probe = batches[0]
+    k = min(32, len(probe.indices))  # a slice of the first batch is enough for the loss check
+    sub = Batch(probe.indices[:k], probe.src[:k], probe.tgt_in[:k], probe.tgt_out[:k],
+                int((probe.src[:k] != s.pad_id).sum()), int((probe.tgt_out[:k] != s.pad_id).sum()))
+    check = same_math(s, sub, pairs, os.path.join(folder, "same_math"))
+    data = {**info, "steps": n, "warmup": warmup, "sentences": statistics.mean(len(b.indices) for b in batches),
+            "src_tokens": statistics.mean(b.n_src for b in batches),
+            "tgt_tokens": statistics.mean(b.n_tgt for b in batches), "flops_per_step": flops}
+    groups = []
+    for precision in args.precisions:
+        print(f"{preset} {precision}: {n} steps ({warmup} warm-up) x {len(args.systems)} systems, "
+              f"{args.threads} threads", flush=True)
+        spec = {"shape": vars(s), "precision": precision, "threads": args.threads, "data": data_file}
+        raw = run_group(args.systems, spec, n)
+        groups.append({"preset": preset, "precision": precision, "raw": raw, "batches": batches,
+                       "flops": flops, "warmup": warmup})
+    return groups, check, data
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main()
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()
+    started = time.time()
+    peaks = matmul_peaks()
+    groups, checks, data = [], {}, {}
+    with tempfile.TemporaryDirectory() as folder:
+        for preset in args.presets:
+            g, checks[preset], data[preset] = bench_preset(preset, args, folder)
+            groups += g
+    end_peaks = matmul_peaks()
+    peaks = {k: max(peaks[k], end_peaks[k]) for k in peaks}
+    meta = {"command": "python benchmarks/bench_train.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "date": args.date, "hardware": args.hardware, "threads": args.threads,
+            "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "load_start": list(load_start), "load_end": list(os.getloadavg()),
+            "wall_s": round(time.time() - started, 1), "peak_gflops": peaks,
+            "tokens": "source + target tokens without padding",
+            "flops": "train_flops(): 3 x forward matmul FLOPs of non-pad tokens (docs/performance.md)"}
+    run = {"meta": meta, "same_math": checks, "data": data, "groups": [
+        {"preset": g["preset"], "precision": g["precision"],
+         "systems": summarise(g["raw"], g["batches"], g["flops"], g["warmup"],
+                              peaks[g["precision"]])} for g in groups]}
+    write_reports(run, Path(args.out))
+    print(markdown({"runs": {"this": run}}))
+
+
+if __name__ == "__main__":
+    main()
