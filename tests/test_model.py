@@ -163,3 +163,15 @@ def test_residual_dropout_placement_section_5_4():
     assert not torch.allclose(model(src, tgt), model(src, tgt))
     model.eval()
     torch.testing.assert_close(model(src, tgt), model(src, tgt))
+
+
+def test_dropout_keeps_1_minus_p_and_scales():
+    from aiayn.model.dropout import Dropout
+
+    drop = Dropout(0.3)
+    x = torch.ones(200_000)
+    y = drop(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.005
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.7))
+    assert torch.equal(drop.eval()(x), x)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.model.dropout import Dropout
 from aiayn.model.embeddings import Embeddings, token_embedding
 from aiayn.model.masks import padding_mask
 from aiayn.model.transformer import Encoder, init_weights, positional_encoding
@@ -30,7 +31,7 @@ class TransformerClassifier(nn.Module):
                                 positional_encoding(cfg), cfg.dropout, cfg.scale_embeddings)
         self.cls = nn.Parameter(torch.randn(cfg.d_model) * cfg.d_model**-0.5) if cfg.pooling == "cls" else None
         self.encoder = Encoder(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         init_weights(self)
 

@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from aiayn.model.dropout import Dropout
+
 
 def sinusoidal_table(length: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(…) (§3.5). -> (length, D)."""
@@ -68,7 +70,7 @@ class Embeddings(nn.Module):
         self.token = token
         self.positional = positional
         self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0]."""

@@ -1,0 +1,132 @@
+"""Micro-benchmarks behind the speed choices in aiayn (docs/performance.md, "Components").
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_components.py [--repeats 15] [--out docs/components.md]
+
+Each row times forward + backward of one component, alternatives interleaved round-robin in the
+same process on the same inputs, median of repeats (warm-up excluded):
+  attention: aiayn's explicit math vs F.scaled_dot_product_attention (fused), bf16, 4 heads × 64;
+  loss:      label-smoothed CE as log_softmax + gather + mean (the textbook form, and what
+             F.cross_entropy(label_smoothing=…) does) vs aiayn's chunked logsumexp form;
+  dropout:   F.dropout vs a uniform-compare mask (not adopted: same math, small gain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from datetime import date
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.model.attention import scaled_dot_product_attention
+from aiayn.train.loss import label_smoothed_nll_loss
+
+
+def textbook_ls_loss(logits, target, eps, pad):
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    keep = target != pad
+    nll = -log_probs.gather(1, target[:, None]).squeeze(1)
+    smooth = -log_probs.mean(-1)
+    return (((1 - eps) * nll + eps * smooth) * keep).sum()
+
+
+def fwd_bwd(fn, *leaves):
+    def run():
+        for t in leaves:
+            t.grad = None
+        fn().float().sum().backward()
+    return run
+
+
+def time_round_robin(cases: dict, repeats: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for r in range(repeats + 2):
+        for name, run in cases.items():
+            t = time.perf_counter()
+            run()
+            if r >= 2:
+                times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def attention_rows(repeats):
+    rows = []
+    for B, T in ((256, 16), (64, 64), (16, 256)):
+        q, k, v = (torch.randn(B, 4, T, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+        mask[::3, ..., T * 2 // 3:] = False
+        cases = {f"explicit": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, mask, fused=False)[0], q, k, v),
+                 f"fused": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, mask, fused=True)[0], q, k, v)}
+        ms = time_round_robin(cases, repeats)
+        rows.append((f"attention B={B} T={T} (bf16)", ms["fused"], ms["explicit"]))
+    return rows
+
+
+def loss_rows(repeats):
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(7200, 10000, dtype=dtype, requires_grad=True)
+        target = torch.randint(4, 10000, (7200,))
+        target[::15] = 0
+        cases = {"textbook": fwd_bwd(lambda: textbook_ls_loss(logits, target, 0.1, 0), logits),
+                 "aiayn": fwd_bwd(lambda: label_smoothed_nll_loss(logits, target, 0.1, 0)[0], logits)}
+        ms = time_round_robin(cases, repeats)
+        rows.append((f"label-smoothed CE 7200×10000 ({str(dtype)[6:]})", ms["textbook"], ms["aiayn"]))
+    return rows
+
+
+def dropout_rows(repeats):
+    x = torch.randn(400, 18, 128, dtype=torch.bfloat16, requires_grad=True)
+    cases = {"F.dropout": fwd_bwd(lambda: F.dropout(x, 0.3, True), x),
+             "rand<p": fwd_bwd(lambda: x * (torch.rand(x.shape) >= 0.3) * (1 / 0.7), x)}
+    ms = time_round_robin(cases, repeats)
+    return [("dropout p=0.3 on 400×18×128 (bf16)", ms["F.dropout"], ms["rand<p"])]
+
+
+def cpu_name() -> str:
+    """The CPU model and whether it has AMX / AVX512-BF16, from /proc/cpuinfo (Linux)."""
+    try:
+        info = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return platform.machine()
+    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
+    flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
+    feats = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    return f"{os.cpu_count()}-core {name} ({', '.join(feats) or 'no AVX-512'}{'' if 'amx_bf16' in feats else ', no AMX'})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--out", default="docs/components.md")
+    args = p.parse_args()
+    load0 = os.getloadavg()[0]
+    rows = attention_rows(args.repeats) + loss_rows(args.repeats) + dropout_rows(args.repeats)
+    lines = [
+        "# Component timings (forward + backward)",
+        "",
+        f"`OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} python benchmarks/bench_components.py "
+        f"--repeats {args.repeats}` — {date.today()}, {cpu_name()}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), load average "
+        f"{load0:.1f} → {os.getloadavg()[0]:.1f} (shared machine). Median of {args.repeats}, interleaved.",
+        "",
+        "| component | baseline (ms) | alternative (ms) | speed-up |",
+        "|---|---:|---:|---:|",
+    ]
+    names = {"attention": ("fused SDPA", "explicit math"), "label": ("log_softmax+gather+mean", "aiayn chunked"),
+             "dropout": ("F.dropout", "rand < p mask")}
+    for label, base, alt in rows:
+        b, a = names[label.split()[0].split("-")[0]]
+        lines.append(f"| {label}: {b} → {a} | {base:.1f} | {alt:.1f} | {base / alt:.2f}× |")
+    text = "\n".join(lines) + "\n"
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
