@@ -27,7 +27,8 @@ TRAIN = {"train.precision": "fp32", "train.device": "cpu", "train.progress": Fal
          "train.label_smoothing": 0.0, "train.keep_last": 1, "train.log_every": 10}
 
 POEM = ("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n"
-        "Rough winds do shake the darling buds of May,\nAnd summer's lease hath all too short a date.\n")
+        "Rough winds do shake the darling buds of May,\n"
+        "And summer's lease hath all too short a date.\n")
 
 
 def _fails(capsys, argv: list[str], message: str) -> None:
@@ -125,7 +126,8 @@ def test_evaluate_reports_accuracy_for_a_classifier(classifier_run, capsys):
     tmp, run = classifier_run
     capsys.readouterr()
     out = tmp / "scores.json"
-    assert main(["evaluate", str(run / "best"), "--src", str(tmp / "train.tsv"), "-o", str(out)]) == 0
+    args = ["evaluate", str(run / "best"), "--src", str(tmp / "train.tsv"), "-o", str(out)]
+    assert main(args) == 0
     assert capsys.readouterr().out.startswith("accuracy 100.00% (64/64) on train")
     scores = json.loads(out.read_text())
     assert scores["accuracy"] == 1.0 and scores["n"] == 64 and scores["max_len"] == 90

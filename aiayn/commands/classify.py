@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("classify", help="label texts with a trained classifier (e.g. IMDB sentiment)",
+    p = sub.add_parser("classify", help="label texts with a trained classifier (IMDB sentiment)",
                        description="Classify one text per line; print LABEL<TAB>PROBABILITY per "
                                    "line (blank lines stay blank).")
     p.add_argument("model", metavar="MODEL_DIR", help="a classifier model folder, e.g. RUN/best")
@@ -81,7 +81,8 @@ def evaluate_classifier_command(args: argparse.Namespace) -> int:
     scores.update(test_set=name, model=str(args.model), device=str(device))
     out = Path(args.output) if args.output else Path(args.model) / f"eval_{name}.json"
     write_json(out, scores)
-    print(f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) on {name}; "
+    print(f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) "
+          f"on {name}; "
           f"{scores['cut_to_max_len']} texts cut to {scores['max_len']} tokens; "
           f"{scores['seconds']:.1f} s = {scores['texts_per_s']:.0f} texts/s ({device})")
     log.info("scores saved to %s", out)

@@ -43,14 +43,16 @@ def predict_ids(model: nn.Module, items: Sequence[Sequence[int]], max_tokens: in
     probs = torch.empty(len(items), model.cfg.n_classes)
     if not items:
         return probs
-    sampler = TokenBatchSampler([max(len(x), 1) for x in items], max_tokens=max_tokens, shuffle=False)
+    lengths = [max(len(x), 1) for x in items]
+    sampler = TokenBatchSampler(lengths, max_tokens=max_tokens, shuffle=False)
     for batch in sampler.batches(0):
         ids = pad_sequences([items[i] for i in batch], model.cfg.pad_id).to(device)  # (B, S)
         probs[batch] = model(ids).float().softmax(-1).cpu()  # (B, C)
     return probs
 
 
-def load_classifier(folder: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, Any, dict]:
+def load_classifier(folder: str | Path,
+                    device: torch.device | str = "cpu") -> tuple[nn.Module, Any, dict]:
     """(model, tokenizer, meta) of a classifier model folder."""
     from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
     from aiayn.data import Tokenizer

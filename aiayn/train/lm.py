@@ -5,9 +5,9 @@ Shape legend: B windows per batch · T block (``data.max_len``) · V vocab.
 The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.tasks.Task`.
 An example is a window of ``T + 1`` tokens: the model reads the first ``T`` and predicts the last
 ``T`` (nanoGPT's ``get_batch``). A training epoch is ``len(text) // T`` windows (at least one
-batch) at random offsets drawn from ``(data.seed, epoch)``, ``data.max_tokens // T`` per batch. Validation covers the whole
-validation text once in consecutive windows, so ``valid_loss`` is the mean negative
-log-likelihood per token — nats per character with the char tokenizer.
+batch) at random offsets drawn from ``(data.seed, epoch)``, ``data.max_tokens // T`` per batch.
+Validation covers the whole validation text once in consecutive windows, so ``valid_loss`` is the
+mean negative log-likelihood per token — nats per character with the char tokenizer.
 """
 
 from __future__ import annotations
