@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow bench bench-decode bench-train clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,10 +29,21 @@ test: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
-# Decoding speed against Hugging Face generate and CTranslate2 -> docs/decoding.json, .table.md
-bench: install
+# Both benchmarks (~10 min each on 2 cores): decoding, then training.
+bench: bench-decode bench-train
+
+$(VENV)/.bench: $(VENV)/.installed
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[bench]'
+	touch $@
+
+# Decoding speed against Hugging Face generate and CTranslate2 -> docs/decoding.json, .table.md
+bench-decode: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_decode.py
+
+# Training tokens/s, peak RSS, MFU against nn.Transformer and HF Marian -> docs/performance.json, .md
+# (real Multi30k batches: needs the data mirror or a download). BENCH_ARGS="--threads 1" etc.
+bench-train: $(VENV)/.bench
+	$(BIN)/python benchmarks/bench_train.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

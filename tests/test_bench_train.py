@@ -104,3 +104,5 @@ def test_report_section_is_rewritten_between_markers(tmp_path):
     text = out.with_suffix(".md").read_text()
     assert text.startswith("# Perf\n\nprose above") and text.endswith("prose below\n")
     assert "old" not in text and "| small | bf16 | aiayn | 1.23k |" in text and "2.50× vs torch" in text
+    assert "small bf16 ≥ 2.0× the faster peer — measured 2.50× (met)" in text
+    assert "small peak RSS ≤ 2 GiB — measured 900 MiB (met)" in text
