@@ -622,6 +622,14 @@ def write_reports(run: dict[str, Any], out: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def aiayn_version() -> str:
+    """The commit measured, with "+dirty" when aiayn/ has uncommitted changes (they are measured)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--", "aiayn") else "")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads per worker")
@@ -687,7 +695,7 @@ def main(argv: list[str] | None = None) -> None:
             "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "load_start": list(load_start), "load_end": list(os.getloadavg()),
-            "wall_s": round(time.time() - started, 1), "peak_gflops": peaks,
+            "wall_s": round(time.time() - started, 1), "peak_gflops": peaks, "aiayn": aiayn_version(),
             "tokens": "source + target tokens without padding",
             "flops": "train_flops(): 3 x forward matmul FLOPs of non-pad tokens (docs/performance.md)"}
     run = {"meta": meta, "same_math": checks, "data": data, "groups": [
