@@ -549,7 +549,8 @@ def markdown(report: dict[str, Any]) -> str:
         run = report["runs"][key]
         m = run["meta"]
         lines += [f"### {m['threads']} thread{'s' if m['threads'] > 1 else ''} — {m['date']}", "",
-                  f"`{m['command']}`  ", f"{m['hardware']}; torch {m['torch']}, transformers "
+                  f"`{m['command']}` (aiayn {m.get('aiayn', 'commit not recorded')})  ",
+                  f"{m['hardware']}; torch {m['torch']}, transformers "
                   f"{m['transformers']}; load average (1/5/15 min) {_load(m['load_start'])} at start, "
                   f"{_load(m['load_end'])} at end; matmul peak bf16 {m['peak_gflops']['bf16']:.0f} "
                   f"GFLOP/s, fp32 {m['peak_gflops']['fp32']:.0f} GFLOP/s.", "",
