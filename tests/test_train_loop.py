@@ -185,6 +185,8 @@ def test_epoch_and_time_limits(tmp_path):
     result = train_run(cfg, tmp_path / "b")
     assert result.stop_reason == "max_time" and result.step == 1
     assert (tmp_path / "b/trainer_state.pt").is_file()
+    again = train_run(cfg, tmp_path / "b", resume=True)  # the time is used up: no more updates
+    assert again.stop_reason == "max_time" and again.step == 1
 
 
 def test_bf16_autocast_trains_with_fp32_master_weights(tmp_path):

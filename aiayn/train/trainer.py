@@ -175,7 +175,11 @@ class Trainer:
         self._bar = self._progress_bar()
         self._interval = _Interval()
         self.session_start = time.perf_counter()
-        reason = self._limit_reached(check_time=False)  # the time limit is checked after updates
+        # The time limit is checked after updates; at the start only the saved wall-clock counts
+        # (the same on every process), so resuming a run that used up max_time trains no more.
+        reason = self._limit_reached(check_time=False)
+        if reason is None and self.t.max_time and self.progress.wall >= self.t.max_time:
+            reason = "max_time"
         try:
             while reason is None:
                 reason = self._run_epoch()
