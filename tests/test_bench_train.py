@@ -31,12 +31,7 @@ def fixed_batch(s=TINY):
                               c.n_tgt_tokens)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -17,13 +17,7 @@ from aiayn.model import Transformer
 TOL = dict(atol=1e-5, rtol=1e-4)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread is faster, and far faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw) -> Transformer:

@@ -20,13 +20,7 @@ PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 V = 5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread is faster, and far faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def dist(eos=0.0, a=0.0, b=0.0) -> list[float]:

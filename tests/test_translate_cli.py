@@ -30,13 +30,7 @@ from aiayn.model import Transformer
 WORDS = "the a cat dog sits runs on under mat table red blue".split()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread is faster, and far faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sentences(n: int, seed: int) -> list[str]:
