@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo test test-slow bench bench-decode bench-train clean
+.PHONY: install demo test test-slow bench bench-decode bench-train bench-scaling clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,8 +44,8 @@ test: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
-# Both benchmarks (~10 min each on 2 cores): decoding, then training.
-bench: bench-decode bench-train
+# The benchmarks (~10 min each on 2 cores): decoding, training, then cost vs length and batch.
+bench: bench-decode bench-train bench-scaling
 
 $(VENV)/.bench: $(VENV)/.installed
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[bench]'
@@ -59,6 +59,10 @@ bench-decode: $(VENV)/.bench
 # (real Multi30k batches: needs the data mirror or a download). BENCH_ARGS="--threads 1" etc.
 bench-train: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_train.py $(BENCH_ARGS)
+
+# How aiayn's step time grows with sentence length and batch size -> docs/scaling.json, performance.md
+bench-scaling: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_scaling.py $(SCALING_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -60,3 +60,19 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_section(path: str | os.PathLike, begin: str, end: str, section: str,
+                  new_file: str = "") -> None:
+    """Replace the text between the ``begin`` and ``end`` markers of a markdown file with
+    ``section`` (markers kept), or append it when the markers are absent; a missing file starts as
+    ``new_file``. How the benchmark and results scripts keep their tables in hand-written docs."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.exists() else new_file
+    block = f"{begin}\n{section.strip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    write_text(path, text)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from datetime import date
@@ -22,6 +21,7 @@ from datetime import date
 import torch
 import torch.nn.functional as F
 
+from aiayn.env import cpu_name
 from aiayn.model.attention import scaled_dot_product_attention
 from aiayn.train.loss import label_smoothed_nll_loss
 
@@ -85,18 +85,6 @@ def dropout_rows(repeats):
              "rand<p": fwd_bwd(lambda: x * (torch.rand(x.shape) >= 0.3) * (1 / 0.7), x)}
     ms = time_round_robin(cases, repeats)
     return [("dropout p=0.3 on 400×18×128 (bf16)", ms["F.dropout"], ms["rand<p"])]
-
-
-def cpu_name() -> str:
-    """The CPU model and whether it has AMX / AVX512-BF16, from /proc/cpuinfo (Linux)."""
-    try:
-        info = open("/proc/cpuinfo", encoding="utf-8").read()
-    except OSError:
-        return platform.machine()
-    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
-    flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
-    feats = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    return f"{os.cpu_count()}-core {name} ({', '.join(feats) or 'no AVX-512'}{'' if 'amx_bf16' in feats else ', no AMX'})"
 
 
 def main() -> None:

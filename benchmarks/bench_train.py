@@ -544,7 +544,7 @@ def _fmt(x: float) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [BEGIN, "", "*Written by `benchmarks/bench_train.py`; edit outside the markers.*", ""]
+    lines = ["", "*Written by `benchmarks/bench_train.py`; edit outside the markers.*", ""]
     for key in sorted(report["runs"]):
         run = report["runs"][key]
         m = run["meta"]
@@ -574,7 +574,7 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{d['sentences']:.0f} sentences, tokenizer vocabulary "
                          f"{d['tokenizer_vocab']}.  ")
         lines += [""]
-    return "\n".join(lines + [END])
+    return "\n".join(lines)
 
 
 def targets(run: dict[str, Any]) -> list[str]:
@@ -604,18 +604,13 @@ def _load(avg: list[float]) -> str:
 
 def write_reports(run: dict[str, Any], out: Path) -> None:
     """Merge ``run`` into OUT.json (keyed by thread count) and rewrite OUT.md's marked section."""
+    from aiayn.io import write_section
+
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     report = json.loads(json_path.read_text()) if json_path.exists() else {"runs": {}}
     report["runs"][f"threads={run['meta']['threads']}"] = run
     json_path.write_text(json.dumps(report, indent=1) + "\n")
-    section = markdown(report)
-    text = md_path.read_text() if md_path.exists() else "# Performance\n\n" + BEGIN + "\n" + END + "\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    md_path.write_text(text)
+    write_section(md_path, BEGIN, END, markdown(report), new_file="# Performance\n")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,19 @@
+"""What machine a number was measured on: the line every benchmark and results table records."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def cpu_name() -> str:
+    """The CPU model and whether it has AMX / AVX512-BF16, from /proc/cpuinfo (Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = f.read()
+    except OSError:
+        return f"{os.cpu_count()}-core {platform.machine()}"
+    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
+    flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
+    feats = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    return f"{os.cpu_count()}-core {name} ({', '.join(feats) or 'no AVX-512'}{'' if 'amx_bf16' in feats else ', no AMX'})"
