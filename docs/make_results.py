@@ -228,9 +228,10 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (a smoke test)")
     p.add_argument("--bf16-row", action="store_true",
                    help="also score the final decoding under bf16 autocast (a row of its own)")
-    p.add_argument("--threads", default="2 threads (OMP_NUM_THREADS=2), one process",
+    p.add_argument("--threads", default="2 processes (torchrun, gloo) of 1 thread each",
                    help="how the main run was trained, for the table")
-    p.add_argument("--command", default="aiayn train configs/multi30k_en_de.toml --out runs/en_de")
+    p.add_argument("--command", default="OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 "
+                   "-m aiayn train configs/multi30k_en_de.toml --out runs/en_de")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = p.parse_args()
