@@ -59,8 +59,8 @@ def attention_rows(repeats):
         q, k, v = (torch.randn(B, 4, T, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
         mask[::3, ..., T * 2 // 3:] = False
-        cases = {f"explicit": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, mask, fused=False)[0], q, k, v),
-                 f"fused": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, mask, fused=True)[0], q, k, v)}
+        cases = {"explicit": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, mask, fused=False)[0], q, k, v),
+                 "fused": fwd_bwd(lambda: scaled_dot_product_attention(q, k, v, mask, fused=True)[0], q, k, v)}
         ms = time_round_robin(cases, repeats)
         rows.append((f"attention B={B} T={T} (bf16)", ms["fused"], ms["explicit"]))
     return rows
