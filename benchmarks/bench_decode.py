@@ -47,6 +47,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--workers", type=int, default=2,
+                   help="also run every system with this many batches at once, sharing --threads "
+                   "(aiayn DecodeConfig.workers, CTranslate2 inter_threads); 1 = only the default")
     p.add_argument("--skip", nargs="*", default=[], help="systems to leave out (hf, ct2)")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=platform.processor() or platform.machine())
@@ -55,10 +58,11 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def aiayn_system(cfg: ModelConfig, sources: list[list[int]], args, bf16: bool) -> Callable[[], None]:
-    model = Transformer(cfg).eval()
+def aiayn_system(model: Transformer, sources: list[list[int]], args, bf16: bool,
+                 workers: int) -> Callable[[], None]:
     dcfg = DecodeConfig(beam=args.beam, alpha=0.6, max_len_a=0.0, max_len_b=args.tgt_len,
-                        min_len=args.tgt_len, max_tokens=args.batch * args.src_len)
+                        min_len=args.tgt_len, max_tokens=args.batch * args.src_len,
+                        workers=workers)
 
     def run() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -115,11 +119,15 @@ def hf_system(model, sources: list[list[int]], args) -> Callable[[], None]:
     return run
 
 
-def ct2_system(folder: Path, sources: list[list[int]], args, compute_type: str) -> Callable[[], None]:
+def ct2_system(folder: Path, sources: list[list[int]], args, compute_type: str,
+               workers: int) -> Callable[[], None]:
+    """CTranslate2 with ``workers`` replicas (inter_threads) sharing ``args.threads``: the
+    sub-batches of ``max_batch_size`` sentences of one call run in parallel."""
     import ctranslate2
 
     translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type,
-                                        intra_threads=args.threads, inter_threads=1)
+                                        intra_threads=max(1, args.threads // workers),
+                                        inter_threads=workers)
     tokens = [[f"t{i}" for i in s] + ["</s>"] for s in sources]
 
     def run() -> None:
@@ -137,8 +145,11 @@ def build_systems(args, tmp: Path) -> dict[str, Callable[[], None]]:
     g = torch.Generator().manual_seed(0)
     n = args.batch * args.batches
     sources = torch.randint(4, args.vocab, (n, args.src_len), generator=g).tolist()
-    systems = {"aiayn fp32": aiayn_system(cfg, sources, args, bf16=False),
-               "aiayn bf16 autocast": aiayn_system(cfg, sources, args, bf16=True)}
+    model = Transformer(cfg).eval()
+    systems = {}
+    for precision, bf16 in (("fp32", False), ("bf16 autocast", True)):
+        for w in layouts(args):
+            systems[f"aiayn {precision}{label(w, args)}"] = aiayn_system(model, sources, args, bf16, w)
     if "hf" not in args.skip or "ct2" not in args.skip:
         marian = save_marian(cfg, tmp / "marian")
     if "hf" not in args.skip:
@@ -148,8 +159,25 @@ def build_systems(args, tmp: Path) -> dict[str, Callable[[], None]]:
 
         TransformersConverter(str(tmp / "marian")).convert(str(tmp / "ct2"), force=True)
         for compute_type in ("float32", "int8"):
-            systems[f"CTranslate2 {compute_type}"] = ct2_system(tmp / "ct2", sources, args, compute_type)
+            for w in layouts(args):
+                systems[f"CTranslate2 {compute_type}{label(w, args)}"] = ct2_system(
+                    tmp / "ct2", sources, args, compute_type, w)
     return systems
+
+
+def layouts(args) -> list[int]:
+    """Worker counts to run each system with: 1 (all threads on one batch), and --workers."""
+    return sorted({1, args.workers}) if args.batches > 1 else [1]
+
+
+def label(workers: int, args) -> str:
+    return f", {workers} workers × {max(1, args.threads // workers)} thread" if workers > 1 else ""
+
+
+def ct2_float32_best(rates: dict[str, list[float]]) -> list[float] | None:
+    """Per round, the faster of CTranslate2 float32's thread layouts (the reference)."""
+    runs = [v for k, v in rates.items() if k.startswith("CTranslate2 float32")]
+    return [max(r) for r in zip(*runs)] if runs else None
 
 
 def measure(systems: dict[str, Callable[[], None]], args) -> dict[str, list[float]]:
@@ -182,17 +210,17 @@ def write_report(rates: dict[str, list[float]], args, command: str) -> None:
                 "rounds": [round(x, 1) for x in v]} for k, v in rates.items()}
     meta = {"date": args.date, "hardware": args.hardware, "threads": args.threads,
             "command": command, "preset": args.preset, "vocab": args.vocab, "batch": args.batch,
-            "sentences_per_round": args.batch * args.batches, "src_len": args.src_len,
+            "workers": args.workers, "sentences_per_round": args.batch * args.batches, "src_len": args.src_len,
             "tgt_len": args.tgt_len, "beam": args.beam, "rounds": args.rounds,
             "load_average": os.getloadavg(), "versions": versions(), "sentences_per_s": rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    ref = rates.get("CTranslate2 float32")
+    ref = ct2_float32_best(rates)
     for name, v in rates.items():  # per-round ratios cancel most of the load from other jobs
         rows[name]["vs_ct2_float32"] = round(statistics.median(
             a / b for a, b in zip(v, ref)), 2) if ref else None
-    lines = ["| system | sentences/s (median) | best round | × CTranslate2 float32 (median of rounds) |",
+    lines = ["| system | sentences/s (median) | best round | × CTranslate2 float32, faster layout (median of rounds) |",
              "|---|---:|---:|---:|"]
     lines += [f"| {k} | {v['median']} | {v['best']} | {v['vs_ct2_float32']} |" for k, v in rows.items()]
     out.with_suffix(".table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -12,6 +12,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_step, translate_ids
+from aiayn.decode.translate import in_workers
 from aiayn.model import Transformer
 
 TOL = dict(atol=1e-5, rtol=1e-4)
@@ -164,3 +165,32 @@ def test_translate_ids_is_batch_invariant():
         (alone,) = translate_ids(model, [src], cfg)
         assert [h.tokens for h in hyps] == [h.tokens for h in alone]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-4)
+
+
+@torch.no_grad()
+def test_translate_ids_with_workers_equals_one_worker():
+    model = tiny()
+    sources = [torch.randint(4, 23, (n,)).tolist() for n in (5, 9, 2, 7, 9, 1, 4, 3)] + [[]]
+    cfg = DecodeConfig(beam=3, max_len_b=10, nbest=2, max_tokens=16)  # several batches
+    seen = []
+    one = translate_ids(model, sources, cfg)
+    two = translate_ids(model, sources, DecodeConfig(**{**vars(cfg), "workers": 3}), seen.append)
+    assert sum(seen) == len(sources) - 1 and len(seen) > 2
+    assert [[h.tokens for h in hyps] for hyps in one] == [[h.tokens for h in hyps] for hyps in two]
+
+
+def test_workers_share_the_threads_and_keep_autocast():
+    torch.set_num_threads(2)  # restored to one by the one_thread fixture
+    seen = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_workers(lambda i: seen.append((i, torch.get_num_threads(),
+                                          torch.is_autocast_enabled("cpu"))), [0, 1, 2], 2)
+    assert sorted(seen) == [(0, 1, True), (1, 1, True), (2, 1, True)]
+    assert torch.get_num_threads() == 2  # the caller's own setting is untouched
+
+    def boom(i):
+        if i == 1:
+            raise ValueError("bad batch")
+
+    with pytest.raises(ValueError, match="bad batch"):
+        in_workers(boom, [0, 1, 2], 2)

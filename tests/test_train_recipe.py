@@ -13,7 +13,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.train.config import TrainConfig, build_run_config, load_run_config
 from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.schedule import inverse_sqrt_lr, make_schedule, noam_lr
+from aiayn.train.schedule import cosine_lr, inverse_sqrt_lr, make_schedule, noam_lr
 
 # ---- label-smoothed cross-entropy --------------------------------------------------------------
 
@@ -106,11 +106,30 @@ def test_inverse_sqrt_schedule_closed_form():
     assert inverse_sqrt_lr(w // 2, peak, w, init=1e-7) == pytest.approx(1e-7 + (peak - 1e-7) / 2)
 
 
+def test_cosine_schedule_closed_form():
+    peak, w, total, floor = 3e-3, 400, 2400, 1e-4
+    assert cosine_lr(w // 2, peak, w, total, floor) == pytest.approx(peak / 2)
+    assert cosine_lr(w, peak, w, total, floor) == pytest.approx(peak)
+    assert cosine_lr((w + total) // 2, peak, w, total, floor) == pytest.approx((peak + floor) / 2)
+    assert cosine_lr(total, peak, w, total, floor) == pytest.approx(floor)
+    assert cosine_lr(2 * total, peak, w, total, floor) == pytest.approx(floor)
+    rates = [cosine_lr(s, peak, w, total, floor) for s in range(w, total + 1)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))  # decays monotonically after warm-up
+
+
+def test_cosine_needs_a_budget_of_updates():
+    with pytest.raises(ConfigError, match="max_steps"):
+        TrainConfig(lr_schedule="cosine", warmup_steps=400, max_steps=400)
+
+
 def test_make_schedule_picks_by_name():
     noam = make_schedule(TrainConfig(lr_schedule="noam", warmup_steps=10), d_model=64)
     assert noam(10) == pytest.approx(64 ** -0.5 * 10 ** -0.5)
     inv = make_schedule(TrainConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_steps=10), 64)
     assert inv(40) == pytest.approx(5e-4)
+    cos = make_schedule(TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10,
+                                    max_steps=110), 64)
+    assert cos(10) == pytest.approx(1e-3) and cos(110) == pytest.approx(1e-5)
     const = make_schedule(TrainConfig(lr_schedule="constant", lr=1e-3), 64)
     assert const(1) == const(10_000) == 1e-3
 

@@ -33,6 +33,9 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-b", type=int, default=50, help="output cap a·src_len + b: b")
     p.add_argument("--max-tokens", type=int, default=4096,
                    help="batch budget: sentences × padded source length (default: 4096)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="batches decoded at once, sharing the CPU threads (like CTranslate2's "
+                   "inter_threads; 2 on a 2-core CPU is fastest, docs/decoding.md; default: 1)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
     p.add_argument("--bf16", action="store_true",
                    help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)")
@@ -43,7 +46,7 @@ def decode_config(args: argparse.Namespace, nbest: int = 1):
 
     return DecodeConfig(beam=args.beam, alpha=args.alpha, length_penalty=args.length_penalty,
                         max_len_a=args.max_len_a, max_len_b=args.max_len_b, nbest=nbest,
-                        max_tokens=args.max_tokens)
+                        max_tokens=args.max_tokens, workers=args.workers)
 
 
 def resolve_device(name: str) -> torch.device:

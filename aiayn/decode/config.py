@@ -32,6 +32,10 @@ class DecodeConfig:
     nbest: int = 1
     # Token budget of one batch: sentences × longest padded source length.
     max_tokens: int = 4096
+    # Batches decoded at once, each on its share of torch's intra-op threads (CTranslate2's
+    # inter_threads). On a CPU, 2 workers of 1 thread beat 1 worker of 2 threads: small per-step
+    # ops and Python overlap instead of waiting for each other (docs/decoding.md).
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.beam < 1:
@@ -44,3 +48,5 @@ class DecodeConfig:
             raise ConfigError("max_len_a, max_len_b and min_len must be >= 0")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")

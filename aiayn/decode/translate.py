@@ -10,7 +10,10 @@ starts from BOS (the convention of :mod:`aiayn.data` and fairseq).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -23,7 +26,7 @@ from aiayn.decode.search import Hypothesis, StepFn, beam_search, greedy_search
 log = logging.getLogger(__name__)
 
 __all__ = ["load_translator", "transformer_step", "token_batches", "max_output_lengths", "translate_ids",
-           "encode_sources", "translate_texts", "translate_hypotheses"]
+           "in_workers", "encode_sources", "translate_texts", "translate_hypotheses"]
 
 
 def load_translator(folder: str | Path, device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
@@ -112,20 +115,56 @@ def translate_ids(
     """Decode source id sequences in token-bounded batches; input order kept.
 
     Empty sources give no hypotheses (an empty list). ``progress(n)`` is called after each batch.
+    With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
+    each batch's result does not depend on it.
     """
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
-    for batch in token_batches([len(sources[i]) for i in todo], cfg.max_tokens):
+    lock = threading.Lock()
+
+    def decode(batch: list[int]) -> None:
         index = [todo[j] for j in batch]
         src = _pad([list(sources[i]) for i in index], model.cfg.pad_id, device)
         for i, hyps in zip(index, _decode_batch(model, src, cfg)):
             results[i] = hyps
         if progress is not None:
-            progress(len(index))
-    model.train(was_training)
+            with lock:
+                progress(len(index))
+
+    try:
+        in_workers(decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens),
+                   cfg.workers)
+    finally:
+        model.train(was_training)
     return results
+
+
+def in_workers(fn: Callable[[Any], None], items: Sequence[Any], workers: int) -> None:
+    """``fn(item)`` for every item, on ``workers`` threads at once (in order when 1).
+
+    Each worker thread gets its share of the caller's intra-op threads (``torch.set_num_threads``
+    is per thread under OpenMP) and the caller's autocast state (which is thread-local), so
+    ``with torch.autocast(...)`` around the call still applies. The first error is re-raised.
+    """
+    if workers == 1 or len(items) < 2:
+        for item in items:
+            fn(item)
+        return
+    threads = max(1, torch.get_num_threads() // workers)
+    autocast = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+
+    def work(item: Any) -> None:
+        torch.set_num_threads(threads)
+        with contextlib.ExitStack() as stack:
+            for device_type, dtype in autocast:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            fn(item)
+
+    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="aiayn-decode") as pool:
+        for future in [pool.submit(work, item) for item in items]:
+            future.result()
 
 
 def encode_sources(tokenizer: Any, texts: Iterable[str], max_len: int) -> list[list[int]]:

@@ -34,12 +34,15 @@ class TrainConfig:
     # Decoupled weight decay (AdamW); 0 as in the paper.
     weight_decay: float = 0.0
     # noam: the §5.3 formula scale·d_model^-0.5·min(step^-0.5, step·warmup^-1.5);
-    # inverse_sqrt: fairseq's linear warmup to `lr`, then lr·sqrt(warmup/step); constant: `lr`.
-    lr_schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    # inverse_sqrt: fairseq's linear warmup to `lr`, then lr·sqrt(warmup/step); cosine: linear
+    # warmup to `lr`, then half a cosine down to `min_lr` at `max_steps`; constant: `lr`.
+    lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "constant"] = "noam"
     # The §5.3 schedule's multiplier (1.0 in the paper; some codebases use 2.0).
     lr_scale: float = 1.0
-    # Peak learning rate of inverse_sqrt, the rate of constant (unused by noam).
+    # Peak learning rate of inverse_sqrt and cosine, the rate of constant (unused by noam).
     lr: float = 5e-4
+    # The rate cosine decays to at max_steps (and keeps after it).
+    min_lr: float = 0.0
     # Warm-up updates (§5.3: 4000).
     warmup_steps: int = 4000
     # Learning rate at update 0 of inverse_sqrt's linear warm-up (fairseq's warmup_init_lr).
@@ -99,11 +102,14 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "lr_scale", "adam_eps", "max_time", "clip_norm", "weight_decay",
-                     "warmup_init_lr"):
+                     "warmup_init_lr", "min_lr"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr_schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("train.warmup_steps must be > 0 for the noam schedule")
+        if self.lr_schedule == "cosine" and not self.warmup_steps < self.max_steps:
+            raise ConfigError("train.lr_schedule = 'cosine' decays over train.max_steps, which must "
+                              f"be > warmup_steps ({self.warmup_steps}), got {self.max_steps}")
         if self.bleu_beam < 1:
             raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
         if self.best_metric == "valid_bleu" and self.bleu_every == 0:
