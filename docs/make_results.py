@@ -70,8 +70,9 @@ def averaged(run: Path, last: int) -> Path:
 class Scorer:
     """Decode and score models on the run's dataset splits, caching sources and references."""
 
-    def __init__(self, bf16_row: bool, limit: int = 0) -> None:
+    def __init__(self, bf16_row: bool, limit: int = 0, workers: int = 1) -> None:
         self.bf16, self.bf16_row, self.limit, self._sets = False, bf16_row, limit, {}
+        self.workers = workers
 
     def test_set(self, meta: dict[str, Any], split: str) -> tuple[list[str], list[str]]:
         from aiayn.config import from_dict
@@ -90,7 +91,7 @@ class Scorer:
         src, ref = self.test_set(meta, split)
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            hyps = translate_texts(model, tokenizer, src, beam=beam, alpha=alpha)
+            hyps = translate_texts(model, tokenizer, src, beam=beam, alpha=alpha, workers=self.workers)
         seconds = time.perf_counter() - start
         s = corpus_scores(hyps, ref)
         out = {"model": str(model_dir), "split": split, "beam": beam, "alpha": alpha,
@@ -226,6 +227,8 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 1.0])
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (a smoke test)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="batches decoded at once (DecodeConfig.workers; the output does not depend on it)")
     p.add_argument("--bf16-row", action="store_true",
                    help="also score the final decoding under bf16 autocast (a row of its own)")
     p.add_argument("--threads", default="2 processes (torchrun, gloo) of 1 thread each",
@@ -236,7 +239,7 @@ def main() -> None:
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    scorer = Scorer(args.bf16_row, args.limit)
+    scorer = Scorer(args.bf16_row, args.limit, args.workers)
     main_result = main_run(scorer, args.run, args.avg, args.beam, args.alphas)
     ablations = []
     for spec in args.ablation:
