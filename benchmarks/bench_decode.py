@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -31,6 +30,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, translate_ids
+from aiayn.env import cpu_name
 from aiayn.model import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
                    "(aiayn DecodeConfig.workers, CTranslate2 inter_threads); 1 = only the default")
     p.add_argument("--skip", nargs="*", default=[], help="systems to leave out (hf, ct2)")
     p.add_argument("--date", default=str(date.today()))
-    p.add_argument("--hardware", default=platform.processor() or platform.machine())
+    p.add_argument("--hardware", default=cpu_name())
     p.add_argument("--out", default=str(ROOT / "docs" / "decoding"),
                    help="writes OUT.json and OUT.md")
     return p.parse_args()
