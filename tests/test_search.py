@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aiayn.decode import DecodeConfig, beam_search, filter_log_probs, greedy_search, sample
-from aiayn.decode.search import length_penalty
+from aiayn.decode.search import _top_candidates_blocked, length_penalty
 from aiayn.errors import ConfigError
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
@@ -168,6 +168,26 @@ def test_finished_sentences_leave_the_batch():
     cache = StubCache(torch.arange(2).repeat_interleave(2))
     beam_search(stub_step([quick, slow]), cache, 2, 2, BOS, EOS, 6)
     assert cache.sentence.tolist() == [1, 1]  # only the slow sentence's beams remain
+
+
+@pytest.mark.parametrize("vocab", [8000, 8003, 257])
+def test_blocked_top_candidates_equal_the_full_ranking(vocab):
+    """The two-stage top-k of large vocabularies picks exactly what ranking all k·V sums picks:
+    same scores, rows and tokens, also with dead (-inf) beams and a forbidden token."""
+    g = torch.Generator().manual_seed(vocab)
+    b, k = 6, 5
+    for trial in range(6):
+        lp = torch.log_softmax(3 * torch.randn(b * k, vocab, generator=g), -1)
+        scores = 5 * torch.randn(b, k, generator=g)
+        if trial % 2 == 0:
+            scores[:, 1:] = float("-inf")  # the first step: only beam 0 is alive
+        lp[:, EOS] = float("-inf") if trial % 3 == 0 else lp[:, EOS]
+        total = (scores[:, :, None] + lp.view(b, k, vocab)).view(b, k * vocab)
+        want_scores, flat = total.topk(2 * k, dim=-1)
+        got = _top_candidates_blocked(scores, lp, 2 * k)
+        assert torch.equal(got[0], want_scores)
+        assert torch.equal(got[1], torch.arange(b)[:, None] * k + flat // vocab)
+        assert torch.equal(got[2], flat % vocab)
 
 
 def test_filter_log_probs_top_k_and_top_p():
