@@ -195,3 +195,40 @@ def test_bf16_autocast_trains_with_fp32_master_weights(tmp_path):
     weights = load_file(str(tmp_path / "run/model.safetensors"))
     assert all(t.dtype == torch.float32 for t in weights.values())
     assert math.isfinite(_metrics(tmp_path / "run")[-1]["loss"])
+
+
+def test_bpe_dropout_re_encodes_training_batches_only(tmp_path):
+    """data.bpe_dropout: training batches are new segmentations of the same text (decoding back
+    to it), the plain pairs and validation batches are untouched, and a run trains."""
+    values = base_values(tmp_path / "data", max_steps=4)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta"]
+    for split in ("train", "valid"):  # words of several letters, so that BPE has merges to skip
+        lines = [" ".join(words[(i + j) % 7] for j in range(2 + i % 4)) for i in range(120)]
+        for side, text in (("src", lines), ("tgt", [" ".join(reversed(t.split())) for t in lines])):
+            (tmp_path / "data" / f"{split}.{side}").write_text("\n".join(text) + "\n", encoding="utf-8")
+    values.update({"data.tokenizer": "bpe", "data.vocab_size": 300, "data.bpe_dropout": 0.5,
+                   "model.max_len": 128, "data.max_len": 128, "data.max_tokens": 800})
+    cfg = build_run_config(values)
+    task = TranslationTask(cfg)
+    task.setup(None)
+    plain = [task.train_pairs[i] for i in range(40)]
+    first = task._noisy_pairs(list(range(40)))
+    assert first != plain  # at p = 0.5 some of 40 pairs are segmented differently
+    for (x, y), (src, tgt) in zip(first, task.train_texts[:40]):
+        assert task.tokenizer.decode(x) == src and task.tokenizer.decode(y) == tgt
+    assert sum(len(x) for x, _ in first) > sum(len(x) for x, _ in plain)  # fewer merges
+    assert [task.train_pairs[i] for i in range(40)] == plain
+    valid = task.collate("valid", [0, 1, 2])
+    assert valid.src.tolist() == task.collate("valid", [0, 1, 2]).src.tolist()
+    train_run(cfg, tmp_path / "run")
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_bpe_dropout_needs_a_bpe_translation_tokenizer(tmp_path):
+    values = base_values(tmp_path / "data")
+    values["data.bpe_dropout"] = 0.1  # the tiny task's tokenizer is "char"
+    with pytest.raises(Exception, match="bpe_dropout needs"):
+        build_run_config(values)
+    values.update({"data.tokenizer": "bpe", "data.bpe_dropout": 1.0})
+    with pytest.raises(Exception, match=r"bpe_dropout must be in \[0, 1\)"):
+        build_run_config(values)

@@ -42,6 +42,12 @@ class DataConfig:
     tokenizer: Literal["bpe", "unigram", "char"] = "bpe"
     # Vocabulary size including the 4 special tokens (the paper: 37000 BPE for WMT En-De).
     vocab_size: int = 8000
+    # BPE-dropout (Provilkov et al. 2020), translation training only: every time a training pair
+    # goes into a batch it is re-encoded with each BPE merge skipped with this probability, so the
+    # model sees many segmentations of the same words. Batches are planned on the plain encoding's
+    # lengths; validation, BLEU and decoding use the plain tokenizer. The draws come from the
+    # tokenizers library's own generator, which takes no seed: such runs do not repeat exactly.
+    bpe_dropout: float = 0.0
     # Token budget per batch, padding included (the paper: ~25000 source + 25000 target tokens).
     max_tokens: int = 4096
     # Longest sequence kept for training, in tokens with BOS/EOS; longer examples are dropped.
@@ -64,6 +70,10 @@ class DataConfig:
         for name in ("vocab_size", "max_tokens", "max_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
+        if self.bpe_dropout and (self.tokenizer != "bpe" or self.task != "translation"):
+            raise ConfigError("data.bpe_dropout needs data.tokenizer = 'bpe' and data.task = 'translation'")
         if self.tokenizer != "char" and self.vocab_size <= 4:
             raise ConfigError(f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
         given = [name for name in _USER_PATHS if getattr(self, name)]

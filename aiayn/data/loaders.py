@@ -117,18 +117,29 @@ def prepare_translation(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[Pai
     Training pairs with an empty side, or with a side longer than ``max_len`` tokens (the target
     counted with its BOS/EOS), are dropped and counted in the log; validation pairs are all kept.
     """
+    train, valid, _ = prepare_translation_texts(cfg, tokenizer)
+    return train, valid
+
+
+def prepare_translation_texts(
+    cfg: DataConfig, tokenizer: Tokenizer
+) -> tuple[list[Pair], list[Pair], list[tuple[str, str]]]:
+    """:func:`prepare_translation`, plus the (source, target) texts of the kept training pairs
+    (what BPE-dropout re-encodes)."""
     result = []
     for split in (cfg.train_split, cfg.valid_split):
         src, tgt = load_translation(cfg, split)
-        result.append(list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt))))
-    train, valid = result
-    kept = [(x, y) for x, y in train if x and y and len(x) <= cfg.max_len and len(y) + 1 <= cfg.max_len]
+        result.append((list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt))),
+                       list(zip(src, tgt))))
+    (train, texts), (valid, _) = result
+    kept = [i for i, (x, y) in enumerate(train)
+            if x and y and len(x) <= cfg.max_len and len(y) + 1 <= cfg.max_len]
     if len(kept) < len(train):
         empty = sum(1 for x, y in train if not x or not y)
         log.warning("dropped %d of %d training pairs: %d longer than max_len=%d tokens, %d empty",
                     len(train) - len(kept), len(train), len(train) - len(kept) - empty, cfg.max_len,
                     empty)
-    return kept, valid
+    return [train[i] for i in kept], valid, [texts[i] for i in kept]
 
 
 Item = tuple[list[int], int]

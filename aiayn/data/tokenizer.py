@@ -117,6 +117,15 @@ class SubwordTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def with_dropout(self, p: float) -> "SubwordTokenizer":
+        """A copy whose BPE merges are each skipped with probability ``p`` at every encode
+        (BPE-dropout, Provilkov et al. 2020): the same vocabulary, a random segmentation."""
+        if self.kind != "bpe":
+            raise DataError(f"BPE-dropout needs a BPE tokenizer, this one is {self.kind}")
+        hf = HFTokenizer.from_str(self.hf.to_str())
+        hf.model.dropout = p
+        return SubwordTokenizer(hf)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encodes in parallel (Rust threads; ``TOKENIZERS_PARALLELISM`` controls them)."""
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]

@@ -100,9 +100,10 @@ class TranslationTask(Task):
     """Teacher-forced encoder–decoder training on (source, target) token-id pairs."""
 
     kind = "seq2seq"
+    noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, fit_tokenizer, prepare_translation
+        from aiayn.data import Tokenizer, fit_tokenizer, prepare_translation_texts
 
         data = self.cfg.data
         if tokenizer_json is None:
@@ -111,9 +112,12 @@ class TranslationTask(Task):
             self.tokenizer = fit_tokenizer(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
-        self.train_pairs, self.valid_pairs = prepare_translation(data, self.tokenizer)
+        self.train_pairs, self.valid_pairs, self.train_texts = prepare_translation_texts(
+            data, self.tokenizer)
         if not self.train_pairs:
             raise ConfigError("no training pairs left after filtering by data.max_len")
+        # BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at random.
+        self.noisy_tokenizer = self.tokenizer.with_dropout(data.bpe_dropout) if data.bpe_dropout else None
         self._samplers: dict[tuple, Any] = {}
         log.info("%d training pairs, %d validation pairs, vocabulary %d",
                  len(self.train_pairs), len(self.valid_pairs), self.tokenizer.vocab_size)
@@ -148,7 +152,19 @@ class TranslationTask(Task):
 
         pairs = self.train_pairs if split == "train" else self.valid_pairs
         m = self.cfg.model
-        return collate_translation([pairs[i] for i in indices], m.pad_id, m.bos_id, m.eos_id)
+        if split == "train" and self.noisy_tokenizer is not None:
+            chosen = self._noisy_pairs(indices)
+        else:
+            chosen = [pairs[i] for i in indices]
+        return collate_translation(chosen, m.pad_id, m.bos_id, m.eos_id)
+
+    def _noisy_pairs(self, indices: list[int]) -> list[tuple[list[int], list[int]]]:
+        """Training pairs ``indices`` freshly encoded with BPE-dropout, cut to data.max_len (a
+        noisier segmentation is longer; the cut is rare at Multi30k's lengths)."""
+        n = self.cfg.data.max_len
+        src = self.noisy_tokenizer.encode_batch([self.train_texts[i][0] for i in indices])
+        tgt = self.noisy_tokenizer.encode_batch([self.train_texts[i][1] for i in indices])
+        return [(x[:n], y[:n - 1]) for x, y in zip(src, tgt)]
 
     def num_targets(self, batch: Any) -> int:
         return int(batch.n_tgt_tokens)
