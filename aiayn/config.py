@@ -223,6 +223,10 @@ class ModelConfig:
     # into one vector — mean over real tokens, max (the Keras IMDB tutorial), or a learned CLS token.
     n_classes: int = 2
     pooling: Literal["mean", "max", "cls"] = "mean"
+    # Classifier training only: each real token is dropped (neither attended to nor pooled, as
+    # if it were padding) with this probability; a text always keeps at least one token. The
+    # "word dropout" of Iyyer et al. (2015) against a classifier learning a few words by heart.
+    token_dropout: float = 0.0
     # Special token ids; padding is never attended to and never predicted.
     pad_id: int = 0
     bos_id: int = 1
@@ -292,9 +296,12 @@ class ModelConfig:
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
                 "unless d_k is set"
             )
-        for name in ("dropout", "activation_dropout"):
+        for name in ("dropout", "activation_dropout", "token_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.token_dropout and (self.n_decoder_layers > 0 or self.n_encoder_layers == 0):
+            raise ConfigError("model.token_dropout applies to encoder-only classifiers "
+                              "(n_decoder_layers = 0)")
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
             raise ConfigError(f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
         if self.share_embeddings and self.n_encoder_layers > 0 and (

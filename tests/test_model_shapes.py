@@ -30,6 +30,24 @@ def test_classifier_invariant_to_padding_and_batch_composition(pooling):
     assert torch.isfinite(model(torch.full((1, 4), PAD))).all()
 
 
+@pytest.mark.parametrize("pooling", ["mean", "max", "cls"])
+def test_token_dropout_turns_dropped_tokens_into_padding(pooling):
+    model = TransformerClassifier(cfg(pooling=pooling, token_dropout=0.5, n_decoder_layers=0))
+    ids = torch.randint(4, 30, (6, 9))
+    ids[1, 5:] = PAD
+    ids[2, 1:] = PAD  # one real token: with p = 0.5 it is often dropped, and must be kept
+    torch.manual_seed(3)
+    out = model.train()(ids)
+    torch.manual_seed(3)  # the same draw, done by hand (dropout is 0: no other random numbers)
+    kept = (ids != PAD) & (torch.rand(ids.shape) >= 0.5)
+    kept = torch.where(kept.any(1, keepdim=True), kept, ids != PAD)
+    assert 0 < int(kept.sum()) < int((ids != PAD).sum())
+    torch.testing.assert_close(out, model.eval()(ids.masked_fill(~kept, PAD)), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model.eval()(ids), out)  # evaluation keeps every token
+    with pytest.raises(Exception, match="token_dropout applies to encoder-only"):
+        cfg(token_dropout=0.1)  # an encoder-decoder
+
+
 def test_classifier_overfits_tiny_data():
     torch.manual_seed(0)
     model = TransformerClassifier(cfg(pooling="max"))

@@ -7,7 +7,6 @@ the validation BLEU logged during training.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path

@@ -8,8 +8,6 @@ the fast path (``F.scaled_dot_product_attention``) is tested against the explici
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

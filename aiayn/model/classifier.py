@@ -4,7 +4,8 @@ Shape legend: B batch · S sequence len · D d_model · C classes.
 
 The encoder stack of §3.1 over embedded tokens, pooled into one vector per sequence (mean over
 real tokens, max over real tokens as in the Keras IMDB tutorial, or a learned CLS token
-prepended), then dropout and a linear layer to class logits.
+prepended), then dropout and a linear layer to class logits. In training, ``token_dropout``
+drops whole tokens (they become padding for that step).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.model.dropout import Dropout
 from aiayn.model.embeddings import Embeddings, token_embedding
-from aiayn.model.masks import padding_mask
 from aiayn.model.transformer import Encoder, init_weights, positional_encoding
 
 
@@ -38,6 +38,9 @@ class TransformerClassifier(nn.Module):
     def forward(self, ids: Tensor, attn_record: list | None = None) -> Tensor:
         """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C)."""
         keep = ids != self.cfg.pad_id  # (B, S)
+        if self.training and self.cfg.token_dropout > 0.0:
+            kept = keep & (torch.rand(keep.shape, device=ids.device) >= self.cfg.token_dropout)
+            keep = torch.where(kept.any(1, keepdim=True), kept, keep)  # never an empty text
         x = self.embed(ids)  # (B, S, D)
         if self.cls is not None:
             x = torch.cat([self.cls.to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)  # (B, 1+S, D)

@@ -12,7 +12,6 @@ divides by the number of target tokens in the whole (accumulated, all-process) u
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
