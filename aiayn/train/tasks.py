@@ -161,10 +161,10 @@ class TranslationTask(Task):
     def _noisy_pairs(self, indices: list[int]) -> list[tuple[list[int], list[int]]]:
         """Training pairs ``indices`` freshly encoded with BPE-dropout, cut to data.max_len (a
         noisier segmentation is longer; the cut is rare at Multi30k's lengths)."""
-        n = self.cfg.data.max_len
-        src = self.noisy_tokenizer.encode_batch([self.train_texts[i][0] for i in indices])
-        tgt = self.noisy_tokenizer.encode_batch([self.train_texts[i][1] for i in indices])
-        return [(x[:n], y[:n - 1]) for x, y in zip(src, tgt)]
+        n, encode = self.cfg.data.max_len, self.noisy_tokenizer.encode
+        # One text at a time on this thread: encode_batch's Rust threads would compete with the
+        # training threads for the cores (measured 1.5x slower updates with 2 processes on 2 cores).
+        return [(encode(x)[:n], encode(y)[:n - 1]) for x, y in (self.train_texts[i] for i in indices)]
 
     def num_targets(self, batch: Any) -> int:
         return int(batch.n_tgt_tokens)
