@@ -169,9 +169,16 @@ def test_dropout_keeps_1_minus_p_and_scales():
     from aiayn.model.dropout import Dropout
 
     drop = Dropout(0.3)
-    x = torch.ones(200_000)
+    x = torch.ones(3, 133_335)  # not a multiple of 4 elements: the mask is drawn 4 at a time
     y = drop(x)
     kept = y != 0
     assert abs(kept.float().mean().item() - 0.7) < 0.005
+    # each of the 4 pieces of a 64-bit draw keeps 1 - p (the top piece has 15 random bits)
+    pieces = kept.flatten()[: kept.numel() // 4 * 4].view(-1, 4).float().mean(0)
+    assert ((pieces - 0.7).abs() < 0.01).all(), pieces
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.7))
     assert torch.equal(drop.eval()(x), x)
+    torch.manual_seed(5)
+    a = drop.train()(x)
+    torch.manual_seed(5)
+    assert torch.equal(a, drop(x))  # drawn from torch's seeded generator
