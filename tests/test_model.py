@@ -182,3 +182,23 @@ def test_dropout_keeps_1_minus_p_and_scales():
     a = drop.train()(x)
     torch.manual_seed(5)
     assert torch.equal(a, drop(x))  # drawn from torch's seeded generator
+
+
+def test_fused_projections_equal_the_separate_ones():
+    """project_qkv (one GEMM over stacked weights) and project_kv(x, x) give what the three
+    separate nn.Linear layers give; gradients reach each layer's own weights."""
+    from aiayn.model.attention import MultiHeadAttention
+
+    mha = MultiHeadAttention(32, 4, d_v=6)
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    q, k, v = mha.project_qkv(x)
+    split = lambda t, d: t.view(3, 5, 4, d).transpose(1, 2)  # noqa: E731
+    torch.testing.assert_close(q, split(mha.q_proj(x), 8))
+    torch.testing.assert_close(k, split(mha.k_proj(x), 8))
+    torch.testing.assert_close(v, split(mha.v_proj(x), 6))
+    k2, v2 = mha.project_kv(x, x)
+    torch.testing.assert_close(k2, k)
+    torch.testing.assert_close(v2, v)
+    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
+    torch.testing.assert_close(mha.k_proj.bias.grad, torch.full((32,), 2.0 * 15))
+    torch.testing.assert_close(mha.v_proj.bias.grad, torch.full((24,), 3.0 * 15))

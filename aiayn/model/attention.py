@@ -112,8 +112,29 @@ class MultiHeadAttention(nn.Module):
         return self._split(self.q_proj(query), self.d_k)
 
     def project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, Tk, D), (B, Tk, D) -> k (B, H, Tk, K), v (B, H, Tk, Kv)."""
-        return self._split(self.k_proj(key), self.d_k), self._split(self.v_proj(value), self.d_v)
+        """(B, Tk, D), (B, Tk, D) -> k (B, H, Tk, K), v (B, H, Tk, Kv).
+
+        When ``key is value`` (self-attention, the decoder's memory) both projections run as one
+        matrix multiply over the stacked weights: the same values, one GEMM instead of two.
+        """
+        if key is not value:
+            return self._split(self.k_proj(key), self.d_k), self._split(self.v_proj(value), self.d_v)
+        k, v = self._fused(key, (self.k_proj, self.v_proj))
+        return self._split(k, self.d_k), self._split(v, self.d_v)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's three projections of x as one matrix multiply.
+        (B, T, D) -> q (B, H, T, K), k (B, H, T, K), v (B, H, T, Kv)."""
+        q, k, v = self._fused(x, (self.q_proj, self.k_proj, self.v_proj))
+        return self._split(q, self.d_k), self._split(k, self.d_k), self._split(v, self.d_v)
+
+    @staticmethod
+    def _fused(x: Tensor, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+        """x through several linear layers at once: weights stacked, output split back."""
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        sizes = [p.out_features for p in projections]
+        return F.linear(x, weight, bias).split(sizes, dim=-1)
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, need_weights: bool = False

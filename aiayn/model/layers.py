@@ -66,7 +66,7 @@ class EncoderLayer(nn.Module):
         """
 
         def self_attention(h: Tensor) -> Tensor:
-            q, (k, v) = self.self_attn.project_q(h), self.self_attn.project_kv(h, h)
+            q, k, v = self.self_attn.project_qkv(h)
             out, w = self.self_attn.attend(q, k, v, mask, need_weights=attn_record is not None)
             if attn_record is not None:
                 attn_record.append(("self", w))
@@ -132,7 +132,7 @@ class DecoderLayer(nn.Module):
         need = attn_record is not None
 
         def self_attention(h: Tensor) -> Tensor:
-            q, (k, v) = self.self_attn.project_q(h), self.self_attn.project_kv(h, h)
+            q, k, v = self.self_attn.project_qkv(h)
             if cache is not None:
                 k, v = cache.append_self(k, v)  # (B, H, t + T, K)
             out, w = self.self_attn.attend(q, k, v, tgt_mask, need_weights=need)
