@@ -7,12 +7,14 @@ training step on 2 threads. Here one 64-bit draw (``random_`` on int64) gives th
 elements: its four 16-bit pieces are compared with p on a 1/65536 grid (the top piece has 15
 random bits, ``random_`` leaving the sign bit 0, and is compared on a 1/32768 grid), so p is
 rounded to a multiple of 2^-15 at worst — 0.1 becomes 0.100006. Measured 3.2× faster to draw
-than ``torch.rand`` (docs/performance.md). On other devices: ``uniform >= p``.
+than ``torch.rand`` (docs/performance.md). On other devices (and big-endian CPUs, where the
+pieces lie the other way round): ``uniform >= p``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +24,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     """A bool tensor of ``shape``, each element True with probability 1 - p (p on a 2^-16 grid,
     2^-15 for every fourth element); drawn from torch's default generator for ``device``."""
     device = torch.device(device)
-    if device.type != "cpu":
+    if device.type != "cpu" or sys.byteorder != "little":
         return torch.rand(shape, device=device) >= p  # float32 uniforms: exact p
     n = math.prod(shape)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # [0, 2^63): 63 random bits
