@@ -45,7 +45,7 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
 # The benchmarks: decoding, training, then cost vs length and batch (measured on the idle 2-core
-# machine, 2026-11-22: ~3, ~7 (--threads 2) and ~5 minutes).
+# machine, 2026-11-22: ~3, ~8 (--threads 2) and ~5 minutes).
 bench: bench-decode bench-train bench-scaling
 
 $(VENV)/.bench: $(VENV)/.installed

@@ -299,7 +299,7 @@ class ModelConfig:
         for name in ("dropout", "activation_dropout", "token_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.token_dropout and (self.n_decoder_layers > 0 or self.n_encoder_layers == 0):
+        if self.token_dropout and self.n_decoder_layers > 0:
             raise ConfigError("model.token_dropout applies to encoder-only classifiers "
                               "(n_decoder_layers = 0)")
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any]]
@@ -202,29 +201,37 @@ def _top_candidates_blocked(scores: Tensor, log_probs: Tensor, n: int,
                             block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`_top_candidates` without forming the (b, k·V) sums, exactly.
 
-    Each row's vocabulary is cut into blocks of ``block`` tokens. The n best sums
-    score[s, j] + log_probs[s·k + j, v] of sentence s lie in the n blocks with the best
-    score + block maximum, so only those n·block sums are formed and ranked. At V = 8000 this
-    replaces a (b, k·V) add and a k·V-wide top-k by a max over the vocabulary and two small top-ks.
+    Each row's vocabulary is cut into blocks of ``block`` tokens (the last one holds the
+    remainder). The n best sums score[s, j] + log_probs[s·k + j, v] of sentence s lie in the n
+    blocks with the best score + block maximum, so only those n·block sums are formed and ranked.
+    At V = 8000 this replaces a (b, k·V) add and a k·V-wide top-k by a max over the vocabulary
+    and two small top-ks. Nothing of size V is copied: blocks are views of ``log_probs``.
 
     Shape: scores (b, k), log_probs (b·k, V) -> scores, rows (into b·k), tokens, each (b, n).
     """
     b, k = scores.shape
     V = log_probs.size(-1)
-    pad = -V % block
-    lp = F.pad(log_probs, (0, pad), value=float("-inf")) if pad else log_probs
-    blocks = lp.view(b, k, -1, block)  # (b, k, nb, block)
-    nb = blocks.size(2)
-    best = (blocks.amax(-1) + scores[:, :, None]).view(b, k * nb)  # (b, k·nb)
-    top = best.topk(n, dim=-1).indices  # (b, n) best blocks: row j, block c
+    lp = log_probs.view(b, k, V)
+    full = V // block * block
+    maxes = lp[..., :full].unflatten(-1, (full // block, block)).amax(-1)  # (b, k, V // block)
+    if full < V:  # the remainder is a block of its own
+        maxes = torch.cat([maxes, lp[..., full:].amax(-1, keepdim=True)], dim=-1)
+    nb = maxes.size(-1)
+    top = (maxes + scores[:, :, None]).view(b, k * nb).topk(n, dim=-1).indices  # (b, n): row j, block c
     j, c = top // nb, top % nb
+    # Each chosen block as a window of `block` consecutive tokens of a view; the remainder's
+    # window ends at V, and the tokens it shares with the block before are that block's.
+    start = (c * block).clamp(max=V - block)  # (b, n) first token of each window
     sentence = torch.arange(b, device=top.device)[:, None]
-    cand = blocks[sentence, j, c] + scores.gather(1, j)[:, :, None]  # (b, n, block)
+    cand = lp.unfold(-1, block, 1)[sentence, j, start]  # (b, n, block)
+    if full < V:
+        shared = start[..., None] + torch.arange(block, device=top.device) < (c * block)[..., None]
+        cand = cand.masked_fill(shared, float("-inf"))
+    cand = cand + scores.gather(1, j)[:, :, None]
     cand_scores, flat = cand.view(b, n * block).topk(n, dim=-1)  # (b, n)
     slot = flat // block
     rows = sentence * k + j.gather(1, slot)
-    tokens = (c.gather(1, slot) * block + flat % block).clamp_(max=V - 1)  # padding is -inf
-    return cand_scores, rows, tokens
+    return cand_scores, rows, start.gather(1, slot) + flat % block
 
 
 def _finish_eos(
