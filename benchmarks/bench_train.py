@@ -61,7 +61,7 @@ SYSTEMS = ("aiayn", "torch", "marian")
 BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
 HARDWARE = "2-core AMD EPYC (AVX-512, avx512_bf16, no AMX), shared with other jobs"
 # Steps per preset (warm-up, timed): a BASE step costs ~8x a SMALL one (train_flops).
-STEPS = {"small": (2, 6), "base": (1, 2)}
+STEPS = {"small": (2, 6), "base": (1, 4)}
 
 
 # --------------------------------------------------------------------------------------------

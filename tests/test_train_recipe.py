@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.train.config import TrainConfig, build_run_config, load_run_config
-from aiayn.train.loss import label_smoothed_nll_loss
+from aiayn.train import loss as loss_module
+from aiayn.train.loss import label_smoothed_nll_loss, projected_label_smoothed_nll_loss
 from aiayn.train.schedule import cosine_lr, inverse_sqrt_lr, make_schedule, noam_lr
 
 # ---- label-smoothed cross-entropy --------------------------------------------------------------
@@ -213,3 +214,46 @@ def test_label_smoothed_loss_gradient_gradcheck_and_torch():
                                             reduction="sum")
     (theirs,) = torch.autograd.grad(ref, logits)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_projected_loss_equals_the_loss_of_the_projected_logits(monkeypatch):
+    """Output projection fused into the loss (chunks of rows, the (N, V) logits never built):
+    value, NLL and gradients for the hidden states and the weight equal the plain path, across
+    chunk boundaries, with padding rows dropped and an upstream gradient other than 1."""
+    monkeypatch.setattr(loss_module, "PROJECT_ROWS", 4)  # 3 chunks of rows and a remainder
+    monkeypatch.setattr(loss_module, "CHUNK_BYTES", 4 * 13 * 3)  # float32 passes of 3 rows
+    torch.manual_seed(0)
+    h = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (3, 5))
+    target[1, 2:] = 0
+    target[2, 4] = 0
+    ref, ref_nll = label_smoothed_nll_loss(F.linear(h, w), target, 0.1, ignore_index=0)
+    ref_grads = torch.autograd.grad(2.5 * ref, (h, w))
+    ours, ours_nll = projected_label_smoothed_nll_loss(h, w, target, 0.1, ignore_index=0)
+    grads = torch.autograd.grad(2.5 * ours, (h, w))
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(ours_nll, ref_nll)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
+    assert float(grads[0][1, 3].abs().sum()) == 0.0  # a padding row gets no gradient
+    assert torch.autograd.gradcheck(
+        lambda h, w: projected_label_smoothed_nll_loss(h, w, target, 0.2, 0)[0], (h, w))
+    with torch.no_grad():  # evaluation: the same value, no gradient work kept
+        torch.testing.assert_close(projected_label_smoothed_nll_loss(h, w, target, 0.1, 0)[0], ref)
+
+
+def test_projected_loss_under_bf16_autocast_is_close_to_float32():
+    torch.manual_seed(0)
+    h = torch.randn(64, 32, requires_grad=True)
+    w = (0.2 * torch.randn(500, 32)).requires_grad_()
+    target = torch.randint(0, 500, (64,))
+    ref, _ = label_smoothed_nll_loss(F.linear(h, w), target, 0.1, ignore_index=0)
+    ref_grads = torch.autograd.grad(ref, (h, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, _ = projected_label_smoothed_nll_loss(h, w, target, 0.1, ignore_index=0)
+    grads = torch.autograd.grad(ours, (h, w))
+    assert ours.dtype == torch.float32 and grads[1].dtype == torch.float32
+    assert abs(ours.item() - ref.item()) < 2e-3 * abs(ref.item())
+    for a, b in zip(grads, ref_grads):
+        assert float((a - b).norm() / b.norm()) < 2e-2

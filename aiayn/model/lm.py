@@ -33,8 +33,10 @@ class TransformerLM(nn.Module):
         init_weights(self)
         self.generator.weight = token.weight
 
-    def forward(self, ids: Tensor, cache: DecoderCache | None = None, attn_record: list | None = None) -> Tensor:
-        """Next-token logits. Shape: ids (B, T) -> (B, T, V).
+    def forward(self, ids: Tensor, cache: DecoderCache | None = None, attn_record: list | None = None,
+                features_only: bool = False) -> Tensor:
+        """Next-token logits. Shape: ids (B, T) -> (B, T, V), or the last hidden states (B, T, D)
+        before the generator with ``features_only``.
 
         With ``cache`` (from :meth:`init_cache`), ``ids`` holds only the tokens after the
         ``cache.length`` already seen; the cache is extended in place.
@@ -47,7 +49,7 @@ class TransformerLM(nn.Module):
         h = self.decoder(self.embed(ids, offset), None, mask, None, cache, attn_record)
         if cache is not None:
             cache.length += ids.size(1)
-        return self.generator(h)  # (B, T, V)
+        return h if features_only else self.generator(h)  # (B, T, D) or (B, T, V)
 
     def init_cache(self) -> DecoderCache:
         """An empty cache for incremental generation."""

@@ -128,10 +128,13 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         attn_record: list | None = None,
+        features_only: bool = False,
     ) -> Tensor:
         """Next-token logits for every target position.
 
-        Shape: tgt (B, T), memory (B, S, D), src_mask (B, S) or (B, 1, 1, S) -> logits (B, T, V).
+        Shape: tgt (B, T), memory (B, S, D), src_mask (B, S) or (B, 1, 1, S) -> logits (B, T, V),
+        or with ``features_only`` the decoder's last hidden states (B, T, D) before the
+        generator (the trainer's loss projects them itself, chunk by chunk).
 
         With ``cache`` (from :meth:`init_cache`), ``tgt`` holds only the tokens after the
         ``cache.length`` already decoded; the cache is extended in place.
@@ -148,18 +151,20 @@ class Transformer(nn.Module):
         h = self.decoder(x, memory, self_mask, memory_mask, cache, attn_record)
         if cache is not None:
             cache.length += tgt.size(1)
-        return self.generator(h)  # (B, T, V)
+        return h if features_only else self.generator(h)  # (B, T, D) or (B, T, V)
 
     def forward(
-        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+        features_only: bool = False,
     ) -> Tensor:
-        """Teacher-forced logits. Shape: src (B, S), tgt (B, T) -> (B, T, V).
+        """Teacher-forced logits. Shape: src (B, S), tgt (B, T) -> (B, T, V), or (B, T, D) hidden
+        states with ``features_only``.
 
         ``tgt`` is the decoder input (BOS + target[:-1]); padded with ``cfg.pad_id``.
         """
         src_mask = self.src_mask(src) if src_mask is None else as_attention_mask(src_mask)
         memory = self.encode(src, src_mask)
-        return self.decode(tgt, memory, src_mask, tgt_mask)
+        return self.decode(tgt, memory, src_mask, tgt_mask, features_only=features_only)
 
     def init_cache(self, memory: Tensor, src: Tensor | None = None, src_mask: Tensor | None = None) -> DecoderCache:
         """An empty cache for incremental decoding of ``memory`` (B, S, D)."""

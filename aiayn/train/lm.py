@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.tasks import StepStats, Task
+from aiayn.train.loss import projected_label_smoothed_nll_loss
+from aiayn.train.tasks import StepStats, Task, output_weight
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,9 @@ class LanguageModelTask(Task):
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         x, y = (t.to(device, non_blocking=True) for t in batch)
-        logits = model(x)  # (B, T, V)
-        loss, nll = label_smoothed_nll_loss(logits, y, self.cfg.train.label_smoothing,
-                                            self.cfg.model.pad_id)
+        hidden = model(x, features_only=True)  # (B, T, D)
+        loss, nll = projected_label_smoothed_nll_loss(hidden, output_weight(model), y,
+                                                      self.cfg.train.label_smoothing,
+                                                      self.cfg.model.pad_id)
         n = self.num_targets(batch)
         return StepStats(loss, nll, n, n)

@@ -7,6 +7,10 @@ whole vocabulary (fairseq's ``label_smoothed_nll_loss``), so per token
 
 Padding positions are neither predicted nor counted. Sums are returned, not means: the trainer
 divides by the number of target tokens in the whole (accumulated, all-process) update.
+
+Two entry points: :func:`label_smoothed_nll_loss` takes logits; :func:`projected_label_smoothed_nll_loss`
+takes the decoder's last hidden states and the output projection's weight and never builds the
+(N, V) logits (what the trainer uses).
 """
 
 from __future__ import annotations
@@ -84,3 +88,86 @@ def label_smoothed_nll_loss(
     gold = torch.where(keep, target, 0)  # (N,), padding points at any valid id
     loss, nll = _LabelSmoothedCE.apply(logits, gold, keep.to(_wide(logits.dtype)), float(epsilon))
     return loss.sum(), nll.sum().detach()
+
+
+# Rows of hidden states projected to the vocabulary at a time by the projected loss: few enough
+# that a chunk of logits is a reused buffer of a few MiB to 64 MiB, many enough that the three
+# matrix multiplies per chunk run at full speed and the weight gradient is summed over few chunks.
+PROJECT_ROWS = 1024
+
+
+class _ProjectedLabelSmoothedCE(torch.autograd.Function):
+    """Output projection + label-smoothed cross-entropy, summed over rows, chunk by chunk.
+
+    For each chunk of rows: z = h W^T; the loss terms as in :class:`_LabelSmoothedCE`; the
+    gradient of the summed loss with respect to z, G = softmax(z) - (1 - ε)·onehot - ε/V, overwrites
+    z; then dh = G W and dW += G^T h right away. The loss is a sum, so its gradient reaches
+    backward as one scalar that scales dh and dW. The (N, V) logits never exist: one chunk-sized
+    buffer is reused, which saves the page faults of a fresh logits tensor every step and two
+    passes over it. Matrix multiplies run in ``dtype`` (bf16 under autocast), everything per row
+    in float32, dW accumulates in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, gold: Tensor, epsilon: float,
+                dtype: torch.dtype, need_grad: bool):
+        N, V = h.size(0), weight.size(0)
+        wide = _wide(dtype)
+        hc, w = h.to(dtype), weight.to(dtype)  # (N, D), (V, D)
+        wt = w.t()
+        stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
+        dh = torch.empty_like(h) if need_grad else None
+        dw = torch.zeros(weight.shape, dtype=_wide(weight.dtype), device=weight.device) if need_grad else None
+        buffer = h.new_empty(min(N, PROJECT_ROWS), V, dtype=dtype)
+        sub = max(1, CHUNK_BYTES // (4 * V))  # rows per float32 pass, kept in cache
+        for a in range(0, N, PROJECT_ROWS):
+            rows = hc[a : a + PROJECT_ROWS]
+            z = torch.mm(rows, wt, out=buffer[: rows.size(0)])  # (C, V) logits
+            for b in range(0, z.size(0), sub):
+                zs = z[b : b + sub].to(wide, copy=True)  # (c, V)
+                g = gold[a + b : a + b + zs.size(0)]
+                gold_z = zs.gather(1, g[:, None]).squeeze(1)
+                mean_z = zs.mean(dim=-1)
+                top = zs.amax(dim=-1, keepdim=True)
+                e = zs.sub_(top).exp_()
+                total = e.sum(dim=-1, keepdim=True)
+                lse = (top + total.log()).squeeze(1)
+                nll = (lse - gold_z).sum()
+                stats[0] += (1.0 - epsilon) * nll + epsilon * (lse - mean_z).sum()
+                stats[1] += nll
+                if need_grad:
+                    e.div_(total).sub_(epsilon / V)
+                    e[torch.arange(e.size(0), device=e.device), g] += epsilon - 1.0
+                    z[b : b + sub] = e
+            if need_grad:
+                dh[a : a + z.size(0)] = torch.mm(z, w)
+                dw += torch.mm(z.t(), rows)
+        ctx.save_for_backward(dh, dw)
+        return stats[0], stats[1]
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        dh, dw = ctx.saved_tensors
+        if dh is None:
+            raise RuntimeError("projected_label_smoothed_nll_loss ran without gradients")
+        return dh * grad_loss.to(dh.dtype), dw * grad_loss.to(dw.dtype), None, None, None, None
+
+
+def projected_label_smoothed_nll_loss(
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
+) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_nll_loss` of the logits ``hidden @ weight.T``, without building them.
+
+    Shape: hidden (B, T, D) or (N, D), weight (V, D), target (B, T) or (N,) -> two scalars. Rows
+    whose target is ``ignore_index`` are dropped before the projection. Under autocast the
+    projection runs in the autocast dtype (as ``nn.Linear`` would) and the loss in float32.
+    """
+    hidden = hidden.reshape(-1, hidden.size(-1))  # (N, D)
+    keep = (target.reshape(-1) != ignore_index).nonzero().squeeze(1)  # (K,)
+    hidden, gold = hidden.index_select(0, keep), target.reshape(-1).index_select(0, keep)
+    kind = hidden.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    with torch.autocast(kind, enabled=False):
+        loss, nll = _ProjectedLabelSmoothedCE.apply(hidden, weight, gold, float(epsilon), dtype, need_grad)
+    return loss, nll.detach()

@@ -21,11 +21,16 @@ from aiayn.checkpoint import MODEL_KINDS, _builtin_kinds
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.train.config import RunConfig
-from aiayn.train.loss import label_smoothed_nll_loss
+from aiayn.train.loss import projected_label_smoothed_nll_loss
 
 log = logging.getLogger(__name__)
 
 __all__ = ["StepStats", "Task", "TranslationTask", "TASKS", "build_task"]
+
+
+def output_weight(model: nn.Module) -> Tensor:
+    """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
+    return getattr(model, "module", model).generator.weight
 
 
 @dataclass
@@ -171,9 +176,10 @@ class TranslationTask(Task):
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         batch = batch.to(device, non_blocking=True)
-        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-        loss, nll = label_smoothed_nll_loss(
-            logits, batch.tgt_out, self.cfg.train.label_smoothing, self.cfg.model.pad_id)
+        hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, T, D)
+        loss, nll = projected_label_smoothed_nll_loss(
+            hidden, output_weight(model), batch.tgt_out, self.cfg.train.label_smoothing,
+            self.cfg.model.pad_id)
         return StepStats(loss, nll, batch.n_tgt_tokens, batch.n_src_tokens + batch.n_tgt_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
