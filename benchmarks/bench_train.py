@@ -634,7 +634,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
     p.add_argument("--steps", type=int, nargs=2, metavar=("WARMUP", "TIMED"), action="append",
-                   help="override the steps of every preset (default small 2+6, base 1+2)")
+                   help="override the steps of every preset (default small 2+6, base 1+4)")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=HARDWARE)
     p.add_argument("--out", default=str(ROOT / "docs" / "performance"), help="writes OUT.json, OUT.md")
