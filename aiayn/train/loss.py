@@ -117,8 +117,13 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         wt = w.t()
         stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
         dh = torch.empty_like(h) if need_grad else None
-        dw = torch.zeros(weight.shape, dtype=_wide(weight.dtype), device=weight.device) if need_grad else None
+        dw = torch.empty(weight.shape, dtype=_wide(weight.dtype), device=weight.device) if need_grad else None
         buffer = h.new_empty(min(N, PROJECT_ROWS), V, dtype=dtype)
+        # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
+        # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
+        # BASE step here, in page faults and a mixed-dtype add).
+        dw_part = w.new_empty(w.shape) if need_grad else None
+        dw_wide = (dw_part if dw.dtype == dtype else torch.empty_like(dw)) if need_grad else None
         sub = max(1, CHUNK_BYTES // (4 * V))  # rows per float32 pass, kept in cache
         for a in range(0, N, PROJECT_ROWS):
             rows = hc[a : a + PROJECT_ROWS]
@@ -141,7 +146,13 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
                     z[b : b + sub] = e
             if need_grad:
                 dh[a : a + z.size(0)] = torch.mm(z, w)
-                dw += torch.mm(z.t(), rows)
+                torch.mm(z.t(), rows, out=dw_part)
+                if a == 0:
+                    dw.copy_(dw_part)
+                else:
+                    if dw_wide is not dw_part:
+                        dw_wide.copy_(dw_part)
+                    dw.add_(dw_wide)
         ctx.save_for_backward(dh, dw)
         return stats[0], stats[1]
 

@@ -141,8 +141,11 @@ class Trainer:
     def _build_optimizer(self) -> torch.optim.Optimizer:
         t = self.t
         opt = torch.optim.AdamW if t.weight_decay > 0 else torch.optim.Adam
+        # The fused kernel: one pass over each parameter instead of ~10 foreach passes (BASE,
+        # 60 M parameters, 2 threads here: 37 ms against 160 ms a step); the same update.
+        fused = self.device.type in ("cpu", "cuda")
         return opt(self.model.parameters(), lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps,
-                   weight_decay=t.weight_decay)
+                   weight_decay=t.weight_decay, fused=fused)
 
     def _restore(self) -> None:
         from aiayn.checkpoint import load_weights
