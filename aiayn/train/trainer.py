@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.train.allocator import keep_freed_memory
 from aiayn.train.config import RunConfig
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
@@ -118,6 +119,8 @@ class Trainer:
         self.meta = meta
         self.tokenizer_json = tokenizer_json
         self.device = dist.device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults for memory freed by the previous step
         self.autocast_dtype = resolve_precision(self.t.precision, self.device)
         torch.manual_seed(self.t.seed)
         self.model = task.build_model(cfg.model).to(self.device)

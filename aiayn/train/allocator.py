@@ -1,0 +1,45 @@
+"""glibc malloc set-up for training on CPU: keep freed memory in the process.
+
+A training step allocates and frees the same few hundred MiB of activations, gradients and
+logits every step, in sizes that change with the batch's shape. glibc serves blocks above its
+mmap threshold (128 KiB, rising to at most 32 MiB) with a fresh ``mmap`` and gives them back to
+the kernel on ``free``, so a step page-faults much of its memory in again: on this project's
+2-core VM up to ~220,000 minor faults and 1.6 s of kernel time in a ~5 s BASE step
+(docs/performance.md, "Allocator"). With ``M_MMAP_MAX = 0`` every block comes from the heap, and
+with a large ``M_TRIM_THRESHOLD`` freed heap memory stays in the process, so once the steps have
+reached their peak they fault almost nothing. The price: the process keeps its peak memory until
+it exits, which is what a training process does anyway.
+
+Applied by the trainer on CPU, once per process. Skipped off glibc, when the user set any
+``MALLOC_*`` environment variable (their own tuning wins), and with ``AIAYN_MALLOC=default``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4  # glibc's mallopt parameter numbers
+_applied: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc malloc as above (once per process); True when the settings are in force."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    if os.environ.get("AIAYN_MALLOC", "") == "default" or any(k.startswith("MALLOC_") for k in os.environ):
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    # mallopt returns 1 on success; all three or the state is reported as not applied.
+    ok = [libc.mallopt(M_MMAP_MAX, 0), libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1),
+          libc.mallopt(M_TOP_PAD, 64 << 20)]
+    _applied = all(r == 1 for r in ok)
+    return _applied
