@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo test test-slow bench bench-decode bench-train bench-scaling clean
+.PHONY: install demo test test-slow bench bench-decode bench-train bench-convergence bench-scaling clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,9 +44,9 @@ test: install
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
-# The benchmarks: decoding, training, then cost vs length and batch (measured on the idle 2-core
-# machine, 2026-11-22: ~3, ~8 (--threads 2) and ~5 minutes).
-bench: bench-decode bench-train bench-scaling
+# The benchmarks: decoding, training, same convergence as nn.Transformer, then cost vs length and
+# batch (measured on the idle 2-core machine, 2026-11-22: ~3, ~16, ~4 and ~5 minutes).
+bench: bench-decode bench-train bench-convergence bench-scaling
 
 $(VENV)/.bench: $(VENV)/.installed
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[bench]'
@@ -60,6 +60,10 @@ bench-decode: $(VENV)/.bench
 # (real Multi30k batches: needs the data mirror or a download). BENCH_ARGS="--threads 1" etc.
 bench-train: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_train.py $(BENCH_ARGS)
+
+# aiayn's trainer and nn.Transformer from the same weights on the same 100 real batches -> docs/convergence.json
+bench-convergence: $(VENV)/.bench
+	$(BIN)/python benchmarks/same_convergence.py
 
 # How aiayn's step time grows with sentence length and batch size -> docs/scaling.json, performance.md
 bench-scaling: $(VENV)/.installed

@@ -6,14 +6,15 @@
 
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import RunConfig, TrainConfig, load_run_config
-from aiayn.train.loss import label_smoothed_nll_loss
+from aiayn.train.loss import label_smoothed_nll_loss, projected_label_smoothed_nll_loss
 from aiayn.train.run import resume_config, train_run
 from aiayn.train.schedule import cosine_lr, inverse_sqrt_lr, make_schedule, noam_lr
 from aiayn.train.tasks import TASKS, StepStats, Task, TranslationTask, build_task
 from aiayn.train.trainer import Trainer, TrainingDiverged, TrainResult
 
 __all__ = [
-    "RunConfig", "TrainConfig", "load_run_config", "label_smoothed_nll_loss", "noam_lr",
+    "RunConfig", "TrainConfig", "load_run_config", "label_smoothed_nll_loss",
+    "projected_label_smoothed_nll_loss", "noam_lr",
     "cosine_lr", "inverse_sqrt_lr", "make_schedule", "Task", "StepStats", "TranslationTask", "TASKS",
     "build_task", "Trainer", "TrainingDiverged", "TrainResult", "train_run", "resume_config",
     "average_checkpoints",
