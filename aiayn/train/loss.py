@@ -117,7 +117,8 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         wt = w.t()
         stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
         dh = torch.empty_like(h) if need_grad else None
-        dw = torch.empty(weight.shape, dtype=_wide(weight.dtype), device=weight.device) if need_grad else None
+        dw = (weight.new_empty(weight.shape, dtype=_wide(weight.dtype)) if N else
+              weight.new_zeros(weight.shape, dtype=_wide(weight.dtype))) if need_grad else None
         buffer = h.new_empty(min(N, PROJECT_ROWS), V, dtype=dtype)
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
         # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
