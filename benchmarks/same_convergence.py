@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "command": "python benchmarks/same_convergence.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": str(date.today()), "hardware": cpu_name(), "torch": torch.__version__,
+        "aiayn": bt.aiayn_version(),
         "preset": args.preset, "precision": args.precision, "steps": args.steps,
         "lr": args.lr, "warmup": args.warmup, "data": info,
         "held_out_start": {"torch": statistics.mean(a for a, _ in start), "aiayn": statistics.mean(b for _, b in start)},

@@ -241,6 +241,9 @@ def test_projected_loss_equals_the_loss_of_the_projected_logits(monkeypatch):
         lambda h, w: projected_label_smoothed_nll_loss(h, w, target, 0.2, 0)[0], (h, w))
     with torch.no_grad():  # evaluation: the same value, no gradient work kept
         torch.testing.assert_close(projected_label_smoothed_nll_loss(h, w, target, 0.1, 0)[0], ref)
+    frozen, _ = projected_label_smoothed_nll_loss(h, w.detach(), target, 0.1, ignore_index=0)
+    (only_h,) = torch.autograd.grad(2.5 * frozen, (h,))  # a frozen output projection
+    torch.testing.assert_close(only_h, ref_grads[0])
     empty, _ = projected_label_smoothed_nll_loss(h, w, torch.zeros_like(target), 0.1, 0)
     assert float(empty.detach()) == 0.0  # padding only: no loss and zero gradients
     assert all(float(g.abs().sum()) == 0.0 for g in torch.autograd.grad(empty, (h, w)))

@@ -108,6 +108,20 @@ def test_resume_continues_to_a_larger_max_steps(finished_run, tmp_path, capsys):
     assert json.loads((copy / "config.json").read_text())["train"]["max_steps"] == 6
 
 
+def test_resume_of_a_state_saved_before_the_fused_optimizer_uses_the_fused_kernel(finished_run, tmp_path):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    state = torch.load(copy / "trainer_state.pt", weights_only=True)
+    assert state["optimizer"]["param_groups"][0]["fused"] is True
+    for group in state["optimizer"]["param_groups"]:  # as saved by the foreach optimizer
+        group["fused"], group["foreach"] = None, None
+    torch.save(state, copy / "trainer_state.pt")
+    assert main(["train", "--resume", "--out", str(copy), "--set", "train.max_steps=6"]) == 0
+    resumed = torch.load(copy / "trainer_state.pt", weights_only=True)
+    assert resumed["step"] == 6 and resumed["optimizer"]["param_groups"][0]["fused"] is True
+
+
 def test_resume_refuses_a_different_model_and_keeps_files(finished_run, capsys):
     cfg, run = finished_run
     before = _snapshot(run)

@@ -10,8 +10,9 @@ with a large ``M_TRIM_THRESHOLD`` freed heap memory stays in the process, so onc
 reached their peak they fault almost nothing. The price: the process keeps its peak memory until
 it exits, which is what a training process does anyway.
 
-Applied by the trainer on CPU, once per process. Skipped off glibc, when the user set any
-``MALLOC_*`` environment variable (their own tuning wins), and with ``AIAYN_MALLOC=default``.
+Applied by the trainer on CPU, once per process. Skipped off glibc, when the user tuned malloc
+themselves (any ``MALLOC_*`` variable, ``glibc.malloc`` in ``GLIBC_TUNABLES``) or preloads
+jemalloc / tcmalloc / mimalloc, and with ``AIAYN_MALLOC=default``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ def keep_freed_memory() -> bool:
     if _applied is not None:
         return _applied
     _applied = False
-    if os.environ.get("AIAYN_MALLOC", "") == "default" or any(k.startswith("MALLOC_") for k in os.environ):
-        return False
+    env = os.environ
+    if (env.get("AIAYN_MALLOC", "") == "default" or any(k.startswith("MALLOC_") for k in env)
+            or "glibc.malloc" in env.get("GLIBC_TUNABLES", "")
+            or any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))):
+        return False  # the user's own malloc settings, or another allocator
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:

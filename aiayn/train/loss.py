@@ -91,8 +91,9 @@ def label_smoothed_nll_loss(
 
 
 # Rows of hidden states projected to the vocabulary at a time by the projected loss: few enough
-# that a chunk of logits is a reused buffer of a few MiB to 64 MiB, many enough that the three
-# matrix multiplies per chunk run at full speed and the weight gradient is summed over few chunks.
+# that a chunk of logits is a reused buffer (bf16: 16 MiB at V = 8,000, 64 MiB at V = 32,000),
+# many enough that the three matrix multiplies per chunk run at full speed and the weight
+# gradient is summed over few chunks.
 PROJECT_ROWS = 1024
 
 
@@ -105,26 +106,30 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     backward as one scalar that scales dh and dW. The (N, V) logits never exist: one chunk-sized
     buffer is reused, which saves the page faults of a fresh logits tensor every step and two
     passes over it. Matrix multiplies run in ``dtype`` (bf16 under autocast), everything per row
-    in float32, dW accumulates in float32.
+    in float32, dW accumulates in float32. dh and dW are computed only for the inputs that
+    require a gradient (and only with grad mode on); they are held until the graph is freed.
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, gold: Tensor, epsilon: float,
-                dtype: torch.dtype, need_grad: bool):
+    def forward(ctx, h: Tensor, weight: Tensor, gold: Tensor, epsilon: float, dtype: torch.dtype,
+                grad_mode: bool):
         N, V = h.size(0), weight.size(0)
+        # needs_input_grad follows requires_grad even under no_grad, hence grad_mode.
+        need_dh, need_dw = grad_mode and ctx.needs_input_grad[0], grad_mode and ctx.needs_input_grad[1]
+        need_grad = need_dh or need_dw
         wide = _wide(dtype)
         hc, w = h.to(dtype), weight.to(dtype)  # (N, D), (V, D)
         wt = w.t()
         stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
-        dh = torch.empty_like(h) if need_grad else None
+        dh = torch.empty_like(h) if need_dh else None
         dw = (weight.new_empty(weight.shape, dtype=_wide(weight.dtype)) if N else
-              weight.new_zeros(weight.shape, dtype=_wide(weight.dtype))) if need_grad else None
+              weight.new_zeros(weight.shape, dtype=_wide(weight.dtype))) if need_dw else None
         buffer = h.new_empty(min(N, PROJECT_ROWS), V, dtype=dtype)
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
         # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
         # BASE step here, in page faults and a mixed-dtype add).
-        dw_part = w.new_empty(w.shape) if need_grad else None
-        dw_wide = (dw_part if dw.dtype == dtype else torch.empty_like(dw)) if need_grad else None
+        dw_part = w.new_empty(w.shape) if need_dw else None
+        dw_wide = (dw_part if dw.dtype == dtype else torch.empty_like(dw)) if need_dw else None
         sub = max(1, CHUNK_BYTES // (4 * V))  # rows per float32 pass, kept in cache
         for a in range(0, N, PROJECT_ROWS):
             rows = hc[a : a + PROJECT_ROWS]
@@ -145,8 +150,9 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
                     e.div_(total).sub_(epsilon / V)
                     e[torch.arange(e.size(0), device=e.device), g] += epsilon - 1.0
                     z[b : b + sub] = e
-            if need_grad:
+            if need_dh:
                 dh[a : a + z.size(0)] = torch.mm(z, w)
+            if need_dw:
                 torch.mm(z.t(), rows, out=dw_part)
                 if a == 0:
                     dw.copy_(dw_part)
@@ -155,14 +161,16 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
                         dw_wide.copy_(dw_part)
                     dw.add_(dw_wide)
         ctx.save_for_backward(dh, dw)
-        return stats[0], stats[1]
+        loss, nll = stats[0].clone(), stats[1].clone()
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         dh, dw = ctx.saved_tensors
-        if dh is None:
-            raise RuntimeError("projected_label_smoothed_nll_loss ran without gradients")
-        return dh * grad_loss.to(dh.dtype), dw * grad_loss.to(dw.dtype), None, None, None, None
+        return (None if dh is None else dh * grad_loss.to(dh.dtype),
+                None if dw is None else dw * grad_loss.to(dw.dtype), None, None, None, None)
 
 
 def projected_label_smoothed_nll_loss(
@@ -171,15 +179,19 @@ def projected_label_smoothed_nll_loss(
     """:func:`label_smoothed_nll_loss` of the logits ``hidden @ weight.T``, without building them.
 
     Shape: hidden (B, T, D) or (N, D), weight (V, D), target (B, T) or (N,) -> two scalars. Rows
-    whose target is ``ignore_index`` are dropped before the projection. Under autocast the
-    projection runs in the autocast dtype (as ``nn.Linear`` would) and the loss in float32.
+    whose target is ``ignore_index`` are dropped before the projection. Under bf16 autocast the
+    projection runs in bf16 (as ``nn.Linear`` would) and the loss in float32; under fp16 autocast
+    everything runs in float32 (the gradient is formed in the forward pass, before any loss
+    scaling, and fp16 would flush its small entries to zero).
     """
     hidden = hidden.reshape(-1, hidden.size(-1))  # (N, D)
     keep = (target.reshape(-1) != ignore_index).nonzero().squeeze(1)  # (K,)
     hidden, gold = hidden.index_select(0, keep), target.reshape(-1).index_select(0, keep)
     kind = hidden.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if dtype == torch.float16:
+        dtype = torch.float32
     with torch.autocast(kind, enabled=False):
-        loss, nll = _ProjectedLabelSmoothedCE.apply(hidden, weight, gold, float(epsilon), dtype, need_grad)
-    return loss, nll.detach()
+        loss, nll = _ProjectedLabelSmoothedCE.apply(hidden, weight, gold, float(epsilon), dtype,
+                                                    torch.is_grad_enabled())
+    return loss, nll
