@@ -45,7 +45,7 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
 # The benchmarks: decoding, training, same convergence as nn.Transformer, then cost vs length and
-# batch (measured on the idle 2-core machine, 2026-11-22: ~3, ~13, ~4 and ~5 minutes).
+# batch (measured on the idle 2-core machine, 2026-11-22: ~3, ~13, ~4 and ~4 minutes).
 bench: bench-decode bench-train bench-convergence bench-scaling
 
 $(VENV)/.bench: $(VENV)/.installed
