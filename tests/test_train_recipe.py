@@ -263,3 +263,33 @@ def test_projected_loss_under_bf16_autocast_is_close_to_float32():
     assert abs(ours.item() - ref.item()) < 2e-3 * abs(ref.item())
     for a, b in zip(grads, ref_grads):
         assert float((a - b).norm() / b.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_task_loss_through_the_model_equals_the_logits_path(tied):
+    """What the trainer computes (hidden states + the generator's weight, projected in the loss)
+    equals the loss of the model's own logits, with gradients for every parameter, whether the
+    generator shares the embedding or has its own weight."""
+    from aiayn.model import Transformer
+    from aiayn.train.tasks import output_weight
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=31, tgt_vocab_size=31, d_model=16, n_heads=2, d_ff=32,
+                      n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+                      share_embeddings=tied, tie_output=tied)
+    model = Transformer(cfg).double()
+    assert (model.generator.weight is model.tgt_embed.token.weight) == tied
+    src = torch.randint(3, 31, (3, 7))
+    tgt = torch.randint(3, 31, (3, 6))
+    tgt[1, 4:] = cfg.pad_id
+    target = torch.roll(tgt, -1, 1)
+    target[:, -1] = cfg.pad_id
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref, _ = label_smoothed_nll_loss(model(src, tgt), target, 0.1, cfg.pad_id)
+    ref_grads = torch.autograd.grad(ref, params)
+    ours, _ = projected_label_smoothed_nll_loss(model(src, tgt, features_only=True),
+                                                output_weight(model), target, 0.1, cfg.pad_id)
+    grads = torch.autograd.grad(ours, params)
+    torch.testing.assert_close(ours, ref)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
