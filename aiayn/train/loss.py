@@ -28,6 +28,19 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 CHUNK_BYTES = 2 << 20
 
 
+def _row_terms(z: Tensor, gold: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The per-row pieces of the loss from float32 (or wider) logits z (c, V), which become
+    exp(z - max) in place: -log p_gold = lse - z_gold, mean_v(-log p_v) = lse - mean(z), and
+    exp(z - max) with its row sums (c, 1), so that softmax(z) = e / total."""
+    gold_z = z.gather(1, gold[:, None]).squeeze(1)
+    mean_z = z.mean(dim=-1)
+    top = z.amax(dim=-1, keepdim=True)  # (c, 1)
+    e = z.sub_(top).exp_()
+    total = e.sum(dim=-1, keepdim=True)
+    lse = (top + total.log()).squeeze(1)
+    return lse - gold_z, lse - mean_z, e, total
+
+
 class _LabelSmoothedCE(torch.autograd.Function):
     """Label-smoothed cross-entropy per row, from logits, without materialising log-probs.
 
@@ -44,21 +57,15 @@ class _LabelSmoothedCE(torch.autograd.Function):
         N, V = logits.shape
         wide = _wide(logits.dtype)
         probs = torch.empty_like(logits)  # (N, V): softmax(z), in the logits' dtype
-        lse = logits.new_empty(N, dtype=wide)
-        gold_z = logits.new_empty(N, dtype=wide)
-        mean_z = logits.new_empty(N, dtype=wide)
+        nll = logits.new_empty(N, dtype=wide)
+        smooth = logits.new_empty(N, dtype=wide)
         rows = max(1, CHUNK_BYTES // (4 * V))
         for a in range(0, N, rows):
             z = logits[a : a + rows].to(wide, copy=True)  # (C, V)
-            gold_z[a : a + rows] = z.gather(1, gold[a : a + rows, None]).squeeze(1)
-            mean_z[a : a + rows] = z.mean(dim=-1)
-            top = z.amax(dim=-1, keepdim=True)  # (C, 1)
-            e = z.sub_(top).exp_()
-            total = e.sum(dim=-1, keepdim=True)
-            lse[a : a + rows] = (top + total.log()).squeeze(1)
+            nll[a : a + rows], smooth[a : a + rows], e, total = _row_terms(z, gold[a : a + rows])
             probs[a : a + rows] = e.div_(total)
-        nll = (lse - gold_z) * keep  # (N,)
-        smooth = (lse - mean_z) * keep
+        nll = nll * keep  # (N,)
+        smooth = smooth * keep
         ctx.save_for_backward(probs, gold, keep)
         ctx.epsilon = epsilon
         return (1.0 - epsilon) * nll + epsilon * smooth, nll
@@ -137,14 +144,9 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
             for b in range(0, z.size(0), sub):
                 zs = z[b : b + sub].to(wide, copy=True)  # (c, V)
                 g = gold[a + b : a + b + zs.size(0)]
-                gold_z = zs.gather(1, g[:, None]).squeeze(1)
-                mean_z = zs.mean(dim=-1)
-                top = zs.amax(dim=-1, keepdim=True)
-                e = zs.sub_(top).exp_()
-                total = e.sum(dim=-1, keepdim=True)
-                lse = (top + total.log()).squeeze(1)
-                nll = (lse - gold_z).sum()
-                stats[0] += (1.0 - epsilon) * nll + epsilon * (lse - mean_z).sum()
+                nll_rows, smooth_rows, e, total = _row_terms(zs, g)
+                nll = nll_rows.sum()
+                stats[0] += (1.0 - epsilon) * nll + epsilon * smooth_rows.sum()
                 stats[1] += nll
                 if need_grad:
                     e.div_(total).sub_(epsilon / V)
