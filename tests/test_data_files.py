@@ -256,6 +256,9 @@ def test_real_splits(use_real_cache):
     assert len(v_texts) == 2500 and sum(v_labels) == 1250
     full = load_classification(imdb, "train_full")
     assert len(full[0]) == 25000 and sorted(texts + v_texts) == sorted(full[0])  # a partition
+    head, tail = load_classification(imdb, "train_head"), load_classification(imdb, "val_tail")
+    assert len(tail[0]) == 2500 and sum(tail[1]) == 1250 and sorted(head[0] + tail[0]) == sorted(full[0])
+    assert tail[0][:1250] == full[0][11250:12500] and tail[0][1250:] == full[0][23750:]  # the last ids
     assert len(load_classification(imdb, "test")[0]) == 25000
     lm = DataConfig(task="lm", dataset="tiny_shakespeare", tokenizer="char")
     train, val = load_lm_text(lm, "train"), load_lm_text(lm, "val")

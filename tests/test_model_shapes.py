@@ -90,3 +90,70 @@ def test_lm_overfits_tiny_text():
         loss.backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+def _adversarial_task(eps: float):
+    from aiayn.train.classification import ClassificationTask
+    from aiayn.train.config import build_run_config
+
+    return ClassificationTask(build_run_config({"data.task": "classification",
+                                                "train.adversarial_eps": eps,
+                                                "train.label_smoothing": 0.0}))
+
+
+def _texts():
+    torch.manual_seed(0)
+    items = [(torch.randint(4, 30, (n,)).tolist(), n % 2) for n in (5, 9, 2)]
+    model = TransformerClassifier(cfg(n_classes=2, n_decoder_layers=0)).double().eval()
+    return model, items
+
+
+def _clean_loss_and_embedding_grad_norm(model, ids, label):
+    """The loss of one text alone and the L2 norm of its gradient w.r.t. the token embeddings."""
+    tokens = torch.tensor([ids])
+    delta = torch.zeros(1, len(ids), model.cfg.d_model, dtype=torch.float64, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(model(tokens, delta=delta), torch.tensor([label]),
+                                             reduction="sum")
+    (grad,) = torch.autograd.grad(loss, delta)
+    return float(loss.detach()), float(grad.norm())
+
+
+def test_adversarial_loss_adds_the_loss_one_gradient_step_up_per_text():
+    """Adversarial training (Miyato et al. 2017): loss = clean + loss at embeddings moved by eps
+    (per text) along the gradient; to first order the second term is clean + eps·‖∇‖ per text,
+    padding or batch-mates changing nothing. The reported NLL is the clean one."""
+    from aiayn.data import collate_classification
+
+    model, items = _texts()
+    eps = 1e-5
+    stats = _adversarial_task(eps).loss(model, collate_classification(items), torch.device("cpu"))
+    parts = [_clean_loss_and_embedding_grad_norm(model, ids, label) for ids, label in items]
+    clean = sum(loss for loss, _ in parts)
+    assert float(stats.nll) == pytest.approx(clean, rel=1e-9)
+    assert all(norm > 0 for _, norm in parts)
+    assert stats.loss.item() - 2 * clean == pytest.approx(eps * sum(n for _, n in parts), rel=1e-3)
+
+
+def test_adversarial_loss_of_a_padded_batch_is_the_sum_over_texts_alone():
+    from aiayn.data import collate_classification
+
+    model, items = _texts()
+    task, cpu = _adversarial_task(2.0), torch.device("cpu")
+    together = task.loss(model, collate_classification(items), cpu)
+    alone = [task.loss(model, collate_classification([item]), cpu) for item in items]
+    assert together.loss.item() == pytest.approx(sum(s.loss.item() for s in alone), rel=1e-9)
+    assert together.loss.item() > 2 * float(together.nll)  # the perturbation raises the loss
+    with torch.no_grad():  # validation: the plain loss
+        plain = task.loss(model, collate_classification(items), cpu)
+    assert float(plain.loss) == pytest.approx(float(together.nll), rel=1e-9)
+
+
+def test_adversarial_eps_is_checked():
+    from aiayn.errors import ConfigError
+    from aiayn.train.config import build_run_config
+    from aiayn.train.tasks import build_task
+
+    with pytest.raises(ConfigError, match="adversarial_eps must be >= 0"):
+        build_run_config({"train.adversarial_eps": -1.0})
+    with pytest.raises(ConfigError, match="classification' only"):
+        build_task(build_run_config({"train.adversarial_eps": 1.0}))

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 # IMDB has no validation split: every 10th review of the official training set (in its
 # canonical order, negatives then positives by id) is held out as "val", 1,250 per class.
+# Consecutive ids are mostly reviews of one movie, so "val" shares movies with "train", while the
+# test set's movies are disjoint from training's. "val_tail" holds out the last 10% of each class
+# by id instead (blocks of whole movies, but for the movies at the cut): "train_head" is the rest.
 _IMDB_VAL_EVERY = 10
 # Tiny Shakespeare has no official split: the usual first 90% / last 10% of the characters.
 _LM_TRAIN_FRACTION = 0.9
@@ -79,8 +82,16 @@ def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[in
     texts, labels = read_labelled(folder / "train.tsv.gz")
     if split == "train_full":
         return texts, labels
-    held_out = split == "val"
-    keep = [i for i in range(len(texts)) if (i % _IMDB_VAL_EVERY == _IMDB_VAL_EVERY - 1) == held_out]
+    if split in ("train_head", "val_tail"):
+        tail: set[int] = set()
+        for label in sorted(set(labels)):
+            ids = [i for i, y in enumerate(labels) if y == label]
+            tail.update(ids[len(ids) - len(ids) // _IMDB_VAL_EVERY:])
+        keep = [i for i in range(len(texts)) if (i in tail) == (split == "val_tail")]
+    else:
+        held_out = split == "val"
+        keep = [i for i in range(len(texts))
+                if (i % _IMDB_VAL_EVERY == _IMDB_VAL_EVERY - 1) == held_out]
     return [texts[i] for i in keep], [labels[i] for i in keep]
 
 

@@ -143,7 +143,7 @@ DATASETS: dict[str, DatasetSpec] = {
     ),
     "imdb": DatasetSpec(
         name="imdb", folder="imdb", task="classification",
-        splits=("train", "val", "train_full", "test"),
+        splits=("train", "val", "train_full", "test", "train_head", "val_tail"),
         description="IMDB movie reviews, positive/negative (25,000 train, 25,000 test)",
         terms="cite Maas et al., ACL 2011",
         layouts=(Layout(_IMDB_TSV), Layout((_IMDB_TARBALL,), derive=imdb_tarball_to_tsv)),

@@ -5,7 +5,8 @@ Shape legend: B batch · S sequence len · D d_model · C classes.
 The encoder stack of §3.1 over embedded tokens, pooled into one vector per sequence (mean over
 real tokens, max over real tokens as in the Keras IMDB tutorial, or a learned CLS token
 prepended), then dropout and a linear layer to class logits. In training, ``token_dropout``
-drops whole tokens (they become padding for that step).
+drops whole tokens (they become padding for that step), and ``forward(…, delta=…)`` takes a
+perturbation of the token embeddings (adversarial training, :mod:`aiayn.train.classification`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         init_weights(self)
 
-    def forward(self, ids: Tensor, attn_record: list | None = None) -> Tensor:
-        """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C)."""
+    def forward(self, ids: Tensor, attn_record: list | None = None,
+                delta: Tensor | None = None) -> Tensor:
+        """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C). ``delta`` (B, S, D) is
+        added to the scaled token embeddings (the perturbation of adversarial training)."""
         keep = ids != self.cfg.pad_id  # (B, S)
         if self.training and self.cfg.token_dropout > 0.0:
             kept = keep & (torch.rand(keep.shape, device=ids.device) >= self.cfg.token_dropout)
             keep = torch.where(kept.any(1, keepdim=True), kept, keep)  # never an empty text
-        x = self.embed(ids)  # (B, S, D)
+        x = self.embed(ids, delta=delta)  # (B, S, D)
         if self.cls is not None:
             x = torch.cat([self.cls.to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)  # (B, 1+S, D)
             keep = torch.cat([keep.new_ones(keep.size(0), 1), keep], dim=1)

@@ -72,9 +72,12 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
-        """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0]."""
+    def forward(self, ids: Tensor, offset: int = 0, delta: Tensor | None = None) -> Tensor:
+        """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0]; ``delta``
+        (B, T, D), if given, is added to the scaled token embeddings (adversarial training)."""
         x = self.token(ids) * self.scale  # (B, T, D)
+        if delta is not None:
+            x = x + delta
         return self.dropout(x + self.positional(ids.size(1), offset).to(x.dtype))
 
 

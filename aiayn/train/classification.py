@@ -4,7 +4,8 @@ The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.tra
 texts are cleaned (:func:`aiayn.data.clean.clean_text`: ``<br />`` tags, stray control
 characters), tokenised, and texts longer than ``data.max_len`` tokens are cut (``long_examples =
 "truncate"``, both splits) or dropped from training (``"filter"``); the loss is the
-(label-smoothed) cross-entropy per text, and validation also reports accuracy.
+(label-smoothed) cross-entropy per text (with ``train.adversarial_eps``, plus the same loss on
+adversarially perturbed embeddings), and validation also reports accuracy.
 """
 
 from __future__ import annotations
@@ -123,10 +124,37 @@ class ClassificationTask(Task):
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         batch = batch.to(device, non_blocking=True)
+        eps = self.cfg.train.adversarial_eps
+        if eps and torch.is_grad_enabled():
+            return self._adversarial_loss(model, batch, eps)
         logits = model(batch.tokens)  # (B, C)
         loss, nll = label_smoothed_nll_loss(logits, batch.labels, self.cfg.train.label_smoothing,
                                             ignore_index=-1)
         return StepStats(loss, nll, len(batch), batch.n_tokens)
+
+    def _adversarial_loss(self, model: nn.Module, batch: Any, eps: float) -> StepStats:
+        """Loss on the texts plus loss on the texts with their token embeddings moved by ``eps``
+        (L2 norm per text, over all its positions) along the gradient of the loss: the "fast
+        gradient" adversarial training of Miyato et al. (2017), their §3, α = 1.
+
+        The direction comes from a first pass (gradient with respect to the embeddings only, no
+        parameter gradients); then one forward pass over the clean and the perturbed copies
+        together, so a DDP-wrapped model still sees one forward per backward. Validation (under
+        ``no_grad``) uses the plain loss.
+        """
+        ls = self.cfg.train.label_smoothing
+        net = getattr(model, "module", model)  # the model inside a DDP wrapper
+        tokens, labels = batch.tokens, batch.labels  # (B, S), (B,)
+        delta = torch.zeros(*tokens.shape, net.cfg.d_model, device=tokens.device,
+                            requires_grad=True)  # (B, S, D)
+        probe, _ = label_smoothed_nll_loss(net(tokens, delta=delta), labels, ls, ignore_index=-1)
+        (grad,) = torch.autograd.grad(probe, delta)  # (B, S, D), zero at padding
+        norm = grad.flatten(1).norm(dim=1).clamp(min=1e-12)  # (B,)
+        r = eps * grad / norm[:, None, None]
+        logits = model(torch.cat([tokens, tokens]), delta=torch.cat([torch.zeros_like(r), r]))
+        clean, nll = label_smoothed_nll_loss(logits[: len(labels)], labels, ls, ignore_index=-1)
+        adversarial, _ = label_smoothed_nll_loss(logits[len(labels):], labels, ls, ignore_index=-1)
+        return StepStats(clean + adversarial, nll, len(batch), batch.n_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Accuracy on the validation split (when ``train.bleu_every`` is due)."""

@@ -28,6 +28,9 @@ class TrainConfig:
 
     # Label smoothing ε of the cross-entropy (§5.4, 0.1); padding is never a target.
     label_smoothing: float = 0.1
+    # Classification only: adversarial training (Miyato et al. 2017), the L2 norm of the
+    # perturbation of each text's token embeddings, added along the loss gradient; 0 = off.
+    adversarial_eps: float = 0.0
     # Adam's β1, β2 and ε (§5.3: 0.9, 0.98, 1e-9).
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
@@ -101,7 +104,7 @@ class TrainConfig:
                      "bleu_max_sentences", "patience", "save_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "lr_scale", "adam_eps", "max_time", "clip_norm", "weight_decay",
+        for name in ("adversarial_eps", "lr", "lr_scale", "adam_eps", "max_time", "clip_norm", "weight_decay",
                      "warmup_init_lr", "min_lr"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")

@@ -217,4 +217,7 @@ def build_task(cfg: RunConfig) -> Task:
     name = cfg.data.task
     if name not in TASKS:
         raise ConfigError(f"data.task = '{name}' has no trainer task yet (have: {', '.join(TASKS)})")
+    if cfg.train.adversarial_eps and name != "classification":
+        raise ConfigError("train.adversarial_eps applies to data.task = 'classification' only, "
+                          f"not '{name}'")
     return TASKS[name](cfg)
