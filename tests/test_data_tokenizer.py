@@ -153,3 +153,19 @@ def test_multi30k_validation_round_trips_with_unigram(use_real_cache):
     tok = fit_tokenizer(cfg)
     src, tgt = load_translation(cfg, "val")
     assert tok.decode_batch(tok.encode_batch(src + tgt)) == [tok.normalize(t) for t in src + tgt]
+
+
+def test_lowercase_is_part_of_the_saved_tokenizer(tmp_path):
+    from aiayn.errors import ConfigError
+
+    tok = train_tokenizer(CORPUS, "bpe", 300, lowercase=True)
+    assert tok.encode("A Dog RUNS") == tok.encode("a dog runs")
+    cased = train_tokenizer(CORPUS, "bpe", 300)
+    assert cased.encode("A Dog") != cased.encode("a dog")
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    assert Tokenizer.from_file(path).encode("A Dog RUNS") == tok.encode("a dog runs")
+    with pytest.raises(ConfigError, match="data.lowercase needs a subword tokenizer"):
+        DataConfig(task="lm", tokenizer="char", lowercase=True)
+    with pytest.raises(DataError, match="lower-casing needs a subword tokenizer"):
+        train_tokenizer(["abc"], "char", 10, lowercase=True)

@@ -42,6 +42,9 @@ class DataConfig:
     tokenizer: Literal["bpe", "unigram", "char"] = "bpe"
     # Vocabulary size including the 4 special tokens (the paper: 37000 BPE for WMT En-De).
     vocab_size: int = 8000
+    # Lower-case all text in the subword tokenizer's normaliser (saved with it, so decoding,
+    # `classify` and `evaluate` lower-case too); the paper's models keep case.
+    lowercase: bool = False
     # BPE-dropout (Provilkov et al. 2020), translation training only: every time a training pair
     # goes into a batch it is re-encoded with each BPE merge skipped with this probability, so the
     # model sees many segmentations of the same words. Batches are planned on the plain encoding's
@@ -74,6 +77,8 @@ class DataConfig:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
         if self.bpe_dropout and (self.tokenizer != "bpe" or self.task != "translation"):
             raise ConfigError("data.bpe_dropout needs data.tokenizer = 'bpe' and data.task = 'translation'")
+        if self.lowercase and self.tokenizer == "char":
+            raise ConfigError("data.lowercase needs a subword tokenizer (bpe or unigram), not char")
         if self.tokenizer != "char" and self.vocab_size <= 4:
             raise ConfigError(f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
         given = [name for name in _USER_PATHS if getattr(self, name)]

@@ -116,7 +116,7 @@ def training_texts(cfg: DataConfig) -> list[str]:
 
 def fit_tokenizer(cfg: DataConfig) -> Tokenizer:
     """Train the configured tokenizer (kind, vocab_size) on the training split only."""
-    return train_tokenizer(training_texts(cfg), cfg.tokenizer, cfg.vocab_size)
+    return train_tokenizer(training_texts(cfg), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
 
 
 Pair = tuple[list[int], list[int]]

@@ -178,21 +178,25 @@ class CharTokenizer(Tokenizer):
         return cls(obj["chars"])
 
 
-def _normalizer() -> normalizers.Normalizer:
-    return normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "),
-                                 normalizers.Strip()])
+def _normalizer(lowercase: bool = False) -> normalizers.Normalizer:
+    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+    return normalizers.Sequence(steps + [normalizers.Lowercase()] * lowercase)
 
 
-def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8000) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8000,
+                    lowercase: bool = False) -> Tokenizer:
     """Train a tokenizer on ``texts`` (the training split only; source and target together).
 
     ``kind``: "bpe", "unigram" or "char". For "char", ``vocab_size`` caps the vocabulary (the
-    most frequent characters are kept; the others become ``<unk>``).
+    most frequent characters are kept; the others become ``<unk>``). ``lowercase`` (subword
+    kinds only) adds lower-casing to the normaliser saved with the tokenizer.
     """
     texts = list(texts)
     if not any(t.strip() for t in texts):
         raise DataError("no training text to build a tokenizer from")
     if kind == "char":
+        if lowercase:
+            raise DataError("lower-casing needs a subword tokenizer (bpe or unigram), not char")
         counts = Counter()
         for text in texts:
             counts.update(text)
@@ -213,7 +217,7 @@ def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                           unk_token="<unk>", initial_alphabet=alphabet,
                                           show_progress=False)
-    hf.normalizer = _normalizer()
+    hf.normalizer = _normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
     hf.train_from_iterator(texts, trainer, length=len(texts))

@@ -60,7 +60,7 @@ class ClassificationTask(Task):
             log.info("training a %s tokenizer (vocabulary %d) on the cleaned training split",
                      data.tokenizer, data.vocab_size)
             self.tokenizer = train_tokenizer([clean_text(t) for t in train_texts], data.tokenizer,
-                                             data.vocab_size)
+                                             data.vocab_size, data.lowercase)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
         valid_texts, valid_labels = load_classification(data, data.valid_split)
