@@ -67,12 +67,19 @@ def test_average_is_the_mean_of_the_last_n(trained, tmp_path, capsys):
     assert any(not torch.equal(avg[k], snaps[-1][k]) for k in avg)  # not just the last one
     model, cfg, meta = load_model_dir(tmp_path / "avg")
     assert meta["averaged"]["steps"] == [4, 5, 6] and (tmp_path / "avg/tokenizer.json").is_file()
+    assert main(["average", str(run), "--last", "2", "--until", "4", "-o", str(tmp_path / "upto4")]) == 0
+    upto4 = load_file(str(tmp_path / "upto4/model.safetensors"))
+    snaps = [load_file(str(run / f"checkpoints/step_{s:08d}.safetensors")) for s in (3, 4)]
+    for name, tensor in upto4.items():
+        torch.testing.assert_close(tensor, sum(s[name] for s in snaps) / 2, rtol=1e-6, atol=1e-7)
 
 
 def test_average_errors(trained, tmp_path, capsys):
     _, run = trained
     _fails(capsys, ["average", str(run), "--last", "50", "-o", str(tmp_path / "a")],
            "only 6 are kept")
+    _fails(capsys, ["average", str(run), "--last", "3", "--until", "2", "-o", str(tmp_path / "a")],
+           "only 2 are kept up to step 2")
     _fails(capsys, ["average", str(run), "--last", "2", "-o", str(run)], "not the run folder")
     _fails(capsys, ["average", str(tmp_path / "none"), "-o", str(tmp_path / "b")],
            "not a training run folder")

@@ -14,6 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "RUN_DIR/checkpoints/, written as a loadable model folder.")
     p.add_argument("run_dir", help="a training run folder")
     p.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
+    p.add_argument("--until", type=int, metavar="STEP",
+                   help="only checkpoints at this update or before (e.g. the end of an epoch)")
     p.add_argument("-o", "--out", required=True, help="output model folder")
     p.set_defaults(run=run)
     return p
@@ -22,6 +24,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from aiayn.train.average import average_checkpoints
 
-    steps = average_checkpoints(args.run_dir, args.last, args.out)
+    steps = average_checkpoints(args.run_dir, args.last, args.out, args.until)
     log.info("averaged steps %s into %s", ", ".join(map(str, steps)), args.out)
     return 0

@@ -48,8 +48,10 @@ def _load_snapshot(path: Path, reference: dict[str, torch.Tensor] | None) -> dic
     return state
 
 
-def average_checkpoints(run_dir: str | Path, last: int, out: str | Path) -> list[int]:
-    """Average the last ``last`` snapshots of ``run_dir`` into the model folder ``out``.
+def average_checkpoints(run_dir: str | Path, last: int, out: str | Path,
+                        until: int | None = None) -> list[int]:
+    """Average the last ``last`` snapshots of ``run_dir`` (of those at step ``until`` or before,
+    when given) into the model folder ``out``.
 
     Returns the averaged steps. ``out`` must not be the run folder itself.
     """
@@ -62,10 +64,13 @@ def average_checkpoints(run_dir: str | Path, last: int, out: str | Path) -> list
     if out.resolve() == folder.path.resolve():
         raise ConfigError("-o must be a new folder, not the run folder (it would replace its weights)")
     steps = folder.snapshot_steps()
+    if until is not None:
+        steps = [step for step in steps if step <= until]
     if len(steps) < last:
+        where = "are kept" if until is None else f"are kept up to step {until}"
         raise CheckpointError(
             f"{folder.path}: asked to average the last {last} checkpoints but only {len(steps)} "
-            f"are kept ({', '.join(map(str, steps)) or 'none'}); raise train.keep_last")
+            f"{where} ({', '.join(map(str, steps)) or 'none'}); raise train.keep_last")
     steps = steps[-last:]
     states: list[dict[str, torch.Tensor]] = []
     for step in steps:
