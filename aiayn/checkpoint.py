@@ -34,11 +34,12 @@ def register_kind(kind: str, build: Callable[[ModelConfig], nn.Module]) -> None:
 
 def _builtin_kinds() -> None:
     if "seq2seq" not in MODEL_KINDS:
-        from aiayn.model import Transformer, TransformerClassifier, TransformerLM
+        from aiayn.model import Transformer, TransformerClassifier, TransformerLM, TransformerMaskedLM
 
         register_kind("seq2seq", Transformer)
         register_kind("classifier", TransformerClassifier)
         register_kind("lm", TransformerLM)
+        register_kind("masked_lm", TransformerMaskedLM)
 
 
 def save_weights(model: nn.Module, path: str | Path) -> None:
@@ -145,3 +146,34 @@ def load_model_dir(
     load_weights(model, folder / weights_name)
     model.to(map_location).eval()
     return model, cfg, meta
+
+
+def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str], list[str]]:
+    """Copy into ``model`` every tensor of ``folder``'s weights that ``model`` has under the same
+    name (a pre-trained embedding and encoder into a classifier, ``train.init_from``).
+
+    Returns (names copied, names of ``model`` left as initialised). A shared name with another
+    shape, or no shared name at all, is a ConfigError: the two models do not fit together.
+    """
+    from aiayn.errors import ConfigError
+
+    folder = Path(folder)
+    read_config(folder)
+    path = folder / WEIGHTS_FILE
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    own = model.state_dict()
+    shared = [k for k in own if k in state]
+    for name in shared:
+        if state[name].shape != own[name].shape:
+            raise ConfigError(f"train.init_from: '{name}' has shape {tuple(state[name].shape)} in "
+                              f"{folder}, {tuple(own[name].shape)} in this model: the model "
+                              "settings differ")
+    if not shared:
+        raise ConfigError(f"train.init_from: {folder} has no weights this model can use")
+    with torch.no_grad():
+        for name in shared:
+            own[name].copy_(state[name])
+    return shared, [k for k in own if k not in state and not _is_tied(model, k, state)]

@@ -21,7 +21,9 @@ class DataConfig:
     """Which data a run reads, how it is tokenised and how it is batched."""
 
     # What the examples are: sentence pairs, labelled texts, or one running text.
-    task: Literal["translation", "classification", "lm"] = "translation"
+    # masked_lm: BERT's masked-token pre-training of an encoder on a classification dataset's
+    # texts (labels unused), for a classifier run to start from (train.init_from).
+    task: Literal["translation", "classification", "lm", "masked_lm"] = "translation"
     # A registered dataset (`aiayn data list`), or "" to read your own files given below.
     dataset: str = "multi30k"
     # Source and target language of a translation dataset (Multi30k: en, de).
@@ -57,6 +59,8 @@ class DataConfig:
     max_len: int = 256
     # What to do with classification texts longer than max_len: drop them, or cut them (logged).
     long_examples: Literal["filter", "truncate"] = "filter"
+    # masked_lm: the share of each text's tokens the model must predict (BERT: 0.15).
+    mask_prob: float = 0.15
     # Seed of the per-epoch batch shuffle (with the epoch number).
     seed: int = 0
 
@@ -77,6 +81,8 @@ class DataConfig:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
         if self.bpe_dropout and (self.tokenizer != "bpe" or self.task != "translation"):
             raise ConfigError("data.bpe_dropout needs data.tokenizer = 'bpe' and data.task = 'translation'")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ConfigError(f"data.mask_prob must be in (0, 1), got {self.mask_prob}")
         if self.lowercase and self.tokenizer == "char":
             raise ConfigError("data.lowercase needs a subword tokenizer (bpe or unigram), not char")
         if self.tokenizer != "char" and self.vocab_size <= 4:

@@ -13,6 +13,7 @@ from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import causal_mask, padding_mask, target_mask
 from aiayn.model.classifier import TransformerClassifier
 from aiayn.model.lm import TransformerLM
+from aiayn.model.mlm import TransformerMaskedLM
 from aiayn.model.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "Embeddings", "LearnedPositionalEncoding", "SinusoidalPositionalEncoding", "sinusoidal_table",
     "PositionwiseFeedForward", "EncoderLayer", "DecoderLayer", "causal_mask", "padding_mask",
     "target_mask", "Encoder", "Decoder", "Transformer", "TransformerClassifier", "TransformerLM",
+    "TransformerMaskedLM",
 ]

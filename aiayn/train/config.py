@@ -79,6 +79,10 @@ class TrainConfig:
     log_every: int = 100
     # Stop when this many consecutive updates had a non-finite loss or gradient (each is skipped).
     max_bad_steps: int = 10
+    # A model folder (e.g. a masked_lm run's best/ or an `aiayn average` output) whose tokenizer
+    # this run uses and whose weights of the same name and shape start this model (the rest is
+    # initialised as usual); "" = train from scratch. Ignored by --resume.
+    init_from: str = ""
     # Seed of weight initialisation and dropout (data order has its own seed, data.seed).
     seed: int = 1
     # auto = CUDA when available, else CPU.

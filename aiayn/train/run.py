@@ -73,6 +73,35 @@ def _check_resume(folder: RunFolder, new: dict[str, Any]) -> None:
         log.info("resume: changed %s", line)
 
 
+# Model settings that change what a weight means without changing its shape.
+_MEANING = ("activation", "norm_first", "scale_embeddings", "positional", "n_heads")
+# Data settings that the tokenizer of train.init_from fixes instead.
+_TOKENIZER_KEYS = ("tokenizer", "vocab_size", "lowercase")
+
+
+def init_tokenizer(cfg: RunConfig) -> str:
+    """The tokenizer of the model folder ``train.init_from`` (the run must use its vocabulary);
+    warns about model settings that differ from that model's."""
+    from aiayn.checkpoint import TOKENIZER_FILE, read_config
+
+    folder = Path(cfg.train.init_from)
+    meta = read_config(folder)
+    path = folder / TOKENIZER_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"train.init_from: cannot read {path} ({err})") from None
+    own = run_config_to_dict(cfg)
+    checks = [("model", k) for k in _MEANING] + [("data", k) for k in _TOKENIZER_KEYS]
+    for section, key in checks:
+        here, there = own[section].get(key), meta.get(section, {}).get(key, own[section].get(key))
+        if here != there:
+            log.warning("train.init_from: %s.%s is %r here but %r in %s%s", section, key, here,
+                        there, folder, " (its tokenizer is used)" if section == "data" else "")
+    log.info("train.init_from: the tokenizer and weights of %s", folder)
+    return text
+
+
 def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
               extra_meta: dict[str, Any] | None = None, task: Task | None = None) -> TrainResult:
     """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``)."""
@@ -81,7 +110,12 @@ def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
         folder = RunFolder(out)
         _on_main(dist, lambda: folder.prepare(resume))
         task = task or build_task(cfg)
-        saved_tok = _on_main(dist, folder.read_tokenizer) if resume else None
+        if resume:
+            saved_tok = _on_main(dist, folder.read_tokenizer)
+        elif cfg.train.init_from:
+            saved_tok = _on_main(dist, lambda: init_tokenizer(cfg))
+        else:
+            saved_tok = None
         tokenizer_json = _on_main(dist, lambda: task.setup(saved_tok))
         if not dist.is_main:
             task.setup(tokenizer_json)

@@ -208,8 +208,9 @@ TASKS: dict[str, Callable[[RunConfig], Task]] = {"translation": TranslationTask}
 # The other two shapes live in their own modules (they subclass Task, so they import this one).
 from aiayn.train.classification import ClassificationTask  # noqa: E402
 from aiayn.train.lm import LanguageModelTask  # noqa: E402
+from aiayn.train.mlm import MaskedLMTask  # noqa: E402
 
-TASKS.update(classification=ClassificationTask, lm=LanguageModelTask)
+TASKS.update(classification=ClassificationTask, lm=LanguageModelTask, masked_lm=MaskedLMTask)
 
 
 def build_task(cfg: RunConfig) -> Task:

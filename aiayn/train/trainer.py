@@ -124,6 +124,8 @@ class Trainer:
         self.autocast_dtype = resolve_precision(self.t.precision, self.device)
         torch.manual_seed(self.t.seed)
         self.model = task.build_model(cfg.model).to(self.device)
+        if self.t.init_from and not resume:
+            self._init_from(self.t.init_from)
         self.optimizer = self._build_optimizer()
         self.schedule = make_schedule(self.t, cfg.model.d_model)
         self.progress = _Progress()
@@ -149,6 +151,13 @@ class Trainer:
         self.fused_optimizer = self.device.type in ("cpu", "cuda")
         return opt(self.model.parameters(), lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps,
                    weight_decay=t.weight_decay, fused=self.fused_optimizer)
+
+    def _init_from(self, folder: str) -> None:
+        from aiayn.checkpoint import init_from_model_dir
+
+        copied, fresh = init_from_model_dir(self.model, folder)
+        log.info("train.init_from: %d tensors from %s; initialised here: %s", len(copied), folder,
+                 ", ".join(fresh) or "none")
 
     def _fuse_optimizer_groups(self) -> None:
         """A state saved before the fused optimizer kernel brings back its groups' ``fused`` flag
