@@ -227,6 +227,10 @@ class ModelConfig:
     # if it were padding) with this probability; a text always keeps at least one token. The
     # "word dropout" of Iyyer et al. (2015) against a classifier learning a few words by heart.
     token_dropout: float = 0.0
+    # Classifier only, not in the paper: each position also gets an embedding of the bigram
+    # (previous token, this token), hashed into this many rows (fastText's bag of n-grams,
+    # Joulin et al. 2017), added to the scaled token embedding before positions; 0 = off.
+    bigram_buckets: int = 0
     # Special token ids; padding is never attended to and never predicted.
     pad_id: int = 0
     bos_id: int = 1
@@ -299,6 +303,11 @@ class ModelConfig:
         for name in ("dropout", "activation_dropout", "token_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.bigram_buckets < 0:
+            raise ConfigError(f"bigram_buckets must be >= 0, got {self.bigram_buckets}")
+        if self.bigram_buckets and self.n_decoder_layers > 0:
+            raise ConfigError("model.bigram_buckets applies to encoder-only classifiers "
+                              "(n_decoder_layers = 0)")
         if self.token_dropout and self.n_decoder_layers > 0:
             raise ConfigError("model.token_dropout applies to encoder-only classifiers "
                               "(n_decoder_layers = 0)")

@@ -48,6 +48,32 @@ def test_token_dropout_turns_dropped_tokens_into_padding(pooling):
         cfg(token_dropout=0.1)  # an encoder-decoder
 
 
+@pytest.mark.parametrize("pooling", ["mean", "max", "cls"])
+def test_bigram_embeddings_start_at_zero_and_keep_padding_invariance(pooling):
+    from aiayn.model.classifier import bigram_ids
+
+    torch.manual_seed(0)
+    plain = TransformerClassifier(cfg(pooling=pooling, n_decoder_layers=0)).eval()
+    model = TransformerClassifier(cfg(pooling=pooling, n_decoder_layers=0, bigram_buckets=101)).eval()
+    model.load_state_dict({**plain.state_dict(), "bigrams.weight": model.bigrams.weight}, strict=True)
+    seqs = [torch.randint(4, 30, (n,)) for n in (5, 9, 2)]
+    batch = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=PAD)
+    torch.testing.assert_close(model(batch), plain(batch))  # zero bigram rows: the plain model
+    torch.nn.init.normal_(model.bigrams.weight)
+    out = model(batch)
+    assert not torch.allclose(out, plain(batch), atol=1e-3)
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(out[i], model(s[None])[0], atol=1e-5, rtol=1e-5)
+    ids = torch.tensor([[5, 7, 9]])  # bigrams (<s>,5) (5,7) (7,9): order matters
+    assert bigram_ids(ids, 1, 101).tolist() == [[(1 * 1_000_003 + 5) % 101, (5 * 1_000_003 + 7) % 101,
+                                                  (7 * 1_000_003 + 9) % 101]]
+    assert bigram_ids(ids, 1, 101)[0, 1] != bigram_ids(ids.flip(1), 1, 101)[0, 2]
+    with pytest.raises(Exception, match="bigram_buckets applies to encoder-only"):
+        cfg(bigram_buckets=10)  # an encoder-decoder
+    with pytest.raises(Exception, match="bigram_buckets must be >= 0"):
+        cfg(bigram_buckets=-1, n_decoder_layers=0)
+
+
 def test_classifier_overfits_tiny_data():
     torch.manual_seed(0)
     model = TransformerClassifier(cfg(pooling="max"))

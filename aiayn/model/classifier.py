@@ -20,6 +20,13 @@ from aiayn.model.embeddings import Embeddings, token_embedding
 from aiayn.model.transformer import Encoder, init_weights, positional_encoding
 
 
+def bigram_ids(ids: Tensor, boundary: int, buckets: int) -> Tensor:
+    """The hashed bigram (previous token, token) at each position; the first token's previous
+    token is ``boundary``. Shape: (B, S) -> (B, S), values in [0, buckets)."""
+    prev = torch.cat([torch.full_like(ids[:, :1], boundary), ids[:, :-1]], dim=1)
+    return (prev * 1_000_003 + ids) % buckets
+
+
 class TransformerClassifier(nn.Module):
     """Embeddings → Encoder → pooling → dropout → Linear(D, C). Uses ``src_vocab_size``."""
 
@@ -31,6 +38,11 @@ class TransformerClassifier(nn.Module):
         self.embed = Embeddings(token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id),
                                 positional_encoding(cfg), cfg.dropout, cfg.scale_embeddings)
         self.cls = nn.Parameter(torch.randn(cfg.d_model) * cfg.d_model**-0.5) if cfg.pooling == "cls" else None
+        # fastText's hashed bigrams (cfg.bigram_buckets; not in the paper), starting at zero:
+        # at initialisation the model is the plain one.
+        self.bigrams = nn.Embedding(cfg.bigram_buckets, cfg.d_model) if cfg.bigram_buckets else None
+        if self.bigrams is not None:
+            nn.init.zeros_(self.bigrams.weight)
         self.encoder = Encoder(cfg)
         self.dropout = Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
@@ -44,6 +56,10 @@ class TransformerClassifier(nn.Module):
         if self.training and self.cfg.token_dropout > 0.0:
             kept = keep & (torch.rand(keep.shape, device=ids.device) >= self.cfg.token_dropout)
             keep = torch.where(kept.any(1, keepdim=True), kept, keep)  # never an empty text
+        if self.bigrams is not None:
+            b = self.bigrams(bigram_ids(ids, self.cfg.bos_id, self.cfg.bigram_buckets))
+            b = b * (self.embed.scale * (ids != self.cfg.pad_id)[..., None])  # (B, S, D)
+            delta = b if delta is None else delta + b
         x = self.embed(ids, delta=delta)  # (B, S, D)
         if self.cls is not None:
             x = torch.cat([self.cls.to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)  # (B, 1+S, D)
