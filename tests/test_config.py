@@ -81,6 +81,22 @@ def test_base_preset_with_37k_vocab_is_within_5_percent_of_65m():
     assert total == sum(r.params for r in rows if not r.shared and "." not in r.name)
 
 
+def test_summary_builds_the_model_the_config_trains(capsys, tmp_path):
+    from aiayn.model import TransformerClassifier
+
+    cfg = tmp_path / "clf.toml"
+    cfg.write_text('[model]\nd_model = 32\nn_heads = 2\nd_ff = 64\nn_encoder_layers = 1\n'
+                   'bigram_buckets = 100\n[data]\ntask = "classification"\nvocab_size = 500\n')
+    assert main(["summary", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("TransformerClassifier: ")
+    assert "bigrams (Embedding)" in out and "head (Linear)" in out and "decoder" not in out
+    model = TransformerClassifier(ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                              n_decoder_layers=0, bigram_buckets=100,
+                                              src_vocab_size=500, tgt_vocab_size=500))
+    assert f"Total params: {sum(p.numel() for p in model.parameters()):,}" in out
+
+
 def test_summary_cli_prints_table(capsys):
     assert main(["summary", "tiny", "--set", "src_vocab_size=1000", "--set", "tgt_vocab_size=1000"]) == 0
     out = capsys.readouterr().out

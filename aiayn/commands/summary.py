@@ -27,8 +27,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def resolve_model_config(spec: str, overrides: list[str]) -> ModelConfig:
-    """A ModelConfig from a preset name, a TOML file ([model] section, optional `preset` key) or a
+# data.task of a TOML config -> the model kind it trains.
+_TASK_KINDS = {"translation": "seq2seq", "classification": "classifier", "lm": "lm",
+               "masked_lm": "masked_lm"}
+
+
+def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, str]:
+    """(ModelConfig, model kind) from a preset name (seq2seq), a TOML file ([model] section,
+    optional `preset` key; the kind from data.task, the vocabulary from data.vocab_size) or a
     model folder's config.json, then `--set` overrides."""
     sets = dict(parse_override(o) for o in overrides)
     sets = {k.removeprefix("model."): v for k, v in sets.items()}
@@ -37,33 +43,49 @@ def resolve_model_config(spec: str, overrides: list[str]) -> ModelConfig:
         from aiayn.checkpoint import read_config
         from aiayn.config import from_dict
 
-        return apply_overrides(from_dict(ModelConfig, read_config(path)["model"]), sets)
+        meta = read_config(path)
+        return apply_overrides(from_dict(ModelConfig, meta["model"]), sets), meta["kind"]
     if path.suffix == ".toml" or path.is_file():
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
         try:
-            section = dict(tomllib.loads(path.read_text(encoding="utf-8")).get("model", {}))
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not valid TOML ({err})") from None
+        section = dict(table.get("model", {}))
         preset = section.pop("preset", None)
         base = ModelConfig.preset(preset) if preset else ModelConfig()
-        return apply_overrides(base, {**section, **sets})
-    return apply_overrides(ModelConfig.preset(spec), sets)
+        data = table.get("data", {})
+        task = data.get("task", "translation")
+        if "vocab_size" in data:  # what a subword tokenizer trains to (for char: an upper bound)
+            section = {"src_vocab_size": data["vocab_size"], "tgt_vocab_size": data["vocab_size"],
+                       **section}
+        if task not in _TASK_KINDS:
+            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(_TASK_KINDS)}")
+        # The stack the task's model has (as the trainer's Task.model_config sets it).
+        stack = ({"n_decoder_layers": 0} if task in ("classification", "masked_lm")
+                 else {"n_encoder_layers": 0} if task == "lm" else {})
+        return apply_overrides(base, {**section, **sets, **stack}), _TASK_KINDS[task]
+    return apply_overrides(ModelConfig.preset(spec), sets), "seq2seq"
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.model import Transformer
+    from aiayn.checkpoint import MODEL_KINDS, _builtin_kinds
     from aiayn.model.summary import format_summary, summarize
 
     for name in ("batch", "src_len", "tgt_len"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    cfg = resolve_model_config(args.model, args.overrides)
+    cfg, kind = resolve_model_config(args.model, args.overrides)
+    _builtin_kinds()
+    if kind not in MODEL_KINDS:
+        raise ConfigError(f"{args.model}: unknown model kind '{kind}'")
     torch.manual_seed(0)
-    model = Transformer(cfg).eval()
+    model = MODEL_KINDS[kind](cfg).eval()
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
     src = torch.randint(low, cfg.src_vocab_size, (args.batch, args.src_len))
     tgt = torch.randint(low, cfg.tgt_vocab_size, (args.batch, args.tgt_len))
-    rows, total = summarize(model, lambda: model(src, tgt), depth=args.depth)
-    print(format_summary(rows, total, title=f"Transformer: {args.model}"))
+    forward = {"seq2seq": lambda: model(src, tgt), "lm": lambda: model(tgt)}.get(kind, lambda: model(src))
+    rows, total = summarize(model, forward, depth=args.depth)
+    print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
     return 0
