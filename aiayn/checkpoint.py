@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from aiayn.config import ModelConfig, from_dict, to_dict
-from aiayn.errors import AiaynError, CheckpointError
+from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.io import atomic_path, write_json
 
 CONFIG_FILE = "config.json"
@@ -155,8 +155,6 @@ def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str]
     Returns (names copied, names of ``model`` left as initialised). A shared name with another
     shape, or no shared name at all, is a ConfigError: the two models do not fit together.
     """
-    from aiayn.errors import ConfigError
-
     folder = Path(folder)
     read_config(folder)
     path = folder / WEIGHTS_FILE

@@ -18,8 +18,7 @@ from aiayn.config import ModelConfig
 from aiayn.data.clean import clean_text
 from aiayn.model import TransformerClassifier, TransformerMaskedLM
 from aiayn.train.mlm import mask_tokens
-from test_shapes_cli import TRAIN, _fails, _reviews, _write_tsv
-from trainutil import one_thread, write_toml  # noqa: F401
+from trainutil import SHAPE_TRAIN, fails, one_thread, reviews, write_toml, write_tsv  # noqa: F401
 
 PAD, MASK, V = 0, 1, 50
 
@@ -101,15 +100,15 @@ def test_init_from_copies_embedding_and_encoder(tmp_path):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mlm")
-    train = _write_tsv(tmp / "train.tsv", _reviews(64, 0))
-    valid = _write_tsv(tmp / "valid.tsv", _reviews(16, 1))
+    train = write_tsv(tmp / "train.tsv", reviews(64, 0))
+    valid = write_tsv(tmp / "valid.tsv", reviews(16, 1))
     data = {"data.dataset": "", "data.train_file": train, "data.valid_file": valid,
             "data.tokenizer": "char", "data.vocab_size": 60, "data.max_len": 90,
             "data.long_examples": "truncate", "data.max_tokens": 1200}
     model = {"model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
              "model.n_encoder_layers": 1, "model.n_decoder_layers": 0, "model.dropout": 0.0,
              "model.max_len": 100}
-    cfg = write_toml(tmp / "mlm.toml", {**model, **data, "data.task": "masked_lm", **TRAIN,
+    cfg = write_toml(tmp / "mlm.toml", {**model, **data, "data.task": "masked_lm", **SHAPE_TRAIN,
                                         "train.max_steps": 150, "train.valid_every": 50,
                                         "train.save_every": 50})
     assert main(["train", str(cfg), "--out", str(tmp / "mlm")]) == 0
@@ -119,19 +118,22 @@ def pretrained(tmp_path_factory):
 def test_pretraining_learns_and_a_classifier_starts_from_it(pretrained):
     tmp, model, data = pretrained
     run = tmp / "mlm"
-    losses = [r["valid_loss"] for r in map(json.loads, open(run / "metrics.jsonl")) if "valid_loss" in r]
+    records = map(json.loads, open(run / "metrics.jsonl"))
+    losses = [r["valid_loss"] for r in records if "valid_loss" in r]
     # Below the entropy of the characters' frequencies, the best a guess without context can do.
-    text = "".join(clean_text(t) for _, t in _reviews(16, 1))
+    text = "".join(clean_text(t) for _, t in reviews(16, 1))
     counts = collections.Counter(text).values()
     unigram = -sum(c / len(text) * math.log(c / len(text)) for c in counts)  # 2.79 nats
     assert len(losses) == 3 and losses[-1] < unigram - 0.2
     assert json.loads((run / "config.json").read_text())["kind"] == "masked_lm"
     cfg = write_toml(tmp / "clf.toml", {**model, **data, "data.task": "classification",
-                                        "model.pooling": "mean", **TRAIN, "train.max_steps": 1,
-                                        "train.lr": 1e-9, "train.warmup_steps": 0,
+                                        "model.pooling": "mean", **SHAPE_TRAIN,
+                                        "train.max_steps": 1, "train.lr": 1e-9,
+                                        "train.warmup_steps": 0,
                                         "train.init_from": str(run / "best")})
     assert main(["train", str(cfg), "--out", str(tmp / "clf")]) == 0
-    assert (tmp / "clf" / "tokenizer.json").read_text() == (run / "best" / "tokenizer.json").read_text()
+    tokenizer = (run / "best" / "tokenizer.json").read_text()
+    assert (tmp / "clf" / "tokenizer.json").read_text() == tokenizer
     mlm, _, _ = load_model_dir(run / "best")
     clf, _, _ = load_model_dir(tmp / "clf")
     torch.testing.assert_close(clf.encoder.layers[0].self_attn.q_proj.weight,
@@ -140,15 +142,16 @@ def test_pretraining_learns_and_a_classifier_starts_from_it(pretrained):
 
 def test_models_that_do_not_fit_together_fail_in_one_line(pretrained, capsys, tmp_path):
     tmp, model, data = pretrained
-    base = {**model, **data, "data.task": "classification", **TRAIN, "train.max_steps": 1}
+    base = {**model, **data, "data.task": "classification", **SHAPE_TRAIN, "train.max_steps": 1}
     cfg = write_toml(tmp_path / "a.toml", {**base, "model.d_model": 16,
                                            "train.init_from": str(tmp / "mlm" / "best")})
-    _fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "a")], "settings differ")
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "a")], "settings differ")
     assert not (tmp_path / "a" / "model.safetensors").exists()
     cfg = write_toml(tmp_path / "b.toml", {**base, "train.init_from": str(tmp_path / "nope")})
-    _fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "model folder not found")
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "model folder not found")
     cfg = write_toml(tmp_path / "c.toml", {**base, "data.task": "masked_lm", "data.mask_prob": 0})
-    _fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "c")], "data.mask_prob")
-    cfg = write_toml(tmp_path / "d.toml", {**base, "data.task": "masked_lm", "model.pooling": "cls"})
-    _fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "d")], "no CLS token")
-    _fails(capsys, ["classify", str(tmp / "mlm" / "best")], "this command needs 'classifier'")
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "c")], "data.mask_prob")
+    cfg = write_toml(tmp_path / "d.toml", {**base, "data.task": "masked_lm",
+                                           "model.pooling": "cls"})
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "d")], "no CLS token")
+    fails(capsys, ["classify", str(tmp / "mlm" / "best")], "this command needs 'classifier'")

@@ -7,7 +7,6 @@ clear line."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -20,50 +19,22 @@ from aiayn.decode.generate import generate, lm_step
 from aiayn.model import TransformerClassifier, TransformerLM
 from aiayn.train.config import build_run_config
 from aiayn.train.lm import LanguageModelTask
-from trainutil import one_thread, write_toml  # noqa: F401
-
-TRAIN = {"train.precision": "fp32", "train.device": "cpu", "train.progress": False,
-         "train.lr_schedule": "inverse_sqrt", "train.lr": 5e-3, "train.warmup_steps": 10,
-         "train.label_smoothing": 0.0, "train.keep_last": 1, "train.log_every": 10}
+from trainutil import SHAPE_TRAIN, fails, one_thread, reviews, write_toml, write_tsv  # noqa: F401
 
 POEM = ("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n"
         "Rough winds do shake the darling buds of May,\n"
         "And summer's lease hath all too short a date.\n")
 
 
-def _fails(capsys, argv: list[str], message: str) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("aiayn: error: ") and message in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-
 
 # ---- tiny data ---------------------------------------------------------------------------------
-
-
-def _reviews(n: int, seed: int) -> list[tuple[int, str]]:
-    """Texts whose label is whether "good" or "bad" occurs, among filler words and HTML breaks."""
-    rng = random.Random(seed)
-    filler = "the a film plot actor scene music and was it very".split()
-    rows = []
-    for i in range(n):
-        label = i % 2
-        words = [rng.choice(filler) for _ in range(rng.randint(3, 14))]
-        words.insert(rng.randrange(len(words) + 1), "good" if label else "bad")
-        rows.append((label, " ".join(words).replace("and", "and<br /><br />", 1)))
-    return rows
-
-
-def _write_tsv(path, rows) -> str:
-    path.write_text("".join(f"{label}\t{text}\n" for label, text in rows), encoding="utf-8")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def classifier_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("clf")
-    train = _write_tsv(tmp / "train.tsv", _reviews(64, 0))
-    valid = _write_tsv(tmp / "valid.tsv", _reviews(16, 1))
+    train = write_tsv(tmp / "train.tsv", reviews(64, 0))
+    valid = write_tsv(tmp / "valid.tsv", reviews(16, 1))
     values = {
         "model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64, "model.n_encoder_layers": 1,
         "model.n_decoder_layers": 0, "model.dropout": 0.0, "model.max_len": 100,
@@ -71,7 +42,7 @@ def classifier_run(tmp_path_factory):
         "data.task": "classification", "data.dataset": "", "data.train_file": train,
         "data.valid_file": valid, "data.tokenizer": "char", "data.vocab_size": 60,
         "data.max_len": 90, "data.long_examples": "truncate", "data.max_tokens": 1200,
-        **TRAIN, "train.max_steps": 60, "train.valid_every": 30, "train.bleu_every": 30,
+        **SHAPE_TRAIN, "train.max_steps": 60, "train.valid_every": 30, "train.bleu_every": 30,
         "train.save_every": 30,
     }
     cfg = write_toml(tmp / "clf.toml", values)
@@ -92,7 +63,7 @@ def lm_run(tmp_path_factory):
         "data.task": "lm", "data.dataset": "", "data.train_file": str(text),
         "data.valid_file": str(text), "data.tokenizer": "char", "data.vocab_size": 80,
         "data.max_len": 48, "data.max_tokens": 768,
-        **TRAIN, "train.lr_schedule": "constant", "train.lr": 3e-3, "train.max_steps": 300,
+        **SHAPE_TRAIN, "train.lr_schedule": "constant", "train.lr": 3e-3, "train.max_steps": 300,
         "train.valid_every": 300, "train.save_every": 300,
     }
     cfg = write_toml(tmp / "lm.toml", values)
@@ -111,7 +82,7 @@ def test_classifier_overfits_and_classify_gives_the_labels(classifier_run, capsy
     assert meta["model"]["n_decoder_layers"] == 0 and meta["model"]["pooling"] == "max"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["valid_acc"] == 1.0 and metrics[-1]["loss"] < 0.1
-    rows = _reviews(64, 0)
+    rows = reviews(64, 0)
     (tmp / "in.txt").write_text("\n".join(text for _, text in rows[:8]) + "\n\n", encoding="utf-8")
     capsys.readouterr()
     assert main(["classify", str(run / "best"), "--input", str(tmp / "in.txt")]) == 0
@@ -131,7 +102,7 @@ def test_evaluate_reports_accuracy_for_a_classifier(classifier_run, capsys):
     assert capsys.readouterr().out.startswith("accuracy 100.00% (64/64) on train")
     scores = json.loads(out.read_text())
     assert scores["accuracy"] == 1.0 and scores["n"] == 64 and scores["max_len"] == 90
-    _fails(capsys, ["evaluate", str(run / "best")], "give either --split NAME or --src FILE")
+    fails(capsys, ["evaluate", str(run / "best")], "give either --split NAME or --src FILE")
 
 
 def _random_classifier(pooling: str) -> TransformerClassifier:
@@ -155,7 +126,7 @@ def test_predictions_do_not_depend_on_batch_composition_or_padding(pooling):
 
 def test_classify_output_is_the_same_alone_or_in_a_file(classifier_run, capsys):
     tmp, run = classifier_run
-    texts = [text for _, text in _reviews(10, 5)]
+    texts = [text for _, text in reviews(10, 5)]
     texts[3] = texts[3] * 5  # longer than data.max_len: cut, as in training
     (tmp / "many.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     capsys.readouterr()
@@ -275,24 +246,24 @@ def test_clean_text_removes_html_breaks_and_control_characters():
 def test_bad_input_is_one_clear_line(classifier_run, lm_run, capsys, tmp_path):
     _, clf = classifier_run
     _, lm = lm_run
-    _fails(capsys, ["generate", str(clf / "best"), "--prompt", "x"], "this command needs 'lm'")
-    _fails(capsys, ["classify", str(lm / "best")], "this command needs 'classifier'")
-    _fails(capsys, ["generate", str(lm / "best"), "--prompt", ""], "--prompt is empty")
-    _fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--top-p", "0"], "--top-p")
-    _fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--temperature", "0"],
+    fails(capsys, ["generate", str(clf / "best"), "--prompt", "x"], "this command needs 'lm'")
+    fails(capsys, ["classify", str(lm / "best")], "this command needs 'classifier'")
+    fails(capsys, ["generate", str(lm / "best"), "--prompt", ""], "--prompt is empty")
+    fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--top-p", "0"], "--top-p")
+    fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--temperature", "0"],
            "--temperature")
-    _fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--max-new-tokens", "0"],
+    fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--max-new-tokens", "0"],
            "--max-new-tokens")
-    _fails(capsys, ["generate", str(tmp_path / "nope"), "--prompt", "S"], "model folder not found")
+    fails(capsys, ["generate", str(tmp_path / "nope"), "--prompt", "S"], "model folder not found")
 
 
 def test_config_errors_name_the_problem(classifier_run, capsys, tmp_path):
     tmp, _ = classifier_run
     base = {"data.task": "classification", "data.dataset": "", "data.tokenizer": "char",
             "data.train_file": str(tmp / "train.tsv"), "data.valid_file": str(tmp / "valid.tsv"),
-            "model.n_encoder_layers": 1, "model.d_model": 16, "model.n_heads": 2, **TRAIN}
+            "model.n_encoder_layers": 1, "model.d_model": 16, "model.n_heads": 2, **SHAPE_TRAIN}
     cfg = write_toml(tmp_path / "a.toml", {**base, "model.n_classes": 1, "data.max_len": 24,
                                             "model.max_len": 32})
-    _fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "a")], "model.n_classes = 1")
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "a")], "model.n_classes = 1")
     cfg = write_toml(tmp_path / "b.toml", {**base, "data.max_len": 64, "model.max_len": 32})
-    _fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "cannot hold a text")
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "cannot hold a text")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.cli import main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY_MODEL = {
@@ -91,3 +93,35 @@ def aiayn_command(*args: str) -> list[str]:
 def run_aiayn(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(aiayn_command(*args), cwd=ROOT, env=subprocess_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+# ---- the classifier / LM tests' tiny data and one-line errors (test_shapes_cli, test_mlm) ----
+
+SHAPE_TRAIN = {"train.precision": "fp32", "train.device": "cpu", "train.progress": False,
+               "train.lr_schedule": "inverse_sqrt", "train.lr": 5e-3, "train.warmup_steps": 10,
+               "train.label_smoothing": 0.0, "train.keep_last": 1, "train.log_every": 10}
+
+
+def fails(capsys, argv: list[str], message: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn: error: ") and message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def reviews(n: int, seed: int) -> list[tuple[int, str]]:
+    """Texts whose label is whether "good" or "bad" occurs, among filler words and HTML breaks."""
+    rng = random.Random(seed)
+    filler = "the a film plot actor scene music and was it very".split()
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = [rng.choice(filler) for _ in range(rng.randint(3, 14))]
+        words.insert(rng.randrange(len(words) + 1), "good" if label else "bad")
+        rows.append((label, " ".join(words).replace("and", "and<br /><br />", 1)))
+    return rows
+
+
+def write_tsv(path, rows) -> str:
+    path.write_text("".join(f"{label}\t{text}\n" for label, text in rows), encoding="utf-8")
+    return str(path)

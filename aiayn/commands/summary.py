@@ -27,11 +27,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-# data.task of a TOML config -> the model kind it trains.
-_TASK_KINDS = {"translation": "seq2seq", "classification": "classifier", "lm": "lm",
-               "masked_lm": "masked_lm"}
-
-
 def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, str]:
     """(ModelConfig, model kind) from a preset name (seq2seq), a TOML file ([model] section,
     optional `preset` key; the kind from data.task, the vocabulary from data.vocab_size) or a
@@ -60,12 +55,14 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
         if "vocab_size" in data:  # what a subword tokenizer trains to (for char: an upper bound)
             section = {"src_vocab_size": data["vocab_size"], "tgt_vocab_size": data["vocab_size"],
                        **section}
-        if task not in _TASK_KINDS:
-            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(_TASK_KINDS)}")
+        from aiayn.train.tasks import TASKS
+
+        if not isinstance(task, str) or task not in TASKS:
+            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(TASKS)}")
         # The stack the task's model has (as the trainer's Task.model_config sets it).
         stack = ({"n_decoder_layers": 0} if task in ("classification", "masked_lm")
                  else {"n_encoder_layers": 0} if task == "lm" else {})
-        return apply_overrides(base, {**section, **sets, **stack}), _TASK_KINDS[task]
+        return apply_overrides(base, {**section, **sets, **stack}), TASKS[task].kind
     return apply_overrides(ModelConfig.preset(spec), sets), "seq2seq"
 
 

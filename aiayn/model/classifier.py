@@ -56,9 +56,9 @@ class TransformerClassifier(nn.Module):
         if self.training and self.cfg.token_dropout > 0.0:
             kept = keep & (torch.rand(keep.shape, device=ids.device) >= self.cfg.token_dropout)
             keep = torch.where(kept.any(1, keepdim=True), kept, keep)  # never an empty text
-        if self.bigrams is not None:
+        if self.bigrams is not None:  # at padding too: padding is never attended to or pooled
             b = self.bigrams(bigram_ids(ids, self.cfg.bos_id, self.cfg.bigram_buckets))
-            b = b * (self.embed.scale * (ids != self.cfg.pad_id)[..., None])  # (B, S, D)
+            b = b * self.embed.scale  # (B, S, D), scaled as the token embedding is
             delta = b if delta is None else delta + b
         x = self.embed(ids, delta=delta)  # (B, S, D)
         if self.cls is not None:
