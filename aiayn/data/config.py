@@ -45,7 +45,8 @@ class DataConfig:
     # Vocabulary size including the 4 special tokens (the paper: 37000 BPE for WMT En-De).
     vocab_size: int = 8000
     # Lower-case all text in the subword tokenizer's normaliser (saved with it, so decoding,
-    # `classify` and `evaluate` lower-case too); the paper's models keep case.
+    # `classify` and `evaluate` lower-case too); the paper's models keep case. A translation
+    # model's output is recased (aiayn/data/recase.py, learned from the training targets).
     lowercase: bool = False
     # BPE-dropout (Provilkov et al. 2020), translation training only: every time a training pair
     # goes into a batch it is re-encoded with each BPE merge skipped with this probability, so the

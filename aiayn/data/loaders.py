@@ -115,7 +115,12 @@ def training_texts(cfg: DataConfig) -> list[str]:
 
 
 def fit_tokenizer(cfg: DataConfig) -> Tokenizer:
-    """Train the configured tokenizer (kind, vocab_size) on the training split only."""
+    """Train the configured tokenizer (kind, vocab_size) on the training split only. A lower-casing
+    translation tokenizer also learns to recase the output from the training targets."""
+    if cfg.task == "translation":
+        src, tgt = load_translation(cfg, cfg.train_split)
+        return train_tokenizer(src + tgt, cfg.tokenizer, cfg.vocab_size, cfg.lowercase,
+                               recase_texts=tgt)
     return train_tokenizer(training_texts(cfg), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
 
 

@@ -22,6 +22,7 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as HFTokenizer
 
 from aiayn.data.readers import read_text
+from aiayn.data.recase import Recaser
 from aiayn.errors import DataError
 from aiayn.io import write_text
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 # In id order: pad 0, bos 1, eos 2, unk 3 (ModelConfig's defaults).
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 _CHAR_TYPE = "aiayn-char"
+_RECASED_TYPE = "aiayn-recased"  # {"type", "recaser", "tokenizer": a Hugging Face tokenizer.json}
 
 
 class Tokenizer:
@@ -79,10 +81,15 @@ class Tokenizer:
             raise DataError(f"{origin}:{err.lineno}: not a tokenizer (invalid JSON: {err.msg})") from None
         if isinstance(obj, dict) and obj.get("type") == _CHAR_TYPE:
             return CharTokenizer.from_obj(obj, origin)
+        recaser = None
+        if isinstance(obj, dict) and obj.get("type") == _RECASED_TYPE:
+            recaser = Recaser.from_obj(obj.get("recaser"), origin)
+            text = json.dumps(obj.get("tokenizer"), ensure_ascii=False)
         try:
-            return SubwordTokenizer(HFTokenizer.from_str(text), origin)
+            hf = HFTokenizer.from_str(text)
         except Exception as err:  # tokenizers raises plain Exception subclasses from Rust
             raise DataError(f"{origin}: not a tokenizer ({err})") from None
+        return SubwordTokenizer(hf, origin, recaser)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
@@ -97,14 +104,18 @@ def _ids(ids: Iterable[int]) -> list[int]:
 
 
 class SubwordTokenizer(Tokenizer):
-    """A Hugging Face ``tokenizers`` model (BPE or Unigram) with aiayn's special ids."""
+    """A Hugging Face ``tokenizers`` model (BPE or Unigram) with aiayn's special ids.
 
-    def __init__(self, hf: HFTokenizer, origin: str = "tokenizer") -> None:
+    A lower-casing tokenizer may carry a :class:`Recaser`: ``decode`` then gives the text its
+    letter case back (saved together: ``tokenizer.json`` wraps the Hugging Face file).
+    """
+
+    def __init__(self, hf: HFTokenizer, origin: str = "tokenizer", recaser: Recaser | None = None) -> None:
         for expected, token in enumerate(SPECIAL_TOKENS):
             if hf.token_to_id(token) != expected:
                 raise DataError(f"{origin}: special token {token} has id {hf.token_to_id(token)}, "
                                 f"expected {expected}")
-        self.hf = hf
+        self.hf, self.recaser = hf, recaser
         self.kind = type(hf.model).__name__.lower()  # "bpe" or "unigram"
 
     @property
@@ -124,20 +135,25 @@ class SubwordTokenizer(Tokenizer):
             raise DataError(f"BPE-dropout needs a BPE tokenizer, this one is {self.kind}")
         hf = HFTokenizer.from_str(self.hf.to_str())
         hf.model.dropout = p
-        return SubwordTokenizer(hf)
+        return SubwordTokenizer(hf, recaser=self.recaser)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encodes in parallel (Rust threads; ``TOKENIZERS_PARALLELISM`` controls them)."""
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.hf.decode(_ids(ids), skip_special_tokens=True)
+        text = self.hf.decode(_ids(ids), skip_special_tokens=True)
+        return self.recaser(text) if self.recaser else text
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        return self.hf.decode_batch([_ids(ids) for ids in batch], skip_special_tokens=True)
+        texts = self.hf.decode_batch([_ids(ids) for ids in batch], skip_special_tokens=True)
+        return [self.recaser(t) for t in texts] if self.recaser else texts
 
     def to_str(self) -> str:
-        return self.hf.to_str()
+        if self.recaser is None:
+            return self.hf.to_str()
+        return json.dumps({"type": _RECASED_TYPE, "recaser": self.recaser.to_obj(),
+                           "tokenizer": json.loads(self.hf.to_str())}, ensure_ascii=False)
 
 
 class CharTokenizer(Tokenizer):
@@ -184,12 +200,14 @@ def _normalizer(lowercase: bool = False) -> normalizers.Normalizer:
 
 
 def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8000,
-                    lowercase: bool = False) -> Tokenizer:
+                    lowercase: bool = False, recase_texts: Iterable[str] | None = None) -> Tokenizer:
     """Train a tokenizer on ``texts`` (the training split only; source and target together).
 
     ``kind``: "bpe", "unigram" or "char". For "char", ``vocab_size`` caps the vocabulary (the
     most frequent characters are kept; the others become ``<unk>``). ``lowercase`` (subword
-    kinds only) adds lower-casing to the normaliser saved with the tokenizer.
+    kinds only) adds lower-casing to the normaliser saved with the tokenizer; with it,
+    ``recase_texts`` (cased text of the kind the model writes: a translation's targets) trains a
+    :class:`Recaser` that ``decode`` applies.
     """
     texts = list(texts)
     if not any(t.strip() for t in texts):
@@ -221,6 +239,7 @@ def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
     hf.train_from_iterator(texts, trainer, length=len(texts))
-    tokenizer = SubwordTokenizer(hf)
+    recaser = Recaser.fit(recase_texts) if lowercase and recase_texts is not None else None
+    tokenizer = SubwordTokenizer(hf, recaser=recaser)
     log.info("trained a %s tokenizer: %d tokens from %d texts", kind, tokenizer.vocab_size, len(texts))
     return tokenizer
