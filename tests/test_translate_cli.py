@@ -236,3 +236,17 @@ def test_a_trained_copy_model_translates_and_scores_near_100(tmp_path, capsys):
     src = write_lines(tmp_path / "t.en", test)
     assert cli("evaluate", folder, "--src", src, "--ref", src, "--output", tmp_path / "s.json") == 0
     assert json.loads((tmp_path / "s.json").read_text())["bleu"] > 90
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, caplog, native):
+    import aiayn.train.distributed as distributed
+    from aiayn.commands.translate import precision
+
+    monkeypatch.setattr(distributed, "cpu_has_bf16", lambda: native)
+    with caplog.at_level("WARNING"), precision(torch.device("cpu"), True):
+        assert torch.is_autocast_enabled("cpu")  # asked for: still applied, only warned about
+    with caplog.at_level("WARNING"), precision(torch.device("cpu"), False):
+        assert not torch.is_autocast_enabled("cpu")
+    warned = [r.getMessage() for r in caplog.records if "no native bf16" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)

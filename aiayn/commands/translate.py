@@ -61,10 +61,18 @@ def resolve_device(name: str) -> torch.device:
 
 @contextlib.contextmanager
 def precision(device: torch.device, bf16: bool) -> Iterator[None]:
-    """bfloat16 autocast when asked, else nothing."""
+    """bfloat16 autocast when asked, else nothing. A CPU without native bf16 matrix instructions
+    (AVX512-BF16 or AMX) runs bf16 matmuls in a slow fallback: said in a warning, not refused."""
     if not bf16:
         yield
         return
+    if device.type == "cpu":
+        from aiayn.train.distributed import cpu_has_bf16
+
+        if not cpu_has_bf16():
+            log.warning("--bf16: this CPU has no native bf16 matrix instructions (AVX512-BF16 or "
+                        "AMX): bf16 matmuls run in a fallback far slower than fp32 here; leave out "
+                        "--bf16")
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         yield
 
