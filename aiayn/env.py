@@ -15,5 +15,6 @@ def cpu_name() -> str:
         return f"{os.cpu_count()}-core {platform.machine()}"
     name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
     flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
-    feats = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    return f"{os.cpu_count()}-core {name} ({', '.join(feats) or 'no AVX-512'}{'' if 'amx_bf16' in feats else ', no AMX'})"
+    feats = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    feats += ["no AVX-512"] * ("avx512f" not in feats) + ["no AMX"] * ("amx_bf16" not in feats)
+    return f"{os.cpu_count()}-core {name} ({', '.join(feats)})"

@@ -32,6 +32,7 @@ from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, translate_ids
 from aiayn.env import cpu_name
 from aiayn.model import Transformer
+from aiayn.train.distributed import cpu_has_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,12 +51,20 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2,
                    help="also run every system with this many batches at once, sharing --threads "
                    "(aiayn DecodeConfig.workers, CTranslate2 inter_threads); 1 = only the default")
-    p.add_argument("--skip", nargs="*", default=[], help="systems to leave out (hf, ct2)")
+    p.add_argument("--skip", nargs="*", default=None,
+                   help="systems to leave out (hf, ct2, bf16); default: bf16 on a CPU without "
+                   "AVX512-BF16/AMX (a slow fallback there), else none")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=cpu_name())
     p.add_argument("--out", default=str(ROOT / "docs" / "decoding"),
                    help="writes OUT.json and OUT.md")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.skip is None:
+        args.skip = [] if cpu_has_bf16() else ["bf16"]
+        if args.skip:
+            print("leaving out aiayn bf16 autocast: this CPU has no AVX512-BF16/AMX "
+                  "(--skip without names runs it anyway)", flush=True)
+    return args
 
 
 def aiayn_system(model: Transformer, sources: list[list[int]], args, bf16: bool,
@@ -148,6 +157,8 @@ def build_systems(args, tmp: Path) -> dict[str, Callable[[], None]]:
     model = Transformer(cfg).eval()
     systems = {}
     for precision, bf16 in (("fp32", False), ("bf16 autocast", True)):
+        if bf16 and "bf16" in args.skip:
+            continue
         for w in layouts(args):
             systems[f"aiayn {precision}{label(w, args)}"] = aiayn_system(model, sources, args, bf16, w)
     if "hf" not in args.skip or "ct2" not in args.skip:

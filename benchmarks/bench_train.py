@@ -59,7 +59,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CLEAN_ENV = dict(os.environ)  # the environment before anything of aiayn is imported
 SYSTEMS = ("aiayn", "torch", "marian")
 BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
-HARDWARE = "2-core AMD EPYC (AVX-512, avx512_bf16, no AMX), shared with other jobs"
 # Steps per preset (warm-up, timed): a BASE step costs ~8x a SMALL one (train_flops).
 STEPS = {"small": (2, 6), "base": (1, 6)}
 
@@ -631,16 +630,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads per worker")
     p.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(PRESETS))
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--precisions", nargs="+", default=None, choices=["fp32", "bf16"],
+                   help="default: fp32 and bf16, or fp32 alone on a CPU without AVX512-BF16/AMX")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
     p.add_argument("--steps", type=int, nargs=2, metavar=("WARMUP", "TIMED"), action="append",
                    help="override the steps of every preset (default small 2+6, base 1+6)")
     p.add_argument("--date", default=str(date.today()))
-    p.add_argument("--hardware", default=HARDWARE)
+    p.add_argument("--hardware", default=None,
+                   help="the machine, for the table (default: the CPU's name and flags, shared with other jobs)")
     p.add_argument("--out", default=str(ROOT / "docs" / "performance"), help="writes OUT.json, OUT.md")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from aiayn.env import cpu_name  # here, not at the top: CLEAN_ENV is taken before aiayn loads
+    from aiayn.train.distributed import cpu_has_bf16
+
+    if args.hardware is None:
+        args.hardware = f"{cpu_name()}, shared with other jobs"
+    if args.precisions is None:
+        args.precisions = ["fp32", "bf16"] if cpu_has_bf16() else ["fp32"]
+        if not args.worker and len(args.precisions) == 1:
+            print("bf16 left out: this CPU has no AVX512-BF16/AMX (--precisions bf16 runs it "
+                  "anyway, in a slow fallback)", flush=True)
+    return args
 
 
 def bench_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict]:

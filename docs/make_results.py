@@ -175,6 +175,24 @@ def readme_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ablation_origin(ablations: list[dict[str, Any]]) -> str:
+    """Where copied ablation rows were scored (``--ablations-from``), or nothing."""
+    origins = sorted({(a["scored_on"], a["scored_at"]) for a in ablations if "scored_at" in a})
+    return "".join(f" Scored on {day} at commit {commit} (kept from that report; the run folders "
+                   "are not kept)." for day, commit in origins)
+
+
+def copied_ablations(results_json: Path) -> tuple[list[dict[str, Any]], int]:
+    """The ablation rows of an earlier report and their averaging, tagged with where they were scored.
+
+    Copied, not re-measured: for when the ablation run folders are gone. Rows copied twice keep
+    their first origin.
+    """
+    earlier = json.loads(results_json.read_text())
+    origin = {"scored_at": earlier["aiayn_commit"], "scored_on": earlier["date"]}
+    return [{**origin, **a} for a in earlier["ablations"]], earlier["ablation_avg"]
+
+
 def results_doc(r: dict[str, Any]) -> str:
     m = r["main"]
     sig = m["rows"][m["headline"]]["scores"]["test_2016_flickr"]
@@ -187,8 +205,8 @@ def results_doc(r: dict[str, Any]) -> str:
     if r["ablations"]:
         lines += ["## Ablation", "",
                   f"Each run averaged over its last {r['ablation_avg']} checkpoints, beam {r['beam']} "
-                  f"α={m['alpha']} (chosen on val for the main run). "
-                  "Cells: sacreBLEU `-lc` / cased / chrF.", "",
+                  f"α={r['ablations'][0]['scores']['val']['alpha']} (chosen on val for the main run). "
+                  "Cells: sacreBLEU `-lc` / cased / chrF." + _ablation_origin(r["ablations"]), "",
                   "| run | model | updates | training | best valid loss | val | test2016 |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for a in r["ablations"]:
@@ -221,6 +239,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="the main run folder")
     p.add_argument("--ablation", action="append", default=[], metavar="LABEL=RUN_DIR")
+    p.add_argument("--ablations-from", type=Path, metavar="RESULTS_JSON",
+                   help="keep the ablation rows of an earlier report (its run folders are gone) "
+                        "instead of scoring --ablation runs")
     p.add_argument("--avg", type=int, default=10, help="checkpoints averaged (default 10)")
     p.add_argument("--ablation-avg", type=int, default=5,
                    help="checkpoints averaged in each ablation run (default 5, as make demo)")
@@ -241,7 +262,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     scorer = Scorer(args.bf16_row, args.limit, args.workers)
     main_result = main_run(scorer, args.run, args.avg, args.beam, args.alphas)
-    ablations = []
+    ablations, ablation_avg = [], args.ablation_avg
+    if args.ablations_from:
+        ablations, ablation_avg = copied_ablations(args.ablations_from)
     for spec in args.ablation:
         label, _, folder = spec.rpartition("=")
         ablations.append(ablation_run(scorer, label, Path(folder), args.ablation_avg, args.beam,
@@ -250,7 +273,7 @@ def main() -> None:
                             text=True).stdout.strip()
     report = {"date": str(date.today()), "hardware": cpu_name(), "threads": args.threads,
               "torch": torch.__version__, "aiayn_commit": commit, "command": args.command,
-              "avg": args.avg, "ablation_avg": args.ablation_avg, "beam": args.beam,
+              "avg": args.avg, "ablation_avg": ablation_avg, "beam": args.beam,
               "main": main_result, "ablations": ablations}
     write_json(args.out.with_suffix(".json"), strip_hyps(report))
     write_section(args.out.with_suffix(".md"), *DOC_MARKS, results_doc(report),
