@@ -154,4 +154,8 @@ def test_models_that_do_not_fit_together_fail_in_one_line(pretrained, capsys, tm
     cfg = write_toml(tmp_path / "d.toml", {**base, "data.task": "masked_lm",
                                            "model.pooling": "cls"})
     fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "d")], "no CLS token")
+    for i, setting in enumerate(({"model.bigram_buckets": 64}, {"model.token_dropout": 0.1})):
+        cfg = write_toml(tmp_path / f"e{i}.toml", {**base, "data.task": "masked_lm", **setting})
+        fails(capsys, ["train", str(cfg), "--out", str(tmp_path / f"e{i}")],
+              f"set {next(iter(setting))} in the classifier run")
     fails(capsys, ["classify", str(tmp / "mlm" / "best")], "this command needs 'classifier'")
