@@ -15,6 +15,7 @@ from aiayn.train.config import build_run_config
 from aiayn.train.distributed import DistContext
 from aiayn.train.run import train_run
 from aiayn.train.run_folder import RunFolder
+from aiayn.train.schedule import time_cosine_lr
 from aiayn.train.tasks import TranslationTask
 from aiayn.train.trainer import Trainer, TrainingDiverged
 from trainutil import base_values, one_thread  # noqa: F401 (autouse fixture)
@@ -187,6 +188,22 @@ def test_epoch_and_time_limits(tmp_path):
     assert (tmp_path / "b/trainer_state.pt").is_file()
     again = train_run(cfg, tmp_path / "b", resume=True)  # the time is used up: no more updates
     assert again.stop_reason == "max_time" and again.step == 1
+
+
+def test_cosine_over_time_reaches_its_floor_when_the_time_budget_ends(tmp_path, monkeypatch):
+    # A clock on which every update takes 10 s: the budget of 100 s ends after update 11 (its
+    # update starts at 100 s); the warm-up ends at update 2 (10 s), so the decay spans 90 s.
+    monkeypatch.setattr(Trainer, "_wall", lambda self: 10.0 * self.progress.step)
+    cfg = build_run_config(base_values(tmp_path / "data", lr_schedule="cosine", lr=1e-3, min_lr=1e-5,
+                                       warmup_steps=2, warmup_init_lr=0.0, schedule_clock="time",
+                                       max_time=100.0, max_steps=0, log_every=1, valid_every=0))
+    result = train_run(cfg, tmp_path / "run")
+    assert result.stop_reason == "max_time" and result.step == 11
+    lrs = [r["lr"] for r in _metrics(tmp_path / "run")]
+    expected = [time_cosine_lr(k, (10.0 * (k - 1) - 10.0) / 90.0, 1e-3, 2, 1e-5) for k in range(1, 12)]
+    assert lrs == pytest.approx(expected, rel=1e-12)
+    assert lrs[1] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-5)
+    assert lrs[0] == pytest.approx(5e-4)
 
 
 def test_bf16_autocast_trains_with_fp32_master_weights(tmp_path):

@@ -14,7 +14,7 @@ from aiayn.errors import ConfigError
 from aiayn.train.config import TrainConfig, build_run_config, load_run_config
 from aiayn.train import loss as loss_module
 from aiayn.train.loss import label_smoothed_nll_loss, projected_label_smoothed_nll_loss
-from aiayn.train.schedule import cosine_lr, inverse_sqrt_lr, make_schedule, noam_lr
+from aiayn.train.schedule import cosine_lr, inverse_sqrt_lr, make_schedule, noam_lr, time_cosine_lr
 
 # ---- label-smoothed cross-entropy --------------------------------------------------------------
 
@@ -121,6 +121,32 @@ def test_cosine_schedule_closed_form():
 def test_cosine_needs_a_budget_of_updates():
     with pytest.raises(ConfigError, match="max_steps"):
         TrainConfig(lr_schedule="cosine", warmup_steps=400, max_steps=400)
+
+
+def test_cosine_over_time_closed_form():
+    peak, w, floor = 3e-3, 400, 1e-4
+    for step in (1, w // 2, w):  # the warm-up counts updates, whatever the clock says
+        assert time_cosine_lr(step, 0.7, peak, w, floor) == cosine_lr(step, peak, w, 2400, floor)
+    assert time_cosine_lr(w + 1, 0.0, peak, w, floor) == pytest.approx(peak)
+    assert time_cosine_lr(w + 1, 0.5, peak, w, floor) == pytest.approx((peak + floor) / 2)
+    assert time_cosine_lr(w + 1, 1.0, peak, w, floor) == pytest.approx(floor)
+    assert time_cosine_lr(10 * w, 3.0, peak, w, floor) == pytest.approx(floor)
+    rates = [time_cosine_lr(w + 1, u / 100, peak, w, floor) for u in range(101)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+    cos = make_schedule(TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10,
+                                    schedule_clock="time", max_time=60, max_steps=0), 64)
+    assert cos(11, 0.0) == pytest.approx(1e-3) and cos(11, 1.0) == pytest.approx(1e-5)
+    steps = make_schedule(TrainConfig(lr_schedule="cosine", lr=1e-3, warmup_steps=10,
+                                      max_steps=110), 64)
+    assert steps(60, 0.0) == steps(60, 1.0)  # the updates clock ignores the time
+
+
+def test_cosine_over_time_needs_cosine_and_a_time_budget():
+    with pytest.raises(ConfigError, match="max_time"):
+        TrainConfig(lr_schedule="cosine", schedule_clock="time", max_time=0)
+    with pytest.raises(ConfigError, match="lr_schedule = 'inverse_sqrt'"):
+        TrainConfig(lr_schedule="inverse_sqrt", schedule_clock="time", max_time=60)
+    TrainConfig(lr_schedule="cosine", schedule_clock="time", max_time=60, max_steps=0)  # no step cap
 
 
 def test_make_schedule_picks_by_name():

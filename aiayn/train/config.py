@@ -46,6 +46,12 @@ class TrainConfig:
     lr: float = 5e-4
     # The rate cosine decays to at max_steps (and keeps after it).
     min_lr: float = 0.0
+    # What cosine decays over: "updates" (from warmup_steps to max_steps) or "time" (from the end
+    # of the warm-up to max_time seconds of training, validation included), so that the rate
+    # reaches min_lr when the time budget ends on a machine of any speed, as the budget schedules
+    # of Cramming (Geiping & Goldstein 2023). The price: the rate of an update depends on the
+    # machine's speed, so a resumed run does not repeat an uninterrupted one exactly.
+    schedule_clock: Literal["updates", "time"] = "updates"
     # Warm-up updates (§5.3: 4000).
     warmup_steps: int = 4000
     # Learning rate at update 0 of inverse_sqrt's linear warm-up (fairseq's warmup_init_lr).
@@ -114,7 +120,12 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr_schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("train.warmup_steps must be > 0 for the noam schedule")
-        if self.lr_schedule == "cosine" and not self.warmup_steps < self.max_steps:
+        if self.schedule_clock == "time" and not (self.lr_schedule == "cosine" and self.max_time > 0):
+            raise ConfigError("train.schedule_clock = 'time' decays lr_schedule = 'cosine' over "
+                              f"train.max_time; got lr_schedule = {self.lr_schedule!r}, max_time = "
+                              f"{self.max_time}")
+        if (self.lr_schedule == "cosine" and self.schedule_clock == "updates"
+                and not self.warmup_steps < self.max_steps):
             raise ConfigError("train.lr_schedule = 'cosine' decays over train.max_steps, which must "
                               f"be > warmup_steps ({self.warmup_steps}), got {self.max_steps}")
         if self.bleu_beam < 1:

@@ -1,7 +1,8 @@
 """Learning-rate schedules, as functions of the update number (1 = the first update).
 
 Stateless: the learning rate of update ``step`` depends on ``step`` alone, so resuming needs only
-the step count.
+the step count — except for cosine over time (``train.schedule_clock = "time"``), which also reads
+the share of the time budget used, measured by the trainer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Callable
 
 from aiayn.train.config import TrainConfig
 
-Schedule = Callable[[int], float]
+Schedule = Callable[[int, float], float]  # (update, share of the post-warm-up time used) -> lr
 
 
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -37,19 +38,38 @@ def cosine_lr(step: int, peak: float, warmup: int, total: int, floor: float = 0.
     step = max(step, 1)
     if step <= warmup:
         return init + (peak - init) * step / warmup
-    if step >= total:
-        return floor
-    progress = (step - warmup) / (total - warmup)
+    return cosine_decay((step - warmup) / (total - warmup), peak, floor)
+
+
+def cosine_decay(progress: float, peak: float, floor: float) -> float:
+    """Half a cosine from ``peak`` at ``progress`` 0 down to ``floor`` at 1, ``floor`` after it."""
+    progress = min(max(progress, 0.0), 1.0)
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def time_cosine_lr(step: int, time_used: float, peak: float, warmup: int, floor: float = 0.0,
+                   init: float = 0.0) -> float:
+    """cosine_lr over time: the same warm-up over ``warmup`` updates, then half a cosine whose
+    progress is ``time_used``, the share of the time budget left after the warm-up that has been
+    spent (0 at the end of the warm-up, 1 when the budget ends)."""
+    step = max(step, 1)
+    if step <= warmup:
+        return init + (peak - init) * step / warmup
+    return cosine_decay(time_used, peak, floor)
+
+
 def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:
-    """The schedule ``cfg.lr_schedule`` names, as ``step -> lr``."""
+    """The schedule ``cfg.lr_schedule`` names, as ``(step, time_used) -> lr``; only cosine with
+    ``cfg.schedule_clock = "time"`` reads ``time_used``."""
     if cfg.lr_schedule == "noam":
-        return lambda step: noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_scale)
+        return lambda step, _=0.0: noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_scale)
     if cfg.lr_schedule == "inverse_sqrt":
-        return lambda step: inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr)
+        return lambda step, _=0.0: inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps,
+                                                   cfg.warmup_init_lr)
+    if cfg.lr_schedule == "cosine" and cfg.schedule_clock == "time":
+        return lambda step, used=0.0: time_cosine_lr(step, used, cfg.lr, cfg.warmup_steps,
+                                                     cfg.min_lr, cfg.warmup_init_lr)
     if cfg.lr_schedule == "cosine":
-        return lambda step: cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr,
-                                      cfg.warmup_init_lr)
-    return lambda step: cfg.lr
+        return lambda step, _=0.0: cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps,
+                                             cfg.min_lr, cfg.warmup_init_lr)
+    return lambda step, _=0.0: cfg.lr

@@ -64,6 +64,7 @@ class _Progress:
     bad_valid: int = 0  # validations since the last new best (early stopping)
     bad_steps: int = 0  # consecutive updates skipped for a non-finite loss
     skipped: int = 0  # all updates skipped so far
+    warmup_wall: float | None = None  # wall-clock when the warm-up ended (schedule_clock = "time")
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Trainer:
                     if dist.active else None)
         self.last_valid: dict[str, float] = {}
         self.session_start = time.perf_counter()
+        self._synced_wall = self.progress.wall  # the wall-clock all processes agree on
         self._bar: Any = None
         self._interval = _Interval()
 
@@ -202,6 +204,7 @@ class Trainer:
         self._bar = self._progress_bar()
         self._interval = _Interval()
         self.session_start = time.perf_counter()
+        self._synced_wall = self.progress.wall
         # The time limit is checked after updates; at the start only the saved wall-clock counts
         # (the same on every process), so resuming a run that used up max_time trains no more.
         reason = self._limit_reached(check_time=False)
@@ -266,12 +269,15 @@ class Trainer:
             sums[0] += stats.loss.item()
             sums[1] += stats.nll.item()
             sums[2] += stats.n_tokens
-        loss, nll, tokens = self.dist.all_reduce(sums)
+        # With the sums goes each process's clock: every process then reads the same wall-clock
+        # (their mean), so all stop at max_time after the same update and agree on the rate.
+        loss, nll, tokens, walls = self.dist.all_reduce(sums + [self._wall()])
+        self._synced_wall = walls / self.dist.world_size
         norm = self._grad_norm() if math.isfinite(loss) else math.nan
         if not (math.isfinite(loss) and math.isfinite(norm)):
             return self._skip(loss, norm)
         self.progress.step += 1
-        lr = self.schedule(self.progress.step)
+        lr = self.schedule(self.progress.step, self._time_used())
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
         self.optimizer.step()
@@ -333,6 +339,15 @@ class Trainer:
     def _wall(self) -> float:
         return self.progress.wall + time.perf_counter() - self.session_start
 
+    def _time_used(self) -> float:
+        """The share of the time budget after the warm-up spent so far (schedule_clock = "time")."""
+        p, t = self.progress, self.t
+        if t.schedule_clock != "time" or p.step < t.warmup_steps:
+            return 0.0
+        if p.warmup_wall is None:  # this update ends the warm-up
+            p.warmup_wall = self._synced_wall if t.warmup_steps else 0.0
+        return (self._synced_wall - p.warmup_wall) / max(t.max_time - p.warmup_wall, 1e-9)
+
     def _limit_reached(self, check_time: bool = True) -> str | None:
         p, t = self.progress, self.t
         if t.max_steps and p.step >= t.max_steps:
@@ -340,7 +355,7 @@ class Trainer:
         completed = p.epoch - 1 + int(0 < getattr(self, "_epoch_len", 0) <= p.position)
         if t.max_epochs and completed >= t.max_epochs:
             return "max_epochs"
-        if check_time and t.max_time and self._wall() >= t.max_time:
+        if check_time and t.max_time and self._synced_wall >= t.max_time:
             return "max_time"
         return None
 
@@ -351,7 +366,7 @@ class Trainer:
         record = {
             "step": p.step, "wall": round(self._wall(), 3), "epoch": p.epoch,
             "loss": iv.loss / targets, "nll": iv.nll / targets,
-            "lr": self.schedule(p.step), "tokens_per_s": iv.tokens / elapsed,
+            "lr": self.optimizer.param_groups[0]["lr"], "tokens_per_s": iv.tokens / elapsed,
             "grad_norm": iv.grad_norm / max(iv.updates, 1), "skipped": p.skipped,
             **valid,
         }
