@@ -48,8 +48,8 @@ class TrainConfig:
     min_lr: float = 0.0
     # What cosine decays over: "updates" (from warmup_steps to max_steps) or "time" (from the end
     # of the warm-up to max_time seconds of training, validation included), so that the rate
-    # reaches min_lr when the time budget ends on a machine of any speed, as the budget schedules
-    # of Cramming (Geiping & Goldstein 2023). The price: the rate of an update depends on the
+    # reaches min_lr when the time budget ends on a machine of any speed, as the time-based
+    # schedules of Izsak et al. 2021 and Cramming (Geiping & Goldstein 2023). The price: the rate of an update depends on the
     # machine's speed, so a resumed run does not repeat an uninterrupted one exactly.
     schedule_clock: Literal["updates", "time"] = "updates"
     # Warm-up updates (§5.3: 4000).
