@@ -54,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip", nargs="*", default=None,
                    help="systems to leave out (hf, ct2, bf16); default: bf16 on a CPU without "
                    "AVX512-BF16/AMX (a slow fallback there), else none")
+    p.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                   help="keep: glibc keeps freed memory (aiayn/train/allocator.py), as `aiayn "
+                   "translate` does on CPU; it applies to every system here (one process)")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=cpu_name())
     p.add_argument("--out", default=str(ROOT / "docs" / "decoding"),
@@ -220,7 +223,7 @@ def write_report(rates: dict[str, list[float]], args, command: str) -> None:
     rows = {k: {"median": round(statistics.median(v), 1), "best": round(max(v), 1),
                 "rounds": [round(x, 1) for x in v]} for k, v in rates.items()}
     meta = {"date": args.date, "hardware": args.hardware, "threads": args.threads,
-            "command": command, "preset": args.preset, "vocab": args.vocab, "batch": args.batch,
+            "malloc": args.malloc, "command": command, "preset": args.preset, "vocab": args.vocab, "batch": args.batch,
             "workers": args.workers, "sentences_per_round": args.batch * args.batches, "src_len": args.src_len,
             "tgt_len": args.tgt_len, "beam": args.beam, "rounds": args.rounds,
             "load_average": os.getloadavg(), "versions": versions(), "sentences_per_s": rows}
@@ -241,6 +244,10 @@ def write_report(rates: dict[str, list[float]], args, command: str) -> None:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.malloc == "keep":
+        from aiayn.train.allocator import keep_freed_memory
+
+        args.malloc = "keep" if keep_freed_memory() else "default (keep not applicable here)"
     command = "python benchmarks/bench_decode.py " + shlex.join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         systems = build_systems(args, Path(tmp))

@@ -110,6 +110,26 @@ def test_reorder_follows_beams_and_dropped_sentences():
     assert cache.layers[0].cross_k.size(0) == 2 and cache.memory_mask.size(0) == 2
 
 
+@torch.no_grad()
+def test_a_first_step_of_one_row_per_sentence_expands_to_the_beams():
+    """Beam search's first step: B rows, then reorder() repeats each k times. Decoding then goes on
+    as if all B·k rows had been fed from the start, and cross-attention state is not copied."""
+    model, k = tiny(), 3
+    src, tgt = batch(B=2)
+    tgt_k = tgt.repeat_interleave(k, 0)
+    tgt_k[:, 2:] = torch.randint(4, 23, tgt_k[:, 2:].shape)  # beams differ after the first token
+    memory = model.encode(src)
+    cache = model.init_cache(memory, src=src).with_beam(k)
+    first = model.decode(tgt[:, :1], memory, cache=cache)
+    cross = cache.layers[0].cross_k
+    cache.reorder(torch.arange(2).repeat_interleave(k))
+    assert cache.layers[0].cross_k is cross and cache.layers[0].self_k.size(0) == 2 * k
+    steps = [model.decode(tgt_k[:, t : t + 1], memory, cache=cache) for t in range(1, tgt.size(1))]
+    full = model(src.repeat_interleave(k, 0), tgt_k)
+    torch.testing.assert_close(first.repeat_interleave(k, 0), full[:, :1], **TOL)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 1:], **TOL)
+
+
 def test_reorder_rejects_mixing_sentences_and_late_with_beam():
     model, k = tiny(), 2
     src, tgt = batch(B=2)

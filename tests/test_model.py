@@ -8,7 +8,7 @@ import torch
 
 from aiayn import ModelConfig, Transformer
 from aiayn.model import sinusoidal_table
-from aiayn.model.attention import scaled_dot_product_attention
+from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -202,3 +202,22 @@ def test_fused_projections_equal_the_separate_ones():
     (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
     torch.testing.assert_close(mha.k_proj.bias.grad, torch.full((32,), 2.0 * 15))
     torch.testing.assert_close(mha.v_proj.bias.grad, torch.full((24,), 3.0 * 15))
+
+
+def test_stacked_projection_weights_follow_weight_changes_without_autograd():
+    """Decoding reuses the stacked Q/K/V weights; an in-place update or a new weight must show."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        before = mha.project_qkv(x)[0].clone()
+        mha.q_proj.weight.mul_(2.0)  # in place: same storage, new version
+        after = mha.project_qkv(x)[0]
+        torch.testing.assert_close(after - mha.q_proj.bias.view(4, 1, 4),
+                                   2 * (before - mha.q_proj.bias.view(4, 1, 4)))
+        mha.q_proj.weight = torch.nn.Parameter(torch.zeros(16, 16))  # a new tensor
+        torch.testing.assert_close(mha.project_qkv(x)[0],
+                                   mha.q_proj.bias.view(1, 4, 1, 4).expand(2, 4, 5, 4))
+    q, _, _ = mha.project_qkv(x)  # with autograd: gradients reach the projection
+    q.sum().backward()
+    assert mha.q_proj.weight.grad is not None

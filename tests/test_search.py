@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aiayn.decode import DecodeConfig, beam_search, filter_log_probs, greedy_search, sample
-from aiayn.decode.search import _top_candidates_blocked, length_penalty
+from aiayn.decode.search import _Beams, _top_candidates, _top_candidates_blocked, length_penalty
 from aiayn.errors import ConfigError
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
@@ -57,7 +57,7 @@ def stub_step(tables: list[dict[tuple, list[float]]], default: list[float] | Non
 
 def run_beam(tables, beam, max_len=10, **kw):
     n = len(tables)
-    cache = StubCache(torch.arange(n).repeat_interleave(beam))
+    cache = StubCache(torch.arange(n))  # one row per sentence: search expands it to the beams
     return beam_search(stub_step(tables), cache, n, beam, BOS, EOS, max_len, **kw)
 
 
@@ -144,7 +144,7 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_batch():
 def test_max_len_cuts_hypotheses_per_sentence():
     never_ends = dist(a=0.5, b=0.5)
     tables = [{}, {}]
-    cache = StubCache(torch.arange(2).repeat_interleave(2))
+    cache = StubCache(torch.arange(2))
     step = stub_step(tables, default=never_ends)
     out = beam_search(step, cache, 2, 2, BOS, EOS, torch.tensor([3, 5]), alpha=0.0, nbest=2)
     assert [len(h.tokens) for h in out[0]] == [3, 3] and [len(h.tokens) for h in out[1]] == [5, 5]
@@ -162,10 +162,24 @@ def test_min_len_forbids_early_eos():
     assert best.tokens == [A, A]
 
 
+def test_the_first_step_runs_one_row_per_sentence_then_the_beams():
+    """Beams start identical, so the first step is fed B rows; the cache is then expanded to B·k."""
+    fed = []
+    step = stub_step([random_table(1), random_table(2)])
+
+    def counting(tokens, cache):
+        fed.append(tuple(tokens.shape))
+        return step(tokens, cache)
+
+    cache = StubCache(torch.arange(2))
+    beam_search(counting, cache, 2, 3, BOS, EOS, 4, min_len=4)
+    assert fed == [(2, 1), (6, 2), (6, 3), (6, 4)]
+
+
 def test_finished_sentences_leave_the_batch():
     quick = {(): dist(eos=1.0)}
     slow = random_table(3)
-    cache = StubCache(torch.arange(2).repeat_interleave(2))
+    cache = StubCache(torch.arange(2))
     beam_search(stub_step([quick, slow]), cache, 2, 2, BOS, EOS, 6)
     assert cache.sentence.tolist() == [1, 1]  # only the slow sentence's beams remain
 
@@ -188,6 +202,15 @@ def test_blocked_top_candidates_equal_the_full_ranking(vocab):
         assert torch.equal(got[0], want_scores)
         assert torch.equal(got[1], torch.arange(b)[:, None] * k + flat // vocab)
         assert torch.equal(got[2], flat % vocab)
+    # The first step ranks one row per sentence (k = 1) for the 2k candidates of k = 5 beams;
+    # with fewer blocks than candidates (vocab 257: 5 blocks) the full ranking is used.
+    lp = torch.log_softmax(3 * torch.randn(b, vocab, generator=g), -1)
+    state = _Beams(torch.ones(b, 1, dtype=torch.long), torch.zeros(b, 1), torch.arange(b))
+    want_scores, flat = lp.topk(2 * k, dim=-1)
+    got = _top_candidates(state, lp, 2 * k)
+    assert torch.equal(got[0], want_scores)
+    assert torch.equal(got[1], torch.arange(b)[:, None].expand(b, 2 * k))
+    assert torch.equal(got[2], flat)
 
 
 def test_filter_log_probs_top_k_and_top_p():

@@ -56,6 +56,10 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"--device: unknown device '{name}'") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available")
+    if device.type == "cpu":
+        from aiayn.train.allocator import keep_freed_memory
+
+        keep_freed_memory()  # every decoding step frees and reallocates the same large buffers
     return device
 
 

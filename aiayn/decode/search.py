@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any]]
@@ -149,22 +150,26 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses of every sentence, best first.
 
-    Shape: the step function is fed (B·k, t) tokens (rows b·k … b·k + k-1 are sentence b's beams)
-    and returns (B·k, V). The cache must be built for B·k rows. At each step the 2k best
-    continuations of each sentence are taken (fairseq); EOS among the first k ends a hypothesis,
-    scored log P / lp(|Y|); the k best others continue. A sentence is done when it has k finished
-    hypotheses or reaches its max_len; done sentences leave the batch (``cache.reorder``).
+    Shape: the first step is fed (B, 1) tokens, one row per sentence (its k beams are still the
+    same), and the cache must be built for those B rows; search then expands it to B·k rows with
+    ``cache.reorder`` (each row repeated k times, in the order of its new beams). Later steps are
+    fed (B·k, t) tokens (rows b·k … b·k + k-1 are sentence b's beams) and return (B·k, V). At each
+    step the 2k best continuations of each sentence are taken (fairseq); EOS among the first k
+    ends a hypothesis, scored log P / lp(|Y|); the k best others continue. A sentence is done
+    when it has k finished hypotheses or reaches its max_len; done sentences leave the batch
+    (``cache.reorder``).
     """
     lengths = _as_lengths(max_len, batch_size)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    scores = torch.full((batch_size, beam), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    state = _Beams(_start(bos_id, batch_size * beam, device), scores, torch.arange(batch_size))
+    # All k beams of a sentence start identical: the first step runs one row per sentence.
+    scores = torch.zeros(batch_size, 1, device=device)
+    state = _Beams(_start(bos_id, batch_size, device), scores, torch.arange(batch_size))
     for t in range(int(lengths.max())):
         lp, cache = step(state.tokens, cache)
         lp = _forbid_eos(lp, eos_id, t < min_len)
-        cand_scores, cand_rows, cand_tokens = _top_candidates(state, lp, beam)
-        _finish_eos(state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty)
+        cand_scores, cand_rows, cand_tokens = _top_candidates(state, lp, 2 * beam)
+        _finish_eos(state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty,
+                    beam)
         state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
         done = _done(state, lengths, finished, beam, t + 1, alpha, penalty)
         keep = (~done).nonzero().squeeze(1)  # (b',)
@@ -178,18 +183,23 @@ def beam_search(
     return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
 
 
-def _top_candidates(state: _Beams, log_probs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The 2k best one-token extensions of each sentence's beams.
+def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best one-token extensions of each sentence's k live rows (k = 1 on the first step).
 
-    Shape: log_probs (b·k, V) -> scores, source rows (into b·k), tokens, each (b, 2k).
+    Shape: log_probs (b·k, V) -> scores, source rows (into b·k), tokens, each (b, n). Where
+    fewer than n extensions exist (k·V < n) the rest are -inf, as dead beams are.
     """
-    b, V = state.scores.size(0), log_probs.size(-1)
-    n = min(2 * beam, beam * V)
-    if V >= 4 * TOPK_BLOCK:
+    (b, k), V = state.scores.shape, log_probs.size(-1)
+    if k * V < n:
+        scores, rows, tokens = _top_candidates(state, log_probs, k * V)
+        pad = n - k * V
+        return (F.pad(scores, (0, pad), value=float("-inf")), F.pad(rows, (0, pad), value=0),
+                F.pad(tokens, (0, pad), value=0))
+    if V >= 4 * TOPK_BLOCK and k * (V // TOPK_BLOCK) >= n:  # at least n blocks to rank
         return _top_candidates_blocked(state.scores, log_probs, n)
-    total = (state.scores[:, :, None] + log_probs.view(b, beam, V)).view(b, beam * V)  # (b, k·V)
-    cand_scores, flat = total.topk(n, dim=-1)  # (b, 2k)
-    base = torch.arange(b, device=flat.device)[:, None] * beam
+    total = (state.scores[:, :, None] + log_probs.view(b, k, V)).view(b, k * V)  # (b, k·V)
+    cand_scores, flat = total.topk(n, dim=-1)  # (b, n)
+    base = torch.arange(b, device=flat.device)[:, None] * k
     return cand_scores, base + flat // V, flat % V
 
 
@@ -236,10 +246,9 @@ def _top_candidates_blocked(scores: Tensor, log_probs: Tensor, n: int,
 
 def _finish_eos(
     state: _Beams, cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, eos_id: int,
-    finished: list[list[Hypothesis]], alpha: float, penalty: str,
+    finished: list[list[Hypothesis]], alpha: float, penalty: str, beam: int,
 ) -> None:
     """Move EOS candidates ranked among the first k of their sentence into ``finished``."""
-    beam = state.scores.size(1)
     is_eos = (cand_tokens[:, :beam] == eos_id) & (cand_scores[:, :beam] > float("-inf"))  # (b, k)
     if not bool(is_eos.any()):
         return

@@ -22,7 +22,13 @@ from torch import Tensor
 
 @dataclass
 class LayerCache:
-    """One decoder layer's keys and values, each (B, H, ·, K or Kv)."""
+    """One decoder layer's keys and values, each (B, H, ·, K or Kv).
+
+    Self-attention keys/values live in buffers with room for more positions (doubling when
+    full): ``self_k``/``self_v`` are views of their first t positions, so appending a step
+    writes only the new position, and a reorder copies each kept row once, straight into the
+    new buffers, instead of a concatenation and then a selection copying everything twice.
+    """
 
     self_k: Tensor | None = None
     self_v: Tensor | None = None
@@ -31,11 +37,50 @@ class LayerCache:
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's self-attention keys/values; return all of them so far."""
-        if self.self_k is not None:
-            k = torch.cat([self.self_k, k], dim=2)  # (B, H, t + new, K)
-            v = torch.cat([self.self_v, v], dim=2)
-        self.self_k, self.self_v = k, v
-        return k, v
+        self.self_k = _append(self.self_k, k)  # (B, H, t + new, K)
+        self.self_v = _append(self.self_v, v)
+        return self.self_k, self.self_v
+
+    def reorder_self(self, index: Tensor) -> None:
+        """Keep self-attention rows ``index`` (with their room to grow)."""
+        self.self_k, self.self_v = _select_rows(self.self_k, index), _select_rows(self.self_v, index)
+
+
+MIN_ROOM = 16  # positions a self-attention buffer holds at first
+
+
+def _room(t: Tensor) -> int:
+    """Positions the buffer behind a (B, H, t, K) view holds (its t when it is not a view)."""
+    return t.stride(1) // t.size(3) if t.dim() == 4 and t.size(3) and t.stride(3) == 1 else t.size(2)
+
+
+def _buffer_like(t: Tensor, rows: int, room: int) -> Tensor:
+    """An empty (rows, H, room, K) buffer for t's keys or values."""
+    return t.new_empty(rows, t.size(1), room, t.size(3))
+
+
+def _append(cached: Tensor | None, new: Tensor) -> Tensor:
+    """cached (B, H, t, K) + new (B, H, n, K) -> a view of (B, H, t + n, K) positions."""
+    t = 0 if cached is None else cached.size(2)
+    n = new.size(2)
+    if cached is None or t + n > _room(cached) or cached.stride(2) != cached.size(3):
+        buf = _buffer_like(new, new.size(0), max(MIN_ROOM, 2 * (t + n)))
+        if cached is not None:
+            buf[:, :, :t] = cached
+        cached = buf[:, :, :t]
+    out = cached.as_strided((cached.size(0), cached.size(1), t + n, cached.size(3)), cached.stride())
+    out[:, :, t:] = new
+    return out
+
+
+def _select_rows(cached: Tensor | None, index: Tensor) -> Tensor | None:
+    """Rows ``index`` of a (B, H, t, K) view, copied once into a new buffer of the same room."""
+    if cached is None:
+        return None
+    buf = _buffer_like(cached, index.numel(), _room(cached))
+    out = buf[:, :, : cached.size(2)]
+    torch.index_select(cached, 0, index, out=out)
+    return out
 
 
 @dataclass
@@ -69,7 +114,7 @@ class DecoderCache:
         """
         source = self._source_rows(index)
         for layer in self.layers:
-            layer.self_k, layer.self_v = _select(layer.self_k, index), _select(layer.self_v, index)
+            layer.reorder_self(index)
             if source is not None:
                 layer.cross_k, layer.cross_v = _select(layer.cross_k, source), _select(layer.cross_v, source)
         if source is not None:
@@ -77,18 +122,24 @@ class DecoderCache:
         return self
 
     def _source_rows(self, index: Tensor) -> Tensor | None:
-        """The source rows ``index`` keeps, (N'/k,); None when they are unchanged."""
+        """The source rows ``index`` keeps, (N'/k,); None when they are unchanged.
+
+        The decoder rows so far are k per source row, or one per source row after a first step
+        fed that way (then ``index`` expands them to k).
+        """
         if self.beam == 1:
             return index
         if index.numel() % self.beam:
             raise ValueError(f"reorder index of {index.numel()} rows is not a multiple of beam={self.beam}")
-        groups = index.view(-1, self.beam) // self.beam  # (N'/k, k)
-        if not bool((groups == groups[:, :1]).all()):
-            raise ValueError("reorder index mixes rows of different source sentences")
-        source = groups[:, 0]
         known = [t for t in (self.memory_mask, self.layers[0].cross_k if self.layers else None)
                  if t is not None]
         n_source = known[0].size(0) if known else None
+        rows = self.layers[0].self_k.size(0) if self.layers and self.layers[0].self_k is not None else None
+        per_source = 1 if rows is not None and rows == n_source else self.beam
+        groups = index.view(-1, self.beam) // per_source  # (N'/k, k)
+        if not bool((groups == groups[:, :1]).all()):
+            raise ValueError("reorder index mixes rows of different source sentences")
+        source = groups[:, 0]
         if n_source == source.numel() and bool((source == torch.arange(n_source, device=source.device)).all()):
             return None
         return source
