@@ -74,13 +74,6 @@ def scaled_dot_product_attention(
     return out.masked_fill(~alive, 0.0), None
 
 
-def _stack(projections: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
-    """Several linear layers' weights (and biases) stacked along the output dimension."""
-    weight = torch.cat([p.weight for p in projections])
-    bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
-    return weight, bias
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -109,9 +102,6 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
         self.v_proj = nn.Linear(d_model, n_heads * d_v, bias=bias)
         self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
-        # Stacked Q/K/V (3) and K/V (2) weights reused across decoding steps, by the number of
-        # projections stacked. Not a buffer: never saved, rebuilt when the weights change.
-        self._stacked: dict[int, tuple] = {}
 
     def _split(self, x: Tensor, d_head: int) -> Tensor:
         B, T, _ = x.shape
@@ -138,23 +128,16 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._fused(x, (self.q_proj, self.k_proj, self.v_proj))
         return self._split(q, self.d_k), self._split(k, self.d_k), self._split(v, self.d_v)
 
-    def _fused(self, x: Tensor, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+    @staticmethod
+    def _fused(x: Tensor, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
         """x through several linear layers at once: weights stacked, output split back.
 
-        Without autograd (decoding, evaluation) the stacked weights are kept and reused while
-        the weights are unchanged (same storage, same in-place version, dtype and device); with
-        it they are stacked per call, so gradients reach every projection.
+        The stack is rebuilt on every call, also when decoding: a cached one would need to know
+        when the weights change, and the fused AdamW kernel updates them in place without
+        bumping their version counter (a cache keyed on it served stale weights to validation).
         """
-        if torch.is_grad_enabled():
-            weight, bias = _stack(projections)
-        else:
-            params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
-            key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
-            cached = self._stacked.get(len(projections))
-            if cached is None or cached[0] != key:
-                cached = (key, *_stack(projections))
-                self._stacked[len(projections)] = cached
-            _, weight, bias = cached
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
         sizes = [p.out_features for p in projections]
         return F.linear(x, weight, bias).split(sizes, dim=-1)
 
