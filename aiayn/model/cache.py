@@ -28,6 +28,8 @@ class LayerCache:
     full): ``self_k``/``self_v`` are views of their first t positions, so appending a step
     writes only the new position, and a reorder copies each kept row once, straight into the
     new buffers, instead of a concatenation and then a selection copying everything twice.
+    Two caches must not share a buffer (a shallow copy that both append to would write the same
+    positions): copy a cache with ``reorder``, which gives fresh buffers.
     """
 
     self_k: Tensor | None = None
