@@ -75,6 +75,23 @@ def test_training_learns(tmp_path):
     assert len(valid) == 3 and valid[-1] < valid[0]
 
 
+def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_weights(tmp_path):
+    """The validation logged after several fused-optimizer updates is that of the current
+    weights: a fresh trainer loaded with the saved model gets the same loss. (A cache of the
+    stacked Q/K/V weights keyed on version counters, which the fused AdamW kernel does not bump,
+    once made every validation use the weights of the first.)"""
+    values = base_values(tmp_path / "data", max_steps=12, valid_every=4, log_every=4, lr=1e-2)
+    values["model.dropout"] = 0.0
+    train_run(build_run_config(values), tmp_path / "run")
+    logged = [r["valid_loss"] for r in _metrics(tmp_path / "run") if "valid_loss" in r]
+    assert len(logged) == 3
+    fresh = _trainer(tmp_path / "fresh", max_steps=12, lr=1e-2)  # the same data, written again
+    assert fresh.fused_optimizer  # the kernel the training above used
+    saved, _, _ = load_model_dir(tmp_path / "run")
+    fresh.model.load_state_dict(saved.state_dict())
+    assert fresh._valid_loss()["valid_loss"] == pytest.approx(logged[-1], rel=1e-5)
+
+
 def _trainer(tmp_path, **train) -> Trainer:
     values = base_values(tmp_path / "data", **train)
     values["model.dropout"] = 0.0
