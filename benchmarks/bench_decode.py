@@ -223,7 +223,8 @@ def write_report(rates: dict[str, list[float]], args, command: str) -> None:
     rows = {k: {"median": round(statistics.median(v), 1), "best": round(max(v), 1),
                 "rounds": [round(x, 1) for x in v]} for k, v in rates.items()}
     meta = {"date": args.date, "hardware": args.hardware, "threads": args.threads,
-            "malloc": args.malloc, "command": command, "preset": args.preset, "vocab": args.vocab, "batch": args.batch,
+            "malloc": args.malloc, "command": command, "preset": args.preset, "vocab": args.vocab,
+            "batch": args.batch,
             "workers": args.workers, "sentences_per_round": args.batch * args.batches, "src_len": args.src_len,
             "tgt_len": args.tgt_len, "beam": args.beam, "rounds": args.rounds,
             "load_average": os.getloadavg(), "versions": versions(), "sentences_per_s": rows}

@@ -211,6 +211,10 @@ def test_blocked_top_candidates_equal_the_full_ranking(vocab):
     assert torch.equal(got[0], want_scores)
     assert torch.equal(got[1], torch.arange(b)[:, None].expand(b, 2 * k))
     assert torch.equal(got[2], flat)
+    # Fewer extensions than candidates (V = 3 < 2k): the rest are -inf on the sentence's own row.
+    scores, rows, tokens = _top_candidates(state, lp[:, :3], 2 * k)
+    assert torch.isinf(scores[:, 3:]).all() and torch.equal(scores[:, :3], lp[:, :3].topk(3).values)
+    assert torch.equal(rows, torch.arange(b)[:, None].expand(b, 2 * k))
 
 
 def test_filter_log_probs_top_k_and_top_p():

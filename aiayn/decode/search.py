@@ -187,13 +187,15 @@ def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, T
     """The n best one-token extensions of each sentence's k live rows (k = 1 on the first step).
 
     Shape: log_probs (b·k, V) -> scores, source rows (into b·k), tokens, each (b, n). Where
-    fewer than n extensions exist (k·V < n) the rest are -inf, as dead beams are.
+    fewer than n extensions exist (k·V < n) the rest are -inf, as dead beams are, on the
+    sentence's own first row (so a cache reorder never mixes sentences).
     """
     (b, k), V = state.scores.shape, log_probs.size(-1)
     if k * V < n:
         scores, rows, tokens = _top_candidates(state, log_probs, k * V)
         pad = n - k * V
-        return (F.pad(scores, (0, pad), value=float("-inf")), F.pad(rows, (0, pad), value=0),
+        own = torch.arange(b, device=rows.device)[:, None].expand(b, pad) * k
+        return (F.pad(scores, (0, pad), value=float("-inf")), torch.cat([rows, own], dim=1),
                 F.pad(tokens, (0, pad), value=0))
     if V >= 4 * TOPK_BLOCK and k * (V // TOPK_BLOCK) >= n:  # at least n blocks to rank
         return _top_candidates_blocked(state.scores, log_probs, n)
