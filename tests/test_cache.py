@@ -72,6 +72,8 @@ def test_cross_attention_keys_are_projected_once():
     model.decode(tgt[:, 1:2], torch.full_like(memory, float("nan")), cache=cache)  # memory unused
     assert all(layer.cross_k is k for layer, k in zip(cache.layers, cross))
     assert cache.layers[0].self_k.shape[2] == 2
+    # stored contiguous: the attention matmul of every step reads them without a copy
+    assert all(layer.cross_k.is_contiguous() and layer.cross_v.is_contiguous() for layer in cache.layers)
 
 
 @torch.no_grad()
@@ -108,6 +110,31 @@ def test_reorder_follows_beams_and_dropped_sentences():
     full = model(src[sent], rows)[:, 4:]
     torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
     assert cache.layers[0].cross_k.size(0) == 2 and cache.memory_mask.size(0) == 2
+
+
+@torch.no_grad()
+def test_reorders_alternate_two_buffers_and_stay_exact():
+    """Each reorder writes into the buffers the previous one left (no allocation per step), and
+    after many reorders (beams swapped, duplicated) decoding still equals a full pass."""
+    model, k = tiny(), 2
+    src, _ = batch(B=2)
+    memory = model.encode(src)
+    cache = model.init_cache(memory, src=src).with_beam(k)
+    hist = torch.ones(4, 0, dtype=torch.long)
+    perms = [torch.tensor(p) for p in ([1, 0, 3, 2], [0, 0, 2, 3], [1, 1, 3, 2], [0, 1, 2, 2])]
+    buffers = []
+    for t in range(8):
+        x = torch.randint(4, 23, (4, 1)) if t else torch.ones(4, 1, dtype=torch.long)
+        hist = torch.cat([hist, x], 1)
+        model.decode(x, memory, cache=cache)
+        p = perms[t % len(perms)]
+        hist, cache = hist[p], cache.reorder(p)
+        buffers.append(cache.layers[0].self_k.data_ptr())
+    assert len(set(buffers[1:])) == 2 and buffers[1] != buffers[2]  # two buffers, alternating
+    x = torch.randint(4, 23, (4, 1))
+    last = model.decode(x, memory, cache=cache)[:, -1]
+    full = model(src.repeat_interleave(k, 0), torch.cat([hist, x], 1))[:, -1]
+    torch.testing.assert_close(last, full, **TOL)
 
 
 @torch.no_grad()

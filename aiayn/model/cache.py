@@ -14,7 +14,7 @@ moves then copy no cross-attention state; only sentences leaving the batch do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -28,14 +28,19 @@ class LayerCache:
     full): ``self_k``/``self_v`` are views of their first t positions, so appending a step
     writes only the new position, and a reorder copies each kept row once, straight into the
     new buffers, instead of a concatenation and then a selection copying everything twice.
+    A reorder writes into the buffers the keys/values left at the previous reorder (when they
+    have the room and enough rows), so the two buffers of each alternate instead of a new one
+    being allocated and first written at every step.
     Two caches must not share a buffer (a shallow copy that both append to would write the same
-    positions): copy a cache with ``reorder``, which gives fresh buffers.
+    positions), and a view taken from a cache is only valid until its second-next reorder.
     """
 
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    # The buffers self_k/self_v lived in before the last reorder: the next reorder's destination.
+    spare: list[Tensor | None] = field(default_factory=lambda: [None, None], repr=False)
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's self-attention keys/values; return all of them so far."""
@@ -45,7 +50,8 @@ class LayerCache:
 
     def reorder_self(self, index: Tensor) -> None:
         """Keep self-attention rows ``index`` (with their room to grow)."""
-        self.self_k, self.self_v = _select_rows(self.self_k, index), _select_rows(self.self_v, index)
+        self.self_k, self.spare[0] = _select_rows(self.self_k, index, self.spare[0])
+        self.self_v, self.spare[1] = _select_rows(self.self_v, index, self.spare[1])
 
 
 MIN_ROOM = 16  # positions a self-attention buffer holds at first
@@ -75,14 +81,24 @@ def _append(cached: Tensor | None, new: Tensor) -> Tensor:
     return out
 
 
-def _select_rows(cached: Tensor | None, index: Tensor) -> Tensor | None:
-    """Rows ``index`` of a (B, H, t, K) view, copied once into a new buffer of the same room."""
+def _select_rows(cached: Tensor | None, index: Tensor,
+                 spare: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """Rows ``index`` of a (B, H, t, K) view, copied once into a buffer of the same room: the
+    first rows of ``spare`` (B'', H, room, K) when it fits, else a new one. Returns the copy and
+    the next spare (the whole buffer behind ``cached``)."""
     if cached is None:
-        return None
-    buf = _buffer_like(cached, index.numel(), _room(cached))
-    out = buf[:, :, : cached.size(2)]
+        return None, spare
+    rows, room = index.numel(), _room(cached)
+    shape = (cached.size(1), room, cached.size(3))
+    if (spare is None or spare.size(0) < rows or spare.shape[1:] != shape
+            or spare.dtype != cached.dtype or spare.device != cached.device):
+        spare = _buffer_like(cached, rows, room)
+    out = spare[:rows, :, : cached.size(2)]
     torch.index_select(cached, 0, index, out=out)
-    return out
+    B, H, _, K = cached.shape
+    if cached.stride() != (H * room * K, room * K, K, 1):  # not a buffer of ours: nothing to reuse
+        return out, None
+    return out, cached.as_strided((B, H, room, K), cached.stride())
 
 
 @dataclass

@@ -146,6 +146,9 @@ class DecoderLayer(nn.Module):
             else:
                 k, v = self.cross_attn.project_kv(memory, memory)  # (B, H, S, K)
                 if cache is not None:
+                    # Contiguous once, so that every later step's attention matmul reads them
+                    # as they are (split heads of the stacked K/V projection are not).
+                    k, v = k.contiguous(), v.contiguous()
                     cache.cross_k, cache.cross_v = k, v
             out, w = attend_shared_memory(self.cross_attn, self.cross_attn.project_q(h), k, v,
                                           memory_mask, need)
