@@ -31,13 +31,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.commands.translate import read_input_lines, resolve_device
+    from aiayn.commands.translate import read_input_lines, inference_device
     from aiayn.decode.classify import (encode_texts, label_names, load_classifier, predict_ids,
                                        text_limit)
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    device = resolve_device(args.device)
+    device = inference_device(args.device)
     model, tokenizer, meta = load_classifier(args.model, device)
     lines = read_input_lines(args.input)
     filled = [i for i, line in enumerate(lines) if line.strip()]
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def evaluate_classifier_command(args: argparse.Namespace) -> int:
     """`aiayn evaluate CLASSIFIER_DIR --split test` (or ``--src FILE.tsv|.jsonl``): accuracy."""
-    from aiayn.commands.translate import resolve_device
+    from aiayn.commands.translate import inference_device
     from aiayn.config import from_dict
     from aiayn.data import DataConfig, load_classification, read_labelled
     from aiayn.decode.classify import evaluate_classifier, load_classifier
@@ -65,7 +65,7 @@ def evaluate_classifier_command(args: argparse.Namespace) -> int:
         raise ConfigError("give either --split NAME or --src FILE (label<TAB>text .tsv or .jsonl)")
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {args.limit}")
-    device = resolve_device(args.device)
+    device = inference_device(args.device)
     model, tokenizer, meta = load_classifier(args.model, device)
     if args.src:
         texts, labels = read_labelled(args.src)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.commands.translate import add_decode_options, decode_config, precision, resolve_device
+from aiayn.commands.translate import add_decode_options, decode_config, precision, inference_device
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         return evaluate_classifier_command(args)
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {args.limit}")
-    cfg, device = decode_config(args), resolve_device(args.device)
+    cfg, device = decode_config(args), inference_device(args.device)
     model, tokenizer, meta = load_translator(args.model, device)
     src, ref, name = load_test_set(args, meta)
     if args.limit:

@@ -67,12 +67,12 @@ class _Printer:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
-    from aiayn.commands.translate import resolve_device
+    from aiayn.commands.translate import inference_device
     from aiayn.data import Tokenizer
     from aiayn.decode.generate import generate
 
     _check(args)
-    device = resolve_device(args.device)
+    device = inference_device(args.device)
     model, cfg, meta = load_model_dir(args.model, expect_kind="lm", map_location=device)
     if not (Path(args.model) / TOKENIZER_FILE).is_file():
         raise CheckpointError(f"{args.model}: no {TOKENIZER_FILE} (generation needs its tokenizer)")

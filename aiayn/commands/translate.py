@@ -49,7 +49,10 @@ def decode_config(args: argparse.Namespace, nbest: int = 1):
                         max_tokens=args.max_tokens, workers=args.workers)
 
 
-def resolve_device(name: str) -> torch.device:
+def inference_device(name: str) -> torch.device:
+    """The device an inference command (translate, evaluate, classify, generate) runs on; a clear
+    error for an unknown or unavailable one. On the CPU it also sets glibc to keep freed memory
+    (``keep_freed_memory``): every decoding step frees and reallocates the same large buffers."""
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -59,7 +62,7 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cpu":
         from aiayn.train.allocator import keep_freed_memory
 
-        keep_freed_memory()  # every decoding step frees and reallocates the same large buffers
+        keep_freed_memory()
     return device
 
 
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.decode import load_translator, translate_hypotheses
     from aiayn.io import write_text
 
-    cfg, device = decode_config(args, args.nbest), resolve_device(args.device)
+    cfg, device = decode_config(args, args.nbest), inference_device(args.device)
     model, tokenizer, _ = load_translator(args.model, device)
     if args.input == "-" and sys.stdin.isatty():
         return interactive(model, tokenizer, cfg, device, args.bf16)
