@@ -126,7 +126,9 @@ def test_pretraining_learns_and_a_classifier_starts_from_it(pretrained):
     unigram = -sum(c / len(text) * math.log(c / len(text)) for c in counts)  # 2.79 nats
     assert len(losses) == 3 and losses[-1] < unigram - 0.2
     assert json.loads((run / "config.json").read_text())["kind"] == "masked_lm"
-    cfg = write_toml(tmp / "clf.toml", {**model, **data, "data.task": "classification",
+    # data.vocab_size differs: the pretrained tokenizer is used, and config.json says so
+    cfg = write_toml(tmp / "clf.toml", {**model, **data, "data.vocab_size": 40,
+                                        "data.task": "classification",
                                         "model.pooling": "mean", **SHAPE_TRAIN,
                                         "train.max_steps": 1, "train.lr": 1e-9,
                                         "train.warmup_steps": 0,
@@ -134,6 +136,7 @@ def test_pretraining_learns_and_a_classifier_starts_from_it(pretrained):
     assert main(["train", str(cfg), "--out", str(tmp / "clf")]) == 0
     tokenizer = (run / "best" / "tokenizer.json").read_text()
     assert (tmp / "clf" / "tokenizer.json").read_text() == tokenizer
+    assert json.loads((tmp / "clf" / "config.json").read_text())["data"]["vocab_size"] == 60
     mlm, _, _ = load_model_dir(run / "best")
     clf, _, _ = load_model_dir(tmp / "clf")
     torch.testing.assert_close(clf.encoder.layers[0].self_attn.q_proj.weight,

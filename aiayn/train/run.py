@@ -79,9 +79,10 @@ _MEANING = ("activation", "norm_first", "scale_embeddings", "positional", "n_hea
 _TOKENIZER_KEYS = ("tokenizer", "vocab_size", "lowercase")
 
 
-def init_tokenizer(cfg: RunConfig) -> str:
-    """The tokenizer of the model folder ``train.init_from`` (the run must use its vocabulary);
-    warns about model settings that differ from that model's."""
+def init_tokenizer(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The tokenizer of the model folder ``train.init_from`` (the run must use its vocabulary)
+    and that model's tokenizer settings (``data.tokenizer``/``vocab_size``/``lowercase``), which
+    the run then records as its own; warns about settings that differ from that model's."""
     from aiayn.checkpoint import TOKENIZER_FILE, read_config
 
     folder = Path(cfg.train.init_from)
@@ -97,9 +98,11 @@ def init_tokenizer(cfg: RunConfig) -> str:
         here, there = own[section].get(key), meta.get(section, {}).get(key, own[section].get(key))
         if here != there:
             log.warning("train.init_from: %s.%s is %r here but %r in %s%s", section, key, here,
-                        there, folder, " (its tokenizer is used)" if section == "data" else "")
+                        there, folder, " (its tokenizer, and so its value, is used)"
+                        if section == "data" else "")
     log.info("train.init_from: the tokenizer and weights of %s", folder)
-    return text
+    data = meta.get("data", {})
+    return text, {key: data[key] for key in _TOKENIZER_KEYS if key in data}
 
 
 def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
@@ -113,7 +116,8 @@ def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
         if resume:
             saved_tok = _on_main(dist, folder.read_tokenizer)
         elif cfg.train.init_from:
-            saved_tok = _on_main(dist, lambda: init_tokenizer(cfg))
+            saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg))
+            cfg = replace(cfg, data=replace(cfg.data, **keys))  # config.json says what was used
         else:
             saved_tok = None
         tokenizer_json = _on_main(dist, lambda: task.setup(saved_tok))
