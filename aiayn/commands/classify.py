@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.commands.translate import read_input_lines, inference_device
+    from aiayn.commands.translate import inference_device, read_input_lines
     from aiayn.decode.classify import (encode_texts, label_names, load_classifier, predict_ids,
                                        text_limit)
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.commands.translate import add_decode_options, decode_config, precision, inference_device
+from aiayn.commands.translate import add_decode_options, decode_config, inference_device, precision
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)

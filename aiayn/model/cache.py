@@ -32,7 +32,7 @@ class LayerCache:
     have the room and enough rows), so the two buffers of each alternate instead of a new one
     being allocated and first written at every step.
     Two caches must not share a buffer (a shallow copy that both append to would write the same
-    positions), and a view taken from a cache is only valid until its second-next reorder.
+    positions), and a view taken from a cache is valid until the second reorder after it.
     """
 
     self_k: Tensor | None = None
