@@ -58,8 +58,11 @@ MIN_ROOM = 16  # positions a self-attention buffer holds at first
 
 
 def _room(t: Tensor) -> int:
-    """Positions the buffer behind a (B, H, t, K) view holds (its t when it is not a view)."""
-    return t.stride(1) // t.size(3) if t.dim() == 4 and t.size(3) and t.stride(3) == 1 else t.size(2)
+    """Positions the (B, H, room, K) buffer behind a (B, H, t, K) view of its first t positions
+    holds; 0 when t is not such a view (a tensor set by hand): nothing may be written past it."""
+    B, H, _, K = t.shape
+    room = t.stride(1) // K if K else 0
+    return room if room >= t.size(2) and t.stride() == (H * room * K, room * K, K, 1) else 0
 
 
 def _buffer_like(t: Tensor, rows: int, room: int) -> Tensor:
@@ -71,7 +74,7 @@ def _append(cached: Tensor | None, new: Tensor) -> Tensor:
     """cached (B, H, t, K) + new (B, H, n, K) -> a view of (B, H, t + n, K) positions."""
     t = 0 if cached is None else cached.size(2)
     n = new.size(2)
-    if cached is None or t + n > _room(cached) or cached.stride(2) != cached.size(3):
+    if cached is None or t + n > _room(cached):
         buf = _buffer_like(new, new.size(0), max(MIN_ROOM, 2 * (t + n)))
         if cached is not None:
             buf[:, :, :t] = cached
@@ -88,16 +91,17 @@ def _select_rows(cached: Tensor | None, index: Tensor,
     the next spare (the whole buffer behind ``cached``)."""
     if cached is None:
         return None, spare
-    rows, room = index.numel(), _room(cached)
+    ours = _room(cached)
+    rows, room = index.numel(), ours or cached.size(2)
     shape = (cached.size(1), room, cached.size(3))
     if (spare is None or spare.size(0) < rows or spare.shape[1:] != shape
             or spare.dtype != cached.dtype or spare.device != cached.device):
         spare = _buffer_like(cached, rows, room)
     out = spare[:rows, :, : cached.size(2)]
     torch.index_select(cached, 0, index, out=out)
-    B, H, _, K = cached.shape
-    if cached.stride() != (H * room * K, room * K, K, 1):  # not a buffer of ours: nothing to reuse
+    if not ours:  # not a buffer of ours: nothing to reuse
         return out, None
+    B, H, _, K = cached.shape
     return out, cached.as_strided((B, H, room, K), cached.stride())
 
 

@@ -10,11 +10,12 @@ with a large ``M_TRIM_THRESHOLD`` freed heap memory stays in the process, so onc
 reached their peak they fault almost nothing. The price: the process keeps its peak memory until
 it exits, which is what a training process does anyway.
 
-Applied by the trainer on CPU, once per process, and by ``aiayn translate`` / ``aiayn evaluate``
-on CPU (each beam-search step allocates and frees ~10 MB of logits and the self-attention caches;
-~35,000 minor faults per batch of 64 sentences without it, 0 with it). Skipped off glibc, when
-the user tuned malloc themselves (any ``MALLOC_*`` variable, ``glibc.malloc`` in ``GLIBC_TUNABLES``) or preloads
-jemalloc / tcmalloc / mimalloc, and with ``AIAYN_MALLOC=default``.
+Applied by the trainer on CPU, once per process, and by the inference commands (translate,
+evaluate, classify, generate) on CPU (each beam-search step allocates and frees ~10 MB of
+logits and the self-attention caches; ~35,000 minor faults per batch of 64 sentences without
+it, 0 with it). Skipped off glibc, when the user tuned malloc themselves (any ``MALLOC_*``
+variable, ``glibc.malloc`` in ``GLIBC_TUNABLES``) or preloads jemalloc / tcmalloc / mimalloc,
+and with ``AIAYN_MALLOC=default``.
 """
 
 from __future__ import annotations
