@@ -56,3 +56,44 @@ def test_the_users_own_malloc_settings_win():
     for env in ({"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}):
         applied, _ = _probe(**env)
         assert not applied
+
+
+# The trainer's oneDNN kernel cache (cache_cpu_kernels): bf16 products of 1,100 shapes, then the
+# first ten again. oneDNN logs each kernel it compiles ("create:cache_miss", ONEDNN_VERBOSE);
+# with torch's default caches (1,024 kernels) the first shapes were evicted and are compiled
+# again, with the trainer's setting they are not.
+KERNELS = """
+import sys, torch
+from aiayn.train.allocator import cache_cpu_kernels
+applied = cache_cpu_kernels()
+torch.set_num_threads(1)
+w = torch.ones(64, 64, dtype=torch.bfloat16)
+for m in range(8, 1108):
+    torch.mm(torch.ones(m, 64, dtype=torch.bfloat16), w)
+print("AGAIN", applied, flush=True)
+for m in range(8, 18):
+    torch.mm(torch.ones(m, 64, dtype=torch.bfloat16), w)
+"""
+
+
+def _recompiled(**env: str) -> tuple[bool, int, int]:
+    """(applied, kernels compiled in all, kernels compiled again for the ten repeated shapes)."""
+    clean = {k: v for k, v in os.environ.items() if k not in
+             ("AIAYN_KERNEL_CACHE", "LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", KERNELS], check=True, capture_output=True, text=True,
+                         env={**clean, "ONEDNN_VERBOSE": "profile_create", **env}).stdout
+    first, again = out.split("AGAIN")
+    return again.split()[0] == "True", out.count("create:cache_miss"), again.count("create:cache_miss")
+
+
+def test_compiled_matmul_kernels_are_kept():
+    default, compiled, recompiled = _recompiled(AIAYN_KERNEL_CACHE="default")
+    assert not default
+    if compiled == 0:
+        pytest.skip("torch does not run bf16 matmuls through oneDNN on this CPU")
+    assert recompiled == 10  # torch's defaults: evicted, compiled again
+    applied, _, recompiled = _recompiled()
+    assert applied
+    assert recompiled == 0
+    user, _, recompiled = _recompiled(LRU_CACHE_CAPACITY="16", ONEDNN_PRIMITIVE_CACHE_CAPACITY="16")
+    assert not user and recompiled == 10  # the user's own setting is left alone

@@ -50,3 +50,25 @@ def keep_freed_memory() -> bool:
           libc.mallopt(M_TOP_PAD, 64 << 20)]
     _applied = all(r == 1 for r in ok)
     return _applied
+
+
+# oneDNN, which runs torch's bf16 (and many fp32) matrix multiplies on x86 CPUs, JIT-compiles a
+# kernel ("primitive") for every new shape: ~12 ms for a (1000, 8000) x (8000, 128) bf16 product
+# that then runs in ~2.5 ms. Translation batches change shape every step (rows, lengths), and the
+# default caches keep 1,024 kernels (torch's ideep layer: ``LRU_CACHE_CAPACITY``; oneDNN:
+# ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), fewer than a training run's distinct shapes, so kernels
+# were compiled again all run long. Both caches read their size once, when first used.
+KERNEL_CACHE_CAPACITY = 65536
+_CACHE_VARS = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+
+
+def cache_cpu_kernels(capacity: int = KERNEL_CACHE_CAPACITY) -> bool:
+    """Let oneDNN keep ``capacity`` compiled kernels (see above); True when set here. Takes effect
+    only before the process's first oneDNN operation; a variable the user set is left alone, and
+    ``AIAYN_KERNEL_CACHE=default`` keeps torch's defaults."""
+    env = os.environ
+    if env.get("AIAYN_KERNEL_CACHE", "") == "default" or any(k in env for k in _CACHE_VARS):
+        return False
+    for name in _CACHE_VARS:
+        env[name] = str(capacity)
+    return True

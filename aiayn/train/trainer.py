@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.train.allocator import keep_freed_memory
+from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory
 from aiayn.train.config import RunConfig
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
@@ -122,6 +122,7 @@ class Trainer:
         self.device = dist.device
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults for memory freed by the previous step
+            cache_cpu_kernels()  # no matmul kernel compiled twice
         self.autocast_dtype = resolve_precision(self.t.precision, self.device)
         torch.manual_seed(self.t.seed)
         self.model = task.build_model(cfg.model).to(self.device)
