@@ -1,4 +1,5 @@
-"""glibc malloc set-up for training on CPU: keep freed memory in the process.
+"""glibc malloc set-up for training on CPU: keep freed memory in the process (and, at the end of
+this module, oneDNN's kernel caches made large enough for a training run's shapes).
 
 A training step allocates and frees the same few hundred MiB of activations, gradients and
 logits every step, in sizes that change with the batch's shape. glibc serves blocks above its
@@ -53,8 +54,8 @@ def keep_freed_memory() -> bool:
 
 
 # oneDNN, which runs torch's bf16 (and many fp32) matrix multiplies on x86 CPUs, JIT-compiles a
-# kernel ("primitive") for every new shape: ~12 ms for a (1000, 8000) x (8000, 128) bf16 product
-# that then runs in ~2.5 ms. Translation batches change shape every step (rows, lengths), and the
+# kernel ("primitive") for every new shape: a (1000, 8000) x (8000, 128) bf16 product took ~15 ms
+# the first time and ~2.5-3.4 ms once cached (one thread, AMX). Translation batches change shape every step (rows, lengths), and the
 # default caches keep 1,024 kernels (torch's ideep layer: ``LRU_CACHE_CAPACITY``; oneDNN:
 # ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), fewer than a training run's distinct shapes, so kernels
 # were compiled again all run long. Both caches read their size once, when first used.
