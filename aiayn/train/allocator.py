@@ -55,10 +55,11 @@ def keep_freed_memory() -> bool:
 
 # oneDNN, which runs torch's bf16 (and many fp32) matrix multiplies on x86 CPUs, JIT-compiles a
 # kernel ("primitive") for every new shape: a (1000, 8000) x (8000, 128) bf16 product took ~15 ms
-# the first time and ~2.5-3.4 ms once cached (one thread, AMX). Translation batches change shape every step (rows, lengths), and the
-# default caches keep 1,024 kernels (torch's ideep layer: ``LRU_CACHE_CAPACITY``; oneDNN:
-# ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), fewer than a training run's distinct shapes, so kernels
-# were compiled again all run long. Both caches read their size once, when first used.
+# the first time and ~2.5-3.4 ms once cached (one thread, AMX). Translation batches change shape
+# every step (rows, lengths), and the default caches keep 1,024 kernels (torch's ideep layer:
+# ``LRU_CACHE_CAPACITY``; oneDNN: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), fewer than a training
+# run's distinct shapes, so kernels were compiled again all run long. Both caches read their size
+# once, when first used.
 KERNEL_CACHE_CAPACITY = 65536
 _CACHE_VARS = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
