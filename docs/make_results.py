@@ -6,7 +6,9 @@
 For the main run: the last ``--avg`` checkpoints are averaged (``aiayn average``), the beam's length
 penalty α is chosen on ``val`` (never on a test set), then the last checkpoint and the average are
 scored with greedy and beam search on val, test2016 and test2017 (sacreBLEU cased and ``-lc``,
-chrF; the protocol of ``aiayn evaluate``). Each ablation run is averaged the same way and scored
+chrF; the protocol of ``aiayn evaluate``). With several ``--run`` folders (models trained side by
+side) the main result is their ensemble (``aiayn evaluate A B``): the same rows for the ensemble
+of their last checkpoints and of their averages, then each member's average alone. Each ablation run is averaged the same way and scored
 with the chosen beam on val and test2016. Ten test2016 sentences with their references are kept
 as samples. Everything lands in docs/results.json, the marked section of docs/results.md and the
 marked table of README.md: no number in those tables is typed by hand.
@@ -56,6 +58,12 @@ def run_info(run: Path) -> dict[str, Any]:
             "model": meta["model"], "data": meta["data"], "train": meta["train"]}
 
 
+def ensemble_info(runs: list[Path]) -> dict[str, Any]:
+    """:func:`run_info` of the first run, with every run's as ``members`` when there are several."""
+    infos = [run_info(r) for r in runs]
+    return infos[0] if len(infos) == 1 else {**infos[0], "members": infos}
+
+
 def averaged(run: Path, last: int) -> Path:
     """RUN/avgN, made by ``aiayn average`` unless it is already there."""
     out = run / f"avg{last}"
@@ -83,11 +91,13 @@ class Scorer:
             self._sets[split] = (src[: self.limit], ref[: self.limit]) if self.limit else (src, ref)
         return self._sets[split]
 
-    def score(self, model_dir: Path, split: str, beam: int, alpha: float) -> dict[str, Any]:
-        from aiayn.decode import load_translator, translate_texts
+    def score(self, model_dirs: list[Path], split: str, beam: int, alpha: float) -> dict[str, Any]:
+        """Scores of one model folder, or of the ensemble of several, on ``split``."""
+        from aiayn.decode import load_ensemble, translate_texts
         from aiayn.eval import corpus_scores
 
-        model, tokenizer, meta = load_translator(model_dir, "cpu")
+        model, tokenizer, meta = load_ensemble(model_dirs, "cpu")
+        model_dir = " + ".join(str(d) for d in model_dirs)
         src, ref = self.test_set(meta, split)
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
@@ -104,34 +114,43 @@ class Scorer:
         return out
 
 
-def count_parameters(model_dir: Path) -> int:
-    from aiayn.decode import load_translator
+def count_parameters(model_dirs: list[Path]) -> int:
+    """Parameters of a model, or of all the models of an ensemble."""
+    from aiayn.decode import load_ensemble
 
-    model, _, _ = load_translator(model_dir, "cpu")
+    model, _, _ = load_ensemble(model_dirs, "cpu")
     return sum(p.numel() for p in model.parameters())
 
 
-def main_run(scorer: Scorer, run: Path, last: int, beam: int, alphas: list[float]) -> dict[str, Any]:
-    avg = averaged(run, last)
-    tuning = [scorer.score(avg, "val", beam, a) for a in alphas]
+def main_run(scorer: Scorer, runs: list[Path], last: int, beam: int, alphas: list[float]) -> dict[str, Any]:
+    avgs = [averaged(run, last) for run in runs]
+    tuning = [scorer.score(avgs, "val", beam, a) for a in alphas]
     alpha = max(tuning, key=lambda r: r["bleu_lc"])["alpha"]
+    n = len(runs)
+    ens = f"ensemble of {n}: " if n > 1 else ""
     rows = []
-    for name, model_dir in (("last checkpoint", run), (f"average of last {last}", avg)):
+    for name, model_dirs in ((f"{ens}last checkpoint{'s' if n > 1 else ''}", runs),
+                             (f"{ens}average{'s' if n > 1 else ''} of last {last}", avgs)):
         for search, b in (("greedy", 1), (f"beam {beam}, α={alpha}", beam)):
-            scores = {split: scorer.score(model_dir, split, b, alpha) for split in SPLITS}
+            scores = {split: scorer.score(model_dirs, split, b, alpha) for split in SPLITS}
             rows.append({"weights": name, "search": search, "scores": scores})
     headline = len(rows) - 1  # average + beam, fp32: the recipe's result
     best = rows[headline]["scores"]["test_2016_flickr"]
     if scorer.bf16_row:  # the same decoding under bf16 autocast: does the faster precision cost BLEU?
         scorer.bf16 = True
-        rows.append({"weights": f"average of last {last}",
+        rows.append({"weights": rows[headline]["weights"],
                      "search": f"beam {beam}, α={alpha}, bf16 autocast",
-                     "scores": {split: scorer.score(avg, split, beam, alpha) for split in SPLITS}})
+                     "scores": {split: scorer.score(avgs, split, beam, alpha) for split in SPLITS}})
         scorer.bf16 = False
-    src, ref = scorer.test_set(json.loads((run / "config.json").read_text()), "test_2016_flickr")
+    if n > 1:  # what the ensemble adds: each member alone, decoded the same way
+        for i, avg in enumerate(avgs, 1):
+            rows.append({"weights": f"model {i} alone: average of last {last}",
+                         "search": f"beam {beam}, α={alpha}",
+                         "scores": {split: scorer.score([avg], split, beam, alpha) for split in SPLITS}})
+    src, ref = scorer.test_set(json.loads((runs[0] / "config.json").read_text()), "test_2016_flickr")
     samples = [{"line": i + 1, "source": src[i], "reference": ref[i], "hypothesis": best["hyps"][i]}
                for i in SAMPLE_LINES if i < len(src)]
-    return {"info": run_info(run), "parameters": count_parameters(run), "alpha": alpha,
+    return {"info": ensemble_info(runs), "parameters": count_parameters(runs), "alpha": alpha,
             "alpha_tuning": [{k: r[k] for k in ("alpha", "bleu", "bleu_lc")} for r in tuning],
             "rows": rows, "headline": headline, "samples": samples}
 
@@ -141,7 +160,7 @@ def ablation_run(scorer: Scorer, label: str, run: Path, last: int, beam: int,
     avg = averaged(run, last)
     splits = ("val", "test_2016_flickr")
     return {"label": label, "info": run_info(run),
-            "scores": {split: scorer.score(avg, split, beam, alpha) for split in splits}}
+            "scores": {split: scorer.score([avg], split, beam, alpha) for split in splits}}
 
 
 def _cell(s: dict[str, Any]) -> str:
@@ -163,9 +182,7 @@ def readme_table(r: dict[str, Any]) -> str:
         s = row["scores"]
         lines.append(f"| {row['weights']} | {row['search']} | {_cell(s['val'])} | "
                      f"**{_cell(s['test_2016_flickr'])}** | {_cell(s['test_2017_flickr'])} |")
-    lines += ["", f"Run `{r['command']}`: {i['updates']:,} updates ({i['epochs']} epochs) in "
-                  f"{_minutes(i['wall_s'])} of training (validation included), median "
-                  f"{i['tokens_per_s_median']:,.0f} tokens/s (source + target), "
+    lines += ["", f"Run `{r['command']}`: {_training(i)}, "
                   f"{m['parameters']:,} parameters; {r['hardware']}, {r['threads']}; "
                   f"torch {r['torch']}; {r['date']}. The length penalty α={m['alpha']} was chosen on "
                   f"val from {', '.join(str(a['alpha']) for a in m['alpha_tuning'])}.", "",
@@ -173,6 +190,23 @@ def readme_table(r: dict[str, Any]) -> str:
               f"{headline:.2f} ({'met' if headline >= 41.0 else 'not met'}).", "",
               "Anchors (not measured here): " + "; ".join(f"{who}: {what}" for who, what in ANCHORS) + "."]
     return "\n".join(lines)
+
+
+def _training(i: dict[str, Any]) -> str:
+    """Updates, wall-clock and throughput of a run, or of an ensemble's runs side by side."""
+    members = i.get("members", [i])
+    if len(members) == 1:
+        return (f"{i['updates']:,} updates ({i['epochs']} epochs) in {_minutes(i['wall_s'])} of "
+                f"training (validation included), median {i['tokens_per_s_median']:,.0f} tokens/s "
+                "(source + target)")
+    updates = " / ".join(f"{m['updates']:,}" for m in members)
+    epochs = " / ".join(str(m["epochs"]) for m in members)
+    minutes = " / ".join(f"{m['wall_s'] / 60:.1f}" for m in members)
+    speeds = " / ".join(f"{m['tokens_per_s_median']:,.0f}" for m in members)
+    total = sum(m["tokens_per_s_median"] for m in members)
+    return (f"{len(members)} models trained side by side, {updates} updates ({epochs} epochs) in "
+            f"{minutes} min of training (validation included), median {speeds} tokens/s (source + "
+            f"target; {total:,.0f} together)")
 
 
 def _ablation_origin(ablations: list[dict[str, Any]]) -> str:
@@ -218,7 +252,8 @@ def results_doc(r: dict[str, Any]) -> str:
                          f"{_cell(a['scores']['test_2016_flickr'])} |")
         lines.append("")
     lines += ["## Ten test2016 translations", "",
-              f"Average of the last {r['avg']} checkpoints, beam {r['beam']}, α={m['alpha']}; "
+              f"{m['rows'][m['headline']]['weights'].capitalize()} checkpoints, beam {r['beam']}, "
+              f"α={m['alpha']}; "
               "lines 1, 101, …, 901 of test_2016_flickr.", ""]
     for s in m["samples"]:
         lines += [f"{s['line']}. **src** {s['source']}  ", f"   **ref** {s['reference']}  ",
@@ -237,7 +272,8 @@ def strip_hyps(obj: Any) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run", required=True, type=Path, help="the main run folder")
+    p.add_argument("--run", required=True, type=Path, nargs="+",
+                   help="the main run folder; several: their ensemble (models trained side by side)")
     p.add_argument("--ablation", action="append", default=[], metavar="LABEL=RUN_DIR")
     p.add_argument("--ablations-from", type=Path, metavar="RESULTS_JSON",
                    help="keep the ablation rows of an earlier report (its run folders are gone) "

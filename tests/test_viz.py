@@ -20,7 +20,7 @@ from aiayn.model import Transformer, sinusoidal_table  # noqa: E402
 from aiayn.model.attention import attention_weights  # noqa: E402
 from aiayn.viz import panels, save_figure  # noqa: E402
 from aiayn.viz.attention import plot_attention, record_attention  # noqa: E402
-from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
+from aiayn.viz.curves import plot_curves, plot_runs, read_metrics  # noqa: E402
 from aiayn.viz.pe import pe_similarity, plot_pe, plot_pe_similarity  # noqa: E402
 
 
@@ -254,6 +254,20 @@ def test_plot_curves_logged_perplexity_and_nll(tmp_path):
     loss_ax, _, metric = panels(plot_curves(rows))[:3]
     assert [line.get_label() for line in loss_ax.lines] == ["loss", "nll", "valid_loss"]
     assert [list(line.get_ydata()) for line in metric.lines] == [[7.0]]
+
+
+def test_plot_curves_of_several_runs_share_the_panels(tmp_path):
+    first, second = write_metrics(tmp_path / "m1"), write_metrics(tmp_path / "m2", n=20, bleu=False)
+    out = tmp_path / "both.png"
+    assert main(["plot", "curves", str(first), str(second), "-o", str(out)]) == 0
+    assert len(png_panels(out)) == 6
+    fig = plot_runs([("m1", read_metrics(first)), ("m2", read_metrics(second))])
+    loss_step, lr_step, metric_step = panels(fig)[:3]
+    assert [line.get_label() for line in loss_step.lines] == ["m1 loss", "m1 valid_loss",
+                                                             "m2 loss", "m2 valid_loss"]
+    assert [line.get_label() for line in lr_step.lines] == ["m1 lr", "m2 lr"]
+    assert [line.get_label() for line in metric_step.lines] == ["m1 valid_bleu", "m2 valid_ppl"]
+    assert len(loss_step.lines[2].get_xdata()) == 20
 
 
 def test_read_metrics_skips_an_unfinished_last_line(tmp_path):

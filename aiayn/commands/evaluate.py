@@ -48,7 +48,7 @@ def load_test_set(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[list[
         src, ref = read_parallel(args.src, args.ref)
         return src, ref, Path(args.src).stem
     if "data" not in meta:
-        raise ConfigError(f"{args.model}: the model folder records no dataset; use --src/--ref")
+        raise ConfigError(f"{args.model[0]}: the model folder records no dataset; use --src/--ref")
     from aiayn.data import load_translation
 
     src, ref = load_translation(from_dict(DataConfig, meta["data"]), args.split)
@@ -71,18 +71,23 @@ def report(scores: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import read_config
-    from aiayn.decode import load_translator, translate_texts
+    from aiayn.decode import load_ensemble, translate_texts
     from aiayn.eval import corpus_scores
     from aiayn.io import write_json, write_text
 
-    if read_config(args.model)["kind"] == "classifier":  # accuracy instead of BLEU
+    folders = args.model
+    if read_config(folders[0])["kind"] == "classifier":  # accuracy instead of BLEU
         from aiayn.commands.classify import evaluate_classifier_command
 
+        if len(folders) > 1:
+            raise ConfigError("several MODEL_DIRs make a translation ensemble; a classifier is "
+                              "evaluated one model at a time")
+        args.model = folders[0]
         return evaluate_classifier_command(args)
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {args.limit}")
     cfg, device = decode_config(args), inference_device(args.device)
-    model, tokenizer, meta = load_translator(args.model, device)
+    model, tokenizer, meta = load_ensemble(folders, device)
     src, ref, name = load_test_set(args, meta)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
@@ -95,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
     scores.update(test_set=name, seconds=round(seconds, 3),
                   sentences_per_s=round(len(src) / max(seconds, 1e-9), 2),
                   decoding={**vars(cfg), "device": str(device), "bf16": args.bf16},
-                  model=str(args.model))
-    out = Path(args.output) if args.output else Path(args.model) / f"eval_{name}.json"
+                  model=str(folders[0]) if len(folders) == 1 else [str(f) for f in folders])
+    suffix = f"_ensemble{len(folders)}" if len(folders) > 1 else ""
+    out = Path(args.output) if args.output else Path(folders[0]) / f"eval_{name}{suffix}.json"
     write_json(out, scores)
     if args.hyps:
         write_text(args.hyps, "".join(h + "\n" for h in hyps))

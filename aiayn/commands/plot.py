@@ -3,7 +3,7 @@
     aiayn plot pe --length 2048 --depth 512 -o pe.png
     aiayn plot pe-similarity --position 1000 -o sim.png
     aiayn plot attention MODEL_DIR --text "A man rides a bike." [--layer L] [--head H] -o att.png
-    aiayn plot curves RUN_DIR -o curves.png
+    aiayn plot curves RUN_DIR [RUN_DIR ...] -o curves.png
 
 Needs matplotlib (``pip install 'aiayn[plot]'``).
 """
@@ -53,7 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     att.set_defaults(run=run_attention)
 
     curves = kinds.add_parser("curves", help="loss, learning rate and validation metrics of a run")
-    curves.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding metrics.jsonl (or the file)")
+    curves.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                        help="a run folder holding metrics.jsonl (or the file); several are drawn "
+                        "on the same panels (e.g. an ensemble's models)")
     _output_arg(curves, "curves.png")
     curves.set_defaults(run=run_curves)
     return parser
@@ -88,9 +90,10 @@ def run_pe_similarity(args: argparse.Namespace) -> int:
 
 
 def run_curves(args: argparse.Namespace) -> int:
-    from aiayn.viz.curves import plot_curves, read_metrics
+    from aiayn.viz.curves import plot_runs, read_metrics
 
-    return _save(plot_curves(read_metrics(args.run_dir), title=str(args.run_dir)), args.output)
+    runs = [(str(d) if len(args.run_dir) > 1 else "", read_metrics(d)) for d in args.run_dir]
+    return _save(plot_runs(runs, title=" + ".join(str(d) for d in args.run_dir)), args.output)
 
 
 def run_attention(args: argparse.Namespace) -> int:

@@ -22,8 +22,10 @@ log = logging.getLogger(__name__)
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `translate` and `evaluate`."""
-    p.add_argument("model", metavar="MODEL_DIR", help="a model folder (config.json, "
-                   "model.safetensors, tokenizer.json), e.g. a run folder or RUN/best")
+    p.add_argument("model", metavar="MODEL_DIR", nargs="+",
+                   help="a model folder (config.json, model.safetensors, tokenizer.json), e.g. a "
+                   "run folder or RUN/best; several folders decode as an ensemble (their "
+                   "next-token probabilities averaged; one shared tokenizer)")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default: 4, §6.1)")
     p.add_argument("--alpha", type=float, default=0.6,
                    help="GNMT length penalty α (default: 0.6, §6.1)")
@@ -147,11 +149,11 @@ def interactive(model: Any, tokenizer: Any, cfg: Any, device: torch.device, bf16
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.decode import load_translator, translate_hypotheses
+    from aiayn.decode import load_ensemble, translate_hypotheses
     from aiayn.io import write_text
 
     cfg, device = decode_config(args, args.nbest), inference_device(args.device)
-    model, tokenizer, _ = load_translator(args.model, device)
+    model, tokenizer, _ = load_ensemble(args.model, device)
     if args.input == "-" and sys.stdin.isatty():
         return interactive(model, tokenizer, cfg, device, args.bf16)
     lines = read_input_lines(args.input)

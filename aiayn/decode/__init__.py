@@ -1,6 +1,7 @@
 """Decoding: search over a step function, and text-to-text translation with a trained model."""
 
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.ensemble import Ensemble, load_ensemble
 from aiayn.decode.search import (
     Hypothesis,
     beam_search,
@@ -18,6 +19,6 @@ from aiayn.decode.translate import (
     translate_texts,
 )
 
-__all__ = ["DecodeConfig", "Hypothesis", "load_translator", "beam_search", "filter_log_probs", "greedy_search",
+__all__ = ["DecodeConfig", "Ensemble", "Hypothesis", "load_ensemble", "load_translator", "beam_search", "filter_log_probs", "greedy_search",
            "length_penalty", "sample", "token_batches", "transformer_step", "translate_hypotheses",
            "translate_ids", "translate_texts"]

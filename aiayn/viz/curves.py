@@ -119,11 +119,20 @@ def plot_curves(rows: list[dict], title: str | None = None) -> "Figure":
     """Loss (training and validation), learning rate and validation metrics, against step (top
     row) and wall-clock (bottom row). Six panels. The third column shows the ``valid_*`` metrics
     other than loss and perplexity (BLEU …); without any, the validation perplexity."""
-    series = collect_series(rows)
-    if "loss" not in series and "valid_loss" not in series:
-        raise DataError("the metrics hold no 'loss' or 'valid_loss' values to plot")
-    metrics = _metric_series(series)
-    unit, unit_name = _wall_unit(max(r["wall"] for r in rows))
+    return plot_runs([("", rows)], title)
+
+
+def plot_runs(runs: list[tuple[str, list[dict]]], title: str | None = None) -> "Figure":
+    """:func:`plot_curves` of several runs on the same panels (e.g. the models of an ensemble,
+    trained side by side); each line's legend starts with its run's label."""
+    plotted = []
+    for label, rows in runs:
+        series = collect_series(rows)
+        if "loss" not in series and "valid_loss" not in series:
+            raise DataError(f"{label + ': ' if label else ''}the metrics hold no 'loss' or "
+                            "'valid_loss' values to plot")
+        plotted.append((f"{label} " if label else "", series, _metric_series(series)))
+    unit, unit_name = _wall_unit(max(r["wall"] for _, rows in runs for r in rows))
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5), layout="constrained")
     for r, (axis, xlabel) in enumerate([("step", "step"), ("wall", f"wall-clock ({unit_name})")]):
@@ -133,20 +142,23 @@ def plot_curves(rows: list[dict], title: str | None = None) -> "Figure":
             ax.plot([x / scale for x in getattr(s, axis)], s.value, label=key, **kw)
 
         loss_ax, lr_ax, metric_ax = axes[r]
-        for key in ("loss", "nll"):
-            if key in series:
-                draw(loss_ax, key, series[key], lw=0.8, alpha=0.8)
-        if "valid_loss" in series:
-            draw(loss_ax, "valid_loss", series["valid_loss"], marker="o", ms=3)
+        for prefix, series, metrics in plotted:
+            for key in ("loss", "nll"):
+                if key in series:
+                    draw(loss_ax, prefix + key, series[key], lw=0.8, alpha=0.8)
+            if "valid_loss" in series:
+                draw(loss_ax, prefix + "valid_loss", series["valid_loss"], marker="o", ms=3)
+            if "lr" in series:
+                draw(lr_ax, prefix + "lr", series["lr"], lw=1.0)
+            for key, s in metrics.items():
+                draw(metric_ax, prefix + key, s, marker="o", ms=3)
         loss_ax.set(yscale="log", ylabel="loss (nats/token)", title=f"loss vs {axis}")
         loss_ax.legend()
-        if "lr" in series:
-            draw(lr_ax, "lr", series["lr"], lw=1.0)
         lr_ax.set(ylabel="learning rate", title=f"learning rate vs {axis}")
-        for key, s in metrics.items():
-            draw(metric_ax, key, s, marker="o", ms=3)
+        if len(plotted) > 1:
+            lr_ax.legend()
         metric_ax.set(title=f"validation metrics vs {axis}")
-        if metrics:
+        if any(metrics for _, _, metrics in plotted):
             metric_ax.legend()
         else:
             metric_ax.text(0.5, 0.5, "no validation lines yet", ha="center",

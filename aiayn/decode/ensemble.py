@@ -1,0 +1,108 @@
+"""An ensemble: several translation models decoding as one (fairseq's ``--path a.pt:b.pt``).
+
+Shape legend: B sentences · N decoder rows (B, or B·k with a beam of k) · T new tokens · V vocab.
+
+At every step each model gives its next-token distribution and the ensemble's is their mean,
+p(y) = 1/n Σᵢ pᵢ(y), computed in log space: log p = logsumexp_i(log pᵢ) - log n. Each model keeps
+its own encoder memory and decoder cache, so search (:mod:`aiayn.decode.search`) sees one model:
+:class:`Ensemble` has the ``encode`` / ``init_cache`` / ``decode`` of a
+:class:`~aiayn.model.Transformer`, and its ``decode`` returns log-probabilities, which are
+logits that ``log_softmax`` leaves unchanged. An ensemble of one model decodes exactly as that
+model (tested).
+
+The models must share their vocabulary: one tokenizer, the same special ids, the same output size.
+They may differ in everything else (size, depth, pre/post-LN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Ensemble", "EnsembleCache", "load_ensemble"]
+
+
+class EnsembleCache:
+    """One decoder cache per model, moved together (``reorder``, ``with_beam``)."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.caches = caches
+
+    @property
+    def length(self) -> int:
+        """Tokens decoded so far (every model has seen the same)."""
+        return self.caches[0].length
+
+    def with_beam(self, beam: int) -> "EnsembleCache":
+        for cache in self.caches:
+            cache.with_beam(beam)
+        return self
+
+    def reorder(self, index: Tensor) -> "EnsembleCache":
+        for cache in self.caches:
+            cache.reorder(index)
+        return self
+
+
+class Ensemble(nn.Module):
+    """Translation models whose next-token probabilities are averaged.
+
+    ``cfg`` is the first model's config with ``max_len`` the smallest of all (the positional
+    table every model can read); the special ids and output size are the same in all (checked).
+    """
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        first = models[0].cfg
+        for n, model in enumerate(models[1:], 2):
+            for name in ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
+                if getattr(model.cfg, name) != getattr(first, name):
+                    raise ValueError(f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
+                                     f"{getattr(first, name)}: ensembled models must share "
+                                     "their vocabulary")
+        self.models = nn.ModuleList(models)
+        self.cfg = dataclasses.replace(first, max_len=min(m.cfg.max_len for m in models))
+
+    def encode(self, src: Tensor) -> list[Tensor]:
+        """Shape: src (B, S) -> one memory (B, S, D_i) per model."""
+        return [model.encode(src) for model in self.models]
+
+    def init_cache(self, memory: list[Tensor], src: Tensor | None = None) -> EnsembleCache:
+        return EnsembleCache([model.init_cache(m, src=src) for model, m in zip(self.models, memory)])
+
+    def decode(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
+        """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
+        distribution. Incremental only (a cache from :meth:`init_cache`)."""
+        log_probs = torch.stack([
+            torch.log_softmax(model.decode(tgt, m, cache=c).float(), dim=-1)
+            for model, m, c in zip(self.models, memory, cache.caches)])  # (n, N, T, V)
+        return torch.logsumexp(log_probs, dim=0) - math.log(len(self.models))
+
+
+def load_ensemble(folders: Sequence[str | Path], device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, meta) of one translation model folder, or of an :class:`Ensemble` of
+    several (tokenizer and meta of the first). CheckpointError when a folder cannot be loaded or
+    the folders' tokenizers differ."""
+    from aiayn.decode.translate import load_translator
+    from aiayn.errors import CheckpointError
+
+    loaded = [load_translator(folder, device) for folder in folders]
+    if len(loaded) == 1:
+        return loaded[0]
+    model, tokenizer, meta = loaded[0]
+    for folder, (_, other, _) in zip(folders[1:], loaded[1:]):
+        if other.to_str() != tokenizer.to_str():
+            raise CheckpointError(f"{folder}: its tokenizer differs from {folders[0]}'s; an "
+                                  "ensemble's models must share one vocabulary")
+    try:
+        ensemble = Ensemble([m for m, _, _ in loaded])
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    return ensemble, tokenizer, meta
