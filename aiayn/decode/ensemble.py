@@ -7,8 +7,9 @@ p(y) = 1/n Σᵢ pᵢ(y), computed in log space: log p = logsumexp_i(log pᵢ) -
 its own encoder memory and decoder cache, so search (:mod:`aiayn.decode.search`) sees one model:
 :class:`Ensemble` has the ``encode`` / ``init_cache`` / ``decode`` of a
 :class:`~aiayn.model.Transformer`, and its ``decode`` returns log-probabilities, which are
-logits that ``log_softmax`` leaves unchanged. An ensemble of one model decodes exactly as that
-model (tested).
+logits that ``log_softmax`` leaves unchanged (``outputs_log_probs`` tells
+:func:`~aiayn.decode.translate.transformer_step` to skip that pass over the vocabulary). An
+ensemble of one model decodes exactly as that model (tested).
 
 The models must share their vocabulary: one tokenizer, the same special ids, the same output size.
 They may differ in everything else (size, depth, pre/post-LN).
@@ -56,6 +57,8 @@ class Ensemble(nn.Module):
     table every model can read); the special ids and output size are the same in all (checked).
     """
 
+    outputs_log_probs = True  # decode() returns normalised log-probabilities, not logits
+
     def __init__(self, models: Sequence[nn.Module]) -> None:
         super().__init__()
         if not models:
@@ -80,10 +83,11 @@ class Ensemble(nn.Module):
     def decode(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
         """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
         distribution. Incremental only (a cache from :meth:`init_cache`)."""
-        log_probs = torch.stack([
-            torch.log_softmax(model.decode(tgt, m, cache=c).float(), dim=-1)
-            for model, m, c in zip(self.models, memory, cache.caches)])  # (n, N, T, V)
-        return torch.logsumexp(log_probs, dim=0) - math.log(len(self.models))
+        total = None  # log Σ_i p_i so far, (N, T, V); one pairwise logaddexp per further model
+        for model, m, c in zip(self.models, memory, cache.caches):
+            log_probs = torch.log_softmax(model.decode(tgt, m, cache=c).float(), dim=-1)
+            total = log_probs if total is None else torch.logaddexp(total, log_probs)
+        return total - math.log(len(self.models))
 
 
 def load_ensemble(folders: Sequence[str | Path], device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:

@@ -56,10 +56,15 @@ def transformer_step(model: Any, memory: Tensor) -> StepFn:
 
     Shape: tokens (N, t) -> log_probs (N, V); only tokens the cache has not seen are fed. ``memory``
     (N, S, D) is read on the first call only (cross-attention keys/values are then cached).
+    A model whose ``decode`` already returns log-probabilities (``outputs_log_probs``, as an
+    :class:`~aiayn.decode.ensemble.Ensemble`) is not normalised again.
     """
+    normalised = getattr(model, "outputs_log_probs", False)
 
     def step(tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
         logits = model.decode(tokens[:, cache.length:], memory, cache=cache)  # (N, new, V)
+        if normalised:
+            return logits[:, -1].float(), cache  # (N, V), a fresh tensor at every step
         return torch.log_softmax(logits[:, -1].float(), dim=-1), cache  # (N, V)
 
     return step
