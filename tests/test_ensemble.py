@@ -161,3 +161,9 @@ def test_ensemble_folder_errors(two_model_dirs, tmp_path, capsys):
         load_ensemble([first, other])
     assert cli("translate", first, tmp_path / "missing", "-i", src) == 2
     assert "missing" in capsys.readouterr().err
+    classifier = tmp_path / "clf"  # only its recorded kind matters: refused before loading
+    classifier.mkdir()
+    meta = json.loads((first / "config.json").read_text())
+    (classifier / "config.json").write_text(json.dumps({**meta, "kind": "classifier"}))
+    assert cli("evaluate", classifier, first, "--src", src, "--ref", src) == 2
+    assert "a classifier is evaluated one model at a time" in capsys.readouterr().err
