@@ -8,10 +8,11 @@ penalty α is chosen on ``val`` (never on a test set), then the last checkpoint 
 scored with greedy and beam search on val, test2016 and test2017 (sacreBLEU cased and ``-lc``,
 chrF; the protocol of ``aiayn evaluate``). With several ``--run`` folders (models trained side by
 side) the main result is their ensemble (``aiayn evaluate A B``): the same rows for the ensemble
-of their last checkpoints and of their averages, then each member's average alone. Each ablation run is averaged the same way and scored
-with the chosen beam on val and test2016. Ten test2016 sentences with their references are kept
-as samples. Everything lands in docs/results.json, the marked section of docs/results.md and the
-marked table of README.md: no number in those tables is typed by hand.
+of their last checkpoints and of their averages, then each member's average alone. Each ablation
+run is averaged the same way and scored with the chosen beam on val and test2016. Ten test2016
+sentences with their references are kept as samples. Everything lands in docs/results.json, the
+marked section of docs/results.md and the marked table of README.md: no number in those tables is
+typed by hand.
 """
 
 from __future__ import annotations
