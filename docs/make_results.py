@@ -4,7 +4,8 @@
         --ablation "post-LN, dropout 0.1=runs/abl_post_d01" --ablation "pre-LN, dropout 0.1=runs/abl_pre_d01"
 
 For the main run: the last ``--avg`` checkpoints are averaged (``aiayn average``), the beam's length
-penalty α is chosen on ``val`` (never on a test set), then the last checkpoint and the average are
+penalty α is chosen on ``val`` (never on a test set; with several ``--avg`` counts, the count and α
+are chosen together), then the last checkpoint and the average are
 scored with greedy and beam search on val, test2016 and test2017 (sacreBLEU cased and ``-lc``,
 chrF; the protocol of ``aiayn evaluate``). With several ``--run`` folders (models trained side by
 side) the main result is their ensemble (``aiayn evaluate A B``): the same rows for the ensemble
@@ -123,10 +124,17 @@ def count_parameters(model_dirs: list[Path]) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def main_run(scorer: Scorer, runs: list[Path], last: int, beam: int, alphas: list[float]) -> dict[str, Any]:
+def main_run(scorer: Scorer, runs: list[Path], lasts: list[int], beam: int,
+             alphas: list[float]) -> dict[str, Any]:
+    """The recipe's table: α, and the number of checkpoints averaged when there are several
+    candidates, chosen on val (the first best wins a tie); then every split scored once."""
+    tuning = []
+    for n_avg in lasts:
+        avgs = [averaged(run, n_avg) for run in runs]
+        tuning += [dict(scorer.score(avgs, "val", beam, a), avg=n_avg) for a in alphas]
+    chosen = max(tuning, key=lambda r: r["bleu_lc"])
+    alpha, last = chosen["alpha"], chosen["avg"]
     avgs = [averaged(run, last) for run in runs]
-    tuning = [scorer.score(avgs, "val", beam, a) for a in alphas]
-    alpha = max(tuning, key=lambda r: r["bleu_lc"])["alpha"]
     n = len(runs)
     ens = f"ensemble of {n}: " if n > 1 else ""
     rows = []
@@ -152,7 +160,8 @@ def main_run(scorer: Scorer, runs: list[Path], last: int, beam: int, alphas: lis
     samples = [{"line": i + 1, "source": src[i], "reference": ref[i], "hypothesis": best["hyps"][i]}
                for i in SAMPLE_LINES if i < len(src)]
     return {"info": ensemble_info(runs), "parameters": count_parameters(runs), "alpha": alpha,
-            "alpha_tuning": [{k: r[k] for k in ("alpha", "bleu", "bleu_lc")} for r in tuning],
+            "avg": last,
+            "alpha_tuning": [{k: r[k] for k in ("avg", "alpha", "bleu", "bleu_lc")} for r in tuning],
             "rows": rows, "headline": headline, "samples": samples}
 
 
@@ -185,12 +194,22 @@ def readme_table(r: dict[str, Any]) -> str:
                      f"**{_cell(s['test_2016_flickr'])}** | {_cell(s['test_2017_flickr'])} |")
     lines += ["", f"Run `{r['command']}`: {_training(i)}, "
                   f"{m['parameters']:,} parameters; {r['hardware']}, {r['threads']}; "
-                  f"torch {r['torch']}; {r['date']}. The length penalty α={m['alpha']} was chosen on "
-                  f"val from {', '.join(str(a['alpha']) for a in m['alpha_tuning'])}.", "",
+                  f"torch {r['torch']}; {r['date']}. {_tuning_sentence(m)}", "",
               f"Target (issue 6): ≥ 41.0 sacreBLEU `-lc` on test2016 within 60 minutes — measured "
               f"{headline:.2f} ({'met' if headline >= 41.0 else 'not met'}).", "",
               "Anchors (not measured here): " + "; ".join(f"{who}: {what}" for who, what in ANCHORS) + "."]
     return "\n".join(lines)
+
+
+def _tuning_sentence(m: dict[str, Any]) -> str:
+    """What was chosen on val: α, and the number of checkpoints averaged if it was a choice."""
+    alphas = list(dict.fromkeys(a["alpha"] for a in m["alpha_tuning"]))
+    counts = list(dict.fromkeys(a.get("avg") for a in m["alpha_tuning"]))
+    if len(counts) < 2:
+        return f"The length penalty α={m['alpha']} was chosen on val from {', '.join(map(str, alphas))}."
+    return (f"The length penalty α={m['alpha']} and the number of checkpoints averaged, "
+            f"{m['avg']}, were chosen together on val from α {', '.join(map(str, alphas))} × the "
+            f"last {', '.join(map(str, counts))} checkpoints.")
 
 
 def _training(i: dict[str, Any]) -> str:
@@ -236,7 +255,8 @@ def results_doc(r: dict[str, Any]) -> str:
              f"Signatures: `{sig['bleu_lc_signature']}`, `{sig['bleu_signature']}`, "
              f"`{sig['chrf_signature']}`.", "",
              "Length penalty on val (average, beam): " + ", ".join(
-                 f"α={a['alpha']}: BLEU-lc {a['bleu_lc']:.2f}" for a in m["alpha_tuning"]) + ".", ""]
+                 ("" if a.get("avg") is None else f"last {a['avg']}, ")
+                 + f"α={a['alpha']}: BLEU-lc {a['bleu_lc']:.2f}" for a in m["alpha_tuning"]) + ".", ""]
     if r["ablations"]:
         lines += ["## Ablation", "",
                   f"Each run averaged over its last {r['ablation_avg']} checkpoints, beam {r['beam']} "
@@ -279,7 +299,8 @@ def main() -> None:
     p.add_argument("--ablations-from", type=Path, metavar="RESULTS_JSON",
                    help="keep the ablation rows of an earlier report (its run folders are gone) "
                         "instead of scoring --ablation runs")
-    p.add_argument("--avg", type=int, default=10, help="checkpoints averaged (default 10)")
+    p.add_argument("--avg", type=int, nargs="+", default=[10],
+                   help="checkpoints averaged (default 10); several: chosen on val together with α")
     p.add_argument("--ablation-avg", type=int, default=5,
                    help="checkpoints averaged in each ablation run (default 5, as make demo)")
     p.add_argument("--beam", type=int, default=5)
@@ -298,6 +319,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     scorer = Scorer(args.bf16_row, args.limit, args.workers)
+    if min(args.avg) < 1:
+        p.error("--avg: each count must be at least 1")
     main_result = main_run(scorer, args.run, args.avg, args.beam, args.alphas)
     ablations, ablation_avg = [], args.ablation_avg
     if args.ablations_from:
@@ -310,7 +333,8 @@ def main() -> None:
                             text=True).stdout.strip()
     report = {"date": str(date.today()), "hardware": cpu_name(), "threads": args.threads,
               "torch": torch.__version__, "aiayn_commit": commit, "command": args.command,
-              "avg": args.avg, "ablation_avg": ablation_avg, "beam": args.beam,
+              "avg": main_result["avg"], "avg_choices": args.avg, "ablation_avg": ablation_avg,
+              "beam": args.beam,
               "main": main_result, "ablations": ablations}
     write_json(args.out.with_suffix(".json"), strip_hyps(report))
     write_section(args.out.with_suffix(".md"), *DOC_MARKS, results_doc(report),

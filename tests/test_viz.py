@@ -406,3 +406,16 @@ def test_plot_attention_cli_bad_input(model_dir, tmp_path, capsys, setup, argv, 
         folder = tmp_path / "missing"
     assert main(["plot", "attention", str(folder), *argv, "-o", str(tmp_path / "a.png")]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dirs, labels, title", [
+    (["runs/x/m1", "runs/x/m2/"], ["m1", "m2"], "runs/x: m1 + m2"),
+    (["/a/b/run1", "/a/c/run2"], ["b/run1", "c/run2"], "/a: b/run1 + c/run2"),
+    (["m1", "m2"], ["m1", "m2"], "m1 + m2"),  # nothing shared: whole paths
+    (["runs/x", "runs/x/avg10"], ["runs/x", "runs/x/avg10"], "runs/x + runs/x/avg10"),
+    (["runs/x"], ["runs/x"], "runs/x"),
+])
+def test_plot_curves_labels_name_the_shared_folder_once(dirs, labels, title):
+    from aiayn.commands.plot import run_labels
+
+    assert run_labels(dirs) == (labels, title)

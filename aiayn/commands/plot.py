@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,28 @@ def run_pe_similarity(args: argparse.Namespace) -> int:
     return _save(plot_pe_similarity(args.position, args.length, args.depth, args.window), args.output)
 
 
+def run_labels(run_dirs: list) -> tuple[list[str], str]:
+    """Legend labels and title for runs plotted together: each run's path below the folder they
+    share, that folder named once in the title (runs/x/m1 runs/x/m2 -> m1, m2, "runs/x: m1 + m2");
+    the whole paths where they share none, or where one run holds another."""
+    paths = [os.path.normpath(str(d)) for d in run_dirs]
+    try:
+        common = os.path.commonpath(paths)
+    except ValueError:  # absolute and relative paths mixed
+        common = ""
+    labels = [os.path.relpath(p, common) for p in paths] if common else paths
+    if not common or "." in labels or len(set(labels)) < len(labels):
+        return paths, " + ".join(paths)
+    return labels, f"{common}: {' + '.join(labels)}"
+
+
 def run_curves(args: argparse.Namespace) -> int:
     from aiayn.viz.curves import plot_runs, read_metrics
 
-    runs = [(str(d) if len(args.run_dir) > 1 else "", read_metrics(d)) for d in args.run_dir]
-    return _save(plot_runs(runs, title=" + ".join(str(d) for d in args.run_dir)), args.output)
+    labels, title = run_labels(args.run_dir)
+    runs = [(label if len(args.run_dir) > 1 else "", read_metrics(d))
+            for label, d in zip(labels, args.run_dir)]
+    return _save(plot_runs(runs, title=title), args.output)
 
 
 def run_attention(args: argparse.Namespace) -> int:
