@@ -215,6 +215,12 @@ class ModelConfig:
     share_embeddings: bool = True
     # Tie the target embedding with the pre-softmax projection (§3.4) when not sharing all three.
     tie_output: bool = True
+    # Translation only, not in the paper: the tokens the output softmax ranges over. "all": the
+    # whole target vocabulary. "targets": only those that occur in the training targets (a
+    # joint vocabulary also holds source-only subwords, a third of Multi30k's 8,000), recorded in
+    # the model as the buffer `output_mask`; the others get probability 0, and the output
+    # projection of training and its label smoothing cover the kept tokens only (less work).
+    output_vocab: Literal["all", "targets"] = "all"
     # Multiply embeddings by sqrt(d_model) (§3.4).
     scale_embeddings: bool = True
     # Biases in the linear projections (the paper's equations omit them; most code keeps them).

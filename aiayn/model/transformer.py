@@ -10,6 +10,7 @@ adds the embeddings, positional encodings, masks from ``pad_id`` and the output 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
@@ -108,6 +109,10 @@ class Transformer(nn.Module):
         init_weights(self)
         if cfg.share_embeddings or cfg.tie_output:
             self.generator.weight = tgt_token.weight
+        # cfg.output_vocab = "targets": the tokens the softmax ranges over, (V,) bool. All True
+        # until the trainer marks those of the training targets; saved and loaded with the weights.
+        self.register_buffer("output_mask", torch.ones(cfg.tgt_vocab_size, dtype=torch.bool)
+                             if cfg.output_vocab == "targets" else None)
 
     # ---- masks -------------------------------------------------------------------------------
     def src_mask(self, src: Tensor) -> Tensor:
@@ -134,7 +139,8 @@ class Transformer(nn.Module):
 
         Shape: tgt (B, T), memory (B, S, D), src_mask (B, S) or (B, 1, 1, S) -> logits (B, T, V),
         or with ``features_only`` the decoder's last hidden states (B, T, D) before the
-        generator (the trainer's loss projects them itself, chunk by chunk).
+        generator (the trainer's loss projects them itself, chunk by chunk). Tokens outside
+        ``output_mask`` (``cfg.output_vocab = "targets"``) get logit -inf.
 
         With ``cache`` (from :meth:`init_cache`), ``tgt`` holds only the tokens after the
         ``cache.length`` already decoded; the cache is extended in place.
@@ -151,7 +157,12 @@ class Transformer(nn.Module):
         h = self.decoder(x, memory, self_mask, memory_mask, cache, attn_record)
         if cache is not None:
             cache.length += tgt.size(1)
-        return h if features_only else self.generator(h)  # (B, T, D) or (B, T, V)
+        if features_only:
+            return h  # (B, T, D)
+        logits = self.generator(h)  # (B, T, V)
+        if self.output_mask is not None:
+            logits = logits.masked_fill(~self.output_mask, float("-inf"))
+        return logits
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,

@@ -33,6 +33,25 @@ def output_weight(model: nn.Module) -> Tensor:
     return getattr(model, "module", model).generator.weight
 
 
+def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor, Tensor, int]:
+    """The output weight, targets and ignored id that the loss of ``model`` takes.
+
+    Without an ``output_mask``: the generator's weight (V, D), ``target`` and ``pad_id``. With one
+    (``model.output_vocab = "targets"``): the kept rows (V', D) of the weight, ``target`` as
+    positions among them, and -1, which marks padding and the rare target token never seen in
+    the training targets (a validation sentence's), so that neither is predicted nor counted.
+    """
+    weight = output_weight(model)
+    mask = getattr(model, "module", model).output_mask
+    if mask is None:
+        return weight, target, pad_id
+    ids = mask.nonzero().squeeze(1)  # (V',)
+    position = torch.full_like(mask, -1, dtype=torch.long)  # (V,)
+    position[ids] = torch.arange(ids.numel(), device=ids.device)
+    position[pad_id] = -1
+    return weight.index_select(0, ids), position[target], -1
+
+
 @dataclass
 class StepStats:
     """One micro-batch's contribution: summed loss (with grad) and counts."""
@@ -132,6 +151,19 @@ class TranslationTask(Task):
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v)
 
+    def build_model(self, model: ModelConfig) -> nn.Module:
+        """The Transformer; with ``model.output_vocab = "targets"`` its ``output_mask`` marks the
+        tokens of the training targets and EOS."""
+        net = super().build_model(model)
+        if net.output_mask is not None:
+            seen = torch.tensor([i for _, tgt in self.train_pairs for i in tgt], dtype=torch.long)
+            net.output_mask.zero_()
+            net.output_mask[seen] = True
+            net.output_mask[model.eos_id] = True
+            log.info("output vocabulary: the %d of %d tokens seen in the training targets",
+                     int(net.output_mask.sum()), model.tgt_vocab_size)
+        return net
+
     def _sampler(self, split: str, rank: int, world_size: int) -> Any:
         from aiayn.data import TokenBatchSampler, pair_lengths
 
@@ -177,9 +209,9 @@ class TranslationTask(Task):
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         batch = batch.to(device, non_blocking=True)
         hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, T, D)
+        weight, target, ignore = kept_outputs(model, batch.tgt_out, self.cfg.model.pad_id)
         loss, nll = projected_label_smoothed_nll_loss(
-            hidden, output_weight(model), batch.tgt_out, self.cfg.train.label_smoothing,
-            self.cfg.model.pad_id)
+            hidden, weight, target, self.cfg.train.label_smoothing, ignore)
         return StepStats(loss, nll, batch.n_tgt_tokens, batch.n_src_tokens + batch.n_tgt_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
@@ -221,4 +253,10 @@ def build_task(cfg: RunConfig) -> Task:
     if cfg.train.adversarial_eps and name != "classification":
         raise ConfigError("train.adversarial_eps applies to data.task = 'classification' only, "
                           f"not '{name}'")
+    if cfg.model.output_vocab != "all" and name != "translation":
+        raise ConfigError(f"model.output_vocab = '{cfg.model.output_vocab}' applies to "
+                          f"data.task = 'translation' only, not '{name}'")
+    if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
+        raise ConfigError("model.output_vocab = 'targets' does not go with data.bpe_dropout: "
+                          "a noisy segmentation produces tokens the clean targets never hold")
     return TASKS[name](cfg)
