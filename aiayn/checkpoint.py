@@ -163,7 +163,8 @@ def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str]
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
     own = model.state_dict()
-    shared = [k for k in own if k in state]
+    # not weights: output_mask (model.output_vocab) belongs to this run's training data
+    shared = [k for k in own if k in state and k != "output_mask"]
     for name in shared:
         if state[name].shape != own[name].shape:
             raise ConfigError(f"train.init_from: '{name}' has shape {tuple(state[name].shape)} in "

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.checkpoint import load_model_dir
+from aiayn.checkpoint import init_from_model_dir, load_model_dir
 from aiayn.cli import main
 from aiayn.decode import load_ensemble, translate_texts
+from aiayn.model import Transformer
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import build_run_config
 from aiayn.train.run import train_run
@@ -71,7 +72,7 @@ def test_the_loss_is_label_smoothed_cross_entropy_over_the_kept_tokens(cipher_ru
     expected = F.cross_entropy(logits.flatten(0, 1), gold.flatten(), ignore_index=-100,
                                label_smoothing=0.1, reduction="sum")
     assert stats.loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    # the unmasked model's loss differs: the softmax then also covers the source letters
+    # the loss's view of the model: the kept rows of the output weight, targets as positions
     full, target, ignore = kept_outputs(model, batch.tgt_out, cfg.model.pad_id)
     assert full.size(0) == ids.numel() and ignore == -1
     assert (target[batch.tgt_out == cfg.model.pad_id] == -1).all()
@@ -84,6 +85,27 @@ def test_a_target_token_unseen_in_training_is_not_counted(cipher_run):
     target = torch.tensor([[source_only, cfg.model.eos_id, cfg.model.pad_id]])
     _, position, ignore = kept_outputs(model, target, cfg.model.pad_id)
     assert position[0, 0] == ignore and position[0, 2] == ignore and position[0, 1] >= 0
+
+
+def test_a_skipped_reference_token_is_left_out_of_the_count(cipher_run):
+    run, cfg = cipher_run
+    model, _, _ = load_model_dir(run)
+    task = TranslationTask(cfg)
+    task.setup((run / "tokenizer.json").read_text(encoding="utf-8"))
+    batch = task.collate("valid", [0, 1])
+    assert task.loss(model, batch, torch.device("cpu")).n_targets == batch.n_tgt_tokens
+    batch.tgt_out[0, 0] = int((~model.output_mask).nonzero()[-1])  # a source-only token
+    assert task.loss(model, batch, torch.device("cpu")).n_targets == batch.n_tgt_tokens - 1
+
+
+def test_init_from_keeps_the_mask_of_the_new_run(cipher_run):
+    run, _ = cipher_run
+    trained, cfg, _ = load_model_dir(run)
+    fresh = Transformer(cfg)  # all True until a trainer marks its own training targets
+    copied, _ = init_from_model_dir(fresh, run)
+    assert "output_mask" not in copied and fresh.output_mask.all()
+    assert not trained.output_mask.all()
+    assert torch.equal(fresh.generator.weight, trained.generator.weight)
 
 
 def test_averaging_and_ensembles_keep_the_mask(cipher_run, tmp_path, capsys):

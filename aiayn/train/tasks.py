@@ -156,9 +156,11 @@ class TranslationTask(Task):
         tokens of the training targets and EOS."""
         net = super().build_model(model)
         if net.output_mask is not None:
-            seen = torch.tensor([i for _, tgt in self.train_pairs for i in tgt], dtype=torch.long)
+            seen: set[int] = set()
+            for _, tgt in self.train_pairs:
+                seen.update(tgt)
             net.output_mask.zero_()
-            net.output_mask[seen] = True
+            net.output_mask[torch.tensor(sorted(seen), dtype=torch.long)] = True
             net.output_mask[model.eos_id] = True
             log.info("output vocabulary: the %d of %d tokens seen in the training targets",
                      int(net.output_mask.sum()), model.tgt_vocab_size)
@@ -212,7 +214,10 @@ class TranslationTask(Task):
         weight, target, ignore = kept_outputs(model, batch.tgt_out, self.cfg.model.pad_id)
         loss, nll = projected_label_smoothed_nll_loss(
             hidden, weight, target, self.cfg.train.label_smoothing, ignore)
-        return StepStats(loss, nll, batch.n_tgt_tokens, batch.n_src_tokens + batch.n_tgt_tokens)
+        # with an output mask, a reference token outside it is skipped: not counted either
+        n_targets = (batch.n_tgt_tokens if ignore == self.cfg.model.pad_id
+                     else int((target != ignore).sum()))
+        return StepStats(loss, nll, n_targets, batch.n_src_tokens + batch.n_tgt_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Corpus BLEU (sacreBLEU) of the model's translations of the validation sources."""
