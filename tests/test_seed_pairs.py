@@ -1,0 +1,61 @@
+"""docs/seed_pairs.py: α is chosen on val only (per pair and over all pairs); each test decoding runs once."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_seed_pairs():
+    sys.path.insert(0, str(ROOT / "docs"))  # the script imports make_results from its own folder
+    try:
+        spec = importlib.util.spec_from_file_location("seed_pairs", ROOT / "docs" / "seed_pairs.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    return module
+
+
+def test_alphas_chosen_on_val_and_tests_decoded_once(tmp_path):
+    sp = load_seed_pairs()
+    runs = []
+    for s in (1, 2, 3):
+        run = tmp_path / f"m{s}"
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"train": {"seed": s}}))
+        runs.append(run)
+    # val: pair (1, 2) prefers α=1.0, the others α=2.0, and α=2.0 has the best mean val;
+    # test2016 prefers α=0.6, where nothing may be chosen
+    val = {("m1", "m2"): {0.6: 40.0, 1.0: 42.0, 2.0: 41.0},
+           ("m1", "m3"): {0.6: 40.0, 1.0: 40.5, 2.0: 41.5},
+           ("m2", "m3"): {0.6: 40.0, 1.0: 40.5, 2.0: 41.5}}
+
+    class StubScorer:
+        calls = []
+
+        def score(self, dirs, split, beam, alpha):
+            key = tuple(d.name for d in dirs)
+            self.calls.append((key, split, alpha))
+            b = val[key][alpha] if split == "val" else 45.0 - alpha
+            return {"bleu_lc": b}
+
+    scorer = StubScorer()
+    rows, pooled = sp.score_pairs(scorer, runs, {r: r for r in runs}, [0.6, 1.0, 2.0], 1.0, 5)
+    assert pooled == 2.0
+    assert [r["seeds"] for r in rows] == [[1, 2], [1, 3], [2, 3]]
+    assert [r["alpha"] for r in rows] == [1.0, 2.0, 2.0]
+    assert rows[0]["test2016"] == rows[0]["test2016_recipe_alpha"] == 44.0
+    assert rows[0]["test2016_pooled_alpha"] == 43.0 and rows[1]["test2016_recipe_alpha"] == 44.0
+    tests = [c for c in scorer.calls if c[1] != "val"]
+    # each pair at its own α, the recipe's 1.0 and the pooled 2.0: two distinct α each, decoded once
+    assert len(tests) == len(set(tests)) == 6
+    assert all(a != 0.6 for _, _, a in tests)
+    md = sp.report_md({"date": "d", "hardware": "h", "torch": "t", "avg": 10, "beam": 5,
+                       "alphas": [0.6, 1.0, 2.0], "recipe_alpha": 1.0, "pooled_alpha": pooled,
+                       "models": [{"run": str(r), "seed": i + 1, "val": 40.0, "test2016": 39.0}
+                                  for i, r in enumerate(runs)], "pairs": rows}, 43.5)
+    assert "α=1.0: mean 44.00" in md and "3 of 3 reach 43.5" in md
+    assert "α=2.0 (chosen on val for all pairs): mean 43.00" in md and "0 of 3 reach 43.5" in md
