@@ -130,6 +130,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if len(args.run) < 2:
         p.error("--run: give at least two run folders")
+    if args.limit and args.out == p.get_default("out"):
+        p.error("--limit: give --out too, so that a smoke test does not overwrite docs/seed_pairs")
     scorer = Scorer(bf16_row=False, limit=args.limit, workers=args.workers)
     avgs = {run: averaged(run, args.avg) for run in args.run}
     models = [{"run": str(run), "seed": seed(run),
