@@ -5,4 +5,11 @@ from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
 from aiayn.model import Transformer
 
 __version__ = "0.1.0"
-__all__ = ["ModelConfig", "Transformer", "AiaynError", "ConfigError", "DataError", "CheckpointError"]
+__all__ = [
+    "ModelConfig",
+    "Transformer",
+    "AiaynError",
+    "ConfigError",
+    "DataError",
+    "CheckpointError",
+]

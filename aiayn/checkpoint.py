@@ -8,8 +8,9 @@ weights in safetensors (loading never executes pickled code) and the tokenizer. 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -34,7 +35,12 @@ def register_kind(kind: str, build: Callable[[ModelConfig], nn.Module]) -> None:
 
 def _builtin_kinds() -> None:
     if "seq2seq" not in MODEL_KINDS:
-        from aiayn.model import Transformer, TransformerClassifier, TransformerLM, TransformerMaskedLM
+        from aiayn.model import (
+            Transformer,
+            TransformerClassifier,
+            TransformerLM,
+            TransformerMaskedLM,
+        )
 
         register_kind("seq2seq", Transformer)
         register_kind("classifier", TransformerClassifier)
@@ -72,12 +78,14 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not match the model in config.json "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise CheckpointError(
                 f"{path}: tensor '{name}' has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(expected[name].shape)}")
+                f"the model expects {tuple(expected[name].shape)}"
+            )
     model.load_state_dict(state, strict=False)
 
 
@@ -126,7 +134,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def load_model_dir(
-    folder: str | Path, weights_name: str = WEIGHTS_FILE, expect_kind: str | None = None,
+    folder: str | Path,
+    weights_name: str = WEIGHTS_FILE,
+    expect_kind: str | None = None,
     map_location: str | torch.device = "cpu",
 ) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     """Build the model a folder describes and load its weights. Returns (model, cfg, meta)."""
@@ -137,7 +147,9 @@ def load_model_dir(
     if kind not in MODEL_KINDS:
         raise CheckpointError(f"{folder}: unknown model kind '{kind}'")
     if expect_kind is not None and kind != expect_kind:
-        raise CheckpointError(f"{folder}: holds a '{kind}' model, this command needs '{expect_kind}'")
+        raise CheckpointError(
+            f"{folder}: holds a '{kind}' model, this command needs '{expect_kind}'"
+        )
     try:
         cfg = from_dict(ModelConfig, meta["model"])
     except AiaynError as err:
@@ -167,9 +179,11 @@ def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str]
     shared = [k for k in own if k in state and k != "output_mask"]
     for name in shared:
         if state[name].shape != own[name].shape:
-            raise ConfigError(f"train.init_from: '{name}' has shape {tuple(state[name].shape)} in "
-                              f"{folder}, {tuple(own[name].shape)} in this model: the model "
-                              "settings differ")
+            raise ConfigError(
+                f"train.init_from: '{name}' has shape {tuple(state[name].shape)} in "
+                f"{folder}, {tuple(own[name].shape)} in this model: the model "
+                "settings differ"
+            )
     if not shared:
         raise ConfigError(f"train.init_from: {folder} has no weights this model can use")
     with torch.no_grad():

@@ -17,7 +17,14 @@ from typing import Any, Literal
 
 from aiayn.errors import ConfigError
 
-__all__ = ["ModelConfig", "apply_overrides", "parse_override", "coerce_value", "to_dict", "from_dict"]
+__all__ = [
+    "ModelConfig",
+    "apply_overrides",
+    "parse_override",
+    "coerce_value",
+    "to_dict",
+    "from_dict",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +128,8 @@ def apply_overrides(obj: Any, overrides: dict[str, Any], prefix: str = "") -> An
         full = f"{prefix}{head}"
         if head not in types_:
             raise ConfigError(
-                f"unknown config key '{prefix}{key}'{_did_you_mean(head, types_, prefix)}")
+                f"unknown config key '{prefix}{key}'{_did_you_mean(head, types_, prefix)}"
+            )
         value = getattr(obj, head)
         if dataclasses.is_dataclass(value):
             if rest:
@@ -245,17 +253,21 @@ class ModelConfig:
 
     PRESETS: typing.ClassVar[dict[str, dict[str, Any]]] = {
         # Vaswani et al. 2017, Table 3 "base".
-        "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
-                     dropout=0.1),
+        "base": dict(
+            d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1
+        ),
         # Vaswani et al. 2017, Table 3 "big" (P_drop 0.3 for En-De).
-        "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6,
-                    dropout=0.3),
+        "big": dict(
+            d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3
+        ),
         # A CPU-sized model for experiments.
-        "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
-                      dropout=0.1),
+        "small": dict(
+            d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, dropout=0.1
+        ),
         # Transformer-tiny for Multi30k (Wu et al. 2021, "Good for Misconceived Reasons").
-        "tiny": dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
-                     dropout=0.3),
+        "tiny": dict(
+            d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4, dropout=0.3
+        ),
     }
 
     def __post_init__(self) -> None:
@@ -276,7 +288,7 @@ class ModelConfig:
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A named preset (base, big, small, tiny) with keyword overrides."""
         if name not in cls.PRESETS:
             raise ConfigError(
@@ -288,8 +300,15 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the field when a value makes no sense."""
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len",
-                     "n_classes"):
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "n_heads",
+            "d_ff",
+            "max_len",
+            "n_classes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("d_k", "d_v"):
@@ -312,24 +331,31 @@ class ModelConfig:
         if self.bigram_buckets < 0:
             raise ConfigError(f"bigram_buckets must be >= 0, got {self.bigram_buckets}")
         if self.bigram_buckets and self.n_decoder_layers > 0:
-            raise ConfigError("model.bigram_buckets applies to encoder-only classifiers "
-                              "(n_decoder_layers = 0)")
+            raise ConfigError(
+                "model.bigram_buckets applies to encoder-only classifiers (n_decoder_layers = 0)"
+            )
         if self.token_dropout and self.n_decoder_layers > 0:
-            raise ConfigError("model.token_dropout applies to encoder-only classifiers "
-                              "(n_decoder_layers = 0)")
+            raise ConfigError(
+                "model.token_dropout applies to encoder-only classifiers (n_decoder_layers = 0)"
+            )
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
             raise ConfigError(f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
-        if self.share_embeddings and self.n_encoder_layers > 0 and (
-            self.src_vocab_size != self.tgt_vocab_size
+        if (
+            self.share_embeddings
+            and self.n_encoder_layers > 0
+            and (self.src_vocab_size != self.tgt_vocab_size)
         ):
             raise ConfigError(
                 f"share_embeddings needs src_vocab_size == tgt_vocab_size "
                 f"(got {self.src_vocab_size} and {self.tgt_vocab_size}); "
                 "set share_embeddings=false for separate vocabularies"
             )
-        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
-               "unk_id": self.unk_id}
+        ids = {
+            "pad_id": self.pad_id,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "unk_id": self.unk_id,
+        }
         for name, value in ids.items():
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
                 raise ConfigError(f"{name} ({value}) must be inside the vocabulary")
-

@@ -13,8 +13,9 @@ def cpu_name() -> str:
             info = f.read()
     except OSError:
         return f"{os.cpu_count()}-core {platform.machine()}"
-    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
-    flags = next((l for l in info.splitlines() if l.startswith("flags")), "")
+    lines = info.splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+    flags = next((ln for ln in lines if ln.startswith("flags")), "")
     feats = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
     feats += ["no AVX-512"] * ("avx512f" not in feats) + ["no AMX"] * ("amx_bf16" not in feats)
     return f"{os.cpu_count()}-core {name} ({', '.join(feats)})"

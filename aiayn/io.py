@@ -7,8 +7,9 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -62,8 +63,9 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_section(path: str | os.PathLike, begin: str, end: str, section: str,
-                  new_file: str = "") -> None:
+def write_section(
+    path: str | os.PathLike, begin: str, end: str, section: str, new_file: str = ""
+) -> None:
     """Replace the text between the ``begin`` and ``end`` markers of a markdown file with
     ``section`` (markers kept), or append it when the markers are absent; a missing file starts as
     ``new_file``. How the benchmark and results scripts keep their tables in hand-written docs."""

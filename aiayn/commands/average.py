@@ -9,13 +9,22 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("average", help="average a run's last N checkpoints (paper: 5)",
-                       description="Element-wise mean of the last N weight snapshots in "
-                                   "RUN_DIR/checkpoints/, written as a loadable model folder.")
+    p = sub.add_parser(
+        "average",
+        help="average a run's last N checkpoints (paper: 5)",
+        description="Element-wise mean of the last N weight snapshots in "
+        "RUN_DIR/checkpoints/, written as a loadable model folder.",
+    )
     p.add_argument("run_dir", help="a training run folder")
-    p.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
-    p.add_argument("--until", type=int, metavar="STEP",
-                   help="only checkpoints at this update or before (e.g. the end of an epoch)")
+    p.add_argument(
+        "--last", type=int, default=5, help="how many of the latest checkpoints (default 5)"
+    )
+    p.add_argument(
+        "--until",
+        type=int,
+        metavar="STEP",
+        help="only checkpoints at this update or before (e.g. the end of an epoch)",
+    )
     p.add_argument("-o", "--out", required=True, help="output model folder")
     p.set_defaults(run=run)
     return p

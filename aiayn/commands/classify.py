@@ -17,14 +17,26 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("classify", help="label texts with a trained classifier (IMDB sentiment)",
-                       description="Classify one text per line; print LABEL<TAB>PROBABILITY per "
-                                   "line (blank lines stay blank).")
+    p = sub.add_parser(
+        "classify",
+        help="label texts with a trained classifier (IMDB sentiment)",
+        description="Classify one text per line; print LABEL<TAB>PROBABILITY per "
+        "line (blank lines stay blank).",
+    )
     p.add_argument("model", metavar="MODEL_DIR", help="a classifier model folder, e.g. RUN/best")
-    p.add_argument("--input", "-i", default="-", metavar="FILE|-",
-                   help="UTF-8 text, one text per line (default: stdin)")
-    p.add_argument("--max-tokens", type=int, default=16384,
-                   help="batch budget: texts × padded length (default: 16384)")
+    p.add_argument(
+        "--input",
+        "-i",
+        default="-",
+        metavar="FILE|-",
+        help="UTF-8 text, one text per line (default: stdin)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16384,
+        help="batch budget: texts × padded length (default: 16384)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
     p.set_defaults(run=run)
     return p
@@ -32,8 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.commands.translate import inference_device, read_input_lines
-    from aiayn.decode.classify import (encode_texts, label_names, load_classifier, predict_ids,
-                                       text_limit)
+    from aiayn.decode.classify import (
+        encode_texts,
+        label_names,
+        load_classifier,
+        predict_ids,
+        text_limit,
+    )
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
@@ -81,10 +98,11 @@ def evaluate_classifier_command(args: argparse.Namespace) -> int:
     scores.update(test_set=name, model=str(args.model), device=str(device))
     out = Path(args.output) if args.output else Path(args.model) / f"eval_{name}.json"
     write_json(out, scores)
-    print(f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) "
-          f"on {name}; "
-          f"{scores['cut_to_max_len']} texts cut to {scores['max_len']} tokens; "
-          f"{scores['seconds']:.1f} s = {scores['texts_per_s']:.0f} texts/s ({device})")
+    print(
+        f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) "
+        f"on {name}; "
+        f"{scores['cut_to_max_len']} texts cut to {scores['max_len']} tokens; "
+        f"{scores['seconds']:.1f} s = {scores['texts_per_s']:.0f} texts/s ({device})"
+    )
     log.info("scores saved to %s", out)
     return 0
-

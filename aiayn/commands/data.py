@@ -17,9 +17,21 @@ import time
 import tomllib
 
 from aiayn.config import apply_overrides, parse_override
-from aiayn.data import (DATASETS, DataConfig, TokenBatchSampler, Tokenizer, cache_dir, fit_tokenizer,
-                        is_prepared, pair_lengths, padding_fraction, prepare, prepare_classification,
-                        prepare_lm, prepare_translation)
+from aiayn.data import (
+    DATASETS,
+    DataConfig,
+    TokenBatchSampler,
+    Tokenizer,
+    cache_dir,
+    fit_tokenizer,
+    is_prepared,
+    padding_fraction,
+    pair_lengths,
+    prepare,
+    prepare_classification,
+    prepare_lm,
+    prepare_translation,
+)
 from aiayn.data.readers import read_text
 from aiayn.errors import ConfigError
 
@@ -27,35 +39,51 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("data", help="list, download and inspect datasets; train a tokenizer",
-                                   description="Datasets, tokenizers and batching.")
+    parser = subparsers.add_parser(
+        "data",
+        help="list, download and inspect datasets; train a tokenizer",
+        description="Datasets, tokenizers and batching.",
+    )
     actions = parser.add_subparsers(dest="data_action", metavar="ACTION", required=True)
 
-    ls = actions.add_parser("list", help="registered datasets, their splits and whether they are cached")
+    ls = actions.add_parser(
+        "list", help="registered datasets, their splits and whether they are cached"
+    )
     ls.set_defaults(run=run_list)
 
     prep = actions.add_parser(
-        "prepare", help="download (or copy from the mirror), verify and cache a dataset",
+        "prepare",
+        help="download (or copy from the mirror), verify and cache a dataset",
         description="Fetch NAME into the cache ($AIAYN_CACHE, default ~/.cache/aiayn), checking "
-                    "sha256; does nothing if already there. $AIAYN_DATA_MIRROR (a folder or base "
-                    "URL laid out as FOLDER/FILE) replaces the official sources.")
+        "sha256; does nothing if already there. $AIAYN_DATA_MIRROR (a folder or base "
+        "URL laid out as FOLDER/FILE) replaces the official sources.",
+    )
     prep.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
-    prep.add_argument("--mirror", help="folder or base URL to fetch from (default $AIAYN_DATA_MIRROR; "
-                                       "'' for the official sources)")
+    prep.add_argument(
+        "--mirror",
+        help="folder or base URL to fetch from (default $AIAYN_DATA_MIRROR; "
+        "'' for the official sources)",
+    )
     prep.add_argument("--cache", help="cache folder (default $AIAYN_CACHE or ~/.cache/aiayn)")
     prep.add_argument("--force", action="store_true", help="fetch again even if cached")
     prep.add_argument("--no-progress", action="store_true", help="no progress bar")
     prep.set_defaults(run=run_prepare)
 
-    tok = actions.add_parser("tokenizer", help="train a tokenizer on the training split and save it")
+    tok = actions.add_parser(
+        "tokenizer", help="train a tokenizer on the training split and save it"
+    )
     _config_args(tok)
-    tok.add_argument("-o", "--output", default="tokenizer.json", help="where to write (default tokenizer.json)")
+    tok.add_argument(
+        "-o", "--output", default="tokenizer.json", help="where to write (default tokenizer.json)"
+    )
     tok.set_defaults(run=run_tokenizer)
 
     stats = actions.add_parser(
-        "stats", help="read, tokenise and batch the data; print sizes, timings and padding",
+        "stats",
+        help="read, tokenise and batch the data; print sizes, timings and padding",
         description="Checks the configured data end to end (any bad line is reported with its "
-                    "file and line) and measures tokenising and batching.")
+        "file and line) and measures tokenising and batching.",
+    )
     _config_args(stats)
     stats.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.json (default: train one)")
     stats.set_defaults(run=run_stats)
@@ -64,8 +92,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="TOML", help="read the [data] section of this file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="set a data field, e.g. --set vocab_size=8000 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a data field, e.g. --set vocab_size=8000 (repeatable)",
+    )
 
 
 def data_config(args: argparse.Namespace) -> DataConfig:
@@ -93,8 +127,13 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    folder = prepare(args.name, mirror=args.mirror, cache=args.cache, force=args.force,
-                     progress=False if args.no_progress else None)
+    folder = prepare(
+        args.name,
+        mirror=args.mirror,
+        cache=args.cache,
+        force=args.force,
+        progress=False if args.no_progress else None,
+    )
     print(folder)
     return 0
 
@@ -114,8 +153,10 @@ def run_stats(args: argparse.Namespace) -> int:
     fitted = time.perf_counter()
     if cfg.task == "lm":
         train, valid = prepare_lm(cfg, tokenizer)
-        print(f"{cfg.task}: {len(train)} training and {len(valid)} validation tokens "
-              f"({tokenizer.kind}, vocabulary {tokenizer.vocab_size})")
+        print(
+            f"{cfg.task}: {len(train)} training and {len(valid)} validation tokens "
+            f"({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
+        )
         return 0
     if cfg.task == "translation":
         train, valid = prepare_translation(cfg, tokenizer)
@@ -127,10 +168,16 @@ def run_stats(args: argparse.Namespace) -> int:
     batches = sampler.batches()
     done = time.perf_counter()
     n_tokens = sum(sum(x) for x in lengths if x is not None)
-    print(f"{cfg.task}: {len(train)} training and {len(valid)} validation examples, "
-          f"{n_tokens} training tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})")
-    print(f"batches: {len(batches)} at max_tokens={cfg.max_tokens}, padding "
-          f"{100 * padding_fraction(sampler):.1f}% of source+target cells")
-    print(f"time: tokenizer {'loaded' if args.tokenizer else 'trained'} in {fitted - start:.2f} s; "
-          f"read + tokenise + batch the splits in {done - fitted:.2f} s")
+    print(
+        f"{cfg.task}: {len(train)} training and {len(valid)} validation examples, "
+        f"{n_tokens} training tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
+    )
+    print(
+        f"batches: {len(batches)} at max_tokens={cfg.max_tokens}, padding "
+        f"{100 * padding_fraction(sampler):.1f}% of source+target cells"
+    )
+    print(
+        f"time: tokenizer {'loaded' if args.tokenizer else 'trained'} in {fitted - start:.2f} s; "
+        f"read + tokenise + batch the splits in {done - fitted:.2f} s"
+    )
     return 0

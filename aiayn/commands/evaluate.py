@@ -19,26 +19,34 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("evaluate", help="BLEU/chrF of a model on a test split or your files "
-                                           "(accuracy for a classifier)",
-                       description="Translate a test set, score it with sacreBLEU (BLEU cased and "
-                                   "lowercased, chrF, with signatures), print and save as JSON.")
+    p = sub.add_parser(
+        "evaluate",
+        help="BLEU/chrF of a model on a test split or your files (accuracy for a classifier)",
+        description="Translate a test set, score it with sacreBLEU (BLEU cased and "
+        "lowercased, chrF, with signatures), print and save as JSON.",
+    )
     add_decode_options(p)
     p.add_argument("--split", help="a split of the model's dataset, e.g. test_2016_flickr")
     p.add_argument("--src", metavar="FILE", help="source sentences (instead of --split)")
     p.add_argument("--ref", metavar="FILE", help="reference translations, line by line with --src")
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences")
-    p.add_argument("--output", "-o", metavar="JSON",
-                   help="where to save the scores (default: MODEL_DIR/eval_<name>.json)")
+    p.add_argument(
+        "--output",
+        "-o",
+        metavar="JSON",
+        help="where to save the scores (default: MODEL_DIR/eval_<name>.json)",
+    )
     p.add_argument("--hyps", metavar="FILE", help="also save the translations here")
     p.set_defaults(run=run)
     return p
 
 
-def load_test_set(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[list[str], list[str], str]:
+def load_test_set(
+    args: argparse.Namespace, meta: dict[str, Any]
+) -> tuple[list[str], list[str], str]:
     """(sources, references, name) from --split (the model's dataset) or --src/--ref."""
-    from aiayn.data import DataConfig, read_parallel
     from aiayn.config import from_dict
+    from aiayn.data import DataConfig, read_parallel
 
     if bool(args.split) == bool(args.src or args.ref):
         raise ConfigError("give either --split NAME or --src FILE --ref FILE")
@@ -58,15 +66,19 @@ def load_test_set(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[list[
 def report(scores: dict[str, Any]) -> str:
     """The human-readable summary printed by `aiayn evaluate`."""
     d = scores["decoding"]
-    how = (f"beam {d['beam']}, {d['length_penalty']} α={d['alpha']}, max len "
-           f"{d['max_len_a']}·src+{d['max_len_b']}, {d['device']}{', bf16' if d['bf16'] else ''}")
-    return "\n".join([
-        f"{scores['bleu_text']}  {scores['bleu_signature']}",
-        f"{scores['bleu_lc_text'].replace('BLEU', 'BLEU-lc', 1)}  {scores['bleu_lc_signature']}",
-        f"{scores['chrf_text']}  {scores['chrf_signature']}",
-        f"{scores['n']} sentences in {scores['seconds']:.1f} s = {scores['sentences_per_s']:.1f} "
-        f"sentences/s ({how})",
-    ])
+    how = (
+        f"beam {d['beam']}, {d['length_penalty']} α={d['alpha']}, max len "
+        f"{d['max_len_a']}·src+{d['max_len_b']}, {d['device']}{', bf16' if d['bf16'] else ''}"
+    )
+    return "\n".join(
+        [
+            f"{scores['bleu_text']}  {scores['bleu_signature']}",
+            f"{scores['bleu_lc_text'].replace('BLEU', 'BLEU-lc', 1)}  {scores['bleu_lc_signature']}",
+            f"{scores['chrf_text']}  {scores['chrf_signature']}",
+            f"{scores['n']} sentences in {scores['seconds']:.1f} s = {scores['sentences_per_s']:.1f} "
+            f"sentences/s ({how})",
+        ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
         from aiayn.commands.classify import evaluate_classifier_command
 
         if len(folders) > 1:
-            raise ConfigError("several MODEL_DIRs make a translation ensemble; a classifier is "
-                              "evaluated one model at a time")
+            raise ConfigError(
+                "several MODEL_DIRs make a translation ensemble; a classifier is "
+                "evaluated one model at a time"
+            )
         args.model = folders[0]
         return evaluate_classifier_command(args)
     if args.limit < 0:
@@ -94,13 +108,18 @@ def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in vars(cfg).items() if k not in ("beam", "alpha", "max_tokens")}
     start = time.perf_counter()
     with precision(device, args.bf16):
-        hyps = translate_texts(model, tokenizer, src, cfg.beam, cfg.alpha, cfg.max_tokens, **options)
+        hyps = translate_texts(
+            model, tokenizer, src, cfg.beam, cfg.alpha, cfg.max_tokens, **options
+        )
     seconds = time.perf_counter() - start
     scores = corpus_scores(hyps, ref)
-    scores.update(test_set=name, seconds=round(seconds, 3),
-                  sentences_per_s=round(len(src) / max(seconds, 1e-9), 2),
-                  decoding={**vars(cfg), "device": str(device), "bf16": args.bf16},
-                  model=str(folders[0]) if len(folders) == 1 else [str(f) for f in folders])
+    scores.update(
+        test_set=name,
+        seconds=round(seconds, 3),
+        sentences_per_s=round(len(src) / max(seconds, 1e-9), 2),
+        decoding={**vars(cfg), "device": str(device), "bf16": args.bf16},
+        model=str(folders[0]) if len(folders) == 1 else [str(f) for f in folders],
+    )
     suffix = f"_ensemble{len(folders)}" if len(folders) > 1 else ""
     out = Path(args.output) if args.output else Path(folders[0]) / f"eval_{name}{suffix}.json"
     write_json(out, scores)

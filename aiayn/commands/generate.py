@@ -17,21 +17,39 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("generate", help="generate text with a trained language model (sampling)",
-                       description="Continue --prompt with tokens sampled from a decoder-only "
-                                   "model, printed as they are produced.")
+    p = sub.add_parser(
+        "generate",
+        help="generate text with a trained language model (sampling)",
+        description="Continue --prompt with tokens sampled from a decoder-only "
+        "model, printed as they are produced.",
+    )
     p.add_argument("model", metavar="MODEL_DIR", help="a language-model folder, e.g. RUN/best")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to add (default: 500)")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="divide the logits by this; < 1 is more conservative (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=0,
-                   help="sample among the k most probable tokens; 0 = all (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0,
-                   help="sample from the smallest set with this much probability (default: 1.0)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="divide the logits by this; < 1 is more conservative (default: 1.0)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        help="sample among the k most probable tokens; 0 = all (default: 0)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="sample from the smallest set with this much probability (default: 1.0)",
+    )
     p.add_argument("--seed", type=int, help="random seed, for reproducible output")
-    p.add_argument("--no-cache", action="store_true",
-                   help="re-read the whole context at every step (slow; for checking the cache)")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="re-read the whole context at every step (slow; for checking the cache)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
     p.set_defaults(run=run)
     return p
@@ -60,7 +78,7 @@ class _Printer:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids)
         if not text.endswith("\ufffd"):
-            sys.stdout.write(text[self.shown:])
+            sys.stdout.write(text[self.shown :])
             sys.stdout.flush()
             self.shown = len(text)
 
@@ -85,8 +103,18 @@ def run(args: argparse.Namespace) -> int:
     window = min(int(meta.get("data", {}).get("max_len", cfg.max_len)), cfg.max_len)
     sys.stdout.write(args.prompt)
     printer = _Printer(tokenizer)
-    generate(model, prompt_ids, args.max_new_tokens, window, args.temperature, args.top_k,
-             args.top_p, args.seed, use_cache=not args.no_cache, on_token=printer)
+    generate(
+        model,
+        prompt_ids,
+        args.max_new_tokens,
+        window,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        use_cache=not args.no_cache,
+        on_token=printer,
+    )
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0

@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "plot", help="draw positional encodings, attention maps or learning curves (PNG)",
-        description="Figures of what the Transformer computes. Needs matplotlib.")
+        "plot",
+        help="draw positional encodings, attention maps or learning curves (PNG)",
+        description="Figures of what the Transformer computes. Needs matplotlib.",
+    )
     kinds = parser.add_subparsers(dest="plot", metavar="WHAT", required=True)
 
     pe = kinds.add_parser("pe", help="the sinusoidal positional encoding: position × depth (§3.5)")
@@ -28,47 +30,82 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     _output_arg(pe, "pe.png")
     pe.set_defaults(run=run_pe)
 
-    sim = kinds.add_parser("pe-similarity",
-                           help="cosine similarity of one position's encoding with all others")
-    sim.add_argument("--position", type=int, default=1000, help="the position compared (default 1000)")
-    sim.add_argument("--window", type=int, default=50,
-                     help="half-width of the zoomed panel, in positions (default 50)")
+    sim = kinds.add_parser(
+        "pe-similarity", help="cosine similarity of one position's encoding with all others"
+    )
+    sim.add_argument(
+        "--position", type=int, default=1000, help="the position compared (default 1000)"
+    )
+    sim.add_argument(
+        "--window",
+        type=int,
+        default=50,
+        help="half-width of the zoomed panel, in positions (default 50)",
+    )
     _shape_args(sim)
     _output_arg(sim, "pe-similarity.png")
     sim.set_defaults(run=run_pe_similarity)
 
     att = kinds.add_parser(
-        "attention", help="attention maps of a model on its own translation of a sentence",
+        "attention",
+        help="attention maps of a model on its own translation of a sentence",
         description="Translate TEXT with the model (beam search, the paper's settings), then draw encoder "
-                    "self-attention, decoder self-attention and encoder-decoder attention for "
-                    "every layer and head (or the chosen ones), tokens on the axes.")
-    att.add_argument("model_dir", metavar="MODEL_DIR", help="a model folder (config.json, weights, tokenizer.json)")
+        "self-attention, decoder self-attention and encoder-decoder attention for "
+        "every layer and head (or the chosen ones), tokens on the axes.",
+    )
+    att.add_argument(
+        "model_dir",
+        metavar="MODEL_DIR",
+        help="a model folder (config.json, weights, tokenizer.json)",
+    )
     att.add_argument("--text", required=True, help="the source sentence")
-    att.add_argument("--layer", type=int, action="append", metavar="L",
-                     help="only layer L (1-based, as in the paper); repeat for several")
-    att.add_argument("--head", type=int, action="append", metavar="H",
-                     help="only head H (1-based); repeat for several")
-    att.add_argument("--beam", type=int, default=None,
-                     help="beam size of the translation (default 4, the paper's; 1 = greedy)")
+    att.add_argument(
+        "--layer",
+        type=int,
+        action="append",
+        metavar="L",
+        help="only layer L (1-based, as in the paper); repeat for several",
+    )
+    att.add_argument(
+        "--head",
+        type=int,
+        action="append",
+        metavar="H",
+        help="only head H (1-based); repeat for several",
+    )
+    att.add_argument(
+        "--beam",
+        type=int,
+        default=None,
+        help="beam size of the translation (default 4, the paper's; 1 = greedy)",
+    )
     _output_arg(att, "attention.png")
     att.set_defaults(run=run_attention)
 
     curves = kinds.add_parser("curves", help="loss, learning rate and validation metrics of a run")
-    curves.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
-                        help="a run folder holding metrics.jsonl (or the file); several are drawn "
-                        "on the same panels (e.g. an ensemble's models)")
+    curves.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="+",
+        help="a run folder holding metrics.jsonl (or the file); several are drawn "
+        "on the same panels (e.g. an ensemble's models)",
+    )
     _output_arg(curves, "curves.png")
     curves.set_defaults(run=run_curves)
     return parser
 
 
 def _shape_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--length", type=int, default=2048, help="number of positions (default 2048)")
+    parser.add_argument(
+        "--length", type=int, default=2048, help="number of positions (default 2048)"
+    )
     parser.add_argument("--depth", type=int, default=512, help="d_model, even (default 512)")
 
 
 def _output_arg(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("-o", "--output", default=default, help=f"PNG file to write (default {default})")
+    parser.add_argument(
+        "-o", "--output", default=default, help=f"PNG file to write (default {default})"
+    )
 
 
 def _save(fig, path: str) -> int:
@@ -87,7 +124,9 @@ def run_pe(args: argparse.Namespace) -> int:
 def run_pe_similarity(args: argparse.Namespace) -> int:
     from aiayn.viz.pe import plot_pe_similarity
 
-    return _save(plot_pe_similarity(args.position, args.length, args.depth, args.window), args.output)
+    return _save(
+        plot_pe_similarity(args.position, args.length, args.depth, args.window), args.output
+    )
 
 
 def run_labels(run_dirs: list) -> tuple[list[str], str]:
@@ -109,8 +148,10 @@ def run_curves(args: argparse.Namespace) -> int:
     from aiayn.viz.curves import plot_runs, read_metrics
 
     labels, title = run_labels(args.run_dir)
-    runs = [(label if len(args.run_dir) > 1 else "", read_metrics(d))
-            for label, d in zip(labels, args.run_dir)]
+    runs = [
+        (label if len(args.run_dir) > 1 else "", read_metrics(d))
+        for label, d in zip(labels, args.run_dir)
+    ]
     return _save(plot_runs(runs, title=title), args.output)
 
 
@@ -119,6 +160,12 @@ def run_attention(args: argparse.Namespace) -> int:
 
     pair = attention_of_model_dir(args.model_dir, args.text, beam=args.beam)
     log.info("translation: %s", pair.translation)
-    fig = plot_attention(pair.maps, pair.src_tokens, pair.tgt_tokens, args.layer, args.head,
-                         title=f"{args.text}  →  {pair.translation}")
+    fig = plot_attention(
+        pair.maps,
+        pair.src_tokens,
+        pair.tgt_tokens,
+        args.layer,
+        args.head,
+        title=f"{args.text}  →  {pair.translation}",
+    )
     return _save(fig, args.output)

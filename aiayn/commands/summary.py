@@ -13,12 +13,24 @@ from aiayn.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("summary", help="print a Keras-style parameter summary",
-                       description="Parameter table (module, output shape, parameters) and totals.")
-    p.add_argument("model", help="a preset (base, big, small, tiny), a TOML config with a [model] "
-                                 "section, or a model folder")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model field, e.g. --set d_model=256 (repeatable)")
+    p = sub.add_parser(
+        "summary",
+        help="print a Keras-style parameter summary",
+        description="Parameter table (module, output shape, parameters) and totals.",
+    )
+    p.add_argument(
+        "model",
+        help="a preset (base, big, small, tiny), a TOML config with a [model] "
+        "section, or a model folder",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model field, e.g. --set d_model=256 (repeatable)",
+    )
     p.add_argument("--batch", type=int, default=2, help="batch size of the example forward pass")
     p.add_argument("--src-len", type=int, default=16, help="source length of the example batch")
     p.add_argument("--tgt-len", type=int, default=16, help="target length of the example batch")
@@ -53,15 +65,23 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
         data = table.get("data", {})
         task = data.get("task", "translation")
         if "vocab_size" in data:  # what a subword tokenizer trains to (for char: an upper bound)
-            section = {"src_vocab_size": data["vocab_size"], "tgt_vocab_size": data["vocab_size"],
-                       **section}
+            section = {
+                "src_vocab_size": data["vocab_size"],
+                "tgt_vocab_size": data["vocab_size"],
+                **section,
+            }
         from aiayn.train.tasks import TASKS
 
         if not isinstance(task, str) or task not in TASKS:
             raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(TASKS)}")
         # The stack the task's model has (as the trainer's Task.model_config sets it).
-        stack = ({"n_decoder_layers": 0} if task in ("classification", "masked_lm")
-                 else {"n_encoder_layers": 0} if task == "lm" else {})
+        stack = (
+            {"n_decoder_layers": 0}
+            if task in ("classification", "masked_lm")
+            else {"n_encoder_layers": 0}
+            if task == "lm"
+            else {}
+        )
         return apply_overrides(base, {**section, **sets, **stack}), TASKS[task].kind
     return apply_overrides(ModelConfig.preset(spec), sets), "seq2seq"
 
@@ -82,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
     src = torch.randint(low, cfg.src_vocab_size, (args.batch, args.src_len))
     tgt = torch.randint(low, cfg.tgt_vocab_size, (args.batch, args.tgt_len))
-    forward = {"seq2seq": lambda: model(src, tgt), "lm": lambda: model(tgt)}.get(kind, lambda: model(src))
+    forward = {"seq2seq": lambda: model(src, tgt), "lm": lambda: model(tgt)}.get(
+        kind, lambda: model(src)
+    )
     rows, total = summarize(model, forward, depth=args.depth)
     print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
     return 0

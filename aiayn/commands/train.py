@@ -13,16 +13,31 @@ log = logging.getLogger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "train", help="train a model (the paper's recipe; resumable; torchrun for DDP)",
+        "train",
+        help="train a model (the paper's recipe; resumable; torchrun for DDP)",
         description="Train from a TOML config with [model], [data] and [train] sections. "
-                    "Multi-process: torchrun --nproc_per_node=N -m aiayn train CONFIG.toml")
-    p.add_argument("config", nargs="?", help="run config (.toml); optional with --resume, which "
-                                             "then reads the run folder's config.json")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value, e.g. --set train.max_steps=1000 (repeatable)")
+        "Multi-process: torchrun --nproc_per_node=N -m aiayn train CONFIG.toml",
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="run config (.toml); optional with --resume, which "
+        "then reads the run folder's config.json",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value, e.g. --set train.max_steps=1000 (repeatable)",
+    )
     p.add_argument("--out", "-o", help="run folder (default: runs/<config name>)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its last checkpoint, exactly")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint, exactly",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -35,7 +50,6 @@ def _resolve(args: argparse.Namespace):
         if not (args.resume and args.out):
             raise ConfigError("give a CONFIG.toml (or --resume --out RUN_DIR to continue a run)")
         from aiayn.train.run import resume_config
-
         from aiayn.train.run_folder import RunFolder
 
         saved = _flatten(run_config_to_dict(resume_config(args.out)))

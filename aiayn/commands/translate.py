@@ -11,7 +11,8 @@ import argparse
 import contextlib
 import logging
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -22,33 +23,60 @@ log = logging.getLogger(__name__)
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `translate` and `evaluate`."""
-    p.add_argument("model", metavar="MODEL_DIR", nargs="+",
-                   help="a model folder (config.json, model.safetensors, tokenizer.json), e.g. a "
-                   "run folder or RUN/best; several folders decode as an ensemble (their "
-                   "next-token probabilities averaged; one shared tokenizer)")
+    p.add_argument(
+        "model",
+        metavar="MODEL_DIR",
+        nargs="+",
+        help="a model folder (config.json, model.safetensors, tokenizer.json), e.g. a "
+        "run folder or RUN/best; several folders decode as an ensemble (their "
+        "next-token probabilities averaged; one shared tokenizer)",
+    )
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default: 4, §6.1)")
-    p.add_argument("--alpha", type=float, default=0.6,
-                   help="GNMT length penalty α (default: 0.6, §6.1)")
-    p.add_argument("--length-penalty", choices=("gnmt", "average", "none"), default="gnmt",
-                   help="normalise scores by the GNMT penalty, by length, or not at all")
+    p.add_argument(
+        "--alpha", type=float, default=0.6, help="GNMT length penalty α (default: 0.6, §6.1)"
+    )
+    p.add_argument(
+        "--length-penalty",
+        choices=("gnmt", "average", "none"),
+        default="gnmt",
+        help="normalise scores by the GNMT penalty, by length, or not at all",
+    )
     p.add_argument("--max-len-a", type=float, default=1.0, help="output cap a·src_len + b: a")
     p.add_argument("--max-len-b", type=int, default=50, help="output cap a·src_len + b: b")
-    p.add_argument("--max-tokens", type=int, default=4096,
-                   help="batch budget: sentences × padded source length (default: 4096)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="batches decoded at once, sharing the CPU threads (like CTranslate2's "
-                   "inter_threads; 2 on a 2-core CPU is fastest, docs/decoding.md; default: 1)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="batch budget: sentences × padded source length (default: 4096)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="batches decoded at once, sharing the CPU threads (like CTranslate2's "
+        "inter_threads; 2 on a 2-core CPU is fastest, docs/decoding.md; default: 1)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
-    p.add_argument("--bf16", action="store_true",
-                   help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
+    )
 
 
 def decode_config(args: argparse.Namespace, nbest: int = 1):
     from aiayn.decode import DecodeConfig
 
-    return DecodeConfig(beam=args.beam, alpha=args.alpha, length_penalty=args.length_penalty,
-                        max_len_a=args.max_len_a, max_len_b=args.max_len_b, nbest=nbest,
-                        max_tokens=args.max_tokens, workers=args.workers)
+    return DecodeConfig(
+        beam=args.beam,
+        alpha=args.alpha,
+        length_penalty=args.length_penalty,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        nbest=nbest,
+        max_tokens=args.max_tokens,
+        workers=args.workers,
+    )
 
 
 def inference_device(name: str) -> torch.device:
@@ -79,22 +107,38 @@ def precision(device: torch.device, bf16: bool) -> Iterator[None]:
         from aiayn.train.distributed import cpu_has_bf16
 
         if not cpu_has_bf16():
-            log.warning("--bf16: this CPU has no native bf16 matrix instructions (AVX512-BF16 or "
-                        "AMX): bf16 matmuls run in a fallback far slower than fp32 here; leave out "
-                        "--bf16")
+            log.warning(
+                "--bf16: this CPU has no native bf16 matrix instructions (AVX512-BF16 or "
+                "AMX): bf16 matmuls run in a fallback far slower than fp32 here; leave out "
+                "--bf16"
+            )
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         yield
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("translate", help="translate text with a trained model (beam search)",
-                       description="Translate one sentence per line. Blank lines stay blank.")
+    p = sub.add_parser(
+        "translate",
+        help="translate text with a trained model (beam search)",
+        description="Translate one sentence per line. Blank lines stay blank.",
+    )
     add_decode_options(p)
-    p.add_argument("--input", "-i", default="-", metavar="FILE|-",
-                   help="UTF-8 text, one sentence per line (default: stdin; a prompt on a terminal)")
-    p.add_argument("--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout")
-    p.add_argument("--nbest", type=int, default=1,
-                   help="hypotheses per line, as LINE_NO<TAB>SCORE<TAB>TEXT lines (default: 1)")
+    p.add_argument(
+        "--input",
+        "-i",
+        default="-",
+        metavar="FILE|-",
+        help="UTF-8 text, one sentence per line (default: stdin; a prompt on a terminal)",
+    )
+    p.add_argument(
+        "--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout"
+    )
+    p.add_argument(
+        "--nbest",
+        type=int,
+        default=1,
+        help="hypotheses per line, as LINE_NO<TAB>SCORE<TAB>TEXT lines (default: 1)",
+    )
     p.set_defaults(run=run)
     return p
 

@@ -13,24 +13,69 @@ Typical use (translation)::
             batch = collate_translation([train[i] for i in indices])
 """
 
-from aiayn.data.batching import (ClassificationBatch, Seq2SeqBatch, TokenBatchSampler,
-                                 collate_classification, collate_translation, pad_sequences,
-                                 padding_fraction, pair_lengths)
+from aiayn.data.batching import (
+    ClassificationBatch,
+    Seq2SeqBatch,
+    TokenBatchSampler,
+    collate_classification,
+    collate_translation,
+    pad_sequences,
+    padding_fraction,
+    pair_lengths,
+)
 from aiayn.data.config import DataConfig
-from aiayn.data.loaders import (fit_tokenizer, load_classification, load_lm_text, load_translation,
-                                prepare_classification, prepare_lm, prepare_translation,
-                                prepare_translation_texts, training_texts)
+from aiayn.data.loaders import (
+    fit_tokenizer,
+    load_classification,
+    load_lm_text,
+    load_translation,
+    prepare_classification,
+    prepare_lm,
+    prepare_translation,
+    prepare_translation_texts,
+    training_texts,
+)
 from aiayn.data.readers import read_labelled, read_lines, read_parallel, read_text
 from aiayn.data.registry import DATASETS, cache_dir, get_spec, is_prepared, prepare
-from aiayn.data.tokenizer import (SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer, Tokenizer,
-                                  train_tokenizer)
+from aiayn.data.tokenizer import (
+    SPECIAL_TOKENS,
+    CharTokenizer,
+    SubwordTokenizer,
+    Tokenizer,
+    train_tokenizer,
+)
 
 __all__ = [
-    "DataConfig", "DATASETS", "prepare", "get_spec", "cache_dir", "is_prepared",
-    "read_text", "read_lines", "read_parallel", "read_labelled",
-    "load_translation", "load_classification", "load_lm_text", "training_texts", "fit_tokenizer",
-    "prepare_translation", "prepare_translation_texts", "prepare_classification", "prepare_lm",
-    "Tokenizer", "SubwordTokenizer", "CharTokenizer", "train_tokenizer", "SPECIAL_TOKENS",
-    "TokenBatchSampler", "pair_lengths", "padding_fraction", "pad_sequences",
-    "Seq2SeqBatch", "collate_translation", "ClassificationBatch", "collate_classification",
+    "DataConfig",
+    "DATASETS",
+    "prepare",
+    "get_spec",
+    "cache_dir",
+    "is_prepared",
+    "read_text",
+    "read_lines",
+    "read_parallel",
+    "read_labelled",
+    "load_translation",
+    "load_classification",
+    "load_lm_text",
+    "training_texts",
+    "fit_tokenizer",
+    "prepare_translation",
+    "prepare_translation_texts",
+    "prepare_classification",
+    "prepare_lm",
+    "Tokenizer",
+    "SubwordTokenizer",
+    "CharTokenizer",
+    "train_tokenizer",
+    "SPECIAL_TOKENS",
+    "TokenBatchSampler",
+    "pair_lengths",
+    "padding_fraction",
+    "pad_sequences",
+    "Seq2SeqBatch",
+    "collate_translation",
+    "ClassificationBatch",
+    "collate_classification",
 ]

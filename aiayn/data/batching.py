@@ -13,14 +13,22 @@ example indices, to be collated by the caller (or used as a DataLoader ``batch_s
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["TokenBatchSampler", "pair_lengths", "Seq2SeqBatch", "ClassificationBatch", "collate_translation",
-           "collate_classification", "pad_sequences", "padding_fraction"]
+__all__ = [
+    "TokenBatchSampler",
+    "pair_lengths",
+    "Seq2SeqBatch",
+    "ClassificationBatch",
+    "collate_translation",
+    "collate_classification",
+    "pad_sequences",
+    "padding_fraction",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +46,30 @@ class TokenBatchSampler:
     ``max_tokens`` on its own forms a batch of one (filter training data by length beforehand).
     """
 
-    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int] | None = None,
-                 max_tokens: int = 4096, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, max_batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        src_lengths: Sequence[int],
+        tgt_lengths: Sequence[int] | None = None,
+        max_tokens: int = 4096,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        max_batch_size: int | None = None,
+    ) -> None:
         src = np.asarray(src_lengths, dtype=np.int64)
         tgt = src if tgt_lengths is None else np.asarray(tgt_lengths, dtype=np.int64)
         if src.ndim != 1 or tgt.shape != src.shape:
-            raise ValueError(f"src_lengths and tgt_lengths must be 1-D of equal length, "
-                             f"got {src.shape} and {tgt.shape}")
+            raise ValueError(
+                f"src_lengths and tgt_lengths must be 1-D of equal length, "
+                f"got {src.shape} and {tgt.shape}"
+            )
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+            raise ValueError(
+                f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}"
+            )
         self.src, self.tgt = src, tgt
         self.max_tokens, self.shuffle, self.seed = int(max_tokens), bool(shuffle), int(seed)
         self.rank, self.world_size = int(rank), int(world_size)
@@ -60,7 +80,9 @@ class TokenBatchSampler:
         self._bounds = self._cut(self._width[self._sort_keys(None)])
         n_over = int((self._width > self.max_tokens).sum())
         if n_over:
-            log.warning("%d examples exceed max_tokens=%d and form batches of one", n_over, max_tokens)
+            log.warning(
+                "%d examples exceed max_tokens=%d and form batches of one", n_over, max_tokens
+            )
 
     # ---- batch construction -------------------------------------------------------------------
     def _sort_keys(self, rng: np.random.Generator | None) -> np.ndarray:
@@ -97,7 +119,7 @@ class TokenBatchSampler:
         if rng is not None:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         per_rank = len(batches) // self.world_size if self.world_size > 1 else len(batches)
-        mine = batches[self.rank::self.world_size][:per_rank]
+        mine = batches[self.rank :: self.world_size][:per_rank]
         return [b.tolist() for b in mine]
 
     def __len__(self) -> int:
@@ -121,9 +143,16 @@ class TokenBatchSampler:
     # ---- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
         """Plain ints (loadable with ``torch.load(weights_only=True)``): where the epoch stands."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "num_examples": len(self.src), "num_batches": len(self), "rank": self.rank,
-                "world_size": self.world_size, "max_tokens": self.max_tokens}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_examples": len(self.src),
+            "num_batches": len(self),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "max_tokens": self.max_tokens,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue exactly where :meth:`state_dict` was taken; ValueError if the data differs."""
@@ -134,7 +163,9 @@ class TokenBatchSampler:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def pair_lengths(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[list[int], list[int]]:
+def pair_lengths(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> tuple[list[int], list[int]]:
     """Batch-tensor lengths of (source, target) id pairs: ``len(x)`` and ``len(y) + 1`` (BOS/EOS)."""
     return [len(x) for x, _ in pairs], [len(y) + 1 for _, y in pairs]
 
@@ -142,8 +173,9 @@ def pair_lengths(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[
 # ---- collate ----------------------------------------------------------------------------------
 
 
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None,
-                  suffix: int | None = None) -> torch.Tensor:
+def pad_sequences(
+    seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None, suffix: int | None = None
+) -> torch.Tensor:
     """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence."""
     extra = (prefix is not None) + (suffix is not None)
     width = max((len(s) for s in seqs), default=0) + extra
@@ -152,7 +184,7 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None
     for i, seq in enumerate(seqs):
         if prefix is not None:
             out[i, 0] = prefix
-        out[i, start:start + len(seq)] = seq
+        out[i, start : start + len(seq)] = seq
         if suffix is not None:
             out[i, start + len(seq)] = suffix
     return torch.from_numpy(out)
@@ -168,17 +200,26 @@ class Seq2SeqBatch:
     n_src_tokens: int  # non-pad source tokens
     n_tgt_tokens: int  # non-pad target tokens (= tokens predicted, EOS included)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Seq2SeqBatch":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Seq2SeqBatch:
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Seq2SeqBatch(move(self.src), move(self.tgt_in), move(self.tgt_out),
-                            self.n_src_tokens, self.n_tgt_tokens)
+        return Seq2SeqBatch(
+            move(self.src),
+            move(self.tgt_in),
+            move(self.tgt_out),
+            self.n_src_tokens,
+            self.n_tgt_tokens,
+        )
 
     def __len__(self) -> int:
         return self.src.size(0)
 
 
-def collate_translation(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = 0,
-                        bos_id: int = 1, eos_id: int = 2) -> Seq2SeqBatch:
+def collate_translation(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+) -> Seq2SeqBatch:
     """Pad (source ids, target ids) pairs into a :class:`Seq2SeqBatch` (no BOS/EOS on the source)."""
     if not pairs:
         raise ValueError("collate_translation needs at least one pair")
@@ -199,23 +240,29 @@ class ClassificationBatch:
     labels: torch.Tensor  # (B,)
     n_tokens: int  # non-pad tokens
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "ClassificationBatch":
-        return ClassificationBatch(self.tokens.to(device, non_blocking=non_blocking),
-                                   self.labels.to(device, non_blocking=non_blocking), self.n_tokens)
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ClassificationBatch:
+        return ClassificationBatch(
+            self.tokens.to(device, non_blocking=non_blocking),
+            self.labels.to(device, non_blocking=non_blocking),
+            self.n_tokens,
+        )
 
     def __len__(self) -> int:
         return self.tokens.size(0)
 
 
-def collate_classification(items: Sequence[tuple[Sequence[int], int]], pad_id: int = 0,
-                           bos_id: int | None = None) -> ClassificationBatch:
+def collate_classification(
+    items: Sequence[tuple[Sequence[int], int]], pad_id: int = 0, bos_id: int | None = None
+) -> ClassificationBatch:
     """Pad (ids, label) items; ``bos_id`` prepends a summary token (a [CLS]-style position)."""
     if not items:
         raise ValueError("collate_classification needs at least one item")
     seqs = [ids for ids, _ in items]
-    return ClassificationBatch(tokens=pad_sequences(seqs, pad_id, prefix=bos_id),
-                               labels=torch.tensor([label for _, label in items], dtype=torch.long),
-                               n_tokens=sum(len(s) for s in seqs) + len(seqs) * (bos_id is not None))
+    return ClassificationBatch(
+        tokens=pad_sequences(seqs, pad_id, prefix=bos_id),
+        labels=torch.tensor([label for _, label in items], dtype=torch.long),
+        n_tokens=sum(len(s) for s in seqs) + len(seqs) * (bos_id is not None),
+    )
 
 
 def padding_fraction(sampler: TokenBatchSampler, epoch: int = 0) -> float:

@@ -81,13 +81,17 @@ class DataConfig:
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
         if self.bpe_dropout and (self.tokenizer != "bpe" or self.task != "translation"):
-            raise ConfigError("data.bpe_dropout needs data.tokenizer = 'bpe' and data.task = 'translation'")
+            raise ConfigError(
+                "data.bpe_dropout needs data.tokenizer = 'bpe' and data.task = 'translation'"
+            )
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"data.mask_prob must be in (0, 1), got {self.mask_prob}")
         if self.lowercase and self.tokenizer == "char":
             raise ConfigError("data.lowercase needs a subword tokenizer (bpe or unigram), not char")
         if self.tokenizer != "char" and self.vocab_size <= 4:
-            raise ConfigError(f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
+            raise ConfigError(
+                f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}"
+            )
         given = [name for name in _USER_PATHS if getattr(self, name)]
         if given and self.dataset:
             raise ConfigError(

@@ -44,8 +44,11 @@ def sha256_of(path: str | os.PathLike) -> str:
 def _open(source: str, timeout: float) -> tuple[BinaryIO, int | None]:
     """An open binary stream for ``source`` (URL or path) and its size when known."""
     if not is_url(source) or source.startswith("file:"):
-        path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(source).path)
-                    if source.startswith("file:") else source)
+        path = Path(
+            urllib.request.url2pathname(urllib.parse.urlsplit(source).path)
+            if source.startswith("file:")
+            else source
+        )
         if not path.is_file():
             raise SourceMissing(f"{path}: no such file")
         return open(path, "rb"), path.stat().st_size
@@ -62,8 +65,14 @@ def _open(source: str, timeout: float) -> tuple[BinaryIO, int | None]:
     return response, int(length) if length and length.isdigit() else None
 
 
-def fetch(source: str, dest: str | os.PathLike, sha256: str | None, *, progress: bool | None = None,
-          timeout: float = 60.0) -> Path:
+def fetch(
+    source: str,
+    dest: str | os.PathLike,
+    sha256: str | None,
+    *,
+    progress: bool | None = None,
+    timeout: float = 60.0,
+) -> Path:
     """Copy ``source`` (URL or path) to ``dest`` atomically, checking its length and sha256.
 
     ``progress``: show a progress bar on stderr (None: only when stderr is a terminal). On a
@@ -73,16 +82,25 @@ def fetch(source: str, dest: str | os.PathLike, sha256: str | None, *, progress:
     stream, total = _open(source, timeout)
     digest = hashlib.sha256()
     received = 0
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=dest.name,
-               disable=(not progress) if progress is not None else None, leave=False)
+    bar = tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=dest.name,
+        disable=(not progress) if progress is not None else None,
+        leave=False,
+    )
     try:
         with stream, bar, atomic_path(dest) as tmp:
             with open(tmp, "wb") as out:
                 received = _copy(stream, out, digest, bar, source)
             os.chmod(tmp, 0o644)  # a shared cache: readable like any downloaded file
             if total is not None and received != total:
-                raise DataError(f"{source}: truncated transfer, got {received} of {total} bytes; "
-                                "nothing was saved")
+                raise DataError(
+                    f"{source}: truncated transfer, got {received} of {total} bytes; "
+                    "nothing was saved"
+                )
             if sha256 is not None and digest.hexdigest() != sha256:
                 raise DataError(
                     f"{source}: checksum mismatch (sha256 {digest.hexdigest()}, expected {sha256}); "
@@ -102,11 +120,14 @@ def _copy(stream: BinaryIO, out: BinaryIO, digest, bar: tqdm, source: str) -> in
             chunk = stream.read(_CHUNK)
         except http.client.IncompleteRead as err:
             got = received + len(err.partial)
-            raise DataError(f"{source}: truncated transfer, got {got} of {got + (err.expected or 0)} "
-                            "bytes; nothing was saved") from None
+            raise DataError(
+                f"{source}: truncated transfer, got {got} of {got + (err.expected or 0)} "
+                "bytes; nothing was saved"
+            ) from None
         except (OSError, http.client.HTTPException) as err:
-            raise DataError(f"{source}: transfer failed after {received} bytes ({err}); "
-                            "nothing was saved") from None
+            raise DataError(
+                f"{source}: transfer failed after {received} bytes ({err}); nothing was saved"
+            ) from None
         if not chunk:
             return received
         out.write(chunk)

@@ -18,8 +18,16 @@ from aiayn.data.registry import get_spec, prepare
 from aiayn.data.tokenizer import Tokenizer, train_tokenizer
 from aiayn.errors import DataError
 
-__all__ = ["load_translation", "load_classification", "load_lm_text", "fit_tokenizer",
-           "training_texts", "prepare_translation", "prepare_classification", "prepare_lm"]
+__all__ = [
+    "load_translation",
+    "load_classification",
+    "load_lm_text",
+    "fit_tokenizer",
+    "training_texts",
+    "prepare_translation",
+    "prepare_classification",
+    "prepare_lm",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +46,9 @@ def _registered(cfg: DataConfig, task: str, split: str) -> Path:
     if spec.task != task:
         raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {task} (data.task)")
     if split not in spec.splits:
-        raise DataError(f"dataset '{cfg.dataset}' has no split '{split}'; "
-                        f"splits: {', '.join(spec.splits)}")
+        raise DataError(
+            f"dataset '{cfg.dataset}' has no split '{split}'; splits: {', '.join(spec.splits)}"
+        )
     return prepare(cfg.dataset)
 
 
@@ -67,9 +76,12 @@ def load_translation(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]
     folder = _registered(cfg, "translation", split)
     for lang in (cfg.src_lang, cfg.tgt_lang):
         if not (folder / f"{split}.{lang}.gz").is_file():
-            raise DataError(f"dataset '{cfg.dataset}' has no language '{lang}' (data.src_lang / "
-                            "data.tgt_lang)")
-    return read_parallel(folder / f"{split}.{cfg.src_lang}.gz", folder / f"{split}.{cfg.tgt_lang}.gz")
+            raise DataError(
+                f"dataset '{cfg.dataset}' has no language '{lang}' (data.src_lang / data.tgt_lang)"
+            )
+    return read_parallel(
+        folder / f"{split}.{cfg.src_lang}.gz", folder / f"{split}.{cfg.tgt_lang}.gz"
+    )
 
 
 def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
@@ -86,12 +98,13 @@ def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[in
         tail: set[int] = set()
         for label in sorted(set(labels)):
             ids = [i for i, y in enumerate(labels) if y == label]
-            tail.update(ids[len(ids) - len(ids) // _IMDB_VAL_EVERY:])
+            tail.update(ids[len(ids) - len(ids) // _IMDB_VAL_EVERY :])
         keep = [i for i in range(len(texts)) if (i in tail) == (split == "val_tail")]
     else:
         held_out = split == "val"
-        keep = [i for i in range(len(texts))
-                if (i % _IMDB_VAL_EVERY == _IMDB_VAL_EVERY - 1) == held_out]
+        keep = [
+            i for i in range(len(texts)) if (i % _IMDB_VAL_EVERY == _IMDB_VAL_EVERY - 1) == held_out
+        ]
     return [texts[i] for i in keep], [labels[i] for i in keep]
 
 
@@ -119,8 +132,9 @@ def fit_tokenizer(cfg: DataConfig) -> Tokenizer:
     translation tokenizer also learns to recase the output from the training targets."""
     if cfg.task == "translation":
         src, tgt = load_translation(cfg, cfg.train_split)
-        return train_tokenizer(src + tgt, cfg.tokenizer, cfg.vocab_size, cfg.lowercase,
-                               recase_texts=tgt)
+        return train_tokenizer(
+            src + tgt, cfg.tokenizer, cfg.vocab_size, cfg.lowercase, recase_texts=tgt
+        )
     return train_tokenizer(training_texts(cfg), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
 
 
@@ -145,16 +159,28 @@ def prepare_translation_texts(
     result = []
     for split in (cfg.train_split, cfg.valid_split):
         src, tgt = load_translation(cfg, split)
-        result.append((list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt))),
-                       list(zip(src, tgt))))
+        result.append(
+            (
+                list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt))),
+                list(zip(src, tgt)),
+            )
+        )
     (train, texts), (valid, _) = result
-    kept = [i for i, (x, y) in enumerate(train)
-            if x and y and len(x) <= cfg.max_len and len(y) + 1 <= cfg.max_len]
+    kept = [
+        i
+        for i, (x, y) in enumerate(train)
+        if x and y and len(x) <= cfg.max_len and len(y) + 1 <= cfg.max_len
+    ]
     if len(kept) < len(train):
         empty = sum(1 for x, y in train if not x or not y)
-        log.warning("dropped %d of %d training pairs: %d longer than max_len=%d tokens, %d empty",
-                    len(train) - len(kept), len(train), len(train) - len(kept) - empty, cfg.max_len,
-                    empty)
+        log.warning(
+            "dropped %d of %d training pairs: %d longer than max_len=%d tokens, %d empty",
+            len(train) - len(kept),
+            len(train),
+            len(train) - len(kept) - empty,
+            cfg.max_len,
+            empty,
+        )
     return [train[i] for i in kept], valid, [texts[i] for i in kept]
 
 
@@ -173,12 +199,22 @@ def prepare_classification(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[
         items = list(zip(tokenizer.encode_batch(texts), labels))
         n_long = sum(1 for ids, _ in items if len(ids) > cfg.max_len)
         if n_long and cfg.long_examples == "truncate":
-            log.warning("%s: cut %d of %d texts to max_len=%d tokens", split, n_long, len(items),
-                        cfg.max_len)
-            items = [(ids[:cfg.max_len], label) for ids, label in items]
+            log.warning(
+                "%s: cut %d of %d texts to max_len=%d tokens",
+                split,
+                n_long,
+                len(items),
+                cfg.max_len,
+            )
+            items = [(ids[: cfg.max_len], label) for ids, label in items]
         elif n_long and split == cfg.train_split:
-            log.warning("%s: dropped %d of %d texts longer than max_len=%d tokens", split, n_long,
-                        len(items), cfg.max_len)
+            log.warning(
+                "%s: dropped %d of %d texts longer than max_len=%d tokens",
+                split,
+                n_long,
+                len(items),
+                cfg.max_len,
+            )
             items = [(ids, label) for ids, label in items if len(ids) <= cfg.max_len]
         result.append(items)
     return result[0], result[1]
@@ -186,5 +222,7 @@ def prepare_classification(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[
 
 def prepare_lm(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """The training and validation text as 1-D LongTensors of token ids."""
-    return tuple(torch.tensor(tokenizer.encode(load_lm_text(cfg, split)), dtype=torch.long)
-                 for split in (cfg.train_split, cfg.valid_split))
+    return tuple(
+        torch.tensor(tokenizer.encode(load_lm_text(cfg, split)), dtype=torch.long)
+        for split in (cfg.train_split, cfg.valid_split)
+    )

@@ -64,7 +64,9 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> tuple[list[str], list[str]]:
+def read_parallel(
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+) -> tuple[list[str], list[str]]:
     """Two files of translations, line i of one matching line i of the other."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
@@ -120,7 +122,7 @@ def _parse_jsonl_row(line: str, where: str) -> tuple[str, int]:
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(row, dict) or "text" not in row or "label" not in row:
-        raise DataError(f"{where}: expected an object with keys \"text\" and \"label\"")
+        raise DataError(f'{where}: expected an object with keys "text" and "label"')
     if not isinstance(row["text"], str):
-        raise DataError(f"{where}: \"text\" must be a string")
+        raise DataError(f'{where}: "text" must be a string')
     return row["text"], _parse_label(row["label"], where)

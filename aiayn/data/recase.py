@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiayn.errors import DataError
 
@@ -35,13 +36,17 @@ MIN_SUFFIX = 3
 class Recaser:
     """Most-frequent-form recasing learned from cased text (see the module docstring)."""
 
-    def __init__(self, forms: dict[str, str], pairs: dict[str, str], capitalize_first: bool) -> None:
+    def __init__(
+        self, forms: dict[str, str], pairs: dict[str, str], capitalize_first: bool
+    ) -> None:
         self.forms = forms  # every known word, lower-cased -> its most frequent form
-        self.pairs = pairs  # "previous word<TAB>word" (lower-cased) -> form, where it differs from forms
+        self.pairs = (
+            pairs  # "previous word<TAB>word" (lower-cased) -> form, where it differs from forms
+        )
         self.capitalize_first = capitalize_first
 
     @classmethod
-    def fit(cls, texts: Iterable[str]) -> "Recaser":
+    def fit(cls, texts: Iterable[str]) -> Recaser:
         """Learn from cased text, one sentence per item."""
         unigram: dict[str, Counter] = defaultdict(Counter)
         bigram: dict[tuple[str, str], Counter] = defaultdict(Counter)
@@ -52,7 +57,9 @@ class Recaser:
                 continue
             lines += 1
             starts_upper += words[0][0].isupper()
-            for prev, word in zip(words, words[1:]):  # the first word's case is the line's, not its own
+            for prev, word in zip(
+                words, words[1:]
+            ):  # the first word's case is the line's, not its own
                 unigram[word.lower()][word] += 1
                 bigram[prev.lower(), word.lower()][word] += 1
         if not lines:
@@ -86,7 +93,7 @@ class Recaser:
             form = self.word(word, prev)
             if prev is None and self.capitalize_first:
                 form = form[0].upper() + form[1:]
-            out += [text[pos:m.start()], form]
+            out += [text[pos : m.start()], form]
             pos, prev = m.end(), word.lower()
         out.append(text[pos:])
         return "".join(out)
@@ -95,11 +102,18 @@ class Recaser:
         return {"forms": self.forms, "pairs": self.pairs, "capitalize_first": self.capitalize_first}
 
     @classmethod
-    def from_obj(cls, obj: Any, origin: str = "recaser") -> "Recaser":
-        ok = (isinstance(obj, dict) and isinstance(obj.get("forms"), dict)
-              and isinstance(obj.get("pairs"), dict) and isinstance(obj.get("capitalize_first"), bool)
-              and all(isinstance(k, str) and isinstance(v, str)
-                      for table in (obj["forms"], obj["pairs"]) for k, v in table.items()))
+    def from_obj(cls, obj: Any, origin: str = "recaser") -> Recaser:
+        ok = (
+            isinstance(obj, dict)
+            and isinstance(obj.get("forms"), dict)
+            and isinstance(obj.get("pairs"), dict)
+            and isinstance(obj.get("capitalize_first"), bool)
+            and all(
+                isinstance(k, str) and isinstance(v, str)
+                for table in (obj["forms"], obj["pairs"])
+                for k, v in table.items()
+            )
+        )
         if not ok:
             raise DataError(f"{origin}: malformed recaser")
         return cls(dict(obj["forms"]), dict(obj["pairs"]), obj["capitalize_first"])

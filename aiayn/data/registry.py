@@ -17,16 +17,25 @@ import logging
 import os
 import re
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from aiayn.data.download import SourceMissing, fetch, is_url, sha256_of
 from aiayn.errors import DataError
 from aiayn.io import atomic_path, write_json
 
-__all__ = ["RemoteFile", "Layout", "DatasetSpec", "DATASETS", "get_spec", "prepare", "cache_dir",
-           "mirror_location", "is_prepared"]
+__all__ = [
+    "RemoteFile",
+    "Layout",
+    "DatasetSpec",
+    "DATASETS",
+    "get_spec",
+    "prepare",
+    "cache_dir",
+    "mirror_location",
+    "is_prepared",
+]
 
 log = logging.getLogger(__name__)
 _MARKER = "prepared.json"
@@ -66,8 +75,10 @@ class DatasetSpec:
 
 
 # ---- Multi30k task 1 (Elliott et al. 2016), pinned to the commit the checksums were taken at ------
-_M30K_BASE = ("https://raw.githubusercontent.com/multi30k/dataset/"
-              "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/")
+_M30K_BASE = (
+    "https://raw.githubusercontent.com/multi30k/dataset/"
+    "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/"
+)
 _M30K_SHA = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
@@ -81,8 +92,10 @@ _M30K_SHA = {
 
 # ---- IMDB, Large Movie Review Dataset v1.0 (Maas et al. 2011) -----------------------------------
 _IMDB_TARBALL = RemoteFile(
-    "aclImdb_v1.tar.gz", "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe",
-    "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz")
+    "aclImdb_v1.tar.gz",
+    "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe",
+    "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
+)
 _IMDB_TSV = (
     RemoteFile("train.tsv.gz", "7b18f9ec167646508321b9c3a21e9570970acf15e94e876291f46d735745303b"),
     RemoteFile("test.tsv.gz", "3849c4e532a2ee7d9198adf8d1ab8ade49475662989d771aea3281de65b041af"),
@@ -90,9 +103,11 @@ _IMDB_TSV = (
 
 # ---- Tiny Shakespeare (Karpathy's char-rnn) -----------------------------------------------------
 _SHAKESPEARE = RemoteFile(
-    "input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+    "input.txt",
+    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
     "https://raw.githubusercontent.com/karpathy/char-rnn/"
-    "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt")
+    "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt",
+)
 
 _IMDB_MEMBER = re.compile(r"^aclImdb/(train|test)/(pos|neg)/(\d+)_\d+\.txt$")
 
@@ -134,7 +149,9 @@ def imdb_tarball_to_tsv(folder: Path) -> None:
 
 DATASETS: dict[str, DatasetSpec] = {
     "multi30k": DatasetSpec(
-        name="multi30k", folder="multi30k", task="translation",
+        name="multi30k",
+        folder="multi30k",
+        task="translation",
         splits=("train", "val", "test_2016_flickr", "test_2017_flickr"),
         description="Multi30k task 1, English-German image captions (29,000 training pairs)",
         terms="non-commercial research and education; cite Elliott et al. 2016 (W16-3210)",
@@ -142,7 +159,9 @@ DATASETS: dict[str, DatasetSpec] = {
         canonical=tuple(_M30K_SHA),
     ),
     "imdb": DatasetSpec(
-        name="imdb", folder="imdb", task="classification",
+        name="imdb",
+        folder="imdb",
+        task="classification",
         splits=("train", "val", "train_full", "test", "train_head", "val_tail"),
         description="IMDB movie reviews, positive/negative (25,000 train, 25,000 test)",
         terms="cite Maas et al., ACL 2011",
@@ -150,7 +169,9 @@ DATASETS: dict[str, DatasetSpec] = {
         canonical=("train.tsv.gz", "test.tsv.gz"),
     ),
     "tiny_shakespeare": DatasetSpec(
-        name="tiny_shakespeare", folder="shakespeare", task="lm",
+        name="tiny_shakespeare",
+        folder="shakespeare",
+        task="lm",
         splits=("train", "val"),
         description="Tiny Shakespeare, 1.1M characters for character-level language modelling",
         terms="public-domain text (char-rnn repository: MIT)",
@@ -190,8 +211,14 @@ def is_prepared(folder: Path) -> bool:
     return all((folder / n).is_file() and sha256_of(folder / n) == h for n, h in files.items())
 
 
-def prepare(name: str, *, mirror: str | None = None, cache: str | os.PathLike | None = None,
-            progress: bool | None = None, force: bool = False) -> Path:
+def prepare(
+    name: str,
+    *,
+    mirror: str | None = None,
+    cache: str | os.PathLike | None = None,
+    progress: bool | None = None,
+    force: bool = False,
+) -> Path:
     """Fetch, verify and cache dataset ``name``; return its folder. Idempotent.
 
     ``mirror``: a folder or base URL (default ``$AIAYN_DATA_MIRROR``; "" for the official
@@ -235,8 +262,9 @@ def _fetch_layout(spec: DatasetSpec, folder: Path, mirror: str, progress: bool |
     raise DataError(f"{'; '.join(missing)} ({where} lacks dataset '{spec.name}')")
 
 
-def _fetch_one(spec: DatasetSpec, remote: RemoteFile, folder: Path, mirror: str,
-               progress: bool | None) -> None:
+def _fetch_one(
+    spec: DatasetSpec, remote: RemoteFile, folder: Path, mirror: str, progress: bool | None
+) -> None:
     dest = folder / remote.name
     if dest.is_file() and sha256_of(dest) == remote.sha256:
         return
@@ -246,7 +274,9 @@ def _fetch_one(spec: DatasetSpec, remote: RemoteFile, folder: Path, mirror: str,
 
 
 def _write_marker(folder: Path, spec: DatasetSpec, layout: Layout) -> None:
-    names = [f.name for f in layout.files] + [n for n in spec.canonical if n not in
-                                              {f.name for f in layout.files}]
-    write_json(folder / _MARKER, {"dataset": spec.name,
-                                  "files": {n: sha256_of(folder / n) for n in names}})
+    names = [f.name for f in layout.files] + [
+        n for n in spec.canonical if n not in {f.name for f in layout.files}
+    ]
+    write_json(
+        folder / _MARKER, {"dataset": spec.name, "files": {n: sha256_of(folder / n) for n in names}}
+    )

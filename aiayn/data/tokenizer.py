@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -73,12 +73,14 @@ class Tokenizer:
         write_text(path, self.to_str())
 
     @classmethod
-    def from_str(cls, text: str, origin: str = "tokenizer") -> "Tokenizer":
+    def from_str(cls, text: str, origin: str = "tokenizer") -> Tokenizer:
         """Load what :meth:`to_str` wrote (either kind); DataError naming ``origin`` when invalid."""
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as err:
-            raise DataError(f"{origin}:{err.lineno}: not a tokenizer (invalid JSON: {err.msg})") from None
+            raise DataError(
+                f"{origin}:{err.lineno}: not a tokenizer (invalid JSON: {err.msg})"
+            ) from None
         if isinstance(obj, dict) and obj.get("type") == _CHAR_TYPE:
             return CharTokenizer.from_obj(obj, origin)
         recaser = None
@@ -92,7 +94,7 @@ class Tokenizer:
         return SubwordTokenizer(hf, origin, recaser)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+    def from_file(cls, path: str | os.PathLike) -> Tokenizer:
         return cls.from_str(read_text(path), str(path))
 
     def __repr__(self) -> str:
@@ -110,11 +112,15 @@ class SubwordTokenizer(Tokenizer):
     letter case back (saved together: ``tokenizer.json`` wraps the Hugging Face file).
     """
 
-    def __init__(self, hf: HFTokenizer, origin: str = "tokenizer", recaser: Recaser | None = None) -> None:
+    def __init__(
+        self, hf: HFTokenizer, origin: str = "tokenizer", recaser: Recaser | None = None
+    ) -> None:
         for expected, token in enumerate(SPECIAL_TOKENS):
             if hf.token_to_id(token) != expected:
-                raise DataError(f"{origin}: special token {token} has id {hf.token_to_id(token)}, "
-                                f"expected {expected}")
+                raise DataError(
+                    f"{origin}: special token {token} has id {hf.token_to_id(token)}, "
+                    f"expected {expected}"
+                )
         self.hf, self.recaser = hf, recaser
         self.kind = type(hf.model).__name__.lower()  # "bpe" or "unigram"
 
@@ -128,7 +134,7 @@ class SubwordTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
-    def with_dropout(self, p: float) -> "SubwordTokenizer":
+    def with_dropout(self, p: float) -> SubwordTokenizer:
         """A copy whose BPE merges are each skipped with probability ``p`` at every encode
         (BPE-dropout, Provilkov et al. 2020): the same vocabulary, a random segmentation."""
         if self.kind != "bpe":
@@ -152,8 +158,14 @@ class SubwordTokenizer(Tokenizer):
     def to_str(self) -> str:
         if self.recaser is None:
             return self.hf.to_str()
-        return json.dumps({"type": _RECASED_TYPE, "recaser": self.recaser.to_obj(),
-                           "tokenizer": json.loads(self.hf.to_str())}, ensure_ascii=False)
+        return json.dumps(
+            {
+                "type": _RECASED_TYPE,
+                "recaser": self.recaser.to_obj(),
+                "tokenizer": json.loads(self.hf.to_str()),
+            },
+            ensure_ascii=False,
+        )
 
 
 class CharTokenizer(Tokenizer):
@@ -184,12 +196,16 @@ class CharTokenizer(Tokenizer):
         return "".join(itos[i] for i in _ids(ids) if 0 <= i < n)
 
     def to_str(self) -> str:
-        return json.dumps({"type": _CHAR_TYPE, "special_tokens": list(SPECIAL_TOKENS),
-                           "chars": self.chars}, ensure_ascii=False)
+        return json.dumps(
+            {"type": _CHAR_TYPE, "special_tokens": list(SPECIAL_TOKENS), "chars": self.chars},
+            ensure_ascii=False,
+        )
 
     @classmethod
-    def from_obj(cls, obj: dict, origin: str = "tokenizer") -> "CharTokenizer":
-        if obj.get("special_tokens") != list(SPECIAL_TOKENS) or not isinstance(obj.get("chars"), list):
+    def from_obj(cls, obj: dict, origin: str = "tokenizer") -> CharTokenizer:
+        if obj.get("special_tokens") != list(SPECIAL_TOKENS) or not isinstance(
+            obj.get("chars"), list
+        ):
             raise DataError(f"{origin}: malformed character tokenizer")
         return cls(obj["chars"])
 
@@ -199,8 +215,13 @@ def _normalizer(lowercase: bool = False) -> normalizers.Normalizer:
     return normalizers.Sequence(steps + [normalizers.Lowercase()] * lowercase)
 
 
-def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8000,
-                    lowercase: bool = False, recase_texts: Iterable[str] | None = None) -> Tokenizer:
+def train_tokenizer(
+    texts: Iterable[str],
+    kind: str = "bpe",
+    vocab_size: int = 8000,
+    lowercase: bool = False,
+    recase_texts: Iterable[str] | None = None,
+) -> Tokenizer:
     """Train a tokenizer on ``texts`` (the training split only; source and target together).
 
     ``kind``: "bpe", "unigram" or "char". For "char", ``vocab_size`` caps the vocabulary (the
@@ -220,26 +241,39 @@ def train_tokenizer(texts: Iterable[str], kind: str = "bpe", vocab_size: int = 8
             counts.update(text)
         keep = max(vocab_size - len(SPECIAL_TOKENS), 1)
         if len(counts) > keep:
-            log.warning("char tokenizer: %d distinct characters, keeping the %d most frequent",
-                        len(counts), keep)
+            log.warning(
+                "char tokenizer: %d distinct characters, keeping the %d most frequent",
+                len(counts),
+                keep,
+            )
         return CharTokenizer(sorted(c for c, _ in counts.most_common(keep)))
     if kind not in ("bpe", "unigram"):
         raise DataError(f"unknown tokenizer kind '{kind}'; choose bpe, unigram or char")
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if kind == "bpe":
         hf = HFTokenizer(models.BPE(unk_token="<unk>"))
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                      initial_alphabet=alphabet, show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
     else:
         hf = HFTokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                          unk_token="<unk>", initial_alphabet=alphabet,
-                                          show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            unk_token="<unk>",
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
     hf.normalizer = _normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
     hf.train_from_iterator(texts, trainer, length=len(texts))
     recaser = Recaser.fit(recase_texts) if lowercase and recase_texts is not None else None
     tokenizer = SubwordTokenizer(hf, recaser=recaser)
-    log.info("trained a %s tokenizer: %d tokens from %d texts", kind, tokenizer.vocab_size, len(texts))
+    log.info(
+        "trained a %s tokenizer: %d tokens from %d texts", kind, tokenizer.vocab_size, len(texts)
+    )
     return tokenizer

@@ -19,6 +19,20 @@ from aiayn.decode.translate import (
     translate_texts,
 )
 
-__all__ = ["DecodeConfig", "Ensemble", "Hypothesis", "load_ensemble", "load_translator", "beam_search",
-           "filter_log_probs", "greedy_search", "length_penalty", "sample", "token_batches", "transformer_step", "translate_hypotheses",
-           "translate_ids", "translate_texts"]
+__all__ = [
+    "DecodeConfig",
+    "Ensemble",
+    "Hypothesis",
+    "load_ensemble",
+    "load_translator",
+    "beam_search",
+    "filter_log_probs",
+    "greedy_search",
+    "length_penalty",
+    "sample",
+    "token_batches",
+    "transformer_step",
+    "translate_hypotheses",
+    "translate_ids",
+    "translate_texts",
+]

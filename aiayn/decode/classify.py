@@ -11,8 +11,9 @@ pooling, so a text's prediction does not depend on which texts share its batch (
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,8 +21,14 @@ from torch import Tensor, nn
 from aiayn.data.batching import TokenBatchSampler, pad_sequences
 from aiayn.data.clean import clean_text
 
-__all__ = ["LABEL_NAMES", "encode_texts", "predict_ids", "load_classifier", "label_names",
-           "evaluate_classifier"]
+__all__ = [
+    "LABEL_NAMES",
+    "encode_texts",
+    "predict_ids",
+    "load_classifier",
+    "label_names",
+    "evaluate_classifier",
+]
 
 # Names of the class ids of registered datasets (the data files store integer labels).
 LABEL_NAMES: dict[str, tuple[str, ...]] = {"imdb": ("negative", "positive")}
@@ -33,8 +40,12 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 
 
 @torch.no_grad()
-def predict_ids(model: nn.Module, items: Sequence[Sequence[int]], max_tokens: int = 16384,
-                device: torch.device | str = "cpu") -> Tensor:
+def predict_ids(
+    model: nn.Module,
+    items: Sequence[Sequence[int]],
+    max_tokens: int = 16384,
+    device: torch.device | str = "cpu",
+) -> Tensor:
     """Class probabilities of token-id sequences, in input order. Shape: N lists -> (N, C) float32.
 
     Batches hold texts of similar length, at most ``max_tokens`` padded tokens each.
@@ -51,8 +62,9 @@ def predict_ids(model: nn.Module, items: Sequence[Sequence[int]], max_tokens: in
     return probs
 
 
-def load_classifier(folder: str | Path,
-                    device: torch.device | str = "cpu") -> tuple[nn.Module, Any, dict]:
+def load_classifier(
+    folder: str | Path, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Any, dict]:
     """(model, tokenizer, meta) of a classifier model folder."""
     from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
     from aiayn.data import Tokenizer
@@ -76,9 +88,15 @@ def label_names(meta: dict, n_classes: int) -> list[str]:
     return list(names) if names and len(names) == n_classes else [str(i) for i in range(n_classes)]
 
 
-def evaluate_classifier(model: nn.Module, tokenizer: Any, meta: dict, texts: Sequence[str],
-                        labels: Sequence[int], max_tokens: int = 16384,
-                        device: torch.device | str = "cpu") -> dict[str, Any]:
+def evaluate_classifier(
+    model: nn.Module,
+    tokenizer: Any,
+    meta: dict,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    max_tokens: int = 16384,
+    device: torch.device | str = "cpu",
+) -> dict[str, Any]:
     """Accuracy (and counts, timing) of ``model`` on labelled ``texts``, cut as in training."""
     limit = text_limit(model, meta)
     start = time.perf_counter()
@@ -87,6 +105,12 @@ def evaluate_classifier(model: nn.Module, tokenizer: Any, meta: dict, texts: Seq
     probs = predict_ids(model, [x[:limit] for x in ids], max_tokens, device)
     seconds = time.perf_counter() - start
     correct = int((probs.argmax(-1) == torch.as_tensor(list(labels))).sum())
-    return {"accuracy": correct / max(len(texts), 1), "correct": correct, "n": len(texts),
-            "cut_to_max_len": n_cut, "max_len": limit, "seconds": round(seconds, 3),
-            "texts_per_s": round(len(texts) / max(seconds, 1e-9), 1)}
+    return {
+        "accuracy": correct / max(len(texts), 1),
+        "correct": correct,
+        "n": len(texts),
+        "cut_to_max_len": n_cut,
+        "max_len": limit,
+        "seconds": round(seconds, 3),
+        "texts_per_s": round(len(texts) / max(seconds, 1e-9), 1),
+    }

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -39,12 +40,12 @@ class EnsembleCache:
         """Tokens decoded so far (every model has seen the same)."""
         return self.caches[0].length
 
-    def with_beam(self, beam: int) -> "EnsembleCache":
+    def with_beam(self, beam: int) -> EnsembleCache:
         for cache in self.caches:
             cache.with_beam(beam)
         return self
 
-    def reorder(self, index: Tensor) -> "EnsembleCache":
+    def reorder(self, index: Tensor) -> EnsembleCache:
         for cache in self.caches:
             cache.reorder(index)
         return self
@@ -67,9 +68,11 @@ class Ensemble(nn.Module):
         for n, model in enumerate(models[1:], 2):
             for name in ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
                 if getattr(model.cfg, name) != getattr(first, name):
-                    raise ValueError(f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
-                                     f"{getattr(first, name)}: ensembled models must share "
-                                     "their vocabulary")
+                    raise ValueError(
+                        f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
+                        f"{getattr(first, name)}: ensembled models must share "
+                        "their vocabulary"
+                    )
         self.models = nn.ModuleList(models)
         self.cfg = dataclasses.replace(first, max_len=min(m.cfg.max_len for m in models))
 
@@ -78,7 +81,9 @@ class Ensemble(nn.Module):
         return [model.encode(src) for model in self.models]
 
     def init_cache(self, memory: list[Tensor], src: Tensor | None = None) -> EnsembleCache:
-        return EnsembleCache([model.init_cache(m, src=src) for model, m in zip(self.models, memory)])
+        return EnsembleCache(
+            [model.init_cache(m, src=src) for model, m in zip(self.models, memory)]
+        )
 
     def decode(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
         """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
@@ -90,7 +95,9 @@ class Ensemble(nn.Module):
         return total - math.log(len(self.models))
 
 
-def load_ensemble(folders: Sequence[str | Path], device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+def load_ensemble(
+    folders: Sequence[str | Path], device: Any = "cpu"
+) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, meta) of one translation model folder, or of an :class:`Ensemble` of
     several (tokenizer and meta of the first). CheckpointError when a folder cannot be loaded or
     the folders' tokenizers differ."""
@@ -103,8 +110,10 @@ def load_ensemble(folders: Sequence[str | Path], device: Any = "cpu") -> tuple[A
     model, tokenizer, meta = loaded[0]
     for folder, (_, other, _) in zip(folders[1:], loaded[1:]):
         if other.to_str() != tokenizer.to_str():
-            raise CheckpointError(f"{folder}: its tokenizer differs from {folders[0]}'s; an "
-                                  "ensemble's models must share one vocabulary")
+            raise CheckpointError(
+                f"{folder}: its tokenizer differs from {folders[0]}'s; an "
+                "ensemble's models must share one vocabulary"
+            )
     try:
         ensemble = Ensemble([m for m, _, _ in loaded])
     except ValueError as err:

@@ -13,8 +13,9 @@ reads the last ``window``), so the two agree exactly while the text fits in one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +33,7 @@ class LMState:
     cache: DecoderCache
     seen: int = 0  # tokens of the sequence consumed (the cache may hold only the last of them)
 
-    def reorder(self, index: Tensor) -> "LMState":
+    def reorder(self, index: Tensor) -> LMState:
         self.cache.reorder(index)
         return self
 
@@ -60,7 +61,7 @@ def lm_step(model: nn.Module, window: int, use_cache: bool = True) -> StepFn:
             if state is None or state.cache.length + t - state.seen > window:
                 keep = min(t, window // 2) if state is not None or t > window else t
                 state = LMState(model.init_cache(), t - keep)
-            logits = model(tokens[:, state.seen:], state.cache)[:, -1]  # (N, V)
+            logits = model(tokens[:, state.seen :], state.cache)[:, -1]  # (N, V)
             state.seen = t
         logits = logits.float()
         logits[:, banned] = float("-inf")
@@ -70,10 +71,18 @@ def lm_step(model: nn.Module, window: int, use_cache: bool = True) -> StepFn:
 
 
 @torch.no_grad()
-def generate(model: nn.Module, prompt_ids: list[int], max_new_tokens: int, window: int,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int | None = None, use_cache: bool = True,
-             on_token: Callable[[int], Any] | None = None) -> list[int]:
+def generate(
+    model: nn.Module,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    window: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    use_cache: bool = True,
+    on_token: Callable[[int], Any] | None = None,
+) -> list[int]:
     """Sample ``max_new_tokens`` tokens after ``prompt_ids``; returns them (prompt excluded).
 
     ``on_token(id)`` is called for each token as soon as it is drawn (streaming).
@@ -97,9 +106,19 @@ def generate(model: nn.Module, prompt_ids: list[int], max_new_tokens: int, windo
         return step(tokens, state)
 
     cfg = model.cfg
-    hyp = sample(streaming, None, prefix, cfg.eos_id, max_new_tokens, temperature, top_k, top_p,
-                 pad_id=cfg.pad_id, generator=generator)[0]
+    hyp = sample(
+        streaming,
+        None,
+        prefix,
+        cfg.eos_id,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        pad_id=cfg.pad_id,
+        generator=generator,
+    )[0]
     if on_token is not None:
-        for token in hyp.tokens[reported - prefix.size(1):]:  # the last one drawn
+        for token in hyp.tokens[reported - prefix.size(1) :]:  # the last one drawn
             on_token(token)
     return hyp.tokens

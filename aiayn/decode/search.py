@@ -17,8 +17,9 @@ ends there (as Hugging Face ``max_new_tokens`` does). ``min_len`` forbids EOS be
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,15 @@ from torch import Tensor
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any]]
 
-__all__ = ["Hypothesis", "StepFn", "length_penalty", "greedy_search", "beam_search", "sample",
-           "filter_log_probs"]
+__all__ = [
+    "Hypothesis",
+    "StepFn",
+    "length_penalty",
+    "greedy_search",
+    "beam_search",
+    "sample",
+    "filter_log_probs",
+]
 
 
 @dataclass
@@ -87,8 +95,15 @@ def _start(bos_id: int | Tensor, n: int, device: torch.device | str | None) -> T
 
 @torch.no_grad()
 def greedy_search(
-    step: StepFn, cache: Any, batch_size: int, bos_id: int, eos_id: int,
-    max_len: int | Tensor, min_len: int = 0, pad_id: int = 0, device: Any = None,
+    step: StepFn,
+    cache: Any,
+    batch_size: int,
+    bos_id: int,
+    eos_id: int,
+    max_len: int | Tensor,
+    min_len: int = 0,
+    pad_id: int = 0,
+    device: Any = None,
 ) -> list[Hypothesis]:
     """The most probable token at every step, for B sentences at once.
 
@@ -110,8 +125,17 @@ def greedy_search(
     return _row_hypotheses(tokens[:, 1:], log_prob, ended, count)
 
 
-def _extend(tokens: Tensor, nxt: Tensor, token_lp: Tensor, log_prob: Tensor, done: Tensor,
-            ended: Tensor, count: Tensor, eos_id: int, pad_id: int) -> tuple[Tensor, Tensor]:
+def _extend(
+    tokens: Tensor,
+    nxt: Tensor,
+    token_lp: Tensor,
+    log_prob: Tensor,
+    done: Tensor,
+    ended: Tensor,
+    count: Tensor,
+    eos_id: int,
+    pad_id: int,
+) -> tuple[Tensor, Tensor]:
     """Append one token per row (pad where already done); update the (B,) tallies in place."""
     log_prob += token_lp.masked_fill(done, 0.0)
     count += (~done).long()
@@ -120,7 +144,9 @@ def _extend(tokens: Tensor, nxt: Tensor, token_lp: Tensor, log_prob: Tensor, don
     return torch.cat([tokens, nxt[:, None]], dim=1), done | ended  # (B, t + 1)
 
 
-def _row_hypotheses(new: Tensor, log_prob: Tensor, ended: Tensor, count: Tensor) -> list[Hypothesis]:
+def _row_hypotheses(
+    new: Tensor, log_prob: Tensor, ended: Tensor, count: Tensor
+) -> list[Hypothesis]:
     """(B, t) generated tokens + tallies -> B hypotheses (EOS and later padding dropped)."""
     out = []
     for row, lp, end, n in zip(new.tolist(), log_prob.tolist(), ended.tolist(), count.tolist()):
@@ -144,9 +170,18 @@ class _Beams:
 
 @torch.no_grad()
 def beam_search(
-    step: StepFn, cache: Any, batch_size: int, beam: int, bos_id: int, eos_id: int,
-    max_len: int | Tensor, alpha: float = 0.6, penalty: str = "gnmt", min_len: int = 0,
-    nbest: int = 1, device: Any = None,
+    step: StepFn,
+    cache: Any,
+    batch_size: int,
+    beam: int,
+    bos_id: int,
+    eos_id: int,
+    max_len: int | Tensor,
+    alpha: float = 0.6,
+    penalty: str = "gnmt",
+    min_len: int = 0,
+    nbest: int = 1,
+    device: Any = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses of every sentence, best first.
 
@@ -168,16 +203,20 @@ def beam_search(
         lp, cache = step(state.tokens, cache)
         lp = _forbid_eos(lp, eos_id, t < min_len)
         cand_scores, cand_rows, cand_tokens = _top_candidates(state, lp, 2 * beam)
-        _finish_eos(state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty,
-                    beam)
+        _finish_eos(
+            state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty, beam
+        )
         state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
         done = _done(state, lengths, finished, beam, t + 1, alpha, penalty)
         keep = (~done).nonzero().squeeze(1)  # (b',)
         if keep.numel() == 0:
             break
         rows = rows.view(-1, beam)[keep.to(rows.device)].reshape(-1)  # (b'·k,)
-        state = _Beams(state.tokens.view(-1, beam, state.tokens.size(1))[keep.to(device)].flatten(0, 1),
-                       state.scores[keep.to(device)], state.sentence[keep])
+        state = _Beams(
+            state.tokens.view(-1, beam, state.tokens.size(1))[keep.to(device)].flatten(0, 1),
+            state.scores[keep.to(device)],
+            state.sentence[keep],
+        )
         if cache is not None:
             cache = cache.reorder(rows)
     return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
@@ -195,8 +234,11 @@ def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, T
         scores, rows, tokens = _top_candidates(state, log_probs, k * V)
         pad = n - k * V
         own = torch.arange(b, device=rows.device)[:, None].expand(b, pad) * k
-        return (F.pad(scores, (0, pad), value=float("-inf")), torch.cat([rows, own], dim=1),
-                F.pad(tokens, (0, pad), value=0))
+        return (
+            F.pad(scores, (0, pad), value=float("-inf")),
+            torch.cat([rows, own], dim=1),
+            F.pad(tokens, (0, pad), value=0),
+        )
     if V >= 4 * TOPK_BLOCK and k * (V // TOPK_BLOCK) >= n:  # at least n blocks to rank
         return _top_candidates_blocked(state.scores, log_probs, n)
     total = (state.scores[:, :, None] + log_probs.view(b, k, V)).view(b, k * V)  # (b, k·V)
@@ -209,8 +251,9 @@ def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, T
 TOPK_BLOCK = 64
 
 
-def _top_candidates_blocked(scores: Tensor, log_probs: Tensor, n: int,
-                            block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor, Tensor]:
+def _top_candidates_blocked(
+    scores: Tensor, log_probs: Tensor, n: int, block: int = TOPK_BLOCK
+) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`_top_candidates` without forming the (b, k·V) sums, exactly.
 
     Each row's vocabulary is cut into blocks of ``block`` tokens (the last one holds the
@@ -229,7 +272,9 @@ def _top_candidates_blocked(scores: Tensor, log_probs: Tensor, n: int,
     if full < V:  # the remainder is a block of its own
         maxes = torch.cat([maxes, lp[..., full:].amax(-1, keepdim=True)], dim=-1)
     nb = maxes.size(-1)
-    top = (maxes + scores[:, :, None]).view(b, k * nb).topk(n, dim=-1).indices  # (b, n): row j, block c
+    top = (
+        (maxes + scores[:, :, None]).view(b, k * nb).topk(n, dim=-1).indices
+    )  # (b, n): row j, block c
     j, c = top // nb, top % nb
     # Each chosen block as a window of `block` consecutive tokens of a view; the remainder's
     # window ends at V, and the tokens it shares with the block before are that block's.
@@ -247,8 +292,15 @@ def _top_candidates_blocked(scores: Tensor, log_probs: Tensor, n: int,
 
 
 def _finish_eos(
-    state: _Beams, cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, eos_id: int,
-    finished: list[list[Hypothesis]], alpha: float, penalty: str, beam: int,
+    state: _Beams,
+    cand_scores: Tensor,
+    cand_rows: Tensor,
+    cand_tokens: Tensor,
+    eos_id: int,
+    finished: list[list[Hypothesis]],
+    alpha: float,
+    penalty: str,
+    beam: int,
 ) -> None:
     """Move EOS candidates ranked among the first k of their sentence into ``finished``."""
     is_eos = (cand_tokens[:, :beam] == eos_id) & (cand_scores[:, :beam] > float("-inf"))  # (b, k)
@@ -263,7 +315,11 @@ def _finish_eos(
 
 
 def _advance(
-    state: _Beams, cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, eos_id: int,
+    state: _Beams,
+    cand_scores: Tensor,
+    cand_rows: Tensor,
+    cand_tokens: Tensor,
+    eos_id: int,
     beam: int,
 ) -> tuple[_Beams, Tensor]:
     """Continue with the k best non-EOS candidates; return the new state and their source rows.
@@ -280,8 +336,13 @@ def _advance(
 
 
 def _done(
-    state: _Beams, lengths: Tensor, finished: list[list[Hypothesis]], beam: int, generated: int,
-    alpha: float, penalty: str,
+    state: _Beams,
+    lengths: Tensor,
+    finished: list[list[Hypothesis]],
+    beam: int,
+    generated: int,
+    alpha: float,
+    penalty: str,
 ) -> Tensor:
     """Which active sentences are done (b,) bool: k finished hypotheses, no live beam left, or
     max_len reached (their live beams are then kept, cut)."""
@@ -309,8 +370,9 @@ def _cut(state: _Beams, i: int, beam: int, alpha: float, penalty: str) -> list[H
 # --------------------------------------------------------------------------------------------
 
 
-def filter_log_probs(log_probs: Tensor, temperature: float = 1.0, top_k: int = 0,
-                     top_p: float = 1.0) -> Tensor:
+def filter_log_probs(
+    log_probs: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> Tensor:
     """Temperature, then top-k, then nucleus (top-p, Holtzman et al. 2020) filtering.
 
     Shape: (N, V) -> (N, V) normalised log-probabilities, removed tokens at -inf. top_k = 0 and
@@ -334,9 +396,17 @@ def filter_log_probs(log_probs: Tensor, temperature: float = 1.0, top_k: int = 0
 
 @torch.no_grad()
 def sample(
-    step: StepFn, cache: Any, prefix: Tensor, eos_id: int, max_len: int,
-    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_len: int = 0,
-    pad_id: int = 0, generator: torch.Generator | None = None,
+    step: StepFn,
+    cache: Any,
+    prefix: Tensor,
+    eos_id: int,
+    max_len: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_len: int = 0,
+    pad_id: int = 0,
+    generator: torch.Generator | None = None,
 ) -> list[Hypothesis]:
     """Ancestral sampling from a filtered distribution, for language models.
 
@@ -356,4 +426,4 @@ def sample(
         tokens, done = _extend(tokens, nxt, token_lp, log_prob, done, ended, count, eos_id, pad_id)
         if bool(done.all()):
             break
-    return _row_hypotheses(tokens[:, prefix.size(1):], log_prob, ended, count)
+    return _row_hypotheses(tokens[:, prefix.size(1) :], log_prob, ended, count)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,8 +26,17 @@ from aiayn.decode.search import Hypothesis, StepFn, beam_search, greedy_search
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_translator", "transformer_step", "token_batches", "max_output_lengths", "translate_ids",
-           "in_workers", "encode_sources", "translate_texts", "translate_hypotheses"]
+__all__ = [
+    "load_translator",
+    "transformer_step",
+    "token_batches",
+    "max_output_lengths",
+    "translate_ids",
+    "in_workers",
+    "encode_sources",
+    "translate_texts",
+    "translate_hypotheses",
+]
 
 
 def load_translator(folder: str | Path, device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
@@ -39,15 +49,19 @@ def load_translator(folder: str | Path, device: Any = "cpu") -> tuple[Any, Any, 
     folder = Path(folder)
     read_config(folder)  # a clear error for a missing folder or config before anything else
     if not (folder / TOKENIZER_FILE).is_file():
-        raise CheckpointError(f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)")
+        raise CheckpointError(
+            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
+        )
     model, _, meta = load_model_dir(folder, expect_kind="seq2seq", map_location=device)
     try:
         tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
     except DataError as err:
         raise CheckpointError(str(err)) from None
     if tokenizer.vocab_size > model.cfg.tgt_vocab_size:
-        raise CheckpointError(f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model "
-                              f"only {model.cfg.tgt_vocab_size}")
+        raise CheckpointError(
+            f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model "
+            f"only {model.cfg.tgt_vocab_size}"
+        )
     return model, tokenizer, meta
 
 
@@ -62,7 +76,7 @@ def transformer_step(model: Any, memory: Tensor) -> StepFn:
     normalised = getattr(model, "outputs_log_probs", False)
 
     def step(tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
-        logits = model.decode(tokens[:, cache.length:], memory, cache=cache)  # (N, new, V)
+        logits = model.decode(tokens[:, cache.length :], memory, cache=cache)  # (N, new, V)
         if normalised:
             return logits[:, -1].float(), cache  # (N, V), a fresh tensor at every step
         return torch.log_softmax(logits[:, -1].float(), dim=-1), cache  # (N, V)
@@ -92,8 +106,9 @@ def max_output_lengths(src_lengths: Tensor, cfg: DecodeConfig, cap: int) -> Tens
 def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
     """Ragged ids -> (B, S) LongTensor padded with ``pad_id``."""
     width = max(len(r) for r in rows)
-    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long,
-                        device=device)
+    return torch.tensor(
+        [r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device
+    )
 
 
 @torch.no_grad()
@@ -105,16 +120,39 @@ def _decode_batch(model: Any, src: Tensor, cfg: DecodeConfig) -> list[list[Hypot
     memory = model.encode(src)  # (B, S, D)
     if k == 1:
         cache = model.init_cache(memory, src=src)
-        hyps = greedy_search(transformer_step(model, memory), cache, B, mc.bos_id, mc.eos_id,
-                             max_len, cfg.min_len, mc.pad_id, src.device)
+        hyps = greedy_search(
+            transformer_step(model, memory),
+            cache,
+            B,
+            mc.bos_id,
+            mc.eos_id,
+            max_len,
+            cfg.min_len,
+            mc.pad_id,
+            src.device,
+        )
         return [[h] for h in hyps]
     cache = model.init_cache(memory, src=src).with_beam(k)  # B·k rows share B memory rows
-    return beam_search(transformer_step(model, memory), cache, B, k, mc.bos_id, mc.eos_id,
-                       max_len, cfg.alpha, cfg.length_penalty, cfg.min_len, cfg.nbest, src.device)
+    return beam_search(
+        transformer_step(model, memory),
+        cache,
+        B,
+        k,
+        mc.bos_id,
+        mc.eos_id,
+        max_len,
+        cfg.alpha,
+        cfg.length_penalty,
+        cfg.min_len,
+        cfg.nbest,
+        src.device,
+    )
 
 
 def translate_ids(
-    model: Any, sources: Sequence[list[int]], cfg: DecodeConfig = DecodeConfig(),
+    model: Any,
+    sources: Sequence[list[int]],
+    cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode source id sequences in token-bounded batches; input order kept.
@@ -139,8 +177,9 @@ def translate_ids(
                 progress(len(index))
 
     try:
-        in_workers(decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens),
-                   cfg.workers)
+        in_workers(
+            decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
+        )
     finally:
         model.train(was_training)
     return results
@@ -158,7 +197,9 @@ def in_workers(fn: Callable[[Any], None], items: Sequence[Any], workers: int) ->
             fn(item)
         return
     threads = max(1, torch.get_num_threads() // workers)
-    autocast = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    autocast = [
+        (d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)
+    ]
 
     def work(item: Any) -> None:
         torch.set_num_threads(threads)
@@ -186,7 +227,10 @@ def encode_sources(tokenizer: Any, texts: Iterable[str], max_len: int) -> list[l
 
 
 def translate_hypotheses(
-    model: Any, tokenizer: Any, texts: Sequence[str], cfg: DecodeConfig = DecodeConfig(),
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
 ) -> list[list[tuple[str, Hypothesis]]]:
     """Translate raw text lines; per line its ``cfg.nbest`` (detokenised text, hypothesis) pairs,
@@ -197,8 +241,13 @@ def translate_hypotheses(
 
 
 def translate_texts(
-    model: Any, tokenizer: Any, texts: Sequence[str], beam: int = 4, alpha: float = 0.6,
-    max_tokens: int = 4096, **options: Any,
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_tokens: int = 4096,
+    **options: Any,
 ) -> list[str]:
     """Translate raw text lines into one best line each ("" for a blank line).
 
@@ -206,4 +255,6 @@ def translate_texts(
     This is what ``aiayn translate`` and validation BLEU during training both call.
     """
     cfg = DecodeConfig(beam=beam, alpha=alpha, max_tokens=max_tokens, **options)
-    return [line[0][0] if line else "" for line in translate_hypotheses(model, tokenizer, texts, cfg)]
+    return [
+        line[0][0] if line else "" for line in translate_hypotheses(model, tokenizer, texts, cfg)
+    ]

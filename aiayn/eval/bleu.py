@@ -8,7 +8,8 @@ compared with published ones (the paper's tokenised, compound-split BLEU cannot 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 

@@ -2,6 +2,7 @@
 
 from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.model.cache import DecoderCache, LayerCache
+from aiayn.model.classifier import TransformerClassifier
 from aiayn.model.embeddings import (
     Embeddings,
     LearnedPositionalEncoding,
@@ -10,16 +11,30 @@ from aiayn.model.embeddings import (
 )
 from aiayn.model.feedforward import PositionwiseFeedForward
 from aiayn.model.layers import DecoderLayer, EncoderLayer
-from aiayn.model.masks import causal_mask, padding_mask, target_mask
-from aiayn.model.classifier import TransformerClassifier
 from aiayn.model.lm import TransformerLM
+from aiayn.model.masks import causal_mask, padding_mask, target_mask
 from aiayn.model.mlm import TransformerMaskedLM
 from aiayn.model.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
-    "MultiHeadAttention", "scaled_dot_product_attention", "DecoderCache", "LayerCache",
-    "Embeddings", "LearnedPositionalEncoding", "SinusoidalPositionalEncoding", "sinusoidal_table",
-    "PositionwiseFeedForward", "EncoderLayer", "DecoderLayer", "causal_mask", "padding_mask",
-    "target_mask", "Encoder", "Decoder", "Transformer", "TransformerClassifier", "TransformerLM",
+    "MultiHeadAttention",
+    "scaled_dot_product_attention",
+    "DecoderCache",
+    "LayerCache",
+    "Embeddings",
+    "LearnedPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+    "sinusoidal_table",
+    "PositionwiseFeedForward",
+    "EncoderLayer",
+    "DecoderLayer",
+    "causal_mask",
+    "padding_mask",
+    "target_mask",
+    "Encoder",
+    "Decoder",
+    "Transformer",
+    "TransformerClassifier",
+    "TransformerLM",
     "TransformerMaskedLM",
 ]

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
 # On CPU the explicit math beats the fused kernel for short key sequences (Multi30k sentences are
 # ~15 tokens): measured 3-4x faster forward+backward at 16 keys, break-even near 64
 # (docs/performance.md). Longer sequences, and every CUDA call, take the fused kernel.
@@ -118,7 +117,9 @@ class MultiHeadAttention(nn.Module):
         matrix multiply over the stacked weights: the same values, one GEMM instead of two.
         """
         if key is not value:
-            return self._split(self.k_proj(key), self.d_k), self._split(self.v_proj(value), self.d_v)
+            return self._split(self.k_proj(key), self.d_k), self._split(
+                self.v_proj(value), self.d_v
+            )
         k, v = self._fused(key, (self.k_proj, self.v_proj))
         return self._split(k, self.d_k), self._split(v, self.d_v)
 
@@ -142,7 +143,12 @@ class MultiHeadAttention(nn.Module):
         return F.linear(x, weight, bias).split(sizes, dim=-1)
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, need_weights: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention over projected heads, then the output projection.
 
@@ -154,7 +160,9 @@ class MultiHeadAttention(nn.Module):
         concat = heads.transpose(1, 2).reshape(B, Tq, self.n_heads * self.d_v)  # (B, Tq, H*Kv)
         return self.out_proj(concat), weights
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
+    ) -> Tensor:
         """Shape: query (B, Tq, D), key/value (B, Tk, D), mask -> (B, Tq, D)."""
         out, _ = self.attend(self.project_q(query), *self.project_kv(key, value), mask)
         return out

@@ -79,13 +79,16 @@ def _append(cached: Tensor | None, new: Tensor) -> Tensor:
         if cached is not None:
             buf[:, :, :t] = cached
         cached = buf[:, :, :t]
-    out = cached.as_strided((cached.size(0), cached.size(1), t + n, cached.size(3)), cached.stride())
+    out = cached.as_strided(
+        (cached.size(0), cached.size(1), t + n, cached.size(3)), cached.stride()
+    )
     out[:, :, t:] = new
     return out
 
 
-def _select_rows(cached: Tensor | None, index: Tensor,
-                 spare: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+def _select_rows(
+    cached: Tensor | None, index: Tensor, spare: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
     """Rows ``index`` of a (B, H, t, K) view, copied once into a buffer of the same room: the
     first rows of ``spare`` (B'', H, room, K) when it fits, else a new one. Returns the copy and
     the next spare (the whole buffer behind ``cached``)."""
@@ -94,8 +97,13 @@ def _select_rows(cached: Tensor | None, index: Tensor,
     ours = _room(cached)
     rows, room = index.numel(), ours or cached.size(2)
     shape = (cached.size(1), room, cached.size(3))
-    if (spare is None or spare.size(0) < rows or spare.shape[1:] != shape
-            or spare.dtype != cached.dtype or spare.device != cached.device):
+    if (
+        spare is None
+        or spare.size(0) < rows
+        or spare.shape[1:] != shape
+        or spare.dtype != cached.dtype
+        or spare.device != cached.device
+    ):
         spare = _buffer_like(cached, rows, room)
     out = spare[:rows, :, : cached.size(2)]
     torch.index_select(cached, 0, index, out=out)
@@ -115,10 +123,10 @@ class DecoderCache:
     beam: int = 1  # decoder rows per source row (memory, cross K/V, memory_mask)
 
     @classmethod
-    def empty(cls, n_layers: int, memory_mask: Tensor | None = None) -> "DecoderCache":
+    def empty(cls, n_layers: int, memory_mask: Tensor | None = None) -> DecoderCache:
         return cls([LayerCache() for _ in range(n_layers)], memory_mask)
 
-    def with_beam(self, beam: int) -> "DecoderCache":
+    def with_beam(self, beam: int) -> DecoderCache:
         """Decode ``beam`` rows per source row (before the first step); returns self."""
         if self.length or any(layer.self_k is not None for layer in self.layers):
             raise ValueError("with_beam() must be called on an empty cache")
@@ -127,7 +135,7 @@ class DecoderCache:
         self.beam = beam
         return self
 
-    def reorder(self, index: Tensor) -> "DecoderCache":
+    def reorder(self, index: Tensor) -> DecoderCache:
         """Keep decoder rows ``index`` (LongTensor (N',)), in that order; in place, returns self.
 
         With ``beam = k`` each consecutive group of k indices must come from one source row
@@ -138,7 +146,10 @@ class DecoderCache:
         for layer in self.layers:
             layer.reorder_self(index)
             if source is not None:
-                layer.cross_k, layer.cross_v = _select(layer.cross_k, source), _select(layer.cross_v, source)
+                layer.cross_k, layer.cross_v = (
+                    _select(layer.cross_k, source),
+                    _select(layer.cross_v, source),
+                )
         if source is not None:
             self.memory_mask = _select(self.memory_mask, source)
         return self
@@ -152,17 +163,28 @@ class DecoderCache:
         if self.beam == 1:
             return index
         if index.numel() % self.beam:
-            raise ValueError(f"reorder index of {index.numel()} rows is not a multiple of beam={self.beam}")
-        known = [t for t in (self.memory_mask, self.layers[0].cross_k if self.layers else None)
-                 if t is not None]
+            raise ValueError(
+                f"reorder index of {index.numel()} rows is not a multiple of beam={self.beam}"
+            )
+        known = [
+            t
+            for t in (self.memory_mask, self.layers[0].cross_k if self.layers else None)
+            if t is not None
+        ]
         n_source = known[0].size(0) if known else None
-        rows = self.layers[0].self_k.size(0) if self.layers and self.layers[0].self_k is not None else None
+        rows = (
+            self.layers[0].self_k.size(0)
+            if self.layers and self.layers[0].self_k is not None
+            else None
+        )
         per_source = 1 if rows is not None and rows == n_source else self.beam
         groups = index.view(-1, self.beam) // per_source  # (N'/k, k)
         if not bool((groups == groups[:, :1]).all()):
             raise ValueError("reorder index mixes rows of different source sentences")
         source = groups[:, 0]
-        if n_source == source.numel() and bool((source == torch.arange(n_source, device=source.device)).all()):
+        if n_source == source.numel() and bool(
+            (source == torch.arange(n_source, device=source.device)).all()
+        ):
             return None
         return source
 

@@ -35,9 +35,17 @@ class TransformerClassifier(nn.Module):
         if cfg.n_encoder_layers == 0:
             raise ValueError("TransformerClassifier needs n_encoder_layers > 0")
         self.cfg = cfg
-        self.embed = Embeddings(token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id),
-                                positional_encoding(cfg), cfg.dropout, cfg.scale_embeddings)
-        self.cls = nn.Parameter(torch.randn(cfg.d_model) * cfg.d_model**-0.5) if cfg.pooling == "cls" else None
+        self.embed = Embeddings(
+            token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id),
+            positional_encoding(cfg),
+            cfg.dropout,
+            cfg.scale_embeddings,
+        )
+        self.cls = (
+            nn.Parameter(torch.randn(cfg.d_model) * cfg.d_model**-0.5)
+            if cfg.pooling == "cls"
+            else None
+        )
         # fastText's hashed bigrams (cfg.bigram_buckets; not in the paper), starting at zero:
         # at initialisation the model is the plain one.
         self.bigrams = nn.Embedding(cfg.bigram_buckets, cfg.d_model) if cfg.bigram_buckets else None
@@ -48,8 +56,9 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         init_weights(self)
 
-    def forward(self, ids: Tensor, attn_record: list | None = None,
-                delta: Tensor | None = None) -> Tensor:
+    def forward(
+        self, ids: Tensor, attn_record: list | None = None, delta: Tensor | None = None
+    ) -> Tensor:
         """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C). ``delta`` (B, S, D) is
         added to the scaled token embeddings (the perturbation of adversarial training)."""
         keep = ids != self.cfg.pad_id  # (B, S)

@@ -20,7 +20,9 @@ import torch
 from torch import Tensor, nn
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> Tensor:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu"
+) -> Tensor:
     """A bool tensor of ``shape``, each element True with probability 1 - p (p on a 2^-16 grid,
     2^-15 for every fourth element); drawn from torch's default generator for ``device``."""
     device = torch.device(device)

@@ -15,7 +15,12 @@ class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU optionally in place of ReLU."""
 
     def __init__(
-        self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         if activation not in ("relu", "gelu"):

@@ -10,7 +10,7 @@ Post-LN (the paper, and ``torch.nn.TransformerEncoderLayer`` by default):
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -37,13 +37,15 @@ class Residual(nn.Module):
 
 
 def _attention(cfg: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.head_dim_k, cfg.head_dim_v,
-                              cfg.attn_dropout, cfg.bias)
+    return MultiHeadAttention(
+        cfg.d_model, cfg.n_heads, cfg.head_dim_k, cfg.head_dim_v, cfg.attn_dropout, cfg.bias
+    )
 
 
 def _feed_forward(cfg: ModelConfig) -> PositionwiseFeedForward:
-    return PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout,
-                                   cfg.bias)
+    return PositionwiseFeedForward(
+        cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout, cfg.bias
+    )
 
 
 def _residual(cfg: ModelConfig) -> Residual:
@@ -59,7 +61,9 @@ class EncoderLayer(nn.Module):
         self.feed_forward = _feed_forward(cfg)
         self.attn_block, self.ff_block = _residual(cfg), _residual(cfg)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, attn_record: list | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, attn_record: list | None = None
+    ) -> Tensor:
         """Shape: x (B, S, D), mask broadcastable to (B, H, S, S) -> (B, S, D).
 
         When ``attn_record`` is a list, the attention weights (B, H, S, S) are appended to it.
@@ -150,8 +154,9 @@ class DecoderLayer(nn.Module):
                     # as they are (split heads of the stacked K/V projection are not).
                     k, v = k.contiguous(), v.contiguous()
                     cache.cross_k, cache.cross_v = k, v
-            out, w = attend_shared_memory(self.cross_attn, self.cross_attn.project_q(h), k, v,
-                                          memory_mask, need)
+            out, w = attend_shared_memory(
+                self.cross_attn, self.cross_attn.project_q(h), k, v, memory_mask, need
+            )
             if need:
                 attn_record.append(("cross", w))
             return out

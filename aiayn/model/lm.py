@@ -33,8 +33,13 @@ class TransformerLM(nn.Module):
         init_weights(self)
         self.generator.weight = token.weight
 
-    def forward(self, ids: Tensor, cache: DecoderCache | None = None, attn_record: list | None = None,
-                features_only: bool = False) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        cache: DecoderCache | None = None,
+        attn_record: list | None = None,
+        features_only: bool = False,
+    ) -> Tensor:
         """Next-token logits. Shape: ids (B, T) -> (B, T, V), or the last hidden states (B, T, D)
         before the generator with ``features_only``.
 

@@ -33,8 +33,9 @@ class TransformerMaskedLM(nn.Module):
         init_weights(self)
         self.generator.weight = token.weight
 
-    def forward(self, ids: Tensor, attn_record: list | None = None,
-                features_only: bool = False) -> Tensor:
+    def forward(
+        self, ids: Tensor, attn_record: list | None = None, features_only: bool = False
+    ) -> Tensor:
         """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, S, V), or the encoder's
         output (B, S, D) with ``features_only``. Every real token attends to every real token."""
         keep = ids != self.cfg.pad_id  # (B, S)

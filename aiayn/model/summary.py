@@ -51,6 +51,7 @@ def summarize(model: nn.Module, run_forward, depth: int = 1) -> tuple[list[Summa
     def record(name: str):
         def hook(_module, _inputs, out) -> None:  # must return None: a value would replace `out`
             shapes.setdefault(name, _shape(out))
+
         return hook
 
     hooks = [m.register_forward_hook(record(n)) for n, m in modules]
@@ -79,12 +80,27 @@ def summarize(model: nn.Module, run_forward, depth: int = 1) -> tuple[list[Summa
 def format_summary(rows: list[SummaryRow], total: int, title: str = "") -> str:
     """Render rows as a fixed-width table with totals."""
     header = ("Module (type)", "Output shape", "Param #")
-    cells = [(f"{'  ' * r.name.count('.')}{r.name} ({r.kind})", r.output_shape,
-              f"{r.params:,}" + (" (shared)" if r.shared else "")) for r in rows]
-    w = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
+    cells = [
+        (
+            f"{'  ' * r.name.count('.')}{r.name} ({r.kind})",
+            r.output_shape,
+            f"{r.params:,}" + (" (shared)" if r.shared else ""),
+        )
+        for r in rows
+    ]
+    w = [
+        max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)
+    ]
     line = "=" * (sum(w) + 4)
     fmt = f"{{:<{w[0]}}}  {{:<{w[1]}}}  {{:>{w[2]}}}"
     out = [title] if title else []
-    out += [line, fmt.format(*header), line, *(fmt.format(*c) for c in cells), line,
-            f"Total params: {total:,} ({total / 1e6:.2f} M)", line]
+    out += [
+        line,
+        fmt.format(*header),
+        line,
+        *(fmt.format(*c) for c in cells),
+        line,
+        f"Total params: {total:,} ({total / 1e6:.2f} M)",
+        line,
+    ]
     return "\n".join(out)

@@ -33,7 +33,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, attn_record: list | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, attn_record: list | None = None
+    ) -> Tensor:
         """Shape: x (B, S, D), mask broadcastable to (B, H, S, S) -> (B, S, D)."""
         for layer in self.layers:
             x = layer(x, mask, attn_record)
@@ -96,11 +98,19 @@ class Transformer(nn.Module):
             raise ValueError("Transformer needs n_encoder_layers > 0 (an encoder–decoder model)")
         self.cfg = cfg
         src_token = token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
-        tgt_token = src_token if cfg.share_embeddings else token_embedding(
-            cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id)
-        self.src_embed = Embeddings(src_token, positional_encoding(cfg), cfg.dropout,
-                                    cfg.scale_embeddings)
-        tgt_pos = self.src_embed.positional if cfg.positional == "sinusoidal" else positional_encoding(cfg)
+        tgt_token = (
+            src_token
+            if cfg.share_embeddings
+            else token_embedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id)
+        )
+        self.src_embed = Embeddings(
+            src_token, positional_encoding(cfg), cfg.dropout, cfg.scale_embeddings
+        )
+        tgt_pos = (
+            self.src_embed.positional
+            if cfg.positional == "sinusoidal"
+            else positional_encoding(cfg)
+        )
         self.tgt_embed = Embeddings(tgt_token, tgt_pos, cfg.dropout, cfg.scale_embeddings)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
@@ -111,8 +121,12 @@ class Transformer(nn.Module):
             self.generator.weight = tgt_token.weight
         # cfg.output_vocab = "targets": the tokens the softmax ranges over, (V,) bool. All True
         # until the trainer marks those of the training targets; saved and loaded with the weights.
-        self.register_buffer("output_mask", torch.ones(cfg.tgt_vocab_size, dtype=torch.bool)
-                             if cfg.output_vocab == "targets" else None)
+        self.register_buffer(
+            "output_mask",
+            torch.ones(cfg.tgt_vocab_size, dtype=torch.bool)
+            if cfg.output_vocab == "targets"
+            else None,
+        )
 
     # ---- masks -------------------------------------------------------------------------------
     def src_mask(self, src: Tensor) -> Tensor:
@@ -120,7 +134,9 @@ class Transformer(nn.Module):
         return padding_mask(src, self.cfg.pad_id)
 
     # ---- the three entry points --------------------------------------------------------------
-    def encode(self, src: Tensor, src_mask: Tensor | None = None, attn_record: list | None = None) -> Tensor:
+    def encode(
+        self, src: Tensor, src_mask: Tensor | None = None, attn_record: list | None = None
+    ) -> Tensor:
         """Shape: src (B, S) LongTensor -> memory (B, S, D)."""
         mask = self.src_mask(src) if src_mask is None else as_attention_mask(src_mask)
         return self.encoder(self.src_embed(src), mask, attn_record)
@@ -148,11 +164,18 @@ class Transformer(nn.Module):
         offset = cache.length if cache is not None else 0
         if cache is not None:
             memory_mask = cache.memory_mask
-            self_mask = tgt_mask if tgt_mask is not None else (
-                None if tgt.size(1) == 1 else causal_mask(tgt.size(1), tgt.device, offset))
+            self_mask = (
+                tgt_mask
+                if tgt_mask is not None
+                else (None if tgt.size(1) == 1 else causal_mask(tgt.size(1), tgt.device, offset))
+            )
         else:
             memory_mask = as_attention_mask(src_mask) if src_mask is not None else None
-            self_mask = target_mask(tgt, self.cfg.pad_id) if tgt_mask is None else as_attention_mask(tgt_mask)
+            self_mask = (
+                target_mask(tgt, self.cfg.pad_id)
+                if tgt_mask is None
+                else as_attention_mask(tgt_mask)
+            )
         x = self.tgt_embed(tgt, offset)  # (B, T, D)
         h = self.decoder(x, memory, self_mask, memory_mask, cache, attn_record)
         if cache is not None:
@@ -165,7 +188,11 @@ class Transformer(nn.Module):
         return logits
 
     def forward(
-        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
         features_only: bool = False,
     ) -> Tensor:
         """Teacher-forced logits. Shape: src (B, S), tgt (B, T) -> (B, T, V), or (B, T, D) hidden
@@ -177,7 +204,9 @@ class Transformer(nn.Module):
         memory = self.encode(src, src_mask)
         return self.decode(tgt, memory, src_mask, tgt_mask, features_only=features_only)
 
-    def init_cache(self, memory: Tensor, src: Tensor | None = None, src_mask: Tensor | None = None) -> DecoderCache:
+    def init_cache(
+        self, memory: Tensor, src: Tensor | None = None, src_mask: Tensor | None = None
+    ) -> DecoderCache:
         """An empty cache for incremental decoding of ``memory`` (B, S, D)."""
         if src_mask is None and src is not None:
             src_mask = self.src_mask(src)

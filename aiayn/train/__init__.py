@@ -13,9 +13,24 @@ from aiayn.train.tasks import TASKS, StepStats, Task, TranslationTask, build_tas
 from aiayn.train.trainer import Trainer, TrainingDiverged, TrainResult
 
 __all__ = [
-    "RunConfig", "TrainConfig", "load_run_config", "label_smoothed_nll_loss",
-    "projected_label_smoothed_nll_loss", "noam_lr",
-    "cosine_lr", "inverse_sqrt_lr", "make_schedule", "Task", "StepStats", "TranslationTask", "TASKS",
-    "build_task", "Trainer", "TrainingDiverged", "TrainResult", "train_run", "resume_config",
+    "RunConfig",
+    "TrainConfig",
+    "load_run_config",
+    "label_smoothed_nll_loss",
+    "projected_label_smoothed_nll_loss",
+    "noam_lr",
+    "cosine_lr",
+    "inverse_sqrt_lr",
+    "make_schedule",
+    "Task",
+    "StepStats",
+    "TranslationTask",
+    "TASKS",
+    "build_task",
+    "Trainer",
+    "TrainingDiverged",
+    "TrainResult",
+    "train_run",
+    "resume_config",
     "average_checkpoints",
 ]

@@ -36,9 +36,12 @@ def keep_freed_memory() -> bool:
         return _applied
     _applied = False
     env = os.environ
-    if (env.get("AIAYN_MALLOC", "") == "default" or any(k.startswith("MALLOC_") for k in env)
-            or "glibc.malloc" in env.get("GLIBC_TUNABLES", "")
-            or any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))):
+    if (
+        env.get("AIAYN_MALLOC", "") == "default"
+        or any(k.startswith("MALLOC_") for k in env)
+        or "glibc.malloc" in env.get("GLIBC_TUNABLES", "")
+        or any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))
+    ):
         return False  # the user's own malloc settings, or another allocator
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -47,8 +50,11 @@ def keep_freed_memory() -> bool:
     except OSError:
         return False
     # mallopt returns 1 on success; all three or the state is reported as not applied.
-    ok = [libc.mallopt(M_MMAP_MAX, 0), libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1),
-          libc.mallopt(M_TOP_PAD, 64 << 20)]
+    ok = [
+        libc.mallopt(M_MMAP_MAX, 0),
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1),
+        libc.mallopt(M_TOP_PAD, 64 << 20),
+    ]
     _applied = all(r == 1 for r in ok)
     return _applied
 

@@ -36,20 +36,24 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     return out
 
 
-def _load_snapshot(path: Path, reference: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+def _load_snapshot(
+    path: Path, reference: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
     if reference is not None:
         if state.keys() != reference.keys() or any(
-                state[k].shape != reference[k].shape for k in state):
+            state[k].shape != reference[k].shape for k in state
+        ):
             raise CheckpointError(f"{path}: holds different tensors than the other snapshots")
     return state
 
 
-def average_checkpoints(run_dir: str | Path, last: int, out: str | Path,
-                        until: int | None = None) -> list[int]:
+def average_checkpoints(
+    run_dir: str | Path, last: int, out: str | Path, until: int | None = None
+) -> list[int]:
     """Average the last ``last`` snapshots of ``run_dir`` (of those at step ``until`` or before,
     when given) into the model folder ``out``.
 
@@ -62,7 +66,9 @@ def average_checkpoints(run_dir: str | Path, last: int, out: str | Path,
     if not folder.config.is_file():
         raise CheckpointError(f"{folder.path}: not a training run folder ({CONFIG_FILE} not found)")
     if out.resolve() == folder.path.resolve():
-        raise ConfigError("-o must be a new folder, not the run folder (it would replace its weights)")
+        raise ConfigError(
+            "-o must be a new folder, not the run folder (it would replace its weights)"
+        )
     steps = folder.snapshot_steps()
     if until is not None:
         steps = [step for step in steps if step <= until]
@@ -70,7 +76,8 @@ def average_checkpoints(run_dir: str | Path, last: int, out: str | Path,
         where = "are kept" if until is None else f"are kept up to step {until}"
         raise CheckpointError(
             f"{folder.path}: asked to average the last {last} checkpoints but only {len(steps)} "
-            f"{where} ({', '.join(map(str, steps)) or 'none'}); raise train.keep_last")
+            f"{where} ({', '.join(map(str, steps)) or 'none'}); raise train.keep_last"
+        )
     steps = steps[-last:]
     states: list[dict[str, torch.Tensor]] = []
     for step in steps:

@@ -36,11 +36,22 @@ def limit_lengths(items: list[Item], max_len: int, mode: str, split: str, drop: 
     if not n_long:
         return items
     if mode == "truncate" or not drop:
-        log.info("%s: cut %d of %d texts to max_len=%d tokens (their first %d)", split, n_long,
-                 len(items), max_len, max_len)
+        log.info(
+            "%s: cut %d of %d texts to max_len=%d tokens (their first %d)",
+            split,
+            n_long,
+            len(items),
+            max_len,
+            max_len,
+        )
         return [(ids[:max_len], label) for ids, label in items]
-    log.warning("%s: dropped %d of %d texts longer than max_len=%d tokens", split, n_long,
-                len(items), max_len)
+    log.warning(
+        "%s: dropped %d of %d texts longer than max_len=%d tokens",
+        split,
+        n_long,
+        len(items),
+        max_len,
+    )
     return [(ids, label) for ids, label in items if len(ids) <= max_len]
 
 
@@ -57,23 +68,37 @@ class ClassificationTask(Task):
         data = self.cfg.data
         train_texts, train_labels = load_classification(data, data.train_split)
         if tokenizer_json is None:
-            log.info("training a %s tokenizer (vocabulary %d) on the cleaned training split",
-                     data.tokenizer, data.vocab_size)
-            self.tokenizer = train_tokenizer([clean_text(t) for t in train_texts], data.tokenizer,
-                                             data.vocab_size, data.lowercase)
+            log.info(
+                "training a %s tokenizer (vocabulary %d) on the cleaned training split",
+                data.tokenizer,
+                data.vocab_size,
+            )
+            self.tokenizer = train_tokenizer(
+                [clean_text(t) for t in train_texts],
+                data.tokenizer,
+                data.vocab_size,
+                data.lowercase,
+            )
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
         valid_texts, valid_labels = load_classification(data, data.valid_split)
         self.items: dict[str, list[Item]] = {}
-        for split, texts, labels in (("train", train_texts, train_labels),
-                                     ("valid", valid_texts, valid_labels)):
+        for split, texts, labels in (
+            ("train", train_texts, train_labels),
+            ("valid", valid_texts, valid_labels),
+        ):
             items = list(zip(encode_texts(self.tokenizer, texts), labels))
-            self.items[split] = limit_lengths(items, data.max_len, data.long_examples, split,
-                                              drop=split == "train")
+            self.items[split] = limit_lengths(
+                items, data.max_len, data.long_examples, split, drop=split == "train"
+            )
         self._check_labels()
         self._samplers: dict[tuple, Any] = {}
-        log.info("%d training texts, %d validation texts, vocabulary %d", len(self.items["train"]),
-                 len(self.items["valid"]), self.tokenizer.vocab_size)
+        log.info(
+            "%d training texts, %d validation texts, vocabulary %d",
+            len(self.items["train"]),
+            len(self.items["valid"]),
+            self.tokenizer.vocab_size,
+        )
         return self.tokenizer.to_str()
 
     def _check_labels(self) -> None:
@@ -81,15 +106,19 @@ class ClassificationTask(Task):
             raise ConfigError("no training texts left after filtering by data.max_len")
         top = max(label for items in self.items.values() for _, label in items)
         if top >= self.cfg.model.n_classes:
-            raise DataError(f"the data has label {top}, but model.n_classes = "
-                            f"{self.cfg.model.n_classes} (labels are 0 … n_classes-1)")
+            raise DataError(
+                f"the data has label {top}, but model.n_classes = "
+                f"{self.cfg.model.n_classes} (labels are 0 … n_classes-1)"
+            )
 
     def model_config(self, model: ModelConfig) -> ModelConfig:
         longest = self.cfg.data.max_len + int(model.pooling == "cls")
         if model.max_len < longest:
-            raise ConfigError(f"model.max_len = {model.max_len} positions cannot hold a text of "
-                              f"data.max_len = {self.cfg.data.max_len} tokens"
-                              + (" plus the CLS token" if model.pooling == "cls" else ""))
+            raise ConfigError(
+                f"model.max_len = {model.max_len} positions cannot hold a text of "
+                f"data.max_len = {self.cfg.data.max_len} tokens"
+                + (" plus the CLS token" if model.pooling == "cls" else "")
+            )
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
 
@@ -101,8 +130,13 @@ class ClassificationTask(Task):
             extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends
             lengths = [len(ids) + extra for ids, _ in self.items[split]]
             self._samplers[key] = TokenBatchSampler(
-                lengths, max_tokens=self.cfg.data.max_tokens, shuffle=split == "train",
-                seed=self.cfg.data.seed, rank=rank, world_size=world_size)
+                lengths,
+                max_tokens=self.cfg.data.max_tokens,
+                shuffle=split == "train",
+                seed=self.cfg.data.seed,
+                rank=rank,
+                world_size=world_size,
+            )
         return self._samplers[key]
 
     def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
@@ -128,8 +162,9 @@ class ClassificationTask(Task):
         if eps and torch.is_grad_enabled():
             return self._adversarial_loss(model, batch, eps)
         logits = model(batch.tokens)  # (B, C)
-        loss, nll = label_smoothed_nll_loss(logits, batch.labels, self.cfg.train.label_smoothing,
-                                            ignore_index=-1)
+        loss, nll = label_smoothed_nll_loss(
+            logits, batch.labels, self.cfg.train.label_smoothing, ignore_index=-1
+        )
         return StepStats(loss, nll, len(batch), batch.n_tokens)
 
     def _adversarial_loss(self, model: nn.Module, batch: Any, eps: float) -> StepStats:
@@ -145,15 +180,16 @@ class ClassificationTask(Task):
         ls = self.cfg.train.label_smoothing
         net = getattr(model, "module", model)  # the model inside a DDP wrapper
         tokens, labels = batch.tokens, batch.labels  # (B, S), (B,)
-        delta = torch.zeros(*tokens.shape, net.cfg.d_model, device=tokens.device,
-                            requires_grad=True)  # (B, S, D)
+        delta = torch.zeros(
+            *tokens.shape, net.cfg.d_model, device=tokens.device, requires_grad=True
+        )  # (B, S, D)
         probe, _ = label_smoothed_nll_loss(net(tokens, delta=delta), labels, ls, ignore_index=-1)
         (grad,) = torch.autograd.grad(probe, delta)  # (B, S, D), zero at padding
         norm = grad.flatten(1).norm(dim=1).clamp(min=1e-12)  # (B,)
         r = eps * grad / norm[:, None, None]
         logits = model(torch.cat([tokens, tokens]), delta=torch.cat([torch.zeros_like(r), r]))
         clean, nll = label_smoothed_nll_loss(logits[: len(labels)], labels, ls, ignore_index=-1)
-        adversarial, _ = label_smoothed_nll_loss(logits[len(labels):], labels, ls, ignore_index=-1)
+        adversarial, _ = label_smoothed_nll_loss(logits[len(labels) :], labels, ls, ignore_index=-1)
         return StepStats(clean + adversarial, nll, len(batch), batch.n_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:

@@ -18,8 +18,15 @@ from aiayn.config import ModelConfig, _flatten, apply_overrides, parse_override,
 from aiayn.data.config import DataConfig
 from aiayn.errors import ConfigError
 
-__all__ = ["TrainConfig", "RunConfig", "load_run_config", "build_run_config", "parse_sets",
-           "run_config_from_dict", "run_config_to_dict"]
+__all__ = [
+    "TrainConfig",
+    "RunConfig",
+    "load_run_config",
+    "build_run_config",
+    "parse_sets",
+    "run_config_from_dict",
+    "run_config_to_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -104,30 +111,60 @@ class TrainConfig:
 
     def validate(self) -> None:
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ConfigError(
+                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
         if not all(0.0 <= b < 1.0 for b in self.adam_betas) or len(self.adam_betas) != 2:
-            raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+            raise ConfigError(
+                f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}"
+            )
         for name in ("update_freq", "keep_last", "log_every", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "max_steps", "max_epochs", "valid_every", "bleu_every",
-                     "bleu_max_sentences", "patience", "save_every"):
+        for name in (
+            "warmup_steps",
+            "max_steps",
+            "max_epochs",
+            "valid_every",
+            "bleu_every",
+            "bleu_max_sentences",
+            "patience",
+            "save_every",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("adversarial_eps", "lr", "lr_scale", "adam_eps", "max_time", "clip_norm", "weight_decay",
-                     "warmup_init_lr", "min_lr"):
+        for name in (
+            "adversarial_eps",
+            "lr",
+            "lr_scale",
+            "adam_eps",
+            "max_time",
+            "clip_norm",
+            "weight_decay",
+            "warmup_init_lr",
+            "min_lr",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr_schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("train.warmup_steps must be > 0 for the noam schedule")
-        if self.schedule_clock == "time" and not (self.lr_schedule == "cosine" and self.max_time > 0):
-            raise ConfigError("train.schedule_clock = 'time' decays lr_schedule = 'cosine' over "
-                              f"train.max_time; got lr_schedule = {self.lr_schedule!r}, max_time = "
-                              f"{self.max_time}")
-        if (self.lr_schedule == "cosine" and self.schedule_clock == "updates"
-                and not self.warmup_steps < self.max_steps):
-            raise ConfigError("train.lr_schedule = 'cosine' decays over train.max_steps, which must "
-                              f"be > warmup_steps ({self.warmup_steps}), got {self.max_steps}")
+        if self.schedule_clock == "time" and not (
+            self.lr_schedule == "cosine" and self.max_time > 0
+        ):
+            raise ConfigError(
+                "train.schedule_clock = 'time' decays lr_schedule = 'cosine' over "
+                f"train.max_time; got lr_schedule = {self.lr_schedule!r}, max_time = "
+                f"{self.max_time}"
+            )
+        if (
+            self.lr_schedule == "cosine"
+            and self.schedule_clock == "updates"
+            and not self.warmup_steps < self.max_steps
+        ):
+            raise ConfigError(
+                "train.lr_schedule = 'cosine' decays over train.max_steps, which must "
+                f"be > warmup_steps ({self.warmup_steps}), got {self.max_steps}"
+            )
         if self.bleu_beam < 1:
             raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
         if self.best_metric == "valid_bleu" and self.bleu_every == 0:
@@ -164,7 +201,9 @@ def build_run_config(values: dict[str, Any]) -> RunConfig:
     return apply_overrides(base, values)
 
 
-def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
+def load_run_config(
+    path: str | Path | None, overrides: list[str] = ()
+) -> tuple[RunConfig, dict[str, Any]]:
     """Read a TOML run config and apply ``--set section.key=value`` overrides.
 
     Returns the config and the dotted keys that produced it (``model.preset`` included), so that a
@@ -176,7 +215,8 @@ def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> tuple
         for name, section in table.items():
             if not isinstance(section, dict):
                 raise ConfigError(
-                    f"{path}: '{name}' must be a [section] (model, data or train), not a bare key")
+                    f"{path}: '{name}' must be a [section] (model, data or train), not a bare key"
+                )
         values = _flatten(table)
     values.update(parse_sets(overrides))
     return build_run_config(values), values

@@ -43,7 +43,9 @@ class DistContext:
         if not self.active:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        reduce_op = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+        reduce_op = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[
+            op
+        ]
         dist.all_reduce(t, op=reduce_op)
         return t.tolist()
 
@@ -75,7 +77,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"train.device: '{name}' is not a device (auto, cpu, cuda, cuda:N)") from None
+        raise ConfigError(
+            f"train.device: '{name}' is not a device (auto, cpu, cuda, cuda:N)"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"train.device = '{name}' but CUDA is not available")

@@ -48,17 +48,26 @@ class LanguageModelTask(Task):
         self.block = data.max_len
         self.batch_size = max(1, data.max_tokens // self.block)
         if len(self.ids["train"]) <= self.block + 1:
-            raise ConfigError(f"the training text has {len(self.ids['train'])} tokens, fewer than "
-                              f"one window of data.max_len + 1 = {self.block + 1}")
-        log.info("%d training tokens, %d validation tokens, vocabulary %d, windows of %d, %d per "
-                 "batch", len(self.ids["train"]), len(self.ids["valid"]), self.tokenizer.vocab_size,
-                 self.block, self.batch_size)
+            raise ConfigError(
+                f"the training text has {len(self.ids['train'])} tokens, fewer than "
+                f"one window of data.max_len + 1 = {self.block + 1}"
+            )
+        log.info(
+            "%d training tokens, %d validation tokens, vocabulary %d, windows of %d, %d per batch",
+            len(self.ids["train"]),
+            len(self.ids["valid"]),
+            self.tokenizer.vocab_size,
+            self.block,
+            self.batch_size,
+        )
         return self.tokenizer.to_str()
 
     def model_config(self, model: ModelConfig) -> ModelConfig:
         if model.max_len < self.block:
-            raise ConfigError(f"model.max_len = {model.max_len} positions cannot hold a window of "
-                              f"data.max_len = {self.block} tokens")
+            raise ConfigError(
+                f"model.max_len = {model.max_len} positions cannot hold a window of "
+                f"data.max_len = {self.block} tokens"
+            )
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_encoder_layers=0)
 
@@ -68,27 +77,29 @@ class LanguageModelTask(Task):
         n_windows = max(n_train // self.block, self.batch_size)  # a short text: one batch
         rng = np.random.default_rng([self.cfg.data.seed, epoch])
         starts = rng.integers(0, n_train - self.block, size=n_windows).tolist()
-        batches = [starts[i:i + self.batch_size]
-                   for i in range(0, n_windows - self.batch_size + 1, self.batch_size)]
+        batches = [
+            starts[i : i + self.batch_size]
+            for i in range(0, n_windows - self.batch_size + 1, self.batch_size)
+        ]
         per_rank = len(batches) // world_size
         return batches[rank::world_size][:per_rank]
 
     def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
         """Consecutive windows covering every validation token once (the last one shorter)."""
         starts = list(range(0, len(self.ids["valid"]) - 1, self.block))
-        batches = [starts[i:i + self.batch_size] for i in range(0, len(starts), self.batch_size)]
+        batches = [starts[i : i + self.batch_size] for i in range(0, len(starts), self.batch_size)]
         return batches[rank::world_size]
 
     def collate(self, split: str, indices: list[int]) -> tuple[Tensor, Tensor]:
         """Inputs and next-token targets, (B, T) each; a window cut by the text's end is padded."""
         ids, pad = self.ids[split], self.cfg.model.pad_id
-        rows = [ids[s:s + self.block + 1] for s in indices]
+        rows = [ids[s : s + self.block + 1] for s in indices]
         width = max(len(r) for r in rows) - 1
         x = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)
         y = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)
         for i, row in enumerate(rows):
-            x[i, :len(row) - 1] = row[:-1]
-            y[i, :len(row) - 1] = row[1:]
+            x[i, : len(row) - 1] = row[:-1]
+            y[i, : len(row) - 1] = row[1:]
         return x, y
 
     def num_targets(self, batch: Any) -> int:
@@ -97,8 +108,8 @@ class LanguageModelTask(Task):
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         x, y = (t.to(device, non_blocking=True) for t in batch)
         hidden = model(x, features_only=True)  # (B, T, D)
-        loss, nll = projected_label_smoothed_nll_loss(hidden, output_weight(model), y,
-                                                      self.cfg.train.label_smoothing,
-                                                      self.cfg.model.pad_id)
+        loss, nll = projected_label_smoothed_nll_loss(
+            hidden, output_weight(model), y, self.cfg.train.label_smoothing, self.cfg.model.pad_id
+        )
         n = self.num_targets(batch)
         return StepStats(loss, nll, n, n)

@@ -118,19 +118,36 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, gold: Tensor, epsilon: float, dtype: torch.dtype,
-                grad_mode: bool):
+    def forward(
+        ctx,
+        h: Tensor,
+        weight: Tensor,
+        gold: Tensor,
+        epsilon: float,
+        dtype: torch.dtype,
+        grad_mode: bool,
+    ):
         N, V = h.size(0), weight.size(0)
         # needs_input_grad follows requires_grad even under no_grad, hence grad_mode.
-        need_dh, need_dw = grad_mode and ctx.needs_input_grad[0], grad_mode and ctx.needs_input_grad[1]
+        need_dh, need_dw = (
+            grad_mode and ctx.needs_input_grad[0],
+            grad_mode and ctx.needs_input_grad[1],
+        )
         need_grad = need_dh or need_dw
         wide = _wide(dtype)
         hc, w = h.to(dtype), weight.to(dtype)  # (N, D), (V, D)
         wt = w.t()
         stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
         dh = torch.empty_like(h) if need_dh else None
-        dw = (weight.new_empty(weight.shape, dtype=_wide(weight.dtype)) if N else
-              weight.new_zeros(weight.shape, dtype=_wide(weight.dtype))) if need_dw else None
+        dw = (
+            (
+                weight.new_empty(weight.shape, dtype=_wide(weight.dtype))
+                if N
+                else weight.new_zeros(weight.shape, dtype=_wide(weight.dtype))
+            )
+            if need_dw
+            else None
+        )
         buffer = h.new_empty(min(N, PROJECT_ROWS), V, dtype=dtype)
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
         # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
@@ -171,8 +188,14 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         dh, dw = ctx.saved_tensors
-        return (None if dh is None else dh * grad_loss.to(dh.dtype),
-                None if dw is None else dw * grad_loss.to(dw.dtype), None, None, None, None)
+        return (
+            None if dh is None else dh * grad_loss.to(dh.dtype),
+            None if dw is None else dw * grad_loss.to(dw.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def projected_label_smoothed_nll_loss(
@@ -194,6 +217,7 @@ def projected_label_smoothed_nll_loss(
     if dtype == torch.float16:
         dtype = torch.float32
     with torch.autocast(kind, enabled=False):
-        loss, nll = _ProjectedLabelSmoothedCE.apply(hidden, weight, gold, float(epsilon), dtype,
-                                                    torch.is_grad_enabled())
+        loss, nll = _ProjectedLabelSmoothedCE.apply(
+            hidden, weight, gold, float(epsilon), dtype, torch.is_grad_enabled()
+        )
     return loss, nll

@@ -35,8 +35,14 @@ __all__ = ["MaskedLMTask", "mask_tokens"]
 N_SPECIAL = 4  # <pad> <s> </s> <unk>: never drawn as random replacements
 
 
-def mask_tokens(tokens: Tensor, prob: float, mask_id: int, pad_id: int, vocab_size: int,
-                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def mask_tokens(
+    tokens: Tensor,
+    prob: float,
+    mask_id: int,
+    pad_id: int,
+    vocab_size: int,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
     """BERT's corruption of a padded batch. Shape: tokens (B, S) -> (inputs, targets), (B, S) each.
 
     Each real token is chosen with probability ``prob`` (at least one per batch); ``targets``
@@ -67,13 +73,17 @@ class MaskedLMTask(ClassificationTask):
 
     def model_config(self, model: ModelConfig) -> ModelConfig:
         if model.pooling == "cls":
-            raise ConfigError("data.task = 'masked_lm' pre-trains for mean or max pooling; "
-                              "model.pooling = 'cls' has no CLS token to pre-train")
+            raise ConfigError(
+                "data.task = 'masked_lm' pre-trains for mean or max pooling; "
+                "model.pooling = 'cls' has no CLS token to pre-train"
+            )
         for name in ("bigram_buckets", "token_dropout"):  # the masked-LM model has neither
             if getattr(model, name):
-                raise ConfigError(f"data.task = 'masked_lm' pre-trains the embeddings and encoder "
-                                  f"only; set model.{name} in the classifier run that starts from "
-                                  "it (train.init_from), not here")
+                raise ConfigError(
+                    f"data.task = 'masked_lm' pre-trains the embeddings and encoder "
+                    f"only; set model.{name} in the classifier run that starts from "
+                    "it (train.init_from), not here"
+                )
         return super().model_config(model)
 
     def collate(self, split: str, indices: list[int]) -> tuple[Tensor, Tensor, int]:
@@ -83,8 +93,9 @@ class MaskedLMTask(ClassificationTask):
         if split != "train":
             generator = torch.Generator().manual_seed(self.cfg.data.seed * 1_000_003 + indices[0])
         m = self.cfg.model
-        inputs, targets = mask_tokens(batch.tokens, self.cfg.data.mask_prob, m.bos_id, m.pad_id,
-                                      m.src_vocab_size, generator)
+        inputs, targets = mask_tokens(
+            batch.tokens, self.cfg.data.mask_prob, m.bos_id, m.pad_id, m.src_vocab_size, generator
+        )
         return inputs, targets, batch.n_tokens
 
     def num_targets(self, batch: Any) -> int:
@@ -92,11 +103,18 @@ class MaskedLMTask(ClassificationTask):
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         inputs, targets, n_tokens = batch
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        inputs, targets = (
+            inputs.to(device, non_blocking=True),
+            targets.to(device, non_blocking=True),
+        )
         hidden = model(inputs, features_only=True)  # (B, S, D)
-        loss, nll = projected_label_smoothed_nll_loss(hidden, output_weight(model), targets,
-                                                      self.cfg.train.label_smoothing,
-                                                      self.cfg.model.pad_id)
+        loss, nll = projected_label_smoothed_nll_loss(
+            hidden,
+            output_weight(model),
+            targets,
+            self.cfg.train.label_smoothing,
+            self.cfg.model.pad_id,
+        )
         return StepStats(loss, nll, self.num_targets(batch), n_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:

@@ -9,9 +9,10 @@ every rank (so no process waits forever).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from aiayn import __version__
 from aiayn.config import _flatten
@@ -49,12 +50,17 @@ def _on_main(dist: DistContext, fn: Callable[[], T]) -> T:
     return result
 
 
-def config_differences(old: dict[str, Any], new: dict[str, Any], sections: tuple[str, ...]) -> list[str]:
+def config_differences(
+    old: dict[str, Any], new: dict[str, Any], sections: tuple[str, ...]
+) -> list[str]:
     """``section.key: old -> new`` for every key of ``sections`` that differs."""
     a = _flatten({s: old.get(s, {}) for s in sections})
     b = _flatten({s: new.get(s, {}) for s in sections})
-    return [f"{k}: run has {a.get(k)!r}, config says {b.get(k)!r}"
-            for k in sorted(set(a) | set(b)) if _norm(a.get(k)) != _norm(b.get(k))]
+    return [
+        f"{k}: run has {a.get(k)!r}, config says {b.get(k)!r}"
+        for k in sorted(set(a) | set(b))
+        if _norm(a.get(k)) != _norm(b.get(k))
+    ]
 
 
 def _norm(value: Any) -> Any:
@@ -67,7 +73,8 @@ def _check_resume(folder: RunFolder, new: dict[str, Any]) -> None:
     if diffs:
         raise ConfigError(
             f"--resume: the config differs from the run in {folder.path} in what shapes the model "
-            f"or its data: {'; '.join(diffs[:5])}" + (" …" if len(diffs) > 5 else ""))
+            f"or its data: {'; '.join(diffs[:5])}" + (" …" if len(diffs) > 5 else "")
+        )
     changed = config_differences(old, new, ("train",))
     for line in changed:
         log.info("resume: changed %s", line)
@@ -97,16 +104,27 @@ def init_tokenizer(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     for section, key in checks:
         here, there = own[section].get(key), meta.get(section, {}).get(key, own[section].get(key))
         if here != there:
-            log.warning("train.init_from: %s.%s is %r here but %r in %s%s", section, key, here,
-                        there, folder, " (its tokenizer, and so its value, is used)"
-                        if section == "data" else "")
+            log.warning(
+                "train.init_from: %s.%s is %r here but %r in %s%s",
+                section,
+                key,
+                here,
+                there,
+                folder,
+                " (its tokenizer, and so its value, is used)" if section == "data" else "",
+            )
     log.info("train.init_from: the tokenizer and weights of %s", folder)
     data = meta.get("data", {})
     return text, {key: data[key] for key in _TOKENIZER_KEYS if key in data}
 
 
-def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
-              extra_meta: dict[str, Any] | None = None, task: Task | None = None) -> TrainResult:
+def train_run(
+    cfg: RunConfig,
+    out: str | Path,
+    resume: bool = False,
+    extra_meta: dict[str, Any] | None = None,
+    task: Task | None = None,
+) -> TrainResult:
     """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``)."""
     dist = init_distributed(cfg.train.device)
     try:
@@ -125,8 +143,13 @@ def train_run(cfg: RunConfig, out: str | Path, resume: bool = False,
             task.setup(tokenizer_json)
         cfg = replace(cfg, model=task.model_config(cfg.model))
         task.cfg = cfg
-        meta = {"kind": task.kind, **run_config_to_dict(cfg), "task": cfg.data.task,
-                "aiayn_version": __version__, **(extra_meta or {})}
+        meta = {
+            "kind": task.kind,
+            **run_config_to_dict(cfg),
+            "task": cfg.data.task,
+            "aiayn_version": __version__,
+            **(extra_meta or {}),
+        }
         if resume:
             _on_main(dist, lambda: _check_resume(folder, meta))
         trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)  # loads the state
@@ -144,4 +167,3 @@ def resume_config(out: str | Path) -> RunConfig:
     if not folder.config.is_file():
         raise ConfigError(f"{folder.path}: no run to resume ({folder.config.name} not found)")
     return run_config_from_dict(folder.read_meta())
-

@@ -65,7 +65,8 @@ class RunFolder:
         if not resume and self.state.is_file():
             raise ConfigError(
                 f"{self.path}: already holds a training run; pass --resume to continue it "
-                "or choose another --out")
+                "or choose another --out"
+            )
         try:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
             write_text(self.path / ".write_test", "ok\n")
@@ -87,7 +88,9 @@ class RunFolder:
         try:
             return self.tokenizer.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{self.tokenizer}: cannot read the run's tokenizer ({err})") from None
+            raise CheckpointError(
+                f"{self.tokenizer}: cannot read the run's tokenizer ({err})"
+            ) from None
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def snapshot_path(self, step: int) -> Path:
@@ -97,7 +100,9 @@ class RunFolder:
         """Steps of the weight snapshots present, oldest first."""
         if not self.checkpoints.is_dir():
             return []
-        steps = [int(m.group(1)) for p in self.checkpoints.iterdir() if (m := _SNAPSHOT.match(p.name))]
+        steps = [
+            int(m.group(1)) for p in self.checkpoints.iterdir() if (m := _SNAPSHOT.match(p.name))
+        ]
         return sorted(steps)
 
     def save_checkpoint(self, model: nn.Module, state: dict[str, Any], keep_last: int) -> None:
@@ -106,8 +111,9 @@ class RunFolder:
         save_weights(model, self.snapshot_path(step))
         save_weights(model, self.weights)
         buffer = io.BytesIO()
-        torch.save({**state, "version": STATE_VERSION, "snapshot": self.snapshot_path(step).name},
-                   buffer)
+        torch.save(
+            {**state, "version": STATE_VERSION, "snapshot": self.snapshot_path(step).name}, buffer
+        )
         write_bytes(self.state, buffer.getvalue())
         for old in self.snapshot_steps()[:-keep_last]:
             self.snapshot_path(old).unlink(missing_ok=True)
@@ -118,16 +124,36 @@ class RunFolder:
             raise CheckpointError(f"{self.state}: trainer state not found")
         try:
             state = torch.load(self.state, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError,
-                zipfile.BadZipFile, AttributeError) as err:
+        except (
+            RuntimeError,
+            EOFError,
+            OSError,
+            ValueError,
+            pickle.UnpicklingError,
+            zipfile.BadZipFile,
+            AttributeError,
+        ) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise CheckpointError(f"{self.state}: corrupt or truncated trainer state ({first})") from None
-        required = ("version", "step", "epoch", "position", "optimizer", "rng", "snapshot", "progress")
+            raise CheckpointError(
+                f"{self.state}: corrupt or truncated trainer state ({first})"
+            ) from None
+        required = (
+            "version",
+            "step",
+            "epoch",
+            "position",
+            "optimizer",
+            "rng",
+            "snapshot",
+            "progress",
+        )
         if not isinstance(state, dict) or any(k not in state for k in required):
             raise CheckpointError(f"{self.state}: not an aiayn trainer state")
         if state["version"] != STATE_VERSION:
-            raise CheckpointError(f"{self.state}: trainer state version {state['version']}, "
-                                  f"this aiayn reads version {STATE_VERSION}")
+            raise CheckpointError(
+                f"{self.state}: trainer state version {state['version']}, "
+                f"this aiayn reads version {STATE_VERSION}"
+            )
         return state
 
     def discard_after(self, step: int) -> None:

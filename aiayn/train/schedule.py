@@ -8,7 +8,7 @@ the share of the time budget used, measured by the trainer.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from aiayn.train.config import TrainConfig
 
@@ -18,7 +18,7 @@ Schedule = Callable[[int, float], float]  # (update, share of the post-warm-up t
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
     """Vaswani et al. 2017, §5.3: scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
     step = max(step, 1)
-    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 0.0) -> float:
@@ -30,8 +30,9 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 0.0) -> f
     return peak * math.sqrt(max(warmup, 1) / step)
 
 
-def cosine_lr(step: int, peak: float, warmup: int, total: int, floor: float = 0.0,
-              init: float = 0.0) -> float:
+def cosine_lr(
+    step: int, peak: float, warmup: int, total: int, floor: float = 0.0, init: float = 0.0
+) -> float:
     """Linear warm-up from ``init`` to ``peak`` over ``warmup`` updates, then half a cosine from
     ``peak`` down to ``floor`` at update ``total``, and ``floor`` after it (as nanoGPT; for a run
     with a known budget of updates, so the rate has decayed when the budget ends)."""
@@ -47,8 +48,9 @@ def cosine_decay(progress: float, peak: float, floor: float) -> float:
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def time_cosine_lr(step: int, time_used: float, peak: float, warmup: int, floor: float = 0.0,
-                   init: float = 0.0) -> float:
+def time_cosine_lr(
+    step: int, time_used: float, peak: float, warmup: int, floor: float = 0.0, init: float = 0.0
+) -> float:
     """cosine_lr over time: the same warm-up over ``warmup`` updates, then half a cosine whose
     progress is ``time_used``, the share of the time budget left after the warm-up that has been
     spent (0 at the end of the warm-up, 1 when the budget ends)."""
@@ -64,12 +66,15 @@ def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:
     if cfg.lr_schedule == "noam":
         return lambda step, _=0.0: noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_scale)
     if cfg.lr_schedule == "inverse_sqrt":
-        return lambda step, _=0.0: inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps,
-                                                   cfg.warmup_init_lr)
+        return lambda step, _=0.0: inverse_sqrt_lr(
+            step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr
+        )
     if cfg.lr_schedule == "cosine" and cfg.schedule_clock == "time":
-        return lambda step, used=0.0: time_cosine_lr(step, used, cfg.lr, cfg.warmup_steps,
-                                                     cfg.min_lr, cfg.warmup_init_lr)
+        return lambda step, used=0.0: time_cosine_lr(
+            step, used, cfg.lr, cfg.warmup_steps, cfg.min_lr, cfg.warmup_init_lr
+        )
     if cfg.lr_schedule == "cosine":
-        return lambda step, _=0.0: cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps,
-                                             cfg.min_lr, cfg.warmup_init_lr)
+        return lambda step, _=0.0: cosine_lr(
+            step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr, cfg.warmup_init_lr
+        )
     return lambda step, _=0.0: cfg.lr

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -131,20 +132,30 @@ class TranslationTask(Task):
 
         data = self.cfg.data
         if tokenizer_json is None:
-            log.info("training a %s tokenizer (vocabulary %d) on the training split",
-                     data.tokenizer, data.vocab_size)
+            log.info(
+                "training a %s tokenizer (vocabulary %d) on the training split",
+                data.tokenizer,
+                data.vocab_size,
+            )
             self.tokenizer = fit_tokenizer(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
         self.train_pairs, self.valid_pairs, self.train_texts = prepare_translation_texts(
-            data, self.tokenizer)
+            data, self.tokenizer
+        )
         if not self.train_pairs:
             raise ConfigError("no training pairs left after filtering by data.max_len")
         # BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at random.
-        self.noisy_tokenizer = self.tokenizer.with_dropout(data.bpe_dropout) if data.bpe_dropout else None
+        self.noisy_tokenizer = (
+            self.tokenizer.with_dropout(data.bpe_dropout) if data.bpe_dropout else None
+        )
         self._samplers: dict[tuple, Any] = {}
-        log.info("%d training pairs, %d validation pairs, vocabulary %d",
-                 len(self.train_pairs), len(self.valid_pairs), self.tokenizer.vocab_size)
+        log.info(
+            "%d training pairs, %d validation pairs, vocabulary %d",
+            len(self.train_pairs),
+            len(self.valid_pairs),
+            self.tokenizer.vocab_size,
+        )
         return self.tokenizer.to_str()
 
     def model_config(self, model: ModelConfig) -> ModelConfig:
@@ -162,8 +173,11 @@ class TranslationTask(Task):
             net.output_mask.zero_()
             net.output_mask[torch.tensor(sorted(seen), dtype=torch.long)] = True
             net.output_mask[model.eos_id] = True
-            log.info("output vocabulary: the %d of %d tokens seen in the training targets",
-                     int(net.output_mask.sum()), model.tgt_vocab_size)
+            log.info(
+                "output vocabulary: the %d of %d tokens seen in the training targets",
+                int(net.output_mask.sum()),
+                model.tgt_vocab_size,
+            )
         return net
 
     def _sampler(self, split: str, rank: int, world_size: int) -> Any:
@@ -173,8 +187,13 @@ class TranslationTask(Task):
         if key not in self._samplers:
             pairs = self.train_pairs if split == "train" else self.valid_pairs
             self._samplers[key] = TokenBatchSampler(
-                *pair_lengths(pairs), max_tokens=self.cfg.data.max_tokens,
-                shuffle=split == "train", seed=self.cfg.data.seed, rank=rank, world_size=world_size)
+                *pair_lengths(pairs),
+                max_tokens=self.cfg.data.max_tokens,
+                shuffle=split == "train",
+                seed=self.cfg.data.seed,
+                rank=rank,
+                world_size=world_size,
+            )
         return self._samplers[key]
 
     def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
@@ -203,7 +222,9 @@ class TranslationTask(Task):
         n, encode = self.cfg.data.max_len, self.noisy_tokenizer.encode
         # One text at a time on this thread (~20-50 ms per batch here), so that no tokenizer
         # threads run beside the training threads.
-        return [(encode(x)[:n], encode(y)[:n - 1]) for x, y in (self.train_texts[i] for i in indices)]
+        return [
+            (encode(x)[:n], encode(y)[: n - 1]) for x, y in (self.train_texts[i] for i in indices)
+        ]
 
     def num_targets(self, batch: Any) -> int:
         return int(batch.n_tgt_tokens)
@@ -213,10 +234,12 @@ class TranslationTask(Task):
         hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, T, D)
         weight, target, ignore = kept_outputs(model, batch.tgt_out, self.cfg.model.pad_id)
         loss, nll = projected_label_smoothed_nll_loss(
-            hidden, weight, target, self.cfg.train.label_smoothing, ignore)
+            hidden, weight, target, self.cfg.train.label_smoothing, ignore
+        )
         # with an output mask, a reference token outside it is skipped: not counted either
-        n_targets = (batch.n_tgt_tokens if ignore == self.cfg.model.pad_id
-                     else int((target != ignore).sum()))
+        n_targets = (
+            batch.n_tgt_tokens if ignore == self.cfg.model.pad_id else int((target != ignore).sum())
+        )
         return StepStats(loss, nll, n_targets, batch.n_src_tokens + batch.n_tgt_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
@@ -225,7 +248,9 @@ class TranslationTask(Task):
             from aiayn.decode import translate_texts
             from aiayn.eval.bleu import corpus_scores
         except ImportError as err:
-            raise ConfigError(f"train.bleu_every needs aiayn.decode and aiayn.eval ({err})") from None
+            raise ConfigError(
+                f"train.bleu_every needs aiayn.decode and aiayn.eval ({err})"
+            ) from None
         from aiayn.data import load_translation
 
         t = self.cfg.train
@@ -236,8 +261,11 @@ class TranslationTask(Task):
         src, ref = self._bleu_data
         hyps = translate_texts(model, self.tokenizer, src, beam=t.bleu_beam, alpha=t.bleu_alpha)
         scores = corpus_scores(hyps, ref)
-        return {"valid_bleu": float(scores["bleu"]), "valid_bleu_lc": float(scores["bleu_lc"]),
-                "valid_chrf": float(scores["chrf"])}
+        return {
+            "valid_bleu": float(scores["bleu"]),
+            "valid_bleu_lc": float(scores["bleu_lc"]),
+            "valid_chrf": float(scores["chrf"]),
+        }
 
 
 TASKS: dict[str, Callable[[RunConfig], Task]] = {"translation": TranslationTask}
@@ -254,14 +282,21 @@ def build_task(cfg: RunConfig) -> Task:
     """The Task for ``data.task``."""
     name = cfg.data.task
     if name not in TASKS:
-        raise ConfigError(f"data.task = '{name}' has no trainer task yet (have: {', '.join(TASKS)})")
+        raise ConfigError(
+            f"data.task = '{name}' has no trainer task yet (have: {', '.join(TASKS)})"
+        )
     if cfg.train.adversarial_eps and name != "classification":
-        raise ConfigError("train.adversarial_eps applies to data.task = 'classification' only, "
-                          f"not '{name}'")
+        raise ConfigError(
+            f"train.adversarial_eps applies to data.task = 'classification' only, not '{name}'"
+        )
     if cfg.model.output_vocab != "all" and name != "translation":
-        raise ConfigError(f"model.output_vocab = '{cfg.model.output_vocab}' applies to "
-                          f"data.task = 'translation' only, not '{name}'")
+        raise ConfigError(
+            f"model.output_vocab = '{cfg.model.output_vocab}' applies to "
+            f"data.task = 'translation' only, not '{name}'"
+        )
     if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
-        raise ConfigError("model.output_vocab = 'targets' does not go with data.bpe_dropout: "
-                          "a noisy segmentation produces tokens the clean targets never hold")
+        raise ConfigError(
+            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
+            "a noisy segmentation produces tokens the clean targets never hold"
+        )
     return TASKS[name](cfg)

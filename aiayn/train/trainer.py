@@ -18,8 +18,9 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,10 +83,17 @@ class _Interval:
 
 def _rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-             "python_gauss": random.getstate()[2],
-             "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
-                       int(np_state[3]), float(np_state[4])]}
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_gauss": random.getstate()[2],
+        "numpy": [
+            torch.from_numpy(np_state[1].astype(np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -113,8 +121,16 @@ def _rng_untouched() -> Iterator[None]:
 class Trainer:
     """Trains ``task``'s model with ``cfg.train`` into ``folder``; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig, task: Task, folder: RunFolder, dist: DistContext,
-                 meta: dict[str, Any], tokenizer_json: str, resume: bool) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        folder: RunFolder,
+        dist: DistContext,
+        meta: dict[str, Any],
+        tokenizer_json: str,
+        resume: bool,
+    ) -> None:
         self.cfg, self.task, self.folder, self.dist = cfg, task, folder, dist
         self.t = cfg.train
         self.meta = meta
@@ -136,9 +152,13 @@ class Trainer:
         else:
             # Processes share the initial weights (seed) but each draws its own dropout masks.
             torch.manual_seed(self.t.seed + 1_000_003 * dist.rank)
-        self.ddp = (DistributedDataParallel(self.model, device_ids=[self.device.index]
-                                            if self.device.type == "cuda" else None)
-                    if dist.active else None)
+        self.ddp = (
+            DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            if dist.active
+            else None
+        )
         self.last_valid: dict[str, float] = {}
         self.session_start = time.perf_counter()
         self._synced_wall = self.progress.wall  # the wall-clock all processes agree on
@@ -152,15 +172,25 @@ class Trainer:
         # The fused kernel: one pass over each parameter instead of ~10 foreach passes (BASE,
         # 60 M parameters, 2 threads here: 37 ms against 160 ms a step); the same update.
         self.fused_optimizer = self.device.type in ("cpu", "cuda")
-        return opt(self.model.parameters(), lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps,
-                   weight_decay=t.weight_decay, fused=self.fused_optimizer)
+        return opt(
+            self.model.parameters(),
+            lr=0.0,
+            betas=tuple(t.adam_betas),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+            fused=self.fused_optimizer,
+        )
 
     def _init_from(self, folder: str) -> None:
         from aiayn.checkpoint import init_from_model_dir
 
         copied, fresh = init_from_model_dir(self.model, folder)
-        log.info("train.init_from: %d tensors from %s; initialised here: %s", len(copied), folder,
-                 ", ".join(fresh) or "none")
+        log.info(
+            "train.init_from: %d tensors from %s; initialised here: %s",
+            len(copied),
+            folder,
+            ", ".join(fresh) or "none",
+        )
 
     def _fuse_optimizer_groups(self) -> None:
         """A state saved before the fused optimizer kernel brings back its groups' ``fused`` flag
@@ -182,22 +212,30 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError, RuntimeError) as err:
-            raise CheckpointError(f"{self.folder.state}: optimizer state does not fit the model "
-                                  f"({err})") from None
+            raise CheckpointError(
+                f"{self.folder.state}: optimizer state does not fit the model ({err})"
+            ) from None
         self._fuse_optimizer_groups()
         try:
             self.progress = _Progress(**state["progress"])
             rngs = state["rng"]
             _set_rng_state(rngs[self.dist.rank % len(rngs)])
         except (TypeError, KeyError, ValueError, RuntimeError, IndexError) as err:
-            raise CheckpointError(f"{self.folder.state}: not an aiayn trainer state ({err})") from None
+            raise CheckpointError(
+                f"{self.folder.state}: not an aiayn trainer state ({err})"
+            ) from None
         if len(rngs) != self.dist.world_size:
-            log.warning("resuming with %d processes, the checkpoint had %d: dropout masks and the "
-                        "data order will differ from an uninterrupted run", self.dist.world_size,
-                        len(rngs))
+            log.warning(
+                "resuming with %d processes, the checkpoint had %d: dropout masks and the "
+                "data order will differ from an uninterrupted run",
+                self.dist.world_size,
+                len(rngs),
+            )
         if self.dist.is_main:
             self.folder.discard_after(self.progress.step)
-        log.info("resumed %s at step %d (epoch %d)", self.folder.path, state["step"], state["epoch"])
+        log.info(
+            "resumed %s at step %d (epoch %d)", self.folder.path, state["step"], state["epoch"]
+        )
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> TrainResult:
@@ -226,7 +264,7 @@ class Trainer:
         batches = self._epoch_batches(p.epoch)
         self._epoch_len = len(batches)
         while p.position < len(batches):
-            group = batches[p.position:p.position + t.update_freq]
+            group = batches[p.position : p.position + t.update_freq]
             p.position += len(group)
             applied = self.update(group)
             if applied:
@@ -244,8 +282,10 @@ class Trainer:
         # Every process must run the same number of updates, or DDP would wait forever.
         n = int(self.dist.all_reduce([len(batches)], op="min")[0])
         if n == 0:
-            raise ConfigError(f"epoch {epoch} has no batches on rank {self.dist.rank}: too little "
-                              "data for the number of processes")
+            raise ConfigError(
+                f"epoch {epoch} has no batches on rank {self.dist.rank}: too little "
+                "data for the number of processes"
+            )
         return batches[:n]
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -264,7 +304,7 @@ class Trainer:
         sums = [0.0, 0.0, 0.0]  # loss, nll, tokens
         for i, batch in enumerate(batches):
             sync = self.ddp is None or i == len(batches) - 1
-            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self._autocast():
+            with contextlib.nullcontext() if sync else self.ddp.no_sync(), self._autocast():
                 stats = self.task.loss(net, batch, self.device)
             (stats.loss * scale).backward()
             sums[0] += stats.loss.item()
@@ -297,14 +337,20 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         p.bad_steps += 1
         p.skipped += 1
-        log.warning("update %d skipped: non-finite %s (%d in a row, %d in all)", p.step + 1,
-                    "loss" if not math.isfinite(loss) else "gradient norm", p.bad_steps, p.skipped)
+        log.warning(
+            "update %d skipped: non-finite %s (%d in a row, %d in all)",
+            p.step + 1,
+            "loss" if not math.isfinite(loss) else "gradient norm",
+            p.bad_steps,
+            p.skipped,
+        )
         if p.bad_steps >= self.t.max_bad_steps:
             raise TrainingDiverged(
                 f"training stopped: {p.bad_steps} consecutive updates had a non-finite loss or "
                 f"gradient (train.max_bad_steps = {self.t.max_bad_steps}); the last good "
                 f"checkpoint in {self.folder.path} is intact. Lower train.lr or raise "
-                "train.warmup_steps, or try precision = fp32")
+                "train.warmup_steps, or try precision = fp32"
+            )
         return False
 
     def _count(self, loss: float, nll: float, targets: float, tokens: float, norm: float) -> None:
@@ -365,17 +411,26 @@ class Trainer:
         elapsed = max((until or time.perf_counter()) - iv.start, 1e-9)
         targets = max(iv.targets, 1.0)
         record = {
-            "step": p.step, "wall": round(self._wall(), 3), "epoch": p.epoch,
-            "loss": iv.loss / targets, "nll": iv.nll / targets,
-            "lr": self.optimizer.param_groups[0]["lr"], "tokens_per_s": iv.tokens / elapsed,
-            "grad_norm": iv.grad_norm / max(iv.updates, 1), "skipped": p.skipped,
+            "step": p.step,
+            "wall": round(self._wall(), 3),
+            "epoch": p.epoch,
+            "loss": iv.loss / targets,
+            "nll": iv.nll / targets,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "tokens_per_s": iv.tokens / elapsed,
+            "grad_norm": iv.grad_norm / max(iv.updates, 1),
+            "skipped": p.skipped,
             **valid,
         }
         if self.dist.is_main:
             self.folder.append_metrics(record)
             if self._bar is not None:
-                self._bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                      tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+                self._bar.set_postfix(
+                    loss=f"{record['loss']:.3f}",
+                    lr=f"{record['lr']:.2e}",
+                    tok_s=f"{record['tokens_per_s']:.0f}",
+                    refresh=False,
+                )
         self._interval = _Interval()
 
     # ---- validation --------------------------------------------------------------------------
@@ -414,7 +469,9 @@ class Trainer:
         value = metrics.get(t.best_metric)
         if value is None:
             return None
-        better = p.best is None or (value < p.best if t.best_metric == "valid_loss" else value > p.best)
+        better = p.best is None or (
+            value < p.best if t.best_metric == "valid_loss" else value > p.best
+        )
         if better:
             p.best, p.bad_valid = value, 0
             if self.dist.is_main:
@@ -422,8 +479,12 @@ class Trainer:
             return None
         p.bad_valid += 1
         if t.patience and p.bad_valid >= t.patience:
-            log.info("early stopping: %s has not improved for %d validations (best %.4f)",
-                     t.best_metric, p.bad_valid, p.best)
+            log.info(
+                "early stopping: %s has not improved for %d validations (best %.4f)",
+                t.best_metric,
+                p.bad_valid,
+                p.best,
+            )
             return "early_stopping"
         return None
 
@@ -432,11 +493,16 @@ class Trainer:
         p = self.progress
         progress = {k: v for k, v in vars(p).items()}
         progress["wall"] = self._wall()
-        return {"step": p.step, "epoch": p.epoch, "position": p.position,
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": {"name": self.t.lr_schedule, "step": p.step},
-                "rng": self.dist.gather(_rng_state()), "progress": progress,
-                "world_size": self.dist.world_size}
+        return {
+            "step": p.step,
+            "epoch": p.epoch,
+            "position": p.position,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"name": self.t.lr_schedule, "step": p.step},
+            "rng": self.dist.gather(_rng_state()),
+            "progress": progress,
+            "world_size": self.dist.world_size,
+        }
 
     def _save(self) -> None:
         state = self._state()  # collective (RNG states of every process): all ranks call it
@@ -448,10 +514,14 @@ class Trainer:
         from aiayn.checkpoint import save_model_dir
 
         extra = {k: v for k, v in self.meta.items() if k not in ("kind", "model")}
-        save_model_dir(self.folder.best, self.model, self.cfg.model, kind=self.task.kind,
-                       tokenizer_json=self.tokenizer_json,
-                       extra={**extra, "best": {"step": self.progress.step,
-                                                self.t.best_metric: value}})
+        save_model_dir(
+            self.folder.best,
+            self.model,
+            self.cfg.model,
+            kind=self.task.kind,
+            tokenizer_json=self.tokenizer_json,
+            extra={**extra, "best": {"step": self.progress.step, self.t.best_metric: value}},
+        )
 
     def _finish(self, reason: str) -> None:
         """Validate, log and save the final step unless that already happened."""
@@ -471,7 +541,11 @@ class Trainer:
         from tqdm import tqdm
 
         total = self.t.max_steps or None
-        return tqdm(total=total, initial=self.progress.step, desc="train", unit="upd",
-                    dynamic_ncols=True, leave=False)
-
-
+        return tqdm(
+            total=total,
+            initial=self.progress.step,
+            desc="train",
+            unit="upd",
+            dynamic_ncols=True,
+            leave=False,
+        )

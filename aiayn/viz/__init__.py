@@ -36,12 +36,12 @@ def pyplot() -> Any:
     return plt
 
 
-def panels(fig: "Figure") -> list[Any]:
+def panels(fig: Figure) -> list[Any]:
     """The plot panels of ``fig``: its axes, colorbars excluded."""
     return [ax for ax in fig.axes if ax.get_label() != COLORBAR_LABEL]
 
 
-def save_figure(fig: "Figure", path: str | Path, dpi: int = 110) -> Path:
+def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as a PNG (atomically) and close it. The PNG's ``Description`` holds the panel
     titles, one per line, so a reader (or a test) can tell what the image contains."""
     from aiayn.io import atomic_path
@@ -52,8 +52,13 @@ def save_figure(fig: "Figure", path: str | Path, dpi: int = 110) -> Path:
     titles = "\n".join(ax.get_title() or "(untitled)" for ax in panels(fig))
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight",
-                        metadata={"Software": "aiayn", "Description": titles})
+            fig.savefig(
+                tmp,
+                format="png",
+                dpi=dpi,
+                bbox_inches="tight",
+                metadata={"Software": "aiayn", "Description": titles},
+            )
     except OSError as err:
         raise AiaynError(f"{path}: cannot write the figure ({err.strerror or err})") from None
     finally:

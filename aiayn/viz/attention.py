@@ -12,8 +12,9 @@ layer of one kind, its columns the heads. Layers and heads are numbered from 1, 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -30,9 +31,11 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "decoder": ("dec self", "tgt", "tgt"),
     "cross": ("enc-dec", "tgt", "src"),
 }
-LEGEND = ("enc self: encoder self-attention · dec self: decoder masked self-attention · "
-          "enc-dec: decoder queries over the encoder output.  Rows: queries, columns: keys; "
-          "colour: attention weight, 0 to 1.")
+LEGEND = (
+    "enc self: encoder self-attention · dec self: decoder masked self-attention · "
+    "enc-dec: decoder queries over the encoder output.  Rows: queries, columns: keys; "
+    "colour: attention weight, 0 to 1."
+)
 
 
 @dataclass
@@ -51,8 +54,9 @@ class AttentionMaps:
 
 
 @torch.no_grad()
-def record_attention(model: nn.Module, src_ids: Sequence[int] | Tensor,
-                     tgt_ids: Sequence[int] | Tensor) -> AttentionMaps:
+def record_attention(
+    model: nn.Module, src_ids: Sequence[int] | Tensor, tgt_ids: Sequence[int] | Tensor
+) -> AttentionMaps:
     """Attention weights of ``model`` (a :class:`aiayn.model.Transformer`) for one pair.
 
     ``src_ids`` are the source ids as the model encodes them; ``tgt_ids`` the decoder inputs
@@ -107,7 +111,7 @@ def plot_attention(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     title: str | None = None,
-) -> "Figure":
+) -> Figure:
     """One heat-map per (kind, layer, head): queries down, keys across, tokens on the axes.
 
     ``src_tokens`` label the S source positions, ``tgt_tokens`` the T decoder inputs. ``layers``
@@ -122,15 +126,26 @@ def plot_attention(
     _check_lengths(maps, tokens)
     cell = max(2.2, 0.16 * max(len(tokens["src"]), len(tokens["tgt"])))
     plt = pyplot()
-    fig, axes = plt.subplots(len(rows), len(chosen_heads), squeeze=False, layout="constrained",
-                             figsize=(cell * len(chosen_heads) + 1.0, (cell + 0.5) * len(rows)))
+    fig, axes = plt.subplots(
+        len(rows),
+        len(chosen_heads),
+        squeeze=False,
+        layout="constrained",
+        figsize=(cell * len(chosen_heads) + 1.0, (cell + 0.5) * len(rows)),
+    )
     for r, (kind, layer) in enumerate(rows):
         label, q_side, k_side = KINDS[kind]
         for c, head in enumerate(chosen_heads):
             ax = axes[r][c]
             weights = maps.of(kind)[layer][head]  # (Tq, Tk)
-            image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
-                              interpolation="nearest")
+            image = ax.imshow(
+                weights.numpy(),
+                cmap="viridis",
+                vmin=0.0,
+                vmax=1.0,
+                aspect="auto",
+                interpolation="nearest",
+            )
             ax.set_title(f"{label} · layer {layer + 1} · head {head + 1}", fontsize=8)
             _label_axes(ax, tokens[q_side], tokens[k_side], show_queries=c == 0)
     fig.colorbar(image, ax=axes, shrink=min(1.0, 4.0 / len(rows)), label="attention weight")
@@ -145,7 +160,8 @@ def _check_lengths(maps: AttentionMaps, tokens: dict[str, list[str]]) -> None:
             if w.shape[-2:] != (len(tokens[q_side]), len(tokens[k_side])):
                 raise AiaynError(
                     f"{kind} attention is {tuple(w.shape[-2:])} but there are "
-                    f"{len(tokens[q_side])} query and {len(tokens[k_side])} key tokens")
+                    f"{len(tokens[q_side])} query and {len(tokens[k_side])} key tokens"
+                )
 
 
 def _label_axes(ax, queries: list[str], keys: list[str], show_queries: bool) -> None:
@@ -182,8 +198,9 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     return labels
 
 
-def attention_of_translation(model: nn.Module, tokenizer, text: str, beam: int | None = None
-                             ) -> TranslationAttention:
+def attention_of_translation(
+    model: nn.Module, tokenizer, text: str, beam: int | None = None
+) -> TranslationAttention:
     """Translate ``text`` with :func:`aiayn.decode.translate_ids` (the DecodeConfig defaults: beam
     search with the paper's settings; greedy with ``beam=1``), then record the attention of the model re-reading its own
     output (teacher forcing over BOS + the produced tokens): the same weights the search computed
@@ -198,8 +215,12 @@ def attention_of_translation(model: nn.Module, tokenizer, text: str, beam: int |
     decode_cfg = DecodeConfig() if beam is None else DecodeConfig(beam=beam)
     best = translate_ids(model, [src], decode_cfg)[0][0]  # the one sentence's best hypothesis
     tgt = [cfg.bos_id] + best.tokens
-    return TranslationAttention(tokenizer.decode(best.tokens), token_labels(tokenizer, src),
-                                token_labels(tokenizer, tgt), record_attention(model, src, tgt))
+    return TranslationAttention(
+        tokenizer.decode(best.tokens),
+        token_labels(tokenizer, src),
+        token_labels(tokenizer, tgt),
+        record_attention(model, src, tgt),
+    )
 
 
 def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> TranslationAttention:

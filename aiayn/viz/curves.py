@@ -103,8 +103,11 @@ def _wall_unit(seconds: float) -> tuple[float, str]:
 
 def _metric_series(series: dict[str, Series]) -> dict[str, Series]:
     """The validation metrics of the third column: BLEU and the like, else the perplexity."""
-    metrics = {k: s for k, s in series.items()
-               if k.startswith("valid_") and k not in ("valid_loss", "valid_ppl")}
+    metrics = {
+        k: s
+        for k, s in series.items()
+        if k.startswith("valid_") and k not in ("valid_loss", "valid_ppl")
+    }
     if metrics:
         return metrics
     if "valid_ppl" in series:
@@ -115,22 +118,24 @@ def _metric_series(series: dict[str, Series]) -> dict[str, Series]:
     return {}
 
 
-def plot_curves(rows: list[dict], title: str | None = None) -> "Figure":
+def plot_curves(rows: list[dict], title: str | None = None) -> Figure:
     """Loss (training and validation), learning rate and validation metrics, against step (top
     row) and wall-clock (bottom row). Six panels. The third column shows the ``valid_*`` metrics
     other than loss and perplexity (BLEU …); without any, the validation perplexity."""
     return plot_runs([("", rows)], title)
 
 
-def plot_runs(runs: list[tuple[str, list[dict]]], title: str | None = None) -> "Figure":
+def plot_runs(runs: list[tuple[str, list[dict]]], title: str | None = None) -> Figure:
     """:func:`plot_curves` of several runs on the same panels (e.g. the models of an ensemble,
     trained side by side); each line's legend starts with its run's label."""
     plotted = []
     for label, rows in runs:
         series = collect_series(rows)
         if "loss" not in series and "valid_loss" not in series:
-            raise DataError(f"{label + ': ' if label else ''}the metrics hold no 'loss' or "
-                            "'valid_loss' values to plot")
+            raise DataError(
+                f"{label + ': ' if label else ''}the metrics hold no 'loss' or "
+                "'valid_loss' values to plot"
+            )
         plotted.append((f"{label} " if label else "", series, _metric_series(series)))
     unit, unit_name = _wall_unit(max(r["wall"] for _, rows in runs for r in rows))
     plt = pyplot()
@@ -138,7 +143,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], title: str | None = None) -> "
     for r, (axis, xlabel) in enumerate([("step", "step"), ("wall", f"wall-clock ({unit_name})")]):
         scale = 1.0 if axis == "step" else unit
 
-        def draw(ax, key: str, s: Series, **kw) -> None:
+        def draw(ax, key: str, s: Series, axis: str = axis, scale: float = scale, **kw) -> None:
             ax.plot([x / scale for x in getattr(s, axis)], s.value, label=key, **kw)
 
         loss_ax, lr_ax, metric_ax = axes[r]
@@ -161,8 +166,9 @@ def plot_runs(runs: list[tuple[str, list[dict]]], title: str | None = None) -> "
         if any(metrics for _, _, metrics in plotted):
             metric_ax.legend()
         else:
-            metric_ax.text(0.5, 0.5, "no validation lines yet", ha="center",
-                           transform=metric_ax.transAxes)
+            metric_ax.text(
+                0.5, 0.5, "no validation lines yet", ha="center", transform=metric_ax.transAxes
+            )
         for ax in axes[r]:
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)

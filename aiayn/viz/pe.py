@@ -28,7 +28,7 @@ def _check_shape(length: int, depth: int) -> None:
         raise AiaynError(f"--depth must be an even number >= 2 (sin/cos pairs), got {depth}")
 
 
-def plot_pe(length: int = 2048, depth: int = 512) -> "Figure":
+def plot_pe(length: int = 2048, depth: int = 512) -> Figure:
     """Heat-map of PE(pos, i): position down, depth across. One panel (+ colorbar)."""
     _check_shape(length, depth)
     table = sinusoidal_table(length, depth)  # (L, D)
@@ -36,8 +36,11 @@ def plot_pe(length: int = 2048, depth: int = 512) -> "Figure":
     fig, ax = plt.subplots(figsize=(8, 6), layout="constrained")
     image = ax.pcolormesh(table.numpy(), cmap="RdBu", vmin=-1.0, vmax=1.0, rasterized=True)
     ax.invert_yaxis()
-    ax.set(xlabel="depth i", ylabel="position",
-           title=f"Sinusoidal positional encoding (§3.5), {length} positions × depth {depth}")
+    ax.set(
+        xlabel="depth i",
+        ylabel="position",
+        title=f"Sinusoidal positional encoding (§3.5), {length} positions × depth {depth}",
+    )
     fig.colorbar(image, ax=ax, label="PE(pos, i)")
     return fig
 
@@ -49,24 +52,30 @@ def pe_similarity(table: Tensor, position: int) -> Tensor:
 
 def plot_pe_similarity(
     position: int = 1000, length: int = 2048, depth: int = 512, window: int = 50
-) -> "Figure":
+) -> Figure:
     """Cosine similarity of one position's encoding with all others: the whole range, and a zoomed
     panel of ±``window`` positions around it. Two panels."""
     _check_shape(length, depth)
     if not 0 <= position < length:
-        raise AiaynError(f"--position must be in [0, {length - 1}] (--length {length}), got {position}")
+        raise AiaynError(
+            f"--position must be in [0, {length - 1}] (--length {length}), got {position}"
+        )
     if window < 1:
         raise AiaynError(f"--window must be at least 1, got {window}")
     sim = pe_similarity(sinusoidal_table(length, depth).double(), position).numpy()  # (L,)
     lo, hi = max(0, position - window), min(length, position + window + 1)
     plt = pyplot()
-    fig, (full, zoom) = plt.subplots(1, 2, figsize=(12, 4), layout="constrained",
-                                     gridspec_kw={"width_ratios": [2, 1]})
+    fig, (full, zoom) = plt.subplots(
+        1, 2, figsize=(12, 4), layout="constrained", gridspec_kw={"width_ratios": [2, 1]}
+    )
     full.plot(sim, lw=0.8)
     full.axvspan(lo, hi - 1, color="tab:orange", alpha=0.2, label="zoomed range")
     full.legend(loc="lower left")
-    full.set(xlabel="position", ylabel="cosine similarity",
-             title=f"cos(PE[{position}], PE[p]) for all p < {length}, depth {depth}")
+    full.set(
+        xlabel="position",
+        ylabel="cosine similarity",
+        title=f"cos(PE[{position}], PE[p]) for all p < {length}, depth {depth}",
+    )
     zoom.plot(range(lo, hi), sim[lo:hi], marker=".", ms=3, lw=0.8)
     zoom.axvline(position, color="tab:red", lw=0.8, ls="--")
     zoom.set(xlabel="position", title=f"zoom: positions {lo}…{hi - 1}")
