@@ -7,20 +7,23 @@ weights in safetensors (loading never executes pickled code) and the tokenizer. 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.io import atomic_path, write_json
+from aiayn.io import atomic_path, new_folder, recover_folder, write_json
 
+log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
@@ -48,8 +51,71 @@ def _builtin_kinds() -> None:
         register_kind("masked_lm", TransformerMaskedLM)
 
 
-def save_weights(model: nn.Module, path: str | Path) -> None:
-    """Atomically write ``model``'s state to safetensors (tied tensors stored once)."""
+# Keys of the safetensors metadata that tie the weights to the rest of their folder.
+META_MODEL = "aiayn.model"  # the model config (JSON) the weights were built with
+META_TOKENIZER = "aiayn.tokenizer_sha256"  # sha256 of the tokenizer.json bytes they were trained on
+
+
+def folder_parts(model_cfg: ModelConfig | dict[str, Any], tokenizer: str | bytes | None) -> dict:
+    """The safetensors metadata that records a weights file's config and tokenizer."""
+    cfg = model_cfg if isinstance(model_cfg, dict) else to_dict(model_cfg)
+    parts = {META_MODEL: json.dumps(cfg, sort_keys=True)}
+    if tokenizer is not None:
+        data = tokenizer.encode("utf-8") if isinstance(tokenizer, str) else tokenizer
+        parts[META_TOKENIZER] = hashlib.sha256(data).hexdigest()
+    return parts
+
+
+_UNCHECKED_NOTED: set[str] = set()
+
+
+def verify_folder_parts(folder: str | Path, weights_name: str = WEIGHTS_FILE) -> None:
+    """Check that a folder's config.json (model section) and tokenizer.json are those its weights
+    were written with (recorded in the weights' metadata); CheckpointError naming what differs.
+    Folders written before the record existed load unchecked (said once per folder)."""
+    folder = Path(folder)
+    path = folder / weights_name
+    try:
+        with safe_open(str(path), "pt") as f:
+            recorded = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError):
+        return  # unreadable weights: the loader says so, with its own message
+    if META_MODEL not in recorded:
+        if str(folder) not in _UNCHECKED_NOTED:
+            _UNCHECKED_NOTED.add(str(folder))
+            log.info("%s: written before aiayn recorded a folder's parts; not checked", folder)
+        return
+    meta = read_config(folder)
+    try:
+        saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
+        here = to_dict(from_dict(ModelConfig, meta["model"]))
+    except (AiaynError, ValueError, TypeError):
+        raise CheckpointError(f"{folder / CONFIG_FILE}: its model section is not valid") from None
+    diffs = [
+        f"{k} is {here.get(k)!r}, the weights' is {saved.get(k)!r}"
+        for k in sorted(set(saved) | set(here))
+        if saved.get(k) != here.get(k)
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"{folder}: config.json does not describe these weights ({'; '.join(diffs[:3])}): "
+            "the folder's parts come from different models"
+        )
+    tokenizer = folder / TOKENIZER_FILE
+    if META_TOKENIZER in recorded and tokenizer.is_file():
+        digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+        if digest != recorded[META_TOKENIZER]:
+            raise CheckpointError(
+                f"{folder}: tokenizer.json is not the tokenizer these weights were trained with "
+                "(the folder's parts come from different models)"
+            )
+
+
+def save_weights(
+    model: nn.Module, path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """Atomically write ``model``'s state to safetensors (tied tensors stored once), with
+    ``metadata`` (:func:`folder_parts`) in its header."""
     state = {}
     seen: dict[int, str] = {}
     for name, tensor in model.state_dict().items():
@@ -59,7 +125,7 @@ def save_weights(model: nn.Module, path: str | Path) -> None:
         seen[key] = name
         state[name] = tensor.detach().contiguous().cpu()
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp))
+        save_file(state, str(tmp), metadata=metadata)
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
@@ -104,21 +170,27 @@ def save_model_dir(
     tokenizer_json: str | None = None,
     extra: dict[str, Any] | None = None,
     weights_name: str = WEIGHTS_FILE,
+    overwrite: bool = False,
 ) -> Path:
-    """Write a loadable model folder: config.json (kind, model config, extras), weights, tokenizer."""
+    """Write a loadable model folder: config.json (kind, model config, extras), weights, tokenizer.
+
+    The folder is written whole (:func:`aiayn.io.new_folder`): built beside ``folder`` and swapped
+    in, so a kill leaves the complete old folder or the complete new one. An existing non-empty
+    ``folder`` is refused (ConfigError) unless ``overwrite``."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_weights(model, folder / weights_name)
-    if tokenizer_json is not None:
-        with atomic_path(folder / TOKENIZER_FILE) as tmp:
-            tmp.write_text(tokenizer_json, encoding="utf-8")
-    write_json(folder / CONFIG_FILE, {"kind": kind, "model": to_dict(cfg), **(extra or {})})
+    with new_folder(folder, overwrite=overwrite) as tmp:
+        save_weights(model, tmp / weights_name, folder_parts(cfg, tokenizer_json))
+        if tokenizer_json is not None:
+            with atomic_path(tmp / TOKENIZER_FILE) as path:
+                path.write_text(tokenizer_json, encoding="utf-8")
+        write_json(tmp / CONFIG_FILE, {"kind": kind, "model": to_dict(cfg), **(extra or {})})
     return folder
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The parsed config.json of a model folder, with clear errors."""
     folder = Path(folder)
+    recover_folder(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: model folder not found")
     path = folder / CONFIG_FILE
@@ -154,6 +226,7 @@ def load_model_dir(
         cfg = from_dict(ModelConfig, meta["model"])
     except AiaynError as err:
         raise CheckpointError(f"{folder / CONFIG_FILE}: {err}") from None
+    verify_folder_parts(folder, weights_name)
     model = MODEL_KINDS[kind](cfg)
     load_weights(model, folder / weights_name)
     model.to(map_location).eval()
@@ -169,6 +242,7 @@ def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str]
     """
     folder = Path(folder)
     read_config(folder)
+    verify_folder_parts(folder)
     path = folder / WEIGHTS_FILE
     try:
         state = load_file(str(path))

@@ -40,6 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options that name an output file, in every command that has them: checked before any work.
+OUTPUT_FILES = {"output": "--output", "hyps": "--hyps"}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output file that cannot be written (a folder, a path under a file, an
+    unwritable place) before a model is loaded or a step trained."""
+    from aiayn.io import check_output_file
+
+    for name, flag in OUTPUT_FILES.items():
+        path = getattr(args, name, None)
+        if isinstance(path, str):
+            check_output_file(path, flag)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -49,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        check_outputs(args)
         return int(args.run(args) or 0)
     except AiaynError as err:
         print(f"aiayn: error: {err}", file=sys.stderr)
@@ -58,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as err:  # a read or write that no command turned into an AiaynError
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"aiayn: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

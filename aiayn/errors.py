@@ -20,3 +20,7 @@ class DataError(AiaynError, ValueError):
 
 class CheckpointError(AiaynError, ValueError):
     """A model folder or checkpoint is missing, incomplete, corrupt or of the wrong kind."""
+
+
+class OutputError(AiaynError, OSError):
+    """An output could not be written (full disk, read-only place); the message names the path."""

@@ -1,34 +1,72 @@
 """Safe file writing: every write is atomic (temporary file in the same folder, fsync, rename),
-so a crash or a kill never leaves a half-written file where a good one was."""
+so a crash or a kill never leaves a half-written file where a good one was.
+
+Model folders are written whole: :func:`new_folder` builds the new folder beside the target
+(``.NAME.tmp-PID-XXXX``) and swaps it in with two renames (old -> ``.NAME.old-PID-XXXX``, new ->
+NAME), so that at any instant NAME is the complete old folder or the complete new one. A kill
+between the two renames leaves NAME missing; :func:`recover_folder`, called before any command
+reads or writes NAME, puts the old folder back and removes what a killed writer left.
+
+Output paths are checked before the work that produces them (:func:`check_output_file`,
+:func:`check_output_folder`), and a failed write (full disk, read-only place) is a
+:class:`~aiayn.errors.OutputError` naming the path.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
+import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aiayn.errors import ConfigError, OutputError
+
+log = logging.getLogger(__name__)
+
+# What a writer leaves beside its target while it works: atomic_path's file, new_folder's folder
+# and the old folder new_folder moves aside. The writer's pid tells a live writer from a dead one.
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<what>tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success fsync it and rename it onto ``path``."""
+    """Yield a temporary path next to ``path``; on success fsync it and rename it onto ``path``.
+
+    The temporary file is removed on any failure; an OSError (a full disk, a read-only place)
+    becomes an OutputError that names ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+        os.close(fd)
         yield Path(tmp)
+        # mkstemp makes 0600, and some writers (safetensors) create the file anew: give the file
+        # the mode of any other file, once it is written
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except OSError as err:
+        raise write_error(path, err) from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_error(path: str | os.PathLike, err: OSError) -> OutputError:
+    """The one-line error for a failed write of ``path``."""
+    reason = err.strerror or str(err) or type(err).__name__
+    hint = " (the disk is full)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return OutputError(f"{path}: cannot write ({reason}){hint}")
 
 
 def _umask() -> int:
@@ -78,3 +116,180 @@ def write_section(
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     write_text(path, text)
+
+
+# ---- leftovers of killed writers ---------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by another user
+    return True
+
+
+def _leftovers(folder: Path, name: str | None = None) -> list[tuple[Path, str]]:
+    """(path, "tmp"|"old") of what dead writers left in ``folder`` (for target ``name`` only)."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m and (name is None or m["name"] == name) and not _alive(int(m["pid"])):
+            found.append((entry, m["what"]))
+    return found
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def recover_folder(path: str | os.PathLike) -> None:
+    """Resolve what a killed :func:`new_folder` or :func:`atomic_path` left around ``path``: the
+    old folder goes back to ``path`` when ``path`` is missing (a kill between the two renames of
+    the swap); other temporaries (half-built folders, half-written files) are removed."""
+    path = Path(path)
+    left = _leftovers(path.parent, path.name)
+    olds = sorted((p for p, what in left if what == "old"), key=lambda p: p.stat().st_mtime)
+    if olds and not path.exists():
+        os.rename(olds[-1], path)
+        log.warning("%s: restored from %s (a writer was killed while replacing it)", path, olds[-1])
+        olds = olds[:-1]
+    for leftover in olds + [p for p, what in left if what == "tmp"]:
+        _remove(leftover)
+    if path.is_dir():
+        remove_temp_files(path)
+
+
+def remove_temp_files(folder: str | os.PathLike) -> int:
+    """Remove the temporary files and folders that killed writers left in ``folder`` (and its
+    sub-folders one level down); returns how many."""
+    folder = Path(folder)
+    left = _leftovers(folder)
+    for sub in folder.iterdir() if folder.is_dir() else []:
+        if sub.is_dir() and not sub.name.startswith("."):
+            left += _leftovers(sub)
+    for leftover, _ in left:
+        _remove(leftover)
+    if left:
+        log.info(
+            "%s: removed %d temporary file(s) left by an interrupted writer", folder, len(left)
+        )
+    return len(left)
+
+
+# ---- whole folders -----------------------------------------------------------------------------
+def is_empty_folder(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+@contextlib.contextmanager
+def new_folder(path: str | os.PathLike, overwrite: bool = False, flag: str = "--overwrite"):
+    """Yield an empty temporary folder beside ``path``; when the block succeeds, swap it in as
+    ``path`` (the old folder, if any, is removed after the swap). An existing non-empty ``path``
+    is refused unless ``overwrite``. On any failure the temporary folder is removed and ``path``
+    is left as it was."""
+    path = Path(path)
+    check_output_folder(path, overwrite=overwrite, flag=flag)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
+    except OSError as err:
+        raise write_error(path, err) from None
+    try:
+        yield tmp
+        swap_in(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(new: Path, path: Path) -> None:
+    """Replace the folder ``path`` by the complete folder ``new`` with two renames."""
+    try:
+        for file in new.rglob("*"):
+            if file.is_file():
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
+        if path.exists():
+            old = path.parent / new.name.replace(".tmp-", ".old-", 1)
+            os.rename(path, old)
+            os.rename(new, path)
+            _fsync_dir(path.parent)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(new, path)
+            _fsync_dir(path.parent)
+    except OSError as err:
+        raise write_error(path, err) from None
+
+
+# ---- output checks, before any work ------------------------------------------------------------
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest existing ancestor of ``path`` (``path`` itself excluded); ConfigError when it
+    is a file."""
+    parent = path.parent if str(path.parent) else Path(".")
+    while not parent.exists():
+        if parent.is_symlink():
+            break  # a dangling link: let the write report it
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{path}: {parent} is a file, not a folder")
+    return parent
+
+
+def _probe_writable(path: Path, folder: Path) -> None:
+    """Create and remove a file in ``folder``: the only check that tells a read-only mount or a
+    missing permission apart for every user (root included)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".aiayn-write-test.tmp-{os.getpid()}-", dir=folder)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot write in {folder} ({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_file(path: str | os.PathLike | None, flag: str = "--output") -> None:
+    """Refuse, before any work, an output file that cannot be written: a folder, a path under a
+    file, an unwritable place. Also removes the temporaries a killed writer left beside it."""
+    if path is None or str(path) == "-":
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a folder; give a file name")
+    if str(path).endswith(os.sep):
+        raise ConfigError(f"{flag} {path}: names a folder; give a file name")
+    try:
+        _probe_writable(path, _existing_ancestor(path))
+    except ConfigError as err:
+        raise ConfigError(f"{flag} {err}") from None
+    for leftover, _ in _leftovers(path.parent, path.name) if path.parent.is_dir() else []:
+        _remove(leftover)
+
+
+def check_output_folder(
+    path: str | os.PathLike, overwrite: bool = False, flag: str = "--overwrite"
+) -> None:
+    """Refuse, before any work, an output folder that cannot be written (a file, a path under a
+    file, an unwritable place) or that already holds something (unless ``overwrite``). Resolves
+    the leftovers of a killed writer first (:func:`recover_folder`)."""
+    path = Path(path)
+    recover_folder(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path}: is a file, not a folder")
+    if path.is_dir() and not overwrite and not is_empty_folder(path):
+        what = "a model folder" if (path / "config.json").exists() else "a folder"
+        raise ConfigError(
+            f"{path}: already exists and holds {what}; pass {flag} to replace it, "
+            "or choose another folder"
+        )
+    _probe_writable(path, path if path.is_dir() else _existing_ancestor(path))

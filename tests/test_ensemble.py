@@ -129,7 +129,9 @@ def two_model_dirs(tmp_path_factory):
             p.add_(0.5 * torch.randn_like(p))
     from aiayn.checkpoint import save_model_dir
 
-    save_model_dir(second, m2, m2.cfg, tokenizer_json=(first / "tokenizer.json").read_text())
+    save_model_dir(
+        second, m2, m2.cfg, tokenizer_json=(first / "tokenizer.json").read_text(), overwrite=True
+    )
     return first, second
 
 

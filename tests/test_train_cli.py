@@ -128,6 +128,6 @@ def test_unwritable_run_folder(tmp_path, capsys):
     cfg = write_toml(tmp_path / "run.toml", base_values(tmp_path / "data"))
     blocker = tmp_path / "file"
     blocker.write_text("I am a file\n")
-    _fails(capsys, ["train", str(cfg), "--out", str(blocker / "run")], "run folder is not writable")
+    _fails(capsys, ["train", str(cfg), "--out", str(blocker / "run")], "is a file, not a folder")
     _fails(capsys, ["train", str(cfg), "--out", str(blocker)], "run folder is a file")
     assert blocker.read_text() == "I am a file\n"

@@ -25,7 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="STEP",
         help="only checkpoints at this update or before (e.g. the end of an epoch)",
     )
-    p.add_argument("-o", "--out", required=True, help="output model folder")
+    p.add_argument("-o", "--out", required=True, help="output model folder (a new one)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the folder -o names when it exists (swapped in whole, once written)",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -33,6 +38,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from aiayn.train.average import average_checkpoints
 
-    steps = average_checkpoints(args.run_dir, args.last, args.out, args.until)
+    steps = average_checkpoints(args.run_dir, args.last, args.out, args.until, args.overwrite)
     log.info("averaged steps %s into %s", ", ".join(map(str, steps)), args.out)
     return 0

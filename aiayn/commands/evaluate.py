@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import read_config
     from aiayn.decode import load_ensemble, translate_texts
     from aiayn.eval import corpus_scores
-    from aiayn.io import write_json, write_text
+    from aiayn.io import check_output_file, write_json, write_text
 
     folders = args.model
     if read_config(folders[0])["kind"] == "classifier":  # accuracy instead of BLEU
@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {args.limit}")
     cfg, device = decode_config(args), inference_device(args.device)
+    if not args.output:  # the default output, in the model folder: checked before any work
+        check_output_file(Path(folders[0]) / f"eval_{args.split or 'test'}.json", "--output")
     model, tokenizer, meta = load_ensemble(folders, device)
     src, ref, name = load_test_set(args, meta)
     if args.limit:

@@ -38,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="continue the run in --out from its last checkpoint, exactly",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what --out holds (another run, a model folder) once the new run is "
+        "ready to start; without it such a folder is refused",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.train.run import train_run
 
     cfg, extra, out = _resolve(args)
-    result = train_run(cfg, out, resume=args.resume, extra_meta=extra)
+    result = train_run(cfg, out, resume=args.resume, extra_meta=extra, overwrite=args.overwrite)
     best = f", best {cfg.train.best_metric} {result.best:.4f}" if result.best is not None else ""
     log.info("trained to step %d (%s)%s; run folder %s", result.step, result.stop_reason, best, out)
     return 0

@@ -6,16 +6,21 @@ loadable model folder with the run's config.json (plus which steps were averaged
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_model_dir
+from aiayn.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    folder_parts,
+    load_model_dir,
+)
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.io import atomic_path, write_json
+from aiayn.io import atomic_path, check_output_folder, new_folder, recover_folder, write_json
 from aiayn.train.run_folder import RunFolder
 
 __all__ = ["average_checkpoints", "average_state_dicts"]
@@ -52,23 +57,32 @@ def _load_snapshot(
 
 
 def average_checkpoints(
-    run_dir: str | Path, last: int, out: str | Path, until: int | None = None
+    run_dir: str | Path,
+    last: int,
+    out: str | Path,
+    until: int | None = None,
+    overwrite: bool = False,
 ) -> list[int]:
     """Average the last ``last`` snapshots of ``run_dir`` (of those at step ``until`` or before,
-    when given) into the model folder ``out``.
+    when given) into the model folder ``out``, written whole (built beside ``out``, swapped in).
 
-    Returns the averaged steps. ``out`` must not be the run folder itself.
+    Returns the averaged steps. ``out`` must not be the run folder itself nor hold it; an existing
+    non-empty ``out`` is refused unless ``overwrite``.
     """
     folder = RunFolder(run_dir)
     out = Path(out)
     if last < 1:
         raise ConfigError(f"--last must be >= 1, got {last}")
+    recover_folder(folder.path)
     if not folder.config.is_file():
         raise CheckpointError(f"{folder.path}: not a training run folder ({CONFIG_FILE} not found)")
     if out.resolve() == folder.path.resolve():
         raise ConfigError(
             "-o must be a new folder, not the run folder (it would replace its weights)"
         )
+    if out.resolve() in folder.path.resolve().parents:
+        raise ConfigError(f"-o {out}: holds the run folder {folder.path}; choose another folder")
+    check_output_folder(out, overwrite=overwrite)
     steps = folder.snapshot_steps()
     if until is not None:
         steps = [step for step in steps if step <= until]
@@ -85,11 +99,13 @@ def average_checkpoints(
     averaged = average_state_dicts(states)
     meta = folder.read_meta()
     meta["averaged"] = {"steps": steps, "run": str(folder.path)}
-    with atomic_path(out / WEIGHTS_FILE) as tmp:
-        save_file(averaged, str(tmp))
-    if folder.tokenizer.is_file():
-        with atomic_path(out / TOKENIZER_FILE) as tmp:
-            shutil.copyfile(folder.tokenizer, tmp)
-    write_json(out / CONFIG_FILE, meta)
-    load_model_dir(out)  # the result must load; raises CheckpointError otherwise
+    tokenizer = folder.tokenizer.read_bytes() if folder.tokenizer.is_file() else None
+    with new_folder(out, overwrite=overwrite) as tmp:
+        with atomic_path(tmp / WEIGHTS_FILE) as path:
+            save_file(averaged, str(path), metadata=folder_parts(meta["model"], tokenizer))
+        if tokenizer is not None:
+            with atomic_path(tmp / TOKENIZER_FILE) as path:
+                path.write_bytes(tokenizer)
+        write_json(tmp / CONFIG_FILE, meta)
+        load_model_dir(tmp)  # the result must load before it replaces anything
     return steps

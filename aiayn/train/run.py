@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from aiayn import __version__
 from aiayn.config import _flatten
 from aiayn.errors import AiaynError, ConfigError
+from aiayn.io import recover_folder
 from aiayn.train.config import RunConfig, run_config_from_dict, run_config_to_dict
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
@@ -124,12 +125,14 @@ def train_run(
     resume: bool = False,
     extra_meta: dict[str, Any] | None = None,
     task: Task | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
-    """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``)."""
+    """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``; replace what it
+    holds with ``overwrite``, once everything before the first update has succeeded)."""
     dist = init_distributed(cfg.train.device)
     try:
         folder = RunFolder(out)
-        _on_main(dist, lambda: folder.prepare(resume))
+        _on_main(dist, lambda: folder.prepare(resume, overwrite))
         task = task or build_task(cfg)
         if resume:
             saved_tok = _on_main(dist, folder.read_tokenizer)
@@ -153,6 +156,8 @@ def train_run(
         if resume:
             _on_main(dist, lambda: _check_resume(folder, meta))
         trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)  # loads the state
+        if overwrite:
+            _on_main(dist, folder.start_over)
         _on_main(dist, lambda: folder.write_meta(meta, tokenizer_json))
         result = trainer.fit()
         dist.barrier()
@@ -164,6 +169,7 @@ def train_run(
 def resume_config(out: str | Path) -> RunConfig:
     """The RunConfig saved in a run folder (for ``aiayn train --resume`` without CONFIG)."""
     folder = RunFolder(out)
+    recover_folder(folder.path)
     if not folder.config.is_file():
         raise ConfigError(f"{folder.path}: no run to resume ({folder.config.name} not found)")
     return run_config_from_dict(folder.read_meta())

@@ -30,9 +30,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, save_weights
+from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, folder_parts, save_weights
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.io import write_bytes, write_json, write_text
+from aiayn.io import (
+    check_output_folder,
+    is_empty_folder,
+    new_folder,
+    recover_folder,
+    write_bytes,
+    write_json,
+    write_text,
+)
 
 STATE_FILE = "trainer_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -56,27 +64,47 @@ class RunFolder:
         self.checkpoints = self.path / CHECKPOINT_DIR
 
     # ---- setup -----------------------------------------------------------------------------
-    def prepare(self, resume: bool) -> None:
-        """Check the folder can be used: writable, and holding a run exactly when resuming."""
+    def prepare(self, resume: bool, overwrite: bool = False) -> None:
+        """Check the folder can be used: writable, and holding a run exactly when resuming. A
+        folder that holds anything else (a model folder, other files) is refused unless
+        ``overwrite``; then it is replaced by :meth:`start_over`, once the run is ready to
+        write. Leftovers of a killed writer are resolved first."""
+        recover_folder(self.best)
+        recover_folder(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"{self.path}: run folder is a file")
+        if resume and overwrite:
+            raise ConfigError("--resume continues the run in --out; --overwrite replaces it")
         if resume and not self.state.is_file():
             raise CheckpointError(f"{self.path}: nothing to resume ({STATE_FILE} not found)")
-        if not resume and self.state.is_file():
+        if not resume and not overwrite and self.state.is_file():
             raise ConfigError(
-                f"{self.path}: already holds a training run; pass --resume to continue it "
-                "or choose another --out"
+                f"{self.path}: already holds a training run; pass --resume to continue it, "
+                "--overwrite to replace it, or choose another --out"
             )
+        if not resume:
+            check_output_folder(self.path, overwrite=overwrite)
+        if overwrite and not is_empty_folder(self.path):
+            return  # nothing written into the old run until start_over
         try:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
             write_text(self.path / ".write_test", "ok\n")
             (self.path / ".write_test").unlink()
         except OSError as err:
-            raise ConfigError(f"{self.path}: run folder is not writable ({err.strerror})") from None
+            raise ConfigError(f"{self.path}: run folder is not writable ({err})") from None
+
+    def start_over(self) -> None:
+        """Replace the folder (``--overwrite``) by an empty run folder, with a swap: a kill
+        leaves the old folder or the new one."""
+        if self.path.is_dir() and not is_empty_folder(self.path):
+            with new_folder(self.path, overwrite=True) as tmp:
+                (tmp / CHECKPOINT_DIR).mkdir()
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
 
     def write_meta(self, meta: dict[str, Any], tokenizer_json: str) -> None:
         write_json(self.config, meta)
         write_text(self.tokenizer, tokenizer_json)
+        self.parts = folder_parts(meta["model"], tokenizer_json)
 
     def read_meta(self) -> dict[str, Any]:
         try:
@@ -108,8 +136,9 @@ class RunFolder:
     def save_checkpoint(self, model: nn.Module, state: dict[str, Any], keep_last: int) -> None:
         """Snapshot, last weights, then the state that commits them; prune old snapshots."""
         step = state["step"]
-        save_weights(model, self.snapshot_path(step))
-        save_weights(model, self.weights)
+        parts = getattr(self, "parts", None)
+        save_weights(model, self.snapshot_path(step), parts)
+        save_weights(model, self.weights, parts)
         buffer = io.BytesIO()
         torch.save(
             {**state, "version": STATE_VERSION, "snapshot": self.snapshot_path(step).name}, buffer

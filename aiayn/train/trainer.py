@@ -521,6 +521,7 @@ class Trainer:
             kind=self.task.kind,
             tokenizer_json=self.tokenizer_json,
             extra={**extra, "best": {"step": self.progress.step, self.t.best_metric: value}},
+            overwrite=True,  # this run's own best/ (prepare refused a folder holding another)
         )
 
     def _finish(self, reason: str) -> None:
