@@ -52,7 +52,7 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[bench]'
 	touch $@
 
-# Decoding speed against Hugging Face generate and CTranslate2 -> docs/decoding.json, .table.md
+# Decoding speed against Hugging Face generate and CTranslate2 -> docs/experiments/decoding.json, .table.md
 bench-decode: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_decode.py
 
@@ -61,11 +61,11 @@ bench-decode: $(VENV)/.bench
 bench-train: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_train.py $(BENCH_ARGS)
 
-# aiayn's trainer and nn.Transformer from the same weights on the same 100 real batches -> docs/convergence.json
+# aiayn's trainer and nn.Transformer from the same weights on the same 100 real batches -> docs/experiments/convergence.json
 bench-convergence: $(VENV)/.bench
 	$(BIN)/python benchmarks/same_convergence.py
 
-# How aiayn's step time grows with sentence length and batch size -> docs/scaling.json, performance.md
+# How aiayn's step time grows with sentence length and batch size -> docs/experiments/scaling.json, performance.md
 bench-scaling: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_scaling.py $(SCALING_ARGS)
 

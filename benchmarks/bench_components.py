@@ -1,6 +1,6 @@
 """Micro-benchmarks behind the speed choices in aiayn (docs/performance.md, "Components").
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_components.py [--repeats 15] [--out docs/components.md]
+    OMP_NUM_THREADS=1 python benchmarks/bench_components.py [--repeats 15] [--out docs/experiments/components.md]
 
 Each row times forward + backward of one component, alternatives interleaved round-robin in the
 same process on the same inputs, median of repeats (warm-up excluded):
@@ -90,7 +90,7 @@ def dropout_rows(repeats):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--out", default="docs/components.md")
+    p.add_argument("--out", default="docs/experiments/components.md")
     args = p.parse_args()
     load0 = os.getloadavg()[0]
     rows = attention_rows(args.repeats) + loss_rows(args.repeats) + dropout_rows(args.repeats)

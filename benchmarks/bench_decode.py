@@ -9,7 +9,7 @@ do the same number of decoder steps. Systems are interleaved round by round, so 
 other processes on the machine hits them alike; the table reports the median and the best round.
 
     pip install -e '.[bench]'   # transformers, ctranslate2
-    python benchmarks/bench_decode.py            # writes docs/decoding.json and docs/decoding.md
+    python benchmarks/bench_decode.py            # writes docs/experiments/decoding.json and docs/decoding.md
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def parse_args() -> argparse.Namespace:
                    "translate` does on CPU; it applies to every system here (one process)")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=cpu_name())
-    p.add_argument("--out", default=str(ROOT / "docs" / "decoding"),
+    p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "decoding"),
                    help="writes OUT.json and OUT.md")
     args = p.parse_args()
     if args.skip is None:

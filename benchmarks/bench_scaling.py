@@ -14,7 +14,7 @@ dropout 0.1) on synthetic batches of equal-length sentences (source = target len
 
 Each point: ``--warmup`` updates, then the median of ``--steps`` timed updates; tokens/s counts
 source + target tokens, FLOPs use bench_train's formula, MFU is against the matmul peak measured
-in the same run. Writes the marked section of docs/performance.md and docs/scaling.json.
+in the same run. Writes the marked section of docs/performance.md and docs/experiments/scaling.json.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def main() -> None:
     p.add_argument("--batch-tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--out", default=str(ROOT / "docs" / "scaling.json"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "scaling.json"))
     p.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
     args = p.parse_args()
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ start and at the end.
 
     python benchmarks/same_convergence.py [--preset small] [--precision bf16] [--steps 100]
 
-writes docs/convergence.json; docs/performance.md quotes it.
+writes docs/experiments/convergence.json; docs/performance.md quotes it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="inverse-sqrt peak")
     p.add_argument("--warmup", type=int, default=40)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=str(bt.ROOT / "docs" / "convergence.json"))
+    p.add_argument("--out", default=str(bt.ROOT / "docs" / "experiments" / "convergence.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.time()

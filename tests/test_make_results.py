@@ -1,4 +1,4 @@
-"""docs/make_results.py: ablation rows copied from an earlier report say where they were scored."""
+"""scripts/make_results.py: ablation rows copied from an earlier report say where they were scored."""
 
 import importlib.util
 import json
@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_make_results():
-    spec = importlib.util.spec_from_file_location("make_results", ROOT / "docs" / "make_results.py")
+    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -16,7 +16,7 @@ def load_make_results():
 
 def test_copied_ablations_keep_their_origin(tmp_path):
     mr = load_make_results()
-    report = json.loads((ROOT / "docs" / "results.json").read_text())
+    report = json.loads((ROOT / "docs" / "experiments" / "multi30k_en_de.json").read_text())
     report["date"], report["aiayn_commit"], report["ablation_avg"] = "2026-01-02", "abc1234", 7
     first = tmp_path / "first.json"
     first.write_text(json.dumps(report))

@@ -1,4 +1,4 @@
-"""docs/seed_pairs.py: α is chosen on val only (per pair and over all pairs); each test decoding runs once."""
+"""scripts/seed_pairs.py: α is chosen on val only (per pair and over all pairs); each test decoding runs once."""
 
 import importlib.util
 import json
@@ -9,13 +9,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_seed_pairs():
-    sys.path.insert(0, str(ROOT / "docs"))  # the script imports make_results from its own folder
+    sys.path.insert(0, str(ROOT / "scripts"))  # the script imports make_results from its own folder
     try:
-        spec = importlib.util.spec_from_file_location("seed_pairs", ROOT / "docs" / "seed_pairs.py")
+        spec = importlib.util.spec_from_file_location("seed_pairs", ROOT / "scripts" / "seed_pairs.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(ROOT / "docs"))
+        sys.path.remove(str(ROOT / "scripts"))
     return module
 
 

@@ -60,7 +60,7 @@ def test_every_figure_exists():
 
 
 def test_quoted_model_sizes_are_what_the_code_builds(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     make_figures = pytest.importorskip("make_figures")
     sizes = make_figures.model_sizes()
     assert json.loads(NUMBERS.read_text())["model_sizes"] == sizes

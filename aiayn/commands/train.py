@@ -1,4 +1,4 @@
-"""`aiayn train`: train a model from a TOML run config (see README "Training")."""
+"""`aiayn train`: train a model from a TOML run config (see docs/training.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`aiayn translate`: raw text in, one translation per line out (see README "Translate and evaluate").
+"""`aiayn translate`: raw text in, one translation per line out (see docs/decoding.md).
 
 Reads a file, stdin, or (when stdin is a terminal) an interactive prompt. Every input line gives
 exactly one output line, blank lines included; with ``--nbest K`` each input line gives K lines

@@ -1,7 +1,7 @@
 """Make the figures and measured numbers of docs/walkthrough.md, from the code and from real runs.
 
-    .venv/bin/python docs/make_figures.py                       # what needs no run: PE, schedule, sizes
-    .venv/bin/python docs/make_figures.py --run RUN_DIR         # + learning curves and attention maps
+    .venv/bin/python scripts/make_figures.py                       # what needs no run: PE, schedule, sizes
+    .venv/bin/python scripts/make_figures.py --run RUN_DIR         # + learning curves and attention maps
 
 RUN_DIR is a run folder of ``aiayn train`` (docs/figures/run.toml is the run used for the committed
 figures); its ``best/`` model (or the latest weights) draws the attention maps. Everything lands in
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, help="a run folder of `aiayn train`")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="sentence of the attention figures")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "figures")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "figures")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)

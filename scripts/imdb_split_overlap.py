@@ -3,7 +3,7 @@
 IMDB has no movie ids in the mirror, so a crude proxy: for each of 400 sampled held-out reviews,
 the largest Jaccard overlap of its set of capitalised words (names, titles) with that of any
 training review. The official test set, whose movies are disjoint from training's, is the
-reference. Run: ``AIAYN_DATA_MIRROR=../shared/data python docs/imdb_split_overlap.py``.
+reference. Run: ``AIAYN_DATA_MIRROR=../shared/data python scripts/imdb_split_overlap.py``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Score every two-model ensemble of several runs of one recipe: how much do the seeds move the result?
 
-    .venv/bin/python docs/seed_pairs.py --run runs/lr30/m1 runs/lr30/m2 runs/rep/m3 runs/rep/m4 \\
+    .venv/bin/python scripts/seed_pairs.py --run runs/lr30/m1 runs/lr30/m2 runs/rep/m3 runs/rep/m4 \\
         runs/s56/m5 runs/s56/m6
 
 Each run is one model of the recipe trained with its own seed. What trains beside a model does not
 change it (training is deterministic given the seed), so any two runs make one draw of the
-two-model recipe. For every pair, the pair is scored the way docs/make_results.py scores the
+two-model recipe. For every pair, the pair is scored the way scripts/make_results.py scores the
 headline: each model's last ``--avg`` checkpoints averaged, the two averages decoded as an ensemble
 with beam 5, the length penalty α chosen on val (the first best wins a tie). Then test2016 is
 scored at that α, and at the α given in the recipe (``--recipe-alpha``). A user who keeps the
@@ -87,7 +87,7 @@ def report_md(r: dict[str, Any], target: float) -> str:
     a, b = r["recipe_alpha"], r["pooled_alpha"]
     runs = ", ".join(f"`{m['run']}` (seed {m['seed']})" for m in r["models"])
     lines = ["# Seed pairs: every two-model ensemble of the recipe's runs", "",
-             f"*Written by `docs/seed_pairs.py` on {r['date']}; {r['hardware']}; torch {r['torch']}.*", "",
+             f"*Written by `scripts/seed_pairs.py` on {r['date']}; {r['hardware']}; torch {r['torch']}.*", "",
              f"Runs: {runs}. "
              f"Each model's last {r['avg']} checkpoints averaged; beam {r['beam']}; sacreBLEU `-lc`. "
              f"α chosen on val from {', '.join(str(x) for x in r['alphas'])}, for each pair, and "
@@ -125,13 +125,13 @@ def main() -> None:
     p.add_argument("--target", type=float, default=41.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (a smoke test)")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "seed_pairs")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "experiments" / "seed_pairs")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if len(args.run) < 2:
         p.error("--run: give at least two run folders")
     if args.limit and args.out == p.get_default("out"):
-        p.error("--limit: give --out too, so that a smoke test does not overwrite docs/seed_pairs")
+        p.error("--limit: give --out too, so that a smoke test does not overwrite docs/experiments/seed_pairs")
     scorer = Scorer(bf16_row=False, limit=args.limit, workers=args.workers)
     avgs = {run: averaged(run, args.avg) for run in args.run}
     models = [{"run": str(run), "seed": seed(run),

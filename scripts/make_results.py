@@ -1,6 +1,6 @@
-"""Score a Multi30k run (and its ablations) and write the results tables of README and docs/results.md.
+"""Score a Multi30k run (and its ablations) and write the results tables of docs/experiments.md and docs/experiments/multi30k_en_de.md.
 
-    .venv/bin/python docs/make_results.py --run runs/en_de \\
+    .venv/bin/python scripts/make_results.py --run runs/en_de \\
         --ablation "post-LN, dropout 0.1=runs/abl_post_d01" --ablation "pre-LN, dropout 0.1=runs/abl_pre_d01"
 
 For the main run: the last ``--avg`` checkpoints are averaged (``aiayn average``), the beam's length
@@ -11,8 +11,8 @@ chrF; the protocol of ``aiayn evaluate``). With several ``--run`` folders (model
 side) the main result is their ensemble (``aiayn evaluate A B``): the same rows for the ensemble
 of their last checkpoints and of their averages, then each member's average alone. Each ablation
 run is averaged the same way and scored with the chosen beam on val and test2016. Ten test2016
-sentences with their references are kept as samples. Everything lands in docs/results.json, the
-marked section of docs/results.md and the marked table of README.md: no number in those tables is
+sentences with their references are kept as samples. Everything lands in docs/experiments/multi30k_en_de.json, the
+marked section of docs/experiments/multi30k_en_de.md and the marked table of docs/experiments.md: no number in those tables is
 typed by hand.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import time
@@ -181,12 +182,14 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def readme_table(r: dict[str, Any]) -> str:
+def readme_table(r: dict[str, Any], signatures: str = "experiments/results_lr30.md") -> str:
+    """The headline table (between README_MARKS); ``signatures`` links, relative to that page, to
+    the run's own record."""
     m, i = r["main"], r["main"]["info"]
     headline = m["rows"][m["headline"]]["scores"]["test_2016_flickr"]["bleu_lc"]
     lines = [
-        "*Written by `docs/make_results.py`; edit outside the markers.* Cells: sacreBLEU `-lc` / "
-        "sacreBLEU cased / chrF (signatures in [docs/results.md](docs/results.md)).", "",
+        "*Written by `scripts/make_results.py`; edit outside the markers.* Cells: sacreBLEU `-lc` / "
+        f"sacreBLEU cased / chrF (signatures in [{signatures}]({signatures})).", "",
         "| weights | search | val | test2016 | test2017 |", "|---|---|---:|---:|---:|"]
     for row in m["rows"]:
         s = row["scores"]
@@ -250,7 +253,7 @@ def copied_ablations(results_json: Path) -> tuple[list[dict[str, Any]], int]:
 def results_doc(r: dict[str, Any]) -> str:
     m = r["main"]
     sig = m["rows"][m["headline"]]["scores"]["test_2016_flickr"]
-    lines = ["*Written by `docs/make_results.py`; edit outside the markers.*", "",
+    lines = ["*Written by `scripts/make_results.py`; edit outside the markers.*", "",
              "## Main run", "", readme_table(r).split("\n", 2)[2], "",
              f"Signatures: `{sig['bleu_lc_signature']}`, `{sig['bleu_signature']}`, "
              f"`{sig['chrf_signature']}`.", "",
@@ -314,8 +317,9 @@ def main() -> None:
                    help="how the main run was trained, for the table")
     p.add_argument("--command", default="OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 "
                    "-m aiayn train configs/multi30k_en_de.toml --out runs/en_de")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "experiments" / "multi30k_en_de")
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "experiments.md",
+                   help="the page whose results:begin/end markers get the headline table")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     scorer = Scorer(args.bf16_row, args.limit, args.workers)
@@ -339,7 +343,8 @@ def main() -> None:
     write_json(args.out.with_suffix(".json"), strip_hyps(report))
     write_section(args.out.with_suffix(".md"), *DOC_MARKS, results_doc(report),
                   new_file="# Multi30k En→De results\n")
-    write_section(args.readme, *README_MARKS, readme_table(report))
+    link = os.path.relpath(args.out.with_suffix(".md"), args.readme.resolve().parent)
+    write_section(args.readme, *README_MARKS, readme_table(report, Path(link).as_posix()))
     best = main_result["rows"][main_result["headline"]]["scores"]["test_2016_flickr"]
     print(f"test2016 sacreBLEU -lc {best['bleu_lc']:.2f}, cased {best['bleu']:.2f}, chrF {best['chrf']:.2f}"
           f" -> {args.out.with_suffix('.md')}, {args.readme}")
