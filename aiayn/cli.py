@@ -29,14 +29,55 @@ COMMANDS: list[str] = [
 ]
 
 
+# One example per command, the last line of its --help (a command's own epilog= wins).
+EXAMPLES: dict[str, str] = {
+    "data": "aiayn data prepare multi30k",
+    "plot": "aiayn plot curves runs/demo -o curves.png",
+    "summary": "aiayn summary base --set src_vocab_size=37000 --set tgt_vocab_size=37000",
+    "train": "aiayn train configs/multi30k_demo.toml --out runs/demo",
+    "average": "aiayn average runs/demo --last 5 -o runs/demo/avg5",
+    "translate": 'echo "A dog is running through the snow." | aiayn translate runs/demo/avg5',
+    "evaluate": "aiayn evaluate runs/demo/avg5 --split test_2016_flickr",
+    "classify": 'echo "A wonderful, moving film." | aiayn classify runs/imdb/avg5',
+    "generate": 'aiayn generate runs/shakespeare_char/best --prompt "ROMEO:" --seed 1',
+    "serve": "aiayn serve runs/demo/avg5",
+    "export": "aiayn export runs/demo/avg5 --format onnx -o runs/demo/onnx",
+}
+FIRST_STEPS = """first steps:
+  make demo && make test     in a checkout: train, translate and score a 15-minute model; run the tests
+  aiayn train configs/multi30k_demo.toml --out runs/x
+  aiayn translate runs/x/best
+
+'aiayn COMMAND --help' lists a command's options; the guide is docs/index.md.
+
+Example: echo "A man rides a bike." | aiayn translate runs/x/best"""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual but prints an epilog (the example, the first steps) as written:
+    a command must not be broken across lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith(("Example:", "first steps:")):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="aiayn", description="The Transformer of 'Attention Is All You Need', as tools."
+        prog="aiayn",
+        description="The Transformer of 'Attention Is All You Need', as tools.",
+        epilog=FIRST_STEPS,
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"aiayn.commands.{name}").add_parser(sub)
+        command = importlib.import_module(f"aiayn.commands.{name}").add_parser(sub)
+        if command.epilog is None and name in EXAMPLES:
+            command.epilog = f"Example: {EXAMPLES[name]}"
+            if command.formatter_class is argparse.HelpFormatter:
+                command.formatter_class = _HelpFormatter
     return parser
 
 
@@ -57,6 +98,9 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `aiayn`: the commands and first steps
+        print(parser.format_help(), end="")
+        return 0
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -1,0 +1,271 @@
+"""Model cards: a ``README.md`` in each model folder that says what the model is, how it was
+trained, what it scored and how to use it (after Hugging Face's model cards).
+
+The card is written from what the folder already holds: ``config.json`` (kind, model, data, train,
+the ``decode`` settings, ``best`` or ``averaged``), its ``eval_*.json`` scores, the weights' header
+(the parameter count, read without loading them) and the run's ``metrics.jsonl`` (training time).
+``train`` and ``average`` write it, ``evaluate`` refreshes it after saving new scores. Writing a card
+never fails a command: a problem is logged and the folder stays as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from aiayn.io import write_text
+
+log = logging.getLogger(__name__)
+
+CARD_FILE = "README.md"
+TASKS = {  # config.json "kind" (old and new names) -> what the card calls it
+    "seq2seq": "translation",
+    "translation": "translation",
+    "classifier": "classification",
+    "classification": "classification",
+    "lm": "language model",
+    "masked_lm": "masked language model (pre-training)",
+}
+DECODE_DEFAULTS = {"beam": 4, "alpha": 0.6}  # DecodeConfig's, quoted when a folder sets none
+
+
+def write_model_card(folder: str | Path) -> Path | None:
+    """Write ``folder/README.md`` from the folder's own files; return its path, or None (logged)
+    when the card could not be written. Never raises: a card is never worth a failed command."""
+    folder = Path(folder)
+    try:
+        text = model_card(folder)
+        write_text(folder / CARD_FILE, text)
+        return folder / CARD_FILE
+    except Exception as err:  # noqa: BLE001 - by design: the card must not break train/evaluate
+        log.warning("model card not written for %s: %s", folder, err)
+        return None
+
+
+def model_card(folder: str | Path) -> str:
+    """The Markdown text of the model card of ``folder``."""
+    folder = Path(folder)
+    meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    kind = TASKS.get(meta.get("kind", ""), meta.get("kind", "unknown"))
+    sections = [
+        f"# {folder.name}: {kind} model\n\n{_summary(meta, kind)}",
+        "## Facts\n\n" + _facts_table(folder, meta, kind),
+        "## Scores\n\n" + _scores(folder),
+        "## Decoding settings\n\n" + _decoding(meta, kind),
+        "## Use it\n\n" + _usage(folder, kind),
+    ]
+    footer = (
+        "*Written by aiayn from this folder's `config.json`, `eval_*.json` and its run's "
+        "`metrics.jsonl`; `aiayn evaluate` refreshes it.*"
+    )
+    return "\n\n".join(sections) + "\n\n" + footer + "\n"
+
+
+def _summary(meta: dict[str, Any], kind: str) -> str:
+    data = meta.get("data", {})
+    what = {
+        "translation": f"translates {_langs(data)}",
+        "classification": f"classifies texts into {meta.get('model', {}).get('n_classes', '?')} "
+        "classes",
+        "language model": "continues a text, one token at a time",
+    }.get(kind, "predicts masked tokens (for `train.init_from`)")
+    dataset = data.get("dataset") or "files of your own"
+    return f"A Transformer that {what}, trained with aiayn on {dataset}."
+
+
+def _langs(data: dict[str, Any]) -> str:
+    src, tgt = data.get("src_lang"), data.get("tgt_lang")
+    return f"{src} → {tgt}" if src and tgt else "source → target"
+
+
+def _facts_table(folder: Path, meta: dict[str, Any], kind: str) -> str:
+    data, train = meta.get("data", {}), meta.get("train", {})
+    rows = [
+        ("task", kind + (f" ({_langs(data)})" if kind == "translation" else "")),
+        ("data", _data(data)),
+        ("tokenizer", _tokenizer(data)),
+        ("architecture", _architecture(meta.get("model", {}))),
+        ("parameters", _parameters(folder)),
+        ("weights", _weights(meta)),
+        ("training", _training(folder, meta, train)),
+        ("hardware", meta.get("hardware") or "not recorded"),
+    ]
+    lines = ["| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in rows]
+    return "\n".join(lines)
+
+
+def _data(data: dict[str, Any]) -> str:
+    if data.get("dataset"):
+        return f"`{data['dataset']}`, split `{data.get('train_split', 'train')}` (validation: `{data.get('valid_split', 'val')}`)"
+    files = [data.get(k) for k in ("train_src", "train_tgt", "train_file") if data.get(k)]
+    return ", ".join(f"`{f}`" for f in files) or "not recorded"
+
+
+def _tokenizer(data: dict[str, Any]) -> str:
+    name = data.get("tokenizer", "?")
+    size = data.get("vocab_size")
+    text = f"{name}" + (f", {size:,} tokens" if isinstance(size, int) and name != "char" else "")
+    return text + (", lower-cased input" if data.get("lowercase") else "")
+
+
+def _architecture(model: dict[str, Any]) -> str:
+    enc, dec = model.get("n_encoder_layers", 0), model.get("n_decoder_layers", 0)
+    shape = "encoder–decoder" if enc and dec else "encoder-only" if enc else "decoder-only"
+    parts = [
+        f"{shape}, {enc}+{dec} layers",
+        f"d_model {model.get('d_model', '?')}",
+        f"{model.get('n_heads', '?')} heads",
+        f"d_ff {model.get('d_ff', '?')}",
+        "pre-LN" if model.get("norm_first") else "post-LN (the paper)",
+        f"dropout {model.get('dropout', '?')}",
+    ]
+    return ", ".join(parts)
+
+
+def _parameters(folder: Path) -> str:
+    """Counted from the safetensors header (shapes only; tied weights are stored once), without
+    loading the weights; integer and bool tensors (masks, buffers) are not parameters."""
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return "not recorded"
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    count = sum(
+        math.prod(t["shape"])
+        for name, t in header.items()
+        if name != "__metadata__" and t["dtype"].startswith(("F", "BF"))
+    )
+    return f"{count:,}"
+
+
+def _weights(meta: dict[str, Any]) -> str:
+    if "averaged" in meta:
+        steps = meta["averaged"].get("steps", [])
+        return f"the average of {len(steps)} checkpoints (updates {', '.join(map(str, steps))})"
+    if "best" in meta:
+        best = dict(meta["best"])
+        step = best.pop("step", "?")
+        metric = ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in best.items()
+        )
+        return f"the best checkpoint, update {step} ({metric})"
+    return "the latest checkpoint of the run"
+
+
+def _run_folder(folder: Path, meta: dict[str, Any]) -> Path:
+    """Where the run's metrics.jsonl is: the folder, its parent (best/, avgN/), or the averaged run."""
+    for candidate in (folder, Path(meta.get("averaged", {}).get("run", folder)), folder.parent):
+        if (candidate / "metrics.jsonl").is_file():
+            return candidate
+    return folder
+
+
+def _training(folder: Path, meta: dict[str, Any], train: dict[str, Any]) -> str:
+    path = _run_folder(folder, meta) / "metrics.jsonl"
+    limits = ", ".join(
+        f"{k} {train[k]}" for k in ("max_steps", "max_epochs", "max_time") if train.get(k)
+    )
+    if not path.is_file():
+        return f"not recorded here (limits: {limits or 'none'})"
+    lines = [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    if not lines:
+        return f"no metrics logged (limits: {limits or 'none'})"
+    last = lines[-1]
+    speeds = [m["tokens_per_s"] for m in lines if isinstance(m.get("tokens_per_s"), (int, float))]
+    text = f"{last.get('step', '?'):,} updates in {last.get('wall', 0) / 60:.1f} min (validation included)"
+    if speeds:
+        text += f", median {statistics.median(speeds):,.0f} tokens/s"
+    precision = train.get("precision")
+    return (
+        text
+        + (f", precision {precision}" if precision else "")
+        + (f"; limits: {limits}" if limits else "")
+    )
+
+
+def _scores(folder: Path) -> str:
+    files = sorted(folder.glob("eval_*.json"))
+    rows = []
+    for path in files:
+        try:
+            scores = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        rows.append(_score_row(path, scores))
+    if not rows:
+        return (
+            "None measured on this folder yet: `aiayn evaluate` writes `eval_<test set>.json` here "
+            "and refreshes this card."
+        )
+    head = "| file | test set | scores | decoding | speed |\n|---|---|---|---|---|"
+    return head + "\n" + "\n".join(rows)
+
+
+def _score_row(path: Path, s: dict[str, Any]) -> str:
+    if "accuracy" in s:
+        scores = f"accuracy {100 * s['accuracy']:.2f}% ({s.get('correct', '?')}/{s.get('n', '?')})"
+        speed = f"{s['texts_per_s']:.0f} texts/s" if "texts_per_s" in s else ""
+        decoding = ""
+    else:
+        scores = ", ".join(
+            f"{label} {s[key]:.2f}"
+            for key, label in (("bleu", "BLEU"), ("bleu_lc", "BLEU `-lc`"), ("chrf", "chrF"))
+            if isinstance(s.get(key), (int, float))
+        )
+        d = s.get("decoding", {})
+        decoding = f"beam {d.get('beam', '?')}, α {d.get('alpha', '?')}" if d else ""
+        models = s.get("model")
+        if isinstance(models, list) and len(models) > 1:
+            decoding += f"; ensemble of {len(models)}"
+        speed = f"{s['sentences_per_s']:.1f} sentences/s" if "sentences_per_s" in s else ""
+    return f"| `{path.name}` | {s.get('test_set', '?')} | {scores} | {decoding} | {speed} |"
+
+
+def _decoding(meta: dict[str, Any], kind: str) -> str:
+    if kind != "translation":
+        return "Not a translation model: no beam search settings."
+    decode = meta.get("decode") or {}
+    if not decode:
+        return (
+            f"None stored: commands use the defaults (beam {DECODE_DEFAULTS['beam']}, length "
+            f"penalty α {DECODE_DEFAULTS['alpha']}); flags such as `--beam` and `--alpha` override them."
+        )
+    settings = ", ".join(f"`{k}` {v}" for k, v in decode.items())
+    return f"Stored in `config.json` (`decode`) and used by every command unless a flag overrides it: {settings}."
+
+
+def _usage(folder: Path, kind: str) -> str:
+    f = str(folder)
+    if kind == "translation":
+        shell = [
+            f'echo "A man rides a bike." | aiayn translate {f}',
+            f"aiayn evaluate {f} --split test_2016_flickr   # or --src FILE --ref FILE",
+            f"aiayn serve {f}",
+            f"aiayn export {f} --format onnx -o {f}-onnx",
+        ]
+        python = f'aiayn.load("{f}").translate(["A man rides a bike."])'
+    elif kind == "classification":
+        shell = [
+            f'echo "A wonderful, moving film." | aiayn classify {f}',
+            f"aiayn evaluate {f} --split test",
+            f"aiayn serve {f}",
+        ]
+        python = f'aiayn.load("{f}").classify(["A wonderful, moving film."])'
+    elif kind == "language model":
+        shell = [
+            f'aiayn generate {f} --prompt "ROMEO:" --max-new-tokens 200 --seed 1',
+            f"aiayn serve {f}",
+        ]
+        python = f'aiayn.load("{f}").generate("ROMEO:", max_new_tokens=200, seed=1)'
+    else:
+        return (
+            f"Start a classifier from it: `aiayn train CONFIG --set train.init_from={f} --out RUN`."
+        )
+    return "```bash\n" + "\n".join(shell) + "\n```\n\n```python\nimport aiayn\n" + python + "\n```"

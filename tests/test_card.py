@@ -1,0 +1,105 @@
+"""aiayn.card: a model folder's README.md says what the model is, how it was trained, what it scored
+(from its eval_*.json), its decoding settings and how to use it; writing it never breaks a command."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from aiayn.card import model_card, write_model_card
+from aiayn.checkpoint import save_model_dir
+from aiayn.config import ModelConfig
+from aiayn.model import Transformer
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run folder with best/ and an average, as train and average leave them (tiny model)."""
+    cfg = ModelConfig.preset("tiny", src_vocab_size=50, tgt_vocab_size=50, n_encoder_layers=1,
+                             n_decoder_layers=1, share_embeddings=True, norm_first=True)
+    model = Transformer(cfg)
+    extra = {
+        "data": {"dataset": "multi30k", "src_lang": "en", "tgt_lang": "de", "train_split": "train",
+                 "valid_split": "val", "tokenizer": "bpe", "vocab_size": 8000},
+        "train": {"max_steps": 10600, "max_time": 3600, "precision": "auto"},
+        "decode": {"beam": 5, "alpha": 1.4},
+        "hardware": "2-core AMD EPYC (avx512f, avx512_bf16, no AMX)",
+    }
+    run = tmp_path / "run"
+    save_model_dir(run, model, cfg, extra=extra)
+    save_model_dir(run / "best", model, cfg, extra={**extra, "best": {"step": 200, "valid_loss": 1.6713}})
+    save_model_dir(run / "avg2", model, cfg,
+                   extra={**extra, "averaged": {"steps": [100, 200], "run": str(run)}})
+    metrics = [{"step": 100, "wall": 60.0, "tokens_per_s": 1000.0},
+               {"step": 200, "wall": 125.0, "tokens_per_s": 3000.0, "valid_loss": 1.7}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    n_params = sum(p.numel() for p in model.parameters())
+    return run, n_params
+
+
+def test_card_says_what_the_model_is_and_how_it_was_trained(run):
+    run, n_params = run
+    card = model_card(run / "avg2")
+    assert card.startswith("# avg2: translation model")
+    assert "translates en → de" in card and "`multi30k`" in card
+    assert "bpe, 8,000 tokens" in card
+    assert "encoder–decoder, 1+1 layers, d_model 128, 4 heads, d_ff 256, pre-LN" in card
+    assert f"| parameters | {n_params:,} |" in card  # tied weights counted once
+    assert "the average of 2 checkpoints (updates 100, 200)" in card
+    assert "200 updates in 2.1 min" in card and "median 2,000 tokens/s" in card  # the run's metrics
+    assert "2-core AMD EPYC" in card
+    assert "`beam` 5, `alpha` 1.4" in card
+    for command in ("aiayn translate", "aiayn serve", "aiayn export", "--format onnx", 'aiayn.load("'):
+        assert command in card
+
+
+def test_best_folder_names_its_checkpoint(run):
+    run, _ = run
+    card = model_card(run / "best")
+    assert "the best checkpoint, update 200 (valid_loss 1.671)" in card
+    assert "200 updates" in card  # metrics.jsonl found in the parent run folder
+
+
+def test_scores_come_from_the_eval_files(run):
+    run, _ = run
+    folder = run / "avg2"
+    assert "None measured on this folder yet" in model_card(folder)
+    (folder / "eval_test_2016_flickr.json").write_text(json.dumps({
+        "bleu": 40.67, "bleu_lc": 41.08, "chrf": 64.8, "test_set": "test_2016_flickr",
+        "sentences_per_s": 105.5, "decoding": {"beam": 5, "alpha": 1.4},
+        "model": [str(folder), "other"]}))
+    (folder / "eval_broken.json").write_text("{not json")
+    card = model_card(folder)
+    assert "| `eval_test_2016_flickr.json` | test_2016_flickr | BLEU 40.67, BLEU `-lc` 41.08, chrF 64.80 |" in card
+    assert "beam 5, α 1.4; ensemble of 2" in card and "105.5 sentences/s" in card
+    assert "eval_broken.json" not in card  # an unreadable score file is skipped, not fatal
+
+
+def test_classifier_card_reports_accuracy_and_its_commands(tmp_path):
+    from aiayn.model import TransformerClassifier
+
+    cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
+                      n_encoder_layers=1, n_decoder_layers=0, n_classes=2)
+    folder = save_model_dir(tmp_path / "clf", TransformerClassifier(cfg), cfg, kind="classifier",
+                            extra={"data": {"dataset": "imdb", "tokenizer": "bpe", "vocab_size": 30}})
+    (folder / "eval_test.json").write_text(json.dumps(
+        {"accuracy": 0.8979, "correct": 22447, "n": 25000, "test_set": "test", "texts_per_s": 368.0}))
+    card = model_card(folder)
+    assert card.startswith("# clf: classification model")
+    assert "accuracy 89.79% (22447/25000)" in card and "aiayn classify" in card
+    assert "no beam search settings" in card and "aiayn translate" not in card
+
+
+def test_write_is_atomic_and_never_raises(run, tmp_path, caplog):
+    run, _ = run
+    path = write_model_card(run)
+    assert path == run / "README.md" and path.read_text().startswith("# run:")
+    assert not [p for p in run.iterdir() if p.name.startswith(".README")]  # no temporary left
+    with caplog.at_level(logging.WARNING):
+        assert write_model_card(tmp_path / "no_such_folder") is None
+    assert "model card not written" in caplog.text
+    (run / "config.json").write_text("{broken")
+    before = path.read_text()
+    assert write_model_card(run) is None and path.read_text() == before  # the old card stays
