@@ -266,4 +266,4 @@ def test_config_errors_name_the_problem(classifier_run, capsys, tmp_path):
                                             "model.max_len": 32})
     fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "a")], "model.n_classes = 1")
     cfg = write_toml(tmp_path / "b.toml", {**base, "data.max_len": 64, "model.max_len": 32})
-    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "cannot hold a text")
+    fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "model.max_len (32) is below data.max_len (64)")

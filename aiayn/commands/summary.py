@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import tomllib
 from pathlib import Path
 
@@ -83,6 +84,16 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
             else {}
         )
         return apply_overrides(base, {**section, **sets, **stack}), TASKS[task].kind
+    if spec not in ModelConfig.PRESETS:
+        if os.sep in spec or path.suffix:
+            raise ConfigError(
+                f"{spec}: not found (neither a model folder, a config file nor a preset: "
+                f"{', '.join(ModelConfig.PRESETS)})"
+            )
+        try:
+            ModelConfig.preset(spec)
+        except ConfigError as err:
+            raise ConfigError(f"{err}; and no folder or file is named '{spec}'") from None
     return apply_overrides(ModelConfig.preset(spec), sets), "seq2seq"
 
 

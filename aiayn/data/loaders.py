@@ -145,7 +145,8 @@ def prepare_translation(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[Pai
     """Token-id (source, target) pairs of the training and validation splits.
 
     Training pairs with an empty side, or with a side longer than ``max_len`` tokens (the target
-    counted with its BOS/EOS), are dropped and counted in the log; validation pairs are all kept.
+    counted with its BOS/EOS), are dropped and counted in the log; validation pairs are all kept
+    (cut to ``max_len``, counted in the log).
     """
     train, valid, _ = prepare_translation_texts(cfg, tokenizer)
     return train, valid
@@ -181,6 +182,12 @@ def prepare_translation_texts(
             cfg.max_len,
             empty,
         )
+    n_long = sum(1 for x, y in valid if len(x) > cfg.max_len or len(y) + 1 > cfg.max_len)
+    if n_long:  # kept (the validation set is not changed), cut to what the model can take
+        log.warning(
+            "cut %d of %d validation pairs to max_len=%d tokens", n_long, len(valid), cfg.max_len
+        )
+        valid = [(x[: cfg.max_len], y[: cfg.max_len - 1]) for x, y in valid]
     return [train[i] for i in kept], valid, [texts[i] for i in kept]
 
 

@@ -46,6 +46,13 @@ class DecodeConfig:
             raise ConfigError(f"alpha must be >= 0, got {self.alpha}")
         if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
             raise ConfigError("max_len_a, max_len_b and min_len must be >= 0")
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise ConfigError("max_len_a and max_len_b are both 0: the output cap is 0 tokens")
+        if self.max_len_a == 0 and self.min_len >= self.max_len_b:
+            raise ConfigError(
+                f"min_len ({self.min_len}) must be below the output cap max_len_b "
+                f"({self.max_len_b})"
+            )
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.workers < 1:

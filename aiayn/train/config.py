@@ -9,6 +9,7 @@ other model keys then override. Defaults are the paper's recipe (Vaswani et al. 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,14 @@ from aiayn.config import ModelConfig, _flatten, apply_overrides, parse_override,
 from aiayn.data.config import DataConfig
 from aiayn.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "TrainConfig",
     "RunConfig",
     "load_run_config",
     "build_run_config",
+    "check_run_config",
     "parse_sets",
     "run_config_from_dict",
     "run_config_to_dict",
@@ -198,7 +202,71 @@ def build_run_config(values: dict[str, Any]) -> RunConfig:
         if not isinstance(preset, str):
             raise ConfigError(f"model.preset: expected a string, got {preset!r}")
         base = dataclasses.replace(base, model=ModelConfig.preset(preset))
-    return apply_overrides(base, values)
+    cfg = apply_overrides(base, values)
+    check_run_config(cfg)
+    return cfg
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    """Settings of different sections that contradict each other: a ConfigError naming both,
+    when the config is read (before a tokenizer is trained or a folder written)."""
+    m, d, t = cfg.model, cfg.data, cfg.train
+    if m.max_len < d.max_len:
+        raise ConfigError(
+            f"model.max_len ({m.max_len}) is below data.max_len ({d.max_len}): the longest "
+            "training examples would not fit the model's positions; raise model.max_len or "
+            "lower data.max_len"
+        )
+    if d.max_tokens < d.max_len:
+        raise ConfigError(
+            f"data.max_tokens ({d.max_tokens}) is below data.max_len ({d.max_len}): a batch "
+            "could not hold the longest example"
+        )
+    if t.max_steps == 0 and t.max_epochs == 0 and t.max_time == 0:
+        raise ConfigError(
+            "train.max_steps, max_epochs and max_time are all 0: the run would never stop; "
+            "set one of them"
+        )
+    if t.patience and not t.valid_every and not t.bleu_every:
+        raise ConfigError(
+            "train.patience counts validations, but train.valid_every = 0 validates only at "
+            "the end; set train.valid_every"
+        )
+    if t.best_metric == "valid_bleu" and d.task != "translation":
+        raise ConfigError(
+            f"train.best_metric = 'valid_bleu' needs data.task = 'translation', not '{d.task}'"
+        )
+    if d.long_examples != "filter" and d.task not in ("classification", "masked_lm"):
+        raise ConfigError(
+            f"data.long_examples = '{d.long_examples}' applies to classification texts, "
+            f"not data.task = '{d.task}'"
+        )
+    if t.lr_schedule == "cosine" and t.min_lr > t.lr:
+        raise ConfigError(
+            f"train.min_lr ({t.min_lr}) is above train.lr ({t.lr}): cosine decays from lr to min_lr"
+        )
+    if t.lr_schedule == "inverse_sqrt" and t.warmup_init_lr > t.lr:
+        raise ConfigError(
+            f"train.warmup_init_lr ({t.warmup_init_lr}) is above train.lr ({t.lr}): the "
+            "warm-up rises from warmup_init_lr to lr"
+        )
+    if t.max_steps and t.warmup_steps >= t.max_steps and t.lr_schedule != "constant":
+        log.warning(
+            "train.warmup_steps (%d) >= train.max_steps (%d): the run ends before its learning "
+            "rate has warmed up",
+            t.warmup_steps,
+            t.max_steps,
+        )
+    if t.bleu_every and t.bleu_beam > 1 and d.task != "translation":
+        raise ConfigError(f"train.bleu_beam applies to translation, not data.task = '{d.task}'")
+    if d.task in ("classification", "masked_lm") and (d.train_src or d.train_tgt):
+        raise ConfigError(
+            f"data.task = '{d.task}' reads data.train_file, not data.train_src/train_tgt"
+        )
+    if d.task == "translation" and (d.train_file or d.valid_file):
+        raise ConfigError(
+            "data.task = 'translation' reads data.train_src/train_tgt, not data.train_file"
+        )
 
 
 def load_run_config(

@@ -23,7 +23,7 @@ import json
 import os
 import pickle
 import re
-import zipfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,22 @@ BEST_DIR = "best"
 CHECKPOINT_DIR = "checkpoints"
 STATE_VERSION = 1
 _SNAPSHOT = re.compile(r"^step_(\d+)\.safetensors$")
+
+
+def _state_error(err: Exception, head: bytes) -> str:
+    """What a failed ``torch.load`` of a trainer state (starting with bytes ``head``) means, in the
+    user's terms (never torch's advice to lower ``weights_only``, never the zip reader's
+    internals alone)."""
+    text = str(err)
+    pickled = "Unsupported global" in text or head.startswith(b"\x80")  # a pickle's first byte
+    if isinstance(err, pickle.UnpicklingError) and pickled:
+        return (
+            "not an aiayn trainer state; refused to unpickle it (it holds Python objects, "
+            "which could run code; aiayn's states hold only tensors, numbers and strings)"
+        )
+    if isinstance(err, EOFError) or "zip archive" in text or "central directory" in text:
+        return "corrupt or truncated trainer state (the file ends early or is not a whole archive)"
+    return f"corrupt or truncated trainer state (not a file torch.save wrote: {type(err).__name__})"
 
 
 class RunFolder:
@@ -152,20 +168,13 @@ class RunFolder:
         if not self.state.is_file():
             raise CheckpointError(f"{self.state}: trainer state not found")
         try:
-            state = torch.load(self.state, map_location="cpu", weights_only=True)
-        except (
-            RuntimeError,
-            EOFError,
-            OSError,
-            ValueError,
-            pickle.UnpicklingError,
-            zipfile.BadZipFile,
-            AttributeError,
-        ) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise CheckpointError(
-                f"{self.state}: corrupt or truncated trainer state ({first})"
-            ) from None
+            with warnings.catch_warnings():  # torch's notes on pickle protocols: not the user's
+                warnings.simplefilter("ignore")
+                state = torch.load(self.state, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises many types on a foreign or damaged file
+            with open(self.state, "rb") as f:
+                head = f.read(2)
+            raise CheckpointError(f"{self.state}: {_state_error(err, head)}") from None
         required = (
             "version",
             "step",
