@@ -33,12 +33,15 @@ TASKS = {  # config.json "kind" (old and new names) -> what the card calls it
 DECODE_DEFAULTS = {"beam": 4, "alpha": 0.6}  # DecodeConfig's, quoted when a folder sets none
 
 
-def write_model_card(folder: str | Path) -> Path | None:
+def write_model_card(folder: str | Path, shown_as: str | Path | None = None) -> Path | None:
     """Write ``folder/README.md`` from the folder's own files; return its path, or None (logged)
-    when the card could not be written. Never raises: a card is never worth a failed command."""
+    when the card could not be written. Never raises: a card is never worth a failed command.
+
+    ``shown_as``: the path the card names the folder by (its final path, when ``folder`` is the
+    temporary folder that will be renamed onto it)."""
     folder = Path(folder)
     try:
-        text = model_card(folder)
+        text = model_card(folder, shown_as)
         write_text(folder / CARD_FILE, text)
         return folder / CARD_FILE
     except Exception as err:  # noqa: BLE001 - by design: the card must not break train/evaluate
@@ -46,17 +49,18 @@ def write_model_card(folder: str | Path) -> Path | None:
         return None
 
 
-def model_card(folder: str | Path) -> str:
-    """The Markdown text of the model card of ``folder``."""
+def model_card(folder: str | Path, shown_as: str | Path | None = None) -> str:
+    """The Markdown text of the model card of ``folder`` (named ``shown_as`` when given)."""
     folder = Path(folder)
+    name = Path(shown_as) if shown_as is not None else folder
     meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     kind = TASKS.get(meta.get("kind", ""), meta.get("kind", "unknown"))
     sections = [
-        f"# {folder.name}: {kind} model\n\n{_summary(meta, kind)}",
+        f"# {name.name}: {kind} model\n\n{_summary(meta, kind)}",
         "## Facts\n\n" + _facts_table(folder, meta, kind),
         "## Scores\n\n" + _scores(folder),
         "## Decoding settings\n\n" + _decoding(meta, kind),
-        "## Use it\n\n" + _usage(folder, kind),
+        "## Use it\n\n" + _usage(name, kind),
     ]
     footer = (
         "*Written by aiayn from this folder's `config.json`, `eval_*.json` and its run's "

@@ -19,3 +19,13 @@ def cpu_name() -> str:
     feats = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
     feats += ["no AVX-512"] * ("avx512f" not in feats) + ["no AMX"] * ("amx_bf16" not in feats)
     return f"{os.cpu_count()}-core {name} ({', '.join(feats)})"
+
+
+def hardware_name(device: str = "auto") -> str:
+    """The CPU, and the GPUs when training may use them: what a model card records."""
+    name = cpu_name()
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        name += f"; {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
+    return name

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from aiayn.card import write_model_card
 from aiayn.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_FILE,
@@ -108,4 +109,5 @@ def average_checkpoints(
                 path.write_bytes(tokenizer)
         write_json(tmp / CONFIG_FILE, meta)
         load_model_dir(tmp)  # the result must load before it replaces anything
+        write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
     return steps

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiayn import __version__
+from aiayn.card import write_model_card
 from aiayn.config import _flatten
+from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.io import recover_folder
 from aiayn.train.config import RunConfig, run_config_from_dict, run_config_to_dict
@@ -151,6 +153,7 @@ def train_run(
             **run_config_to_dict(cfg),
             "task": cfg.data.task,
             "aiayn_version": __version__,
+            "hardware": hardware_name(cfg.train.device),
             **(extra_meta or {}),
         }
         if resume:
@@ -160,10 +163,18 @@ def train_run(
             _on_main(dist, folder.start_over)
         _on_main(dist, lambda: folder.write_meta(meta, tokenizer_json))
         result = trainer.fit()
+        _on_main(dist, lambda: write_run_cards(folder.path))
         dist.barrier()
         return result
     finally:
         shutdown_distributed()
+
+
+def write_run_cards(run: Path) -> None:
+    """The model cards of a run folder and of its best/ (logged, never raised, on failure)."""
+    write_model_card(run)
+    if (run / "best" / "config.json").is_file():
+        write_model_card(run / "best")
 
 
 def resume_config(out: str | Path) -> RunConfig:
