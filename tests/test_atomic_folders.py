@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,14 +66,17 @@ def run(tmp_path_factory):
 
 def digest(folder: Path) -> dict[str, str]:
     """What each file holds: config.json without the averaged run's path (which differs between
-    the copies of the tree), the weights' tensors and metadata (the header's key order is not
-    fixed), other files' bytes."""
+    the copies of the tree), the model card without that path, the weights' tensors and metadata
+    (the header's key order is not fixed), other files' bytes."""
     out = {}
     for p in sorted(folder.iterdir()):
         if p.name == "config.json":
             meta = json.loads(p.read_bytes())
             meta.get("averaged", {}).pop("run", None)
             out[p.name] = json.dumps(meta, sort_keys=True)
+        elif p.name == "README.md":  # the model card names the folder by its path: drop it
+            text = re.sub(r"\S*/run/avg", "AVG", p.read_text(encoding="utf-8"))
+            out[p.name] = hashlib.sha256(text.encode()).hexdigest()
         elif p.suffix == ".safetensors":
             with safe_open(str(p), "pt") as f:
                 tensors = {k: hashlib.sha256(f.get_tensor(k).numpy().tobytes()).hexdigest()
