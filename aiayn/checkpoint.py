@@ -60,10 +60,20 @@ def folder_parts(model_cfg: ModelConfig | dict[str, Any], tokenizer: str | bytes
     """The safetensors metadata that records a weights file's config and tokenizer."""
     cfg = model_cfg if isinstance(model_cfg, dict) else to_dict(model_cfg)
     parts = {META_MODEL: json.dumps(cfg, sort_keys=True)}
-    if tokenizer is not None:
-        data = tokenizer.encode("utf-8") if isinstance(tokenizer, str) else tokenizer
-        parts[META_TOKENIZER] = hashlib.sha256(data).hexdigest()
+    digest = tokenizer_digest(tokenizer) if tokenizer is not None else None
+    if digest is not None:
+        parts[META_TOKENIZER] = digest
     return parts
+
+
+def tokenizer_digest(tokenizer: str | bytes) -> str | None:
+    """sha256 of a tokenizer.json's content (parsed and written canonically, so that the same
+    tokenizer re-indented or re-ordered has the same digest); None when it is not JSON."""
+    try:
+        canonical = json.dumps(json.loads(tokenizer), sort_keys=True, ensure_ascii=False)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 _UNCHECKED_NOTED: set[str] = set()
@@ -103,8 +113,8 @@ def verify_folder_parts(folder: str | Path, weights_name: str = WEIGHTS_FILE) ->
         )
     tokenizer = folder / TOKENIZER_FILE
     if META_TOKENIZER in recorded and tokenizer.is_file():
-        digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
-        if digest != recorded[META_TOKENIZER]:
+        digest = tokenizer_digest(tokenizer.read_bytes())  # None: the tokenizer loader says why
+        if digest is not None and digest != recorded[META_TOKENIZER]:
             raise CheckpointError(
                 f"{folder}: tokenizer.json is not the tokenizer these weights were trained with "
                 "(the folder's parts come from different models)"

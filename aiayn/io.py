@@ -206,7 +206,10 @@ def new_folder(path: str | os.PathLike, overwrite: bool = False, flag: str = "--
     except OSError as err:
         raise write_error(path, err) from None
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OutputError as err:  # name the folder the user asked for, not the temporary one
+            raise OutputError(str(err).replace(str(tmp), str(path))) from None
         swap_in(tmp, path)
     finally:
         if tmp.exists():

@@ -263,7 +263,10 @@ def test_mixed_parts_are_refused(run, tmp_path):
     swapped = tmp_path / "swapped"
     shutil.copytree(run / "best", swapped)
     tok = json.loads((swapped / "tokenizer.json").read_text())
-    (swapped / "tokenizer.json").write_text(json.dumps(tok, indent=1))  # another file
+    (swapped / "tokenizer.json").write_text(json.dumps(tok, indent=3))  # the same, re-indented
+    load_model_dir(swapped)
+    tok["chars"] = tok["chars"][::-1]  # another tokenizer of the same size
+    (swapped / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(AiaynError, match="tokenizer.json is not the tokenizer"):
         load_model_dir(swapped)
 

@@ -119,7 +119,7 @@ def test_missing_dataset_and_files(tmp_path, capsys):
     _fails(capsys, ["train", str(cfg), *out, "--set", "data.train_src=" + str(tmp_path / "nope.en")],
            "no such file")
     own = {k: v for k, v in values.items() if not k.startswith("data.")}
-    cfg2 = write_toml(tmp_path / "reg.toml", {**own, "data.dataset": "multi31k"})
+    cfg2 = write_toml(tmp_path / "reg.toml", {**own, "data.dataset": "multi31k", "data.max_len": 32})
     _fails(capsys, ["train", str(cfg2), "--out", str(tmp_path / "run2")],
            "unknown dataset 'multi31k' (did you mean 'multi30k'?)")
 

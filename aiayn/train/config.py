@@ -259,6 +259,15 @@ def check_run_config(cfg: RunConfig) -> None:
         )
     if t.bleu_every and t.bleu_beam > 1 and d.task != "translation":
         raise ConfigError(f"train.bleu_beam applies to translation, not data.task = '{d.task}'")
+    if t.adversarial_eps and d.task != "classification":
+        raise ConfigError(
+            f"train.adversarial_eps applies to data.task = 'classification' only, not '{d.task}'"
+        )
+    if m.output_vocab != "all" and d.task != "translation":
+        raise ConfigError(
+            f"model.output_vocab = '{m.output_vocab}' applies to data.task = 'translation' "
+            f"only, not '{d.task}'"
+        )
     if d.task in ("classification", "masked_lm") and (d.train_src or d.train_tgt):
         raise ConfigError(
             f"data.task = '{d.task}' reads data.train_file, not data.train_src/train_tgt"

@@ -9,6 +9,7 @@ every rank (so no process waits forever).
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -132,8 +133,9 @@ def train_run(
     """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``; replace what it
     holds with ``overwrite``, once everything before the first update has succeeded)."""
     dist = init_distributed(cfg.train.device)
+    folder = RunFolder(out)
+    new = not folder.path.exists()
     try:
-        folder = RunFolder(out)
         _on_main(dist, lambda: folder.prepare(resume, overwrite))
         task = task or build_task(cfg)
         if resume:
@@ -166,6 +168,10 @@ def train_run(
         _on_main(dist, lambda: write_run_cards(folder.path))
         dist.barrier()
         return result
+    except AiaynError:
+        if new and dist.is_main and not folder.state.is_file():
+            shutil.rmtree(folder.path, ignore_errors=True)  # nothing trained: leave no folder
+        raise
     finally:
         shutdown_distributed()
 

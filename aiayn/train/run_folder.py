@@ -38,6 +38,7 @@ from aiayn.io import (
     new_folder,
     recover_folder,
     write_bytes,
+    write_error,
     write_json,
     write_text,
 )
@@ -210,7 +211,10 @@ class RunFolder:
             write_text(self.metrics, "".join(f"{line}\n" for line in kept))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.metrics, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:  # a cut line is dropped by discard_after on resume
+            raise write_error(self.metrics, err) from None

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.threads import ThreadGovernor
 from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory
 from aiayn.train.config import RunConfig
 from aiayn.train.distributed import DistContext, resolve_precision
@@ -132,6 +133,7 @@ class Trainer:
         resume: bool,
     ) -> None:
         self.cfg, self.task, self.folder, self.dist = cfg, task, folder, dist
+        self.governor = ThreadGovernor(active=False)  # fit() starts the real one
         self.t = cfg.train
         self.meta = meta
         self.tokenizer_json = tokenizer_json
@@ -242,6 +244,7 @@ class Trainer:
         """Train until a limit, early stopping or divergence; returns where it stopped."""
         self._bar = self._progress_bar()
         self._interval = _Interval()
+        self.governor = self._thread_governor()
         self.session_start = time.perf_counter()
         self._synced_wall = self.progress.wall
         # The time limit is checked after updates; at the start only the saved wall-clock counts
@@ -258,6 +261,17 @@ class Trainer:
         self._finish(reason)
         p = self.progress
         return TrainResult(p.step, p.epoch, reason, p.best, self.last_valid)
+
+    def _thread_governor(self) -> Any:
+        """On the CPU: threads for the load now, then re-measured now and then (aiayn/threads.py);
+        nothing when the user set a thread count."""
+        from aiayn.threads import threads_for_load
+
+        governor = ThreadGovernor(active=self.device.type == "cpu")
+        if governor.active:
+            threads_for_load()
+            governor.current = torch.get_num_threads()
+        return governor
 
     def _run_epoch(self) -> str | None:
         p, t = self.progress, self.t
@@ -297,6 +311,7 @@ class Trainer:
         """One optimizer update from ``group``'s micro-batches; False when it was skipped."""
         net = self.ddp or self.model
         net.train()
+        start = time.perf_counter()
         batches = [self.task.collate("train", b) for b in group]
         local = [float(sum(self.task.num_targets(b) for b in batches))]
         n_targets = max(self.dist.all_reduce(local)[0], 1.0)
@@ -325,6 +340,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.bad_steps = 0
         self._count(loss, nll, n_targets, tokens, norm)
+        self.governor.record(tokens, time.perf_counter() - start)
         return True
 
     def _grad_norm(self) -> float:

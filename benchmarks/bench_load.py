@@ -1,0 +1,123 @@
+"""Speed under load: `aiayn train` (tokens/s) and `aiayn evaluate` (sentences/s) with 0, 1 and 2
+other busy processes on the machine, each with the default thread setting (aiayn/threads.py),
+AIAYN_THREADS=1 and AIAYN_THREADS=<cores>. Not a test: a measurement for docs/reliability.md.
+
+    python benchmarks/bench_load.py --run runs/demo --model runs/demo/avg5 [--steps 60]
+
+--run is a training run folder to resume from (copied; the copy trains --steps more updates),
+--model a translation model folder evaluated on --limit sentences of the dataset's val split.
+Busy processes are `python -c "while True: pass"`. Prints a markdown table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiayn.env import cpu_name  # noqa: E402
+from aiayn.threads import cores  # noqa: E402
+
+
+def aiayn(args: list[str], threads: str | None, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("AIAYN_THREADS", "OMP_NUM_THREADS")}
+    if threads is not None:
+        env["AIAYN_THREADS"] = threads
+    return subprocess.run([sys.executable, "-m", "aiayn", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def train_rate(run: Path, steps: int, threads: str | None, work: Path) -> float:
+    """tokens/s of `steps` updates resumed from a copy of `run` (the first 10 not counted)."""
+    copy = work / "run"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("avg*", "best", "eval_*"))
+    start = json.loads((copy / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    sets = [f"train.max_steps={start + steps}", "train.max_time=0", "train.log_every=5",
+            "train.valid_every=100000", "train.save_every=100000", "train.progress=false",
+            "train.warmup_steps=1"]
+    proc = aiayn(["train", "--resume", "--out", str(copy)]
+                 + [x for s in sets for x in ("--set", s)], threads, 1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"train failed: {proc.stderr[-2000:]}")
+    records = [json.loads(x) for x in (copy / "metrics.jsonl").read_text().splitlines()]
+    after = [r for r in records if r["step"] > start + 10 and "tokens_per_s" in r]
+    return statistics.fmean(r["tokens_per_s"] for r in after)
+
+
+def evaluate_rate(model: Path, limit: int, threads: str | None, work: Path) -> float:
+    out = work / "eval.json"
+    proc = aiayn(["evaluate", str(model), "--split", "val", "--limit", str(limit), "-o", str(out)],
+                 threads, 1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"evaluate failed: {proc.stderr[-2000:]}")
+    return json.loads(out.read_text())["sentences_per_s"]
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, type=Path)
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--limit", type=int, default=100)
+    ap.add_argument("--busy", default="0,1,2", help="numbers of busy processes to try")
+    ap.add_argument("--json", type=Path, default=Path("bench_load.json"))
+    args = ap.parse_args()
+    n = cores()
+    settings = {"default": None, "1 thread": "1", f"{n} threads": str(n)}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for busy in map(int, args.busy.split(",")):
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    for _ in range(busy)]
+            try:
+                time.sleep(2)
+                for name, threads in settings.items():
+                    row = {"busy": busy, "setting": name, "loadavg_before": loadavg()}
+                    row["train_tok_s"] = train_rate(args.run, args.steps, threads, work)
+                    row["eval_sent_s"] = evaluate_rate(args.model, args.limit, threads, work)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                for hog in hogs:
+                    hog.kill()
+                    hog.wait()
+    meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
+            "cores": n, "steps": args.steps, "limit": args.limit,
+            "command": " ".join(sys.argv)}
+    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| other busy processes | setting | train tokens/s | evaluate sentences/s |",
+             "|---|---|---|---|"]
+    for busy in sorted({r["busy"] for r in rows}):
+        group = [r for r in rows if r["busy"] == busy]
+        best_t = max(r["train_tok_s"] for r in group)
+        best_e = max(r["eval_sent_s"] for r in group)
+        for r in group:
+            lines.append(f"| {busy} | {r['setting']} | {r['train_tok_s']:,.0f} "
+                         f"({r['train_tok_s'] / best_t:.0%} of best) | {r['eval_sent_s']:.1f} "
+                         f"({r['eval_sent_s'] / best_e:.0%}) |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

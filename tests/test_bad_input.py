@@ -1,0 +1,469 @@
+"""Bad input, faults and kills: every case ends with the exit code it should, exactly one line
+``aiayn: error: …`` that names the problem, no traceback, and every file that existed before
+byte-identical after (nothing half-written is left either: no temporary file or folder).
+
+Most cases run in-process through ``aiayn.cli.main`` (a subprocess costs 2-3 s of imports);
+the kills of a writer are simulated by leaving what a killed writer leaves (a real SIGKILL is in
+tests/test_atomic_folders.py). Disk faults are an ``OSError(ENOSPC)`` injected into the writes.
+A command added later (serve, export) joins by adding its cases to CASES.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiayn.io
+from aiayn.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from trainutil import base_values, write_toml  # noqa: E402
+
+
+# ---- fixtures: one tiny trained run for the module ---------------------------------------------
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A folder holding: data/ (reverse-task text), run.toml, run/ (6 updates, every snapshot
+    kept, best/), avg/ (an average of run), and assorted user files."""
+    root = tmp_path_factory.mktemp("bad")
+    values = base_values(root / "data", max_steps=6, save_every=1, keep_last=10, valid_every=3)
+    write_toml(root / "run.toml", values)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["train", str(root / "run.toml"), "--out", str(root / "run")]) == 0
+        assert main(["average", str(root / "run"), "--last", "2", "-o", str(root / "avg")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    (root / "file.txt").write_text("a plain file\n")
+    (root / "in.txt").write_text("a b c\nd e\n")
+    (root / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    (root / "out").mkdir()
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def temporaries(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def fails(capsys, root: Path, argv: list, message: str, code: int = 2, may_change=()) -> str:
+    """Run ``aiayn ARGV``: exit ``code``, one error line holding ``message``, no traceback, the
+    files under ``root`` unchanged (but ``may_change``) and no temporaries left."""
+    capsys.readouterr()
+    before = files(root)
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == code, (rc, err)
+    assert err.startswith("aiayn: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    after = files(root)
+    same = {p: b for p, b in after.items() if p in before and p not in may_change}
+    assert same == {p: b for p, b in before.items() if p not in may_change}, "a file changed"
+    assert temporaries(root) == []
+    return err
+
+
+def copy_of(world: Path, tmp_path: Path, name: str) -> Path:
+    dest = tmp_path / name
+    shutil.copytree(world / name, dest)
+    return dest
+
+
+def toml(tmp_path: Path, world: Path, **changes) -> Path:
+    values = base_values(world / "data")
+    for key, value in changes.items():
+        values[key.replace("__", ".")] = value
+    return write_toml(tmp_path / "c.toml", values)
+
+
+# ---- configs ------------------------------------------------------------------------------------
+CONFIG_CASES = {
+    "model max_len below data max_len": (
+        {"model__max_len": 16, "data__max_len": 32}, "model.max_len (16) is below data.max_len"),
+    "max_tokens below max_len": ({"data__max_tokens": 20}, "data.max_tokens (20) is below"),
+    "no stop condition": ({"train__max_steps": 0}, "the run would never stop"),
+    "patience without validation": (
+        {"train__patience": 2, "train__valid_every": 0}, "train.patience counts validations"),
+    "valid_bleu without bleu_every": (
+        {"train__best_metric": "valid_bleu"}, "needs train.bleu_every > 0"),
+    "long_examples for translation": (
+        {"data__long_examples": "truncate"}, "applies to classification texts"),
+    "cosine min_lr above lr": (
+        {"train__lr_schedule": "cosine", "train__min_lr": 1.0, "train__lr": 0.1},
+        "train.min_lr (1.0) is above train.lr"),
+    "warmup_init_lr above lr": ({"train__warmup_init_lr": 1.0}, "warmup_init_lr (1.0) is above"),
+    "cosine warmup not below max_steps": (
+        {"train__lr_schedule": "cosine", "train__warmup_steps": 10}, "must be > warmup_steps"),
+    "time clock without cosine": ({"train__schedule_clock": "time"}, "schedule_clock = 'time'"),
+    "d_model not divisible by n_heads": ({"model__n_heads": 3}, "divisible by n_heads"),
+    "negative max_steps": ({"train__max_steps": -1}, "train.max_steps must be >= 0"),
+    "label smoothing of 1": ({"train__label_smoothing": 1.0}, "label_smoothing must be in"),
+    "wrong type": ({"train__lr": "fast"}, "train.lr"),
+    "unknown key": ({"train__max_step": 5}, "did you mean 'train.max_steps'"),
+    "unknown preset": ({"model__preset": "huge"}, "unknown preset 'huge'"),
+    "dataset and own files": ({"data__dataset": "multi30k"}, "are both set"),
+    "translation with train_file": ({"data__train_file": "x.tsv"}, "not data.train_file"),
+    "adversarial training of a translation": (
+        {"train__adversarial_eps": 0.1}, "adversarial_eps applies to data.task = 'classification'"),
+    "output_vocab of a language model": (
+        {"data__task": "lm", "data__train_src": "", "data__train_tgt": "", "data__valid_src": "",
+         "data__valid_tgt": "", "model__output_vocab": "targets"}, "model.output_vocab"),
+    "bpe dropout with char tokenizer": ({"data__bpe_dropout": 0.1}, "data.bpe_dropout needs"),
+    "lowercase with char tokenizer": ({"data__lowercase": True}, "data.lowercase needs"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_config_contradictions(case, world, tmp_path, capsys):
+    changes, message = CONFIG_CASES[case]
+    cfg = toml(tmp_path, world, **changes)
+    fails(capsys, world, ["train", cfg, "--out", tmp_path / "run"], message)
+    assert not (tmp_path / "run").exists()  # refused before any folder or tokenizer
+
+
+def test_config_file_errors(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    fails(capsys, world, ["train", tmp_path / "missing.toml", "--out", out], "config file not found")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nlr = 1\n")
+    fails(capsys, world, ["train", bad, "--out", out], "not valid TOML")
+    bare = tmp_path / "bare.toml"
+    bare.write_text("lr = 1\n")
+    fails(capsys, world, ["train", bare, "--out", out], "must be a [section]")
+    cfg = toml(tmp_path, world)
+    fails(capsys, world, ["train", cfg, "--out", out, "--set", "lr=1"], "name the section")
+    fails(capsys, world, ["train", cfg, "--out", out, "--set", "train.lr"], "KEY=VALUE")
+    fails(capsys, world, ["train", "--out", out], "give a CONFIG.toml")
+
+
+# ---- data files ---------------------------------------------------------------------------------
+def test_data_file_errors(world, tmp_path, capsys):
+    data = world / "data"
+    out = tmp_path / "run"
+    cases = [
+        ({"data__train_src": str(tmp_path / "nope.src")}, "nope.src"),
+        ({"data__train_src": str(world / "latin1.txt")}, "latin1.txt"),
+    ]
+    short = tmp_path / "short.tgt"
+    short.write_text("a\n")
+    cases.append(({"data__train_tgt": str(short)}, "short.tgt"))
+    empty = tmp_path / "empty.src"
+    empty.write_text("")
+    cases.append(({"data__train_src": str(empty), "data__train_tgt": str(empty)}, "empty.src"))
+    longer = tmp_path / "long.src"
+    longer.write_text(("x " * 40 + "\n") * 3)
+    cases.append(({"data__train_src": str(longer), "data__train_tgt": str(longer)},
+                  "no training pairs left"))
+    for changes, message in cases:
+        cfg = toml(tmp_path, world, **changes)
+        fails(capsys, world, ["train", cfg, "--out", out], message)
+        assert not (out / "trainer_state.pt").exists()
+    assert (data / "train.src").exists()
+
+
+def test_pathological_text_finishes_in_seconds(tmp_path, caplog):
+    """A 1 MB line without spaces, a 10 MB one-line text and control characters: tokenizer
+    training leaves the long ones out (counted in the log) and encoding stays fast."""
+    from aiayn.data.tokenizer import train_tokenizer
+
+    normal = [f"word{i % 50} other{i % 7} text\x01\x7f\u200b here" for i in range(400)]
+    start = time.perf_counter()
+    with caplog.at_level("WARNING"):
+        tok = train_tokenizer(normal + ["x" * 1_000_000, "ab" * 5_000_000], "bpe", 300)
+    assert "left out 2 of 402 texts" in caplog.text
+    ids = tok.encode("y" * 1_000_000)
+    assert ids and time.perf_counter() - start < 30
+
+
+# ---- model folders ------------------------------------------------------------------------------
+def damage(folder: Path, what: str) -> None:
+    cfg = folder / "config.json"
+    weights = folder / "model.safetensors"
+    meta = json.loads(cfg.read_text())
+    if what == "config not json":
+        cfg.write_text("{not json")
+    elif what == "config without kind":
+        del meta["kind"]
+        cfg.write_text(json.dumps(meta))
+    elif what == "unknown kind":
+        meta["kind"] = "diffusion"
+        cfg.write_text(json.dumps(meta))
+    elif what == "n_heads edited":
+        meta["model"]["n_heads"] = 1
+        cfg.write_text(json.dumps(meta))
+    elif what == "d_model edited":
+        meta["model"]["d_model"] = 32
+        cfg.write_text(json.dumps(meta))
+    elif what == "no config":
+        cfg.unlink()
+    elif what == "no weights":
+        weights.unlink()
+    elif what == "weights truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif what == "weights garbage":
+        weights.write_bytes(b"\x00" * 64)
+    elif what == "tokenizer garbage":
+        (folder / "tokenizer.json").write_text("{]")
+    elif what == "tokenizer swapped":
+        tok = json.loads((folder / "tokenizer.json").read_text())
+        tok["chars"] = tok["chars"][::-1]
+        (folder / "tokenizer.json").write_text(json.dumps(tok))
+
+
+FOLDER_CASES = {
+    "config not json": "not valid JSON",
+    "config without kind": "needs 'kind' and 'model'",
+    "unknown kind": "unknown model kind",
+    "n_heads edited": "parts come from different models",
+    "d_model edited": "parts come from different models",
+    "no config": "config.json is missing",
+    "no weights": "weights file not found",
+    "weights truncated": "not a readable safetensors file",
+    "weights garbage": "not a readable safetensors file",
+    "tokenizer garbage": "not a tokenizer",
+    "tokenizer swapped": "not the tokenizer these weights were trained with",
+}
+
+
+@pytest.mark.parametrize("what", list(FOLDER_CASES))
+def test_damaged_model_folder(what, world, tmp_path, capsys):
+    folder = copy_of(world, tmp_path, "avg")
+    damage(folder, what)
+    fails(capsys, tmp_path, ["translate", folder, "-i", world / "in.txt"], FOLDER_CASES[what])
+
+
+def test_missing_folders(world, tmp_path, capsys):
+    fails(capsys, world, ["translate", tmp_path / "nope", "-i", world / "in.txt"], "not found")
+    fails(capsys, world, ["summary", tmp_path / "nope"], "not found")
+    fails(capsys, world, ["evaluate", world / "out", "--src", world / "in.txt", "--ref",
+                          world / "in.txt"], "not a model folder")
+    fails(capsys, world, ["average", tmp_path / "nope", "-o", tmp_path / "a"],
+          "not a training run folder")
+
+
+# ---- flags and inputs ---------------------------------------------------------------------------
+def test_bad_flags(world, tmp_path, capsys):
+    avg, inp = world / "avg", world / "in.txt"
+    cases = [
+        (["translate", avg, "-i", inp, "--beam", "0"], "beam must be >= 1"),
+        (["translate", avg, "-i", inp, "--nbest", "5", "--beam", "2"], "nbest must be between"),
+        (["translate", avg, "-i", inp, "--device", "tpu9"], "unknown device"),
+        (["translate", avg, "-i", inp, "--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["translate", avg, "-i", inp, "--max-len-a", "0", "--max-len-b", "0"],
+         "output cap is 0 tokens"),
+        (["translate", avg, "-i", tmp_path / "none.txt"], "none.txt"),
+        (["translate", avg, "-i", world / "latin1.txt"], "latin1.txt"),
+        (["evaluate", avg], "give either --split NAME or --src FILE --ref FILE"),
+        (["evaluate", avg, "--src", inp, "--ref", inp, "--limit", "-1"], "--limit must be >= 0"),
+        (["summary", "tiny", "--batch", "0"], "--batch must be positive"),
+        (["average", world / "run", "--last", "0", "-o", tmp_path / "a"], "--last must be >= 1"),
+        (["average", world / "run", "--last", "99", "-o", tmp_path / "a"], "only 6"),
+    ]
+    for argv, message in cases:
+        fails(capsys, world, argv, message)
+
+
+def test_outputs_checked_before_any_work(world, tmp_path, capsys):
+    """A folder where a file is expected, a path under a file, an unwritable place: refused
+    before a model is loaded (a broken model folder would otherwise be reported first)."""
+    broken = tmp_path / "broken"  # not a model: the output error must come first
+    broken.mkdir()
+    inp, file_ = world / "in.txt", world / "file.txt"
+    for flag in ("-o", "--output"):
+        fails(capsys, world, ["translate", broken, "-i", inp, flag, world / "out"], "is a folder")
+    cases = [
+        (["translate", broken, "-i", inp, "-o", file_ / "x.txt"], "is a file, not a folder"),
+        (["translate", broken, "-i", inp, "-o", "/sys/aiayn-out.txt"], "cannot write in /sys"),
+        (["evaluate", broken, "--src", inp, "--ref", inp, "--hyps", world / "out"],
+         "--hyps"),
+        (["evaluate", broken, "--src", inp, "--ref", inp, "-o", file_ / "s.json"], "is a file"),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", world / "out"], "is a folder"),
+        (["plot", "pe", "-o", world / "out"], "is a folder"),
+        (["plot", "pe", "-o", file_ / "pe.png"], "is a file, not a folder"),
+        (["average", world / "run", "--last", "2", "-o", file_], "is a file, not a folder"),
+        (["average", world / "run", "--last", "2", "-o", file_ / "avg"], "is a file"),
+        (["average", world / "run", "--last", "2", "-o", "/sys/aiayn-avg"], "cannot write in"),
+        (["train", world / "run.toml", "--out", file_], "is a file"),
+        (["train", world / "run.toml", "--out", file_ / "run"], "is a file, not a folder"),
+    ]
+    for argv, message in cases:
+        fails(capsys, world, argv, message)
+
+
+# ---- folders that are not to be overwritten -----------------------------------------------------
+def test_existing_folders_are_refused(world, tmp_path, capsys):
+    run, cfg = world / "run", world / "run.toml"
+    cases = [
+        (["average", run, "--last", "2", "-o", run / "best"], "holds a model folder; pass --overwrite"),
+        (["average", run, "--last", "2", "-o", world / "avg"], "holds a model folder"),
+        (["average", run, "--last", "2", "-o", run], "not the run folder"),
+        (["average", run, "--last", "2", "-o", world], "holds the run folder"),
+        (["average", run, "--last", "2", "-o", world / "out", "--overwrite"], ""),  # see below
+        (["train", cfg, "--out", run / "best"], "holds a model folder"),
+        (["train", cfg, "--out", run], "already holds a training run"),
+        (["train", cfg, "--out", world / "data"], "holds a folder"),
+        (["train", cfg, "--out", run, "--resume", "--overwrite"], "--overwrite replaces it"),
+        (["train", cfg, "--out", world / "avg", "--resume"], "nothing to resume"),
+    ]
+    for argv, message in cases:
+        if "--overwrite" in argv and "--resume" not in argv:
+            continue  # an empty folder: allowed (tested in test_overwrite_swaps_whole)
+        fails(capsys, world, argv, message)
+
+
+def test_overwrite_swaps_whole(world, tmp_path, capsys):
+    run = copy_of(world, tmp_path, "run")
+    before = files(run / "best")
+    assert main(["average", str(run), "--last", "3", "-o", str(run / "best"), "--overwrite"]) == 0
+    assert files(run / "best") != before and temporaries(run) == []
+    meta = json.loads((run / "best" / "config.json").read_text())
+    assert meta["averaged"]["steps"] == [4, 5, 6]
+
+
+def test_resume_with_another_model_is_refused(world, tmp_path, capsys):
+    run = copy_of(world, tmp_path, "run")
+    fails(capsys, tmp_path, ["train", "--resume", "--out", run, "--set", "model.d_model=32"],
+          "differs from the run")
+
+
+# ---- trainer states -----------------------------------------------------------------------------
+class Foreign:
+    pass
+
+
+STATE_CASES = {
+    "foreign pickle": "not an aiayn trainer state; refused to unpickle it",
+    "plain pickle": "not an aiayn trainer state; refused to unpickle it",
+    "truncated": "corrupt or truncated trainer state",
+    "empty": "corrupt or truncated trainer state",
+    "tensors only": "not an aiayn trainer state",
+}
+
+
+@pytest.mark.parametrize("what", list(STATE_CASES))
+def test_bad_trainer_state(what, world, tmp_path, capsys):
+    import pickle
+
+    run = copy_of(world, tmp_path, "run")
+    state = run / "trainer_state.pt"
+    if what == "foreign pickle":
+        torch.save({"step": 3, "x": Foreign()}, state)
+    elif what == "plain pickle":
+        state.write_bytes(pickle.dumps({"step": 3, "x": Foreign()}))
+    elif what == "truncated":
+        state.write_bytes(state.read_bytes()[:300])
+    elif what == "empty":
+        state.write_bytes(b"")
+    else:
+        torch.save({"weights": torch.zeros(2)}, state)
+    err = fails(capsys, tmp_path, ["train", "--resume", "--out", run], STATE_CASES[what])
+    assert "weights_only" not in err and "miniz" not in err
+
+
+# ---- kills: what a killed writer leaves is resolved at the next start ---------------------------
+DEAD = 2**22 + 12345  # a pid no process has (beyond the default pid_max)
+
+
+def test_leftovers_of_killed_writers_are_resolved(world, tmp_path, capsys):
+    run = copy_of(world, tmp_path, "run")
+    avg = copy_of(world, tmp_path, "avg")
+    # killed between the two renames of a swap: avg moved aside, the new one complete beside it
+    os.rename(avg, tmp_path / f".avg.old-{DEAD}-abc")
+    shutil.copytree(run / "best", tmp_path / f".avg.tmp-{DEAD}-abc")
+    # killed while writing files
+    (run / f".model.safetensors.tmp-{DEAD}-x").write_bytes(b"half")
+    (run / "checkpoints" / f".step_00000007.safetensors.tmp-{DEAD}-y").write_bytes(b"half")
+    (tmp_path / f".best2.tmp-{DEAD}-z").mkdir()
+    assert main(["translate", str(avg), "-i", str(world / "in.txt"), "-o",
+                 str(tmp_path / "t.txt")]) == 0
+    assert (avg / "model.safetensors").exists()
+    assert main(["train", "--resume", "--out", str(run), "--set", "train.max_steps=6"]) == 0
+    assert main(["average", str(run), "--last", "2", "-o", str(tmp_path / "best2")]) == 0
+    assert temporaries(tmp_path) == [] and not (tmp_path / "new").exists()
+
+
+def test_live_writers_temporaries_are_kept(world, tmp_path):
+    avg = copy_of(world, tmp_path, "avg")
+    mine = avg / f".model.safetensors.tmp-{os.getpid()}-x"  # a writer that is still running
+    mine.write_bytes(b"in progress")
+    aiayn.io.recover_folder(avg)
+    assert mine.exists()
+
+
+# ---- full disk ----------------------------------------------------------------------------------
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``arm(match)``: from then on, every fsync of a file whose path holds ``match`` fails with
+    ENOSPC (what a full disk does to a write that the page cache accepted)."""
+    state = {"match": None}
+    real = os.fsync
+
+    def fsync(fd):
+        match = state["match"]
+        if match is not None and match in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return lambda match="": state.update(match=match)
+
+
+def test_full_disk_average(world, tmp_path, capsys, full_disk):
+    run = copy_of(world, tmp_path, "run")
+    full_disk(".safetensors")
+    fails(capsys, tmp_path, ["average", run, "--last", "2", "-o", tmp_path / "a"],
+          "No space left on device", code=2)
+    assert not (tmp_path / "a").exists()
+    fails(capsys, tmp_path, ["average", run, "--last", "2", "-o", run / "best", "--overwrite"],
+          "the disk is full")
+
+
+def test_full_disk_translate_and_evaluate(world, tmp_path, capsys, full_disk):
+    avg, inp = world / "avg", world / "in.txt"
+    (tmp_path / "t.txt").write_text("old translations\n")
+    full_disk()
+    err = fails(capsys, world, ["translate", avg, "-i", inp, "-o", tmp_path / "t.txt"],
+                "the disk is full")
+    assert "t.txt" in err and (tmp_path / "t.txt").read_text() == "old translations\n"
+    fails(capsys, world, ["evaluate", avg, "--src", inp, "--ref", inp, "-o",
+                          tmp_path / "s.json"], "s.json: cannot write")
+    assert temporaries(tmp_path) == [] and not (tmp_path / "new").exists()
+
+
+def test_full_disk_train_and_resume(world, tmp_path, capsys, full_disk):
+    """ENOSPC at the first checkpoint of a new run, and during a resumed run: one line naming the
+    file, the last checkpoint still resumes."""
+    from aiayn.train.run_folder import RunFolder
+
+    run = copy_of(world, tmp_path, "run")
+    step = RunFolder(run).load_state()["step"]
+    full_disk(".safetensors")
+    # config.json records the changed train.max_steps, as every resume does
+    err = fails(capsys, tmp_path, ["train", "--resume", "--out", run, "--set",
+                                   "train.max_steps=9"], "the disk is full",
+                may_change=[run / "config.json"])
+    assert str(run) in err
+    assert RunFolder(run).load_state()["step"] == step  # the last checkpoint is intact
+    err = fails(capsys, tmp_path, ["train", world / "run.toml", "--out", tmp_path / "new"],
+                "the disk is full")
+    assert temporaries(tmp_path) == [] and not (tmp_path / "new").exists()
