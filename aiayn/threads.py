@@ -7,8 +7,9 @@ busy process ran at 6.3k tokens/s with 2 threads and 12.9k with 1.
 
 - :func:`threads_for_load` (translate, evaluate, the start of training): the cores that are not
   busy, from the kernel's count of runnable tasks, sampled a few times over ~50 ms.
-- :class:`ThreadGovernor` (training): now and then times a few updates with N threads and with 1,
-  interleaved, and keeps the faster; the probes are spaced further apart while the choice holds.
+- :class:`ThreadGovernor` (training): now and then runs a few updates with the other setting (1
+  or N threads) and keeps the faster; a trial stops after one update when that one is far
+  slower, and trials are spaced further apart while the choice holds.
 
 A thread count the user set (``AIAYN_THREADS``, else ``OMP_NUM_THREADS``) always wins, and nothing
 is changed. Changing the thread count can change the last bits of a float sum: set
@@ -88,13 +89,16 @@ def threads_for_load(apply: bool = True) -> int:
 
 
 class ThreadGovernor:
-    """Times updates with N threads and with 1 now and then, and keeps the faster (training).
+    """Tries the other thread setting (1 or N) now and then during training, and keeps the
+    faster one.
 
-    Call :meth:`record` after each update with its work (tokens) and its duration. A probe runs
-    ``window`` timed updates per setting, twice each, interleaved (N, 1, N, 1), after one
-    untimed update following each switch; the setting with more work per second is kept until
-    the next probe, ``every`` updates later. Each probe that confirms the choice doubles the
-    spacing (up to ``max_every``); one that changes it resets the spacing.
+    Call :meth:`record` after each update with its work (tokens) and its duration. The rate of
+    the current setting is measured over the updates since the last trial; a trial runs up to
+    ``window`` updates with the other setting, and stops after the first one when that one is
+    far slower (under 0.6 of the current rate: on a loaded 2-core machine, 2 threads ran 10
+    times slower than 1, so a trial must be short). The faster setting is kept until the next
+    trial, ``every`` updates later; each trial that keeps the setting doubles the spacing (up to
+    ``max_every``), one that changes it resets the spacing.
     """
 
     def __init__(
@@ -113,54 +117,44 @@ class ThreadGovernor:
         self.set_threads = set_threads
         self.current = self.high
         self.countdown = first
-        self.plan: list[tuple[int, bool]] = []  # (threads, timed) of the probe's next updates
-        self.timed: dict[int, list[float]] = {}  # threads -> [work, seconds]
-        self.choices: list[int] = []
+        self.base = [0.0, 0.0]  # work, seconds of the current setting since the last trial
+        self.trial: list[float] | None = None  # work, seconds, updates of the other setting
+        self.choices: list[int] = []  # the setting kept after each trial
 
     def record(self, work: float, seconds: float) -> None:
         """One update's work (e.g. tokens) and wall-clock seconds; may change the thread count."""
         if not self.active:
             return
-        if self.plan:
-            threads, timed = self.plan.pop(0)  # the setting this update ran with
-            if timed:
-                total = self.timed.setdefault(threads, [0.0, 0.0])
-                total[0] += work
-                total[1] += seconds
-            if self.plan:
-                self._use(self.plan[0][0])
-            else:
-                self._decide()
+        if self.trial is None:
+            self.base[0] += work
+            self.base[1] += seconds
+            self.countdown -= 1
+            if self.countdown <= 0 and self.base[1] > 0:
+                self.trial = [0.0, 0.0, 0]
+                self._use(1 if self.current != 1 else self.high)
             return
-        self.countdown -= 1
-        if self.countdown <= 0:
-            # after each switch one untimed update (the thread pool settles), then `window` timed
-            self.plan = [
-                (n, timed)
-                for n in (self.high, 1, self.high, 1)
-                for timed in [False] + [True] * self.window
-            ]
-            self.timed = {}
-            self._use(self.plan[0][0])
+        self.trial[0] += work
+        self.trial[1] += seconds
+        self.trial[2] += 1
+        rate = self.trial[0] / max(self.trial[1], 1e-9)
+        base_rate = self.base[0] / self.base[1]
+        if self.trial[2] >= self.window or rate < 0.6 * base_rate:
+            self._decide(rate, base_rate)
 
-    def _decide(self) -> None:
-        rate = {n: work / max(sec, 1e-9) for n, (work, sec) in self.timed.items()}
-        best = max(rate, key=rate.get)
-        confirmed = bool(self.choices) and self.choices[-1] == best
-        self.every = min(self.every * 2, self.max_every) if confirmed else self.base_every
-        self.choices.append(best)
-        self.countdown = self.every
-        log.debug(
-            "threads: %s; keeping %d for %d updates",
-            ", ".join(f"{n}: {r:.0f}/s" for n, r in sorted(rate.items())),
-            best,
-            self.every,
-        )
-        if not confirmed:
+    def _decide(self, rate: float, base_rate: float) -> None:
+        tried = self.current
+        other = 1 if tried != 1 else self.high
+        if rate > base_rate:  # the setting tried is faster: keep it, look again soon
+            self.every = self.base_every
             log.info(
-                "threads: %d (measured %s work/s)", best, {n: round(r) for n, r in rate.items()}
+                "threads: %d (%.0f work/s against %.0f with %d)", tried, rate, base_rate, other
             )
-        self._use(best)
+        else:
+            self.every = min(self.every * 2, self.max_every)
+            self._use(other)
+        log.debug("threads: tried %d at %.0f/s, %d ran %.0f/s", tried, rate, other, base_rate)
+        self.choices.append(self.current)
+        self.trial, self.base, self.countdown = None, [0.0, 0.0], self.every
 
     def _use(self, threads: int) -> None:
         if threads != self.current:

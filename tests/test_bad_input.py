@@ -193,6 +193,9 @@ def test_pathological_text_finishes_in_seconds(tmp_path, caplog):
     assert "left out 2 of 402 texts" in caplog.text
     ids = tok.encode("y" * 1_000_000)
     assert ids and time.perf_counter() - start < 30
+    text = "z" * 10_000_000  # training never encodes what cannot fit data.max_len
+    assert tok.min_tokens(text) > 1000 and tok.min_tokens("short text") == 0
+    assert tok.min_tokens(text) <= len(tok.encode(text[:100_000])) * 100
 
 
 # ---- model folders ------------------------------------------------------------------------------

@@ -65,3 +65,17 @@ def test_threads_for_load_counts_other_processes(monkeypatch):
     assert threads_for_load(apply=False) == 2
     monkeypatch.setattr(threads, "_running", lambda: 9)
     assert threads_for_load(apply=False) == 1
+
+
+def test_the_trials_cost_little(monkeypatch):
+    """Measured on the loaded 2-core machine: 2 threads ran at 323 tokens/s, 1 thread at 3,346
+    (a trial of the slow setting is expensive); idle, 18.1k against 12.9k."""
+    monkeypatch.delenv("AIAYN_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for speed, start in (({2: 323.0, 1: 3346.0}, 1), ({2: 18100.0, 1: 12900.0}, 2)):
+        gov = ThreadGovernor(threads=2, set_threads=lambda n: None)
+        gov.current = start  # as threads_for_load chose it
+        used = drive(gov, speed, 3000)
+        seconds = sum(1000.0 / speed[n] for n in used)
+        best = 3000 * 1000.0 / max(speed.values())
+        assert best / seconds > 0.95, (speed, best / seconds)

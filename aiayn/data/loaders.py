@@ -157,37 +157,38 @@ def prepare_translation_texts(
 ) -> tuple[list[Pair], list[Pair], list[tuple[str, str]]]:
     """:func:`prepare_translation`, plus the (source, target) texts of the kept training pairs
     (what BPE-dropout re-encodes)."""
-    result = []
-    for split in (cfg.train_split, cfg.valid_split):
-        src, tgt = load_translation(cfg, split)
-        result.append(
-            (
-                list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt))),
-                list(zip(src, tgt)),
-            )
-        )
-    (train, texts), (valid, _) = result
-    kept = [
-        i
-        for i, (x, y) in enumerate(train)
-        if x and y and len(x) <= cfg.max_len and len(y) + 1 <= cfg.max_len
+    n = cfg.max_len
+    src, tgt = load_translation(cfg, cfg.train_split)
+    # A pair too long for max_len whatever its segmentation is dropped without being encoded
+    # (a 10 MB line takes seconds to encode).
+    texts = [
+        (x, y)
+        for x, y in zip(src, tgt)
+        if tokenizer.min_tokens(x) <= n and tokenizer.min_tokens(y) + 1 <= n
     ]
-    if len(kept) < len(train):
+    train = list(
+        zip(
+            tokenizer.encode_batch([x for x, _ in texts]),
+            tokenizer.encode_batch([y for _, y in texts]),
+        )
+    )
+    kept = [i for i, (x, y) in enumerate(train) if x and y and len(x) <= n and len(y) + 1 <= n]
+    if len(kept) < len(src):
         empty = sum(1 for x, y in train if not x or not y)
         log.warning(
             "dropped %d of %d training pairs: %d longer than max_len=%d tokens, %d empty",
-            len(train) - len(kept),
-            len(train),
-            len(train) - len(kept) - empty,
-            cfg.max_len,
+            len(src) - len(kept),
+            len(src),
+            len(src) - len(kept) - empty,
+            n,
             empty,
         )
-    n_long = sum(1 for x, y in valid if len(x) > cfg.max_len or len(y) + 1 > cfg.max_len)
+    src, tgt = load_translation(cfg, cfg.valid_split)
+    valid = list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt)))
+    n_long = sum(1 for x, y in valid if len(x) > n or len(y) + 1 > n)
     if n_long:  # kept (the validation set is not changed), cut to what the model can take
-        log.warning(
-            "cut %d of %d validation pairs to max_len=%d tokens", n_long, len(valid), cfg.max_len
-        )
-        valid = [(x[: cfg.max_len], y[: cfg.max_len - 1]) for x, y in valid]
+        log.warning("cut %d of %d validation pairs to max_len=%d tokens", n_long, len(valid), n)
+        valid = [(x[:n], y[: n - 1]) for x, y in valid]
     return [train[i] for i in kept], valid, [texts[i] for i in kept]
 
 

@@ -12,6 +12,7 @@ style), so any text encodes without ``<unk>`` and ``decode(encode(t)) == normali
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -61,6 +62,10 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound of ``len(self.encode(text))``, found without encoding (0: no bound)."""
+        return 0
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` (a list or a 1-D tensor), special tokens skipped."""
@@ -139,6 +144,17 @@ class SubwordTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def min_tokens(self, text: str) -> int:
+        """Bytes of the normalised text over the longest token's bytes (byte-level pieces: one
+        character of a token is one byte); texts shorter than 256 characters are not looked at."""
+        if len(text) < 256:
+            return 0
+        return len(self.normalize(text).encode("utf-8")) // self._longest_token
+
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        return max(len(token) for token in self.hf.get_vocab())
+
     def with_dropout(self, p: float) -> SubwordTokenizer:
         """A copy whose BPE merges are each skipped with probability ``p`` at every encode
         (BPE-dropout, Provilkov et al. 2020): the same vocabulary, a random segmentation."""
@@ -195,6 +211,9 @@ class CharTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         get, unk = self._stoi.get, self.unk_id
         return [get(c, unk) for c in text]
+
+    def min_tokens(self, text: str) -> int:
+        return len(text)  # one token per character, unknown ones included
 
     def decode(self, ids: Iterable[int]) -> str:
         itos, n = self._itos, len(self._itos)
