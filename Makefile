@@ -15,7 +15,7 @@ $(BIN)/python:
 # torch first, pinned, so that pip never resolves a bare `torch` (several GB of CUDA wheels).
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,plot]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,plot,serve]'
 	touch $@
 
 install: $(VENV)/.installed

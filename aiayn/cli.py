@@ -26,6 +26,7 @@ COMMANDS: list[str] = [
     "evaluate",
     "classify",
     "generate",
+    "serve",
 ]
 
 

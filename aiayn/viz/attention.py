@@ -181,6 +181,24 @@ class TranslationAttention:
     src_tokens: list[str]  # S labels: the source pieces as the encoder reads them
     tgt_tokens: list[str]  # T labels: <s>, then the produced pieces (the decoder inputs)
     maps: AttentionMaps
+    score: float = float("nan")  # the hypothesis's search score (log-prob / length penalty)
+
+    def to_dict(self, digits: int = 4) -> dict:
+        """Plain lists for JSON: ``encoder[l][h][i][j]`` is the weight of query i on key j in
+        head h of layer l (0-based), weights rounded to ``digits`` decimals."""
+
+        def lists(maps: list[Tensor]) -> list:
+            return [w.round(decimals=digits).tolist() for w in maps]
+
+        return {
+            "translation": self.translation,
+            "score": self.score,
+            "src_tokens": self.src_tokens,
+            "tgt_tokens": self.tgt_tokens,
+            "encoder": lists(self.maps.encoder),
+            "decoder": lists(self.maps.decoder),
+            "cross": lists(self.maps.cross),
+        }
 
 
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
@@ -199,27 +217,50 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def attention_of_translation(
-    model: nn.Module, tokenizer, text: str, beam: int | None = None
+    model: nn.Module,
+    tokenizer,
+    text: str,
+    beam: int | None = None,
+    decode=None,
+    rank: int = 1,
 ) -> TranslationAttention:
-    """Translate ``text`` with :func:`aiayn.decode.translate_ids` (the DecodeConfig defaults: beam
-    search with the paper's settings; greedy with ``beam=1``), then record the attention of the model re-reading its own
-    output (teacher forcing over BOS + the produced tokens): the same weights the search computed
-    step by step."""
-    from aiayn.decode import DecodeConfig, translate_ids
+    """Translate ``text`` with :func:`aiayn.decode.translate_ids`, then record the attention of the
+    model re-reading its own output (teacher forcing over BOS + the produced tokens): the same
+    weights the search computed step by step.
+
+    ``decode`` (a :class:`~aiayn.decode.DecodeConfig`, default: its defaults, the paper's beam
+    search) sets the search; ``beam`` overrides its beam size (1: greedy). ``rank`` picks the
+    hypothesis of the n-best list (1: the best). An :class:`~aiayn.decode.Ensemble` translates
+    as one model; the weights shown are then those of its first model reading that translation.
+    """
+    import dataclasses
+
+    from aiayn.decode import DecodeConfig, Ensemble, translate_ids
     from aiayn.decode.translate import encode_sources
 
+    decode = decode or DecodeConfig()
+    if beam is not None:
+        decode = dataclasses.replace(decode, beam=beam, nbest=min(decode.nbest, beam))
+    if not 1 <= rank <= decode.beam:
+        raise AiaynError(f"rank must be between 1 and the beam size ({decode.beam}), got {rank}")
+    decode = dataclasses.replace(decode, nbest=max(decode.nbest, rank))
     cfg = model.cfg
     (src,) = encode_sources(tokenizer, [text], cfg.max_len)
     if not src:
         raise AiaynError("--text is empty: give a sentence to translate")
-    decode_cfg = DecodeConfig() if beam is None else DecodeConfig(beam=beam)
-    best = translate_ids(model, [src], decode_cfg)[0][0]  # the one sentence's best hypothesis
-    tgt = [cfg.bos_id] + best.tokens
+    hyps = translate_ids(model, [src], decode)[0]  # the one sentence's n-best list
+    chosen = hyps[min(rank, len(hyps)) - 1]
+    # The decoder inputs the search fed: BOS and every token but one cut at the length cap (the
+    # last token of an unfinished hypothesis was produced, never read).
+    fed = chosen.tokens if chosen.finished else chosen.tokens[:-1]
+    tgt = [cfg.bos_id] + fed
+    reader = model.models[0] if isinstance(model, Ensemble) else model
     return TranslationAttention(
-        tokenizer.decode(best.tokens),
+        tokenizer.decode(chosen.tokens),
         token_labels(tokenizer, src),
         token_labels(tokenizer, tgt),
-        record_attention(model, src, tgt),
+        record_attention(reader, src, tgt),
+        chosen.score,
     )
 
 

@@ -1,0 +1,119 @@
+"""`aiayn serve`: a model folder as an HTTP API and a web page (docs/serving.md).
+
+Loads the folder(s) once (several translation folders decode as an ensemble), then serves
+``/v1/translate``, ``/v1/classify``, ``/v1/generate``, ``/v1/attention``, ``/v1/model``,
+``/health`` and the page at ``/`` with uvicorn. Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+
+from aiayn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+KEY_ENV = "AIAYN_API_KEY"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from aiayn.serve.limits import LIMIT_HELP, Limits
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP: JSON API with dynamic batching, and a web page",
+        description="Serve a model folder: POST /v1/translate (classify, generate, attention), "
+        "GET /v1/model, /health, the page at /, OpenAPI at /docs. Needs the 'serve' extra.",
+        epilog="example: aiayn serve runs/demo/avg5 --port 8000, then open http://127.0.0.1:8000/",
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL_DIR",
+        nargs="+",
+        help="a model folder (translation, classifier or language model); several "
+        "translation folders decode as an ensemble",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument(
+        "--engine", choices=("torch",), default="torch", help="inference engine (default: torch)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
+    p.add_argument(
+        "--api-key",
+        help=f"require this key on every route but /health (default: ${KEY_ENV} when set)",
+    )
+    defaults = Limits()
+    limits = p.add_argument_group("limits")
+    for field in dataclasses.fields(Limits):
+        if field.name == "batching":
+            continue
+        default = getattr(defaults, field.name)
+        limits.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            type=type(default),
+            default=default,
+            help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
+        )
+    limits.add_argument(
+        "--no-batching",
+        dest="batching",
+        action="store_false",
+        help="run every request alone (no dynamic batching; for comparison)",
+    )
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.serve import require_extra
+
+    require_extra()
+    import uvicorn
+
+    from aiayn.commands.translate import inference_device
+    from aiayn.serve._folder import load_folder
+    from aiayn.serve.app import create_app
+    from aiayn.serve.limits import Limits
+
+    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    api_key = args.api_key or os.environ.get(KEY_ENV) or None
+    device = inference_device(args.device)
+    folder = load_folder(args.model, str(device))
+    check_port(args.host, args.port)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        log.warning(
+            "serving on %s without an API key: anyone who reaches this port can use the model "
+            "(set --api-key or %s)",
+            args.host,
+            KEY_ENV,
+        )
+    app = create_app(folder, limits, api_key, engine=args.engine)
+    log.info(
+        "serving %s model %s on http://%s:%d/ (API docs at /docs)",
+        folder.kind,
+        " + ".join(str(p) for p in folder.paths),
+        args.host,
+        args.port,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def check_port(host: str, port: int) -> None:
+    """ConfigError when ``host:port`` cannot be bound (in use, no such address)."""
+    import socket
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(infos[0][4])
+    except OSError as err:
+        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None

@@ -1,0 +1,32 @@
+"""`aiayn serve`: a model folder over HTTP, with dynamic batching and a web page (extra ``serve``).
+
+:mod:`aiayn.serve.batching` (the dynamic batcher, no web dependency), :mod:`aiayn.serve.limits`
+(the bounds), :mod:`aiayn.serve.service` (requests checked and queued, answers shaped) and
+:mod:`aiayn.serve.app` (FastAPI: routes, errors, API key, the page in ``static/``).
+docs/serving.md is the guide.
+"""
+
+from aiayn.errors import ConfigError
+from aiayn.serve.limits import Limits
+
+__all__ = ["Limits", "create_app", "require_extra"]
+
+
+def require_extra() -> None:
+    """ConfigError (one line) when FastAPI or uvicorn is missing."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(
+            f"aiayn serve needs the 'serve' extra ({err.name} is missing): "
+            "pip install 'aiayn[serve]'"
+        ) from None
+
+
+def create_app(*args, **kwargs):
+    """:func:`aiayn.serve.app.create_app` (imported here lazily: FastAPI is an extra)."""
+    require_extra()
+    from aiayn.serve.app import create_app as create
+
+    return create(*args, **kwargs)

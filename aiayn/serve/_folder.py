@@ -1,0 +1,104 @@
+"""Temporary adapter: the PLAN.md model-folder contract over today's loaders.
+
+Deleted once ``aiayn.folder.load_model_folder`` is on main; the server only uses what the contract
+names (kind, model, tokenizer, decode, translate_hypotheses, classify, generate, paths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir, read_config
+from aiayn.decode import DecodeConfig
+from aiayn.errors import CheckpointError
+
+KIND_NAMES = {"seq2seq": "translation", "classifier": "classification"}
+
+
+class LocalFolder:
+    def __init__(self, paths: list[Path], device: torch.device) -> None:
+        from aiayn.data import Tokenizer
+
+        self.paths, self.path, self.device = paths, paths[0], device
+        self.meta = read_config(paths[0])
+        self.kind = KIND_NAMES.get(self.meta["kind"], self.meta["kind"])
+        if self.kind == "translation":
+            from aiayn.decode import load_ensemble
+
+            self.model, self.tokenizer, _ = load_ensemble([str(p) for p in paths], device)
+            return
+        if len(paths) > 1:
+            raise CheckpointError("several model folders make an ensemble of translation models")
+        self.model, _, _ = load_model_dir(paths[0], map_location=device)
+        if not (paths[0] / TOKENIZER_FILE).is_file():
+            raise CheckpointError(f"{paths[0]}: not a complete model folder (no {TOKENIZER_FILE})")
+        self.tokenizer = Tokenizer.from_file(paths[0] / TOKENIZER_FILE)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.meta
+
+    @property
+    def decode(self) -> DecodeConfig:
+        names = {f.name for f in dataclasses.fields(DecodeConfig)}
+        saved = self.meta.get("decode") or {}
+        return DecodeConfig(**{k: v for k, v in saved.items() if k in names})
+
+    def translate_hypotheses(self, texts: Sequence[str], decode: DecodeConfig | None = None):
+        from aiayn.decode import translate_hypotheses
+
+        return translate_hypotheses(self.model, self.tokenizer, texts, decode or self.decode)
+
+    def classify(self, texts: Sequence[str]) -> list[dict]:
+        from aiayn.decode.classify import encode_texts, label_names, predict_ids, text_limit
+
+        limit = text_limit(self.model, self.meta)
+        ids = [x[:limit] for x in encode_texts(self.tokenizer, texts)]
+        probs = predict_ids(self.model, ids, device=self.device)
+        names = label_names(self.meta, probs.size(1))
+        out = []
+        for row in probs.tolist():
+            best = max(range(len(row)), key=row.__getitem__)
+            out.append({"label": names[best], "probs": dict(zip(names, row))})
+        return out
+
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        on_token: Callable[[int], Any] | None = None,
+    ) -> str:
+        from aiayn.decode.generate import generate
+
+        cfg = self.model.cfg
+        window = min(int(self.meta.get("data", {}).get("max_len", cfg.max_len)), cfg.max_len)
+        ids = generate(
+            self.model,
+            self.tokenizer.encode(prompt),
+            max_new_tokens,
+            window,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            on_token=on_token,
+        )
+        return self.tokenizer.decode(ids)
+
+
+def load_folder(paths: Sequence[str | Path], device: str = "cpu") -> Any:
+    """The contract's ``load_model_folder`` when it exists, else :class:`LocalFolder`."""
+    try:
+        from aiayn.folder import load_model_folder  # type: ignore[import-not-found]
+    except ImportError:
+        return LocalFolder([Path(p) for p in paths], torch.device(device))
+    return load_model_folder(list(paths), device=device)

@@ -1,0 +1,232 @@
+"""Dynamic batching: concurrent requests merged into token-bounded batches, run on one thread.
+
+A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
+(their tokens) and a key (what must be equal for two requests to share a batch: the decoding
+settings). The worker thread takes the oldest request, waits a short window (``wait_s``, 5 ms by
+default) for others with the same key, then runs all of them as one call of ``run(key, inputs)``
+whose cost stays within ``max_batch_cost`` (a request costlier than that runs alone), and hands
+each request its own slice of the outputs. Requests with other keys wait their turn, in arrival
+order. This is the "dynamic batching" of TorchServe and Triton; it pays off because one batched
+decoding of n sentences costs far less than n decodings of one (docs/serving.md has the figures).
+
+One worker thread runs everything the model does (batches and single jobs such as a generation),
+so torch never runs two things at once and each gets all intra-op threads.
+
+Bounds: at most ``max_queue`` inputs wait (:class:`QueueFull` beyond, the server's 503); a
+request cancelled before its batch starts (its time limit passed) is dropped from the queue. A
+batch that has started runs to its end: a decoding step cannot be interrupted, its result is
+discarded for a cancelled request.
+
+``merge=False`` runs every request alone, in arrival order: the baseline the benchmark compares
+with. The outputs are the same either way whenever ``run`` treats each input independently of the
+others in its batch (aiayn's translation and classification do; tested).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchResult", "DynamicBatcher", "QueueFull"]
+
+
+class QueueFull(Exception):
+    """More inputs are waiting than the queue holds; try again after ``retry_after`` seconds."""
+
+    def __init__(self, waiting: int, retry_after: int = 1) -> None:
+        super().__init__(f"the server is busy ({waiting} inputs waiting); retry later")
+        self.retry_after = retry_after
+
+
+@dataclass
+class BatchResult:
+    """What a request gets back: its own outputs, and how it was served."""
+
+    outputs: list[Any]
+    queue_s: float  # from arrival to the start of its batch
+    compute_s: float  # the batch's run time (shared with the other requests in it)
+    batch_requests: int  # requests merged into the batch
+    batch_inputs: int  # inputs in the batch, all requests together
+
+
+@dataclass
+class _Request:
+    key: Hashable | None  # None: a single job (``inputs`` is a callable), never merged
+    inputs: Any
+    cost: int
+    future: Future = field(default_factory=Future)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class DynamicBatcher:
+    """Merge concurrent requests with equal keys into batches and run them on one thread.
+
+    ``run(key, inputs) -> outputs`` (one output per input, in order) is called on the worker
+    thread. ``submit`` and ``call`` return :class:`concurrent.futures.Future` objects; cancel one
+    to drop a request that has not started.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[Hashable, list[Any]], Sequence[Any]],
+        max_batch_cost: int = 4096,
+        wait_s: float = 0.005,
+        max_queue: int = 256,
+        merge: bool = True,
+    ) -> None:
+        if max_batch_cost < 1 or max_queue < 1 or wait_s < 0:
+            raise ValueError("max_batch_cost and max_queue must be >= 1, wait_s >= 0")
+        self.run, self.max_batch_cost, self.wait_s = run, max_batch_cost, wait_s
+        self.max_queue, self.merge = max_queue, merge
+        self.batches = 0  # batches started (single jobs included)
+        self.requests = 0  # requests started in them
+        self._queue: deque[_Request] = deque()
+        self._waiting = 0  # inputs in the queue
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="aiayn-batcher", daemon=True)
+        self._thread.start()
+
+    # ---- the callers' side ---------------------------------------------------------------
+
+    def submit(self, key: Hashable, inputs: Sequence[Any], cost: int) -> Future:
+        """Queue ``inputs`` to be run in a batch with others of the same ``key``; the future's
+        result is a :class:`BatchResult`. QueueFull when the queue is full."""
+        if key is None:
+            raise ValueError("a batch key must not be None")
+        return self._put(_Request(key, list(inputs), max(cost, 1)))
+
+    def call(self, job: Callable[[], Any]) -> Future:
+        """Queue ``job()`` to run alone on the worker thread (a generation, an attention map);
+        the future's result is what it returns."""
+        return self._put(_Request(None, job, 1))
+
+    def _put(self, request: _Request) -> Future:
+        size = len(request.inputs) if request.key is not None else 1
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._purge()
+            if self._waiting + size > self.max_queue:
+                raise QueueFull(self._waiting)
+            self._queue.append(request)
+            self._waiting += size
+            self._cond.notify()
+        return request.future
+
+    @property
+    def waiting(self) -> int:
+        """Inputs queued and not yet started (cancelled requests not counted)."""
+        with self._cond:
+            self._purge()
+            return self._waiting
+
+    def _purge(self) -> None:
+        """Drop cancelled requests from the queue (the lock is held)."""
+        if any(r.future.cancelled() for r in self._queue):
+            for r in self._queue:
+                if r.future.cancelled():
+                    self._drop(r)
+            self._queue = deque(r for r in self._queue if not r.future.cancelled())
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop after the queued requests; wait up to ``timeout`` seconds for the worker."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ---- the worker's side ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closed and drained
+                self._wait_window(self._queue[0])
+                batch = self._take()
+            if batch:
+                self._execute(batch)
+
+    def _wait_window(self, first: _Request) -> None:
+        """Hold the lock-owning worker until ``first``'s window has passed or its batch is full."""
+        if not self.merge or first.key is None:
+            return
+        deadline = first.arrived + self.wait_s
+        while not self._closed:
+            left = deadline - time.monotonic()
+            same = sum(r.cost for r in self._queue if r.key == first.key)
+            if left <= 0 or same >= self.max_batch_cost:
+                return
+            self._cond.wait(left)
+
+    def _take(self) -> list[_Request]:
+        """Remove the oldest live request and, when merging, the later ones with its key that fit
+        in the batch's cost; cancelled requests are dropped on the way."""
+        while self._queue and self._queue[0].future.cancelled():
+            self._drop(self._queue.popleft())
+        if not self._queue:
+            return []
+        first = self._queue.popleft()
+        self._drop(first)
+        batch, cost = [first], first.cost
+        if self.merge and first.key is not None:
+            keep: deque[_Request] = deque()
+            for r in self._queue:
+                if r.future.cancelled():
+                    self._drop(r)
+                elif r.key == first.key and cost + r.cost <= self.max_batch_cost:
+                    batch.append(r)
+                    cost += r.cost
+                    self._drop(r)
+                else:
+                    keep.append(r)
+            self._queue = keep
+        return batch
+
+    def _drop(self, r: _Request) -> None:
+        self._waiting -= len(r.inputs) if r.key is not None else 1
+
+    def _execute(self, batch: list[_Request]) -> None:
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        self.batches += 1
+        self.requests += len(live)
+        start = time.monotonic()
+        try:
+            if live[0].key is None:
+                live[0].future.set_result(live[0].inputs())
+            else:
+                self._run_batch(live, start)
+        except BaseException as err:  # handed to every waiting request, the worker goes on
+            log.debug("batch failed: %s", err, exc_info=True)
+            for r in live:
+                if not r.future.done():
+                    r.future.set_exception(err)
+
+    def _run_batch(self, live: list[_Request], start: float) -> None:
+        inputs = [x for r in live for x in r.inputs]
+        outputs = list(self.run(live[0].key, inputs))
+        if len(outputs) != len(inputs):
+            raise RuntimeError(f"the batch gave {len(outputs)} outputs for {len(inputs)} inputs")
+        compute = time.monotonic() - start
+        at = 0
+        for r in live:
+            n = len(r.inputs)
+            r.future.set_result(
+                BatchResult(
+                    outputs[at : at + n], start - r.arrived, compute, len(live), len(inputs)
+                )
+            )
+            at += n

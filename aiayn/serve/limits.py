@@ -1,0 +1,61 @@
+"""The bounds of the server: every one a flag of `aiayn serve` with the default below."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from aiayn.errors import ConfigError
+
+__all__ = ["Limits", "LIMIT_HELP"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask and how much the server holds at once (docs/serving.md)."""
+
+    # Request body in bytes; larger is 413. 64 KiB holds 32 texts of a few hundred words.
+    max_body_bytes: int = 65536
+    # Texts in one /v1/translate or /v1/classify request.
+    max_texts: int = 32
+    # Tokens in one text (never more than the model's positional table): a longer text is 422.
+    max_text_tokens: int = 256
+    # Beam size and n-best ranges (the folder's own decoding settings are always allowed).
+    max_beam: int = 8
+    # Length penalty α range is 0 to this.
+    max_alpha: float = 5.0
+    # Tokens one /v1/generate request may add.
+    max_new_tokens: int = 256
+    # Inputs waiting for the model; more is 503 with Retry-After.
+    max_queue: int = 256
+    # Seconds a request may take from arrival to answer; later is 504 (cancelled if not started).
+    timeout: float = 30.0
+    # Dynamic batching: source tokens of all requests merged into one batch.
+    batch_tokens: int = 4096
+    # Dynamic batching: how long the oldest request waits for others to join its batch.
+    batch_wait_ms: float = 5.0
+    # False: every request runs alone, in arrival order (the benchmark's baseline).
+    batching: bool = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("batching", "batch_wait_ms") and not value > 0:
+                raise ConfigError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
+        if self.batch_wait_ms < 0:
+            raise ConfigError(f"--batch-wait-ms must be >= 0, got {self.batch_wait_ms}")
+
+
+# Flag help, from the comments above (one home for the wording).
+LIMIT_HELP = {
+    "max_body_bytes": "request body size in bytes; larger is 413",
+    "max_texts": "texts per /v1/translate or /v1/classify request",
+    "max_text_tokens": "tokens per text (at most the model's positional table); longer is 422",
+    "max_beam": "largest beam size (and n-best) a request may ask for",
+    "max_alpha": "largest length penalty alpha a request may ask for (from 0)",
+    "max_new_tokens": "tokens one /v1/generate request may add",
+    "max_queue": "inputs waiting for the model; more is 503 with Retry-After",
+    "timeout": "seconds per request, arrival to answer; later is 504",
+    "batch_tokens": "dynamic batching: source tokens merged into one batch",
+    "batch_wait_ms": "dynamic batching: how long a request waits for others to join it",
+}

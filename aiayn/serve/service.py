@@ -1,0 +1,233 @@
+"""What the server does with a model folder, without HTTP: check a request against the limits,
+queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer.
+
+Every method that queues work returns a :class:`concurrent.futures.Future`; the HTTP layer
+(:mod:`aiayn.serve.app`) awaits it under the request's time limit. A request the limits refuse
+raises :class:`RequestError` (status and one-line reason) before anything is queued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.decode import DecodeConfig
+from aiayn.serve.batching import DynamicBatcher
+from aiayn.serve.limits import Limits
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RequestError", "ModelService", "ROUTES_OF_KIND"]
+
+# Which model routes each kind of model folder answers.
+ROUTES_OF_KIND = {
+    "translation": ("translate", "attention"),
+    "classification": ("classify",),
+    "lm": ("generate",),
+    "masked_lm": (),
+}
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status`` and a one-line reason."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+class GenerationStopped(Exception):
+    """Raised inside a generation's token callback to stop it (time limit, client gone)."""
+
+
+class ModelService:
+    """One model folder behind a batcher. ``folder`` follows the PLAN.md ModelFolder contract."""
+
+    def __init__(self, folder: Any, limits: Limits, engine: str = "torch") -> None:
+        self.folder, self.limits, self.engine = folder, limits, engine
+        self.kind: str = folder.kind
+        self.max_text_tokens = min(limits.max_text_tokens, folder.model.cfg.max_len)
+        self.batcher = DynamicBatcher(
+            self._run,
+            max_batch_cost=limits.batch_tokens,
+            wait_s=limits.batch_wait_ms / 1000.0,
+            max_queue=limits.max_queue,
+            merge=limits.batching,
+        )
+        # The worker decodes with the intra-op threads of the caller (a per-thread setting).
+        threads = torch.get_num_threads()
+        self.batcher.call(lambda: torch.set_num_threads(threads))
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def require(self, route: str) -> None:
+        """404 with the route this model does answer when ``route`` is not one of its kind's."""
+        if route not in ROUTES_OF_KIND.get(self.kind, ()):
+            routes = ", ".join(f"/v1/{r}" for r in ROUTES_OF_KIND.get(self.kind, ())) or "none"
+            raise RequestError(
+                404, f"this server holds a {self.kind} model: no /v1/{route} (it answers {routes})"
+            )
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def decode_config(
+        self, beam: int | None, alpha: float | None, nbest: int | None
+    ) -> DecodeConfig:
+        """The folder's own decoding settings, with what the request overrides (workers 1: the
+        batcher's one thread decodes)."""
+        base = self.folder.decode
+        beam = base.beam if beam is None else beam
+        nbest = 1 if nbest is None else nbest
+        if nbest > beam:
+            raise RequestError(422, f"nbest ({nbest}) must be at most beam ({beam})")
+        alpha = base.alpha if alpha is None else alpha
+        return dataclasses.replace(base, beam=beam, alpha=alpha, nbest=nbest, workers=1)
+
+    def check_texts(self, texts: Sequence[str]) -> int:
+        """422 for an empty text or one past the token limit; returns the tokens of all."""
+        lengths = [len(ids) for ids in self.folder.tokenizer.encode_batch(list(texts))]
+        for i, (text, n) in enumerate(zip(texts, lengths)):
+            if not text.strip():
+                raise RequestError(422, f"texts[{i}] is empty")
+            if n > self.max_text_tokens:
+                raise RequestError(
+                    422, f"texts[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
+                )
+        return sum(lengths)
+
+    def translate(self, texts: Sequence[str], decode: DecodeConfig) -> Future:
+        """Queue ``texts`` for translation; the result's outputs are, per text, its n-best list
+        of ``{"text", "score", "log_prob"}``."""
+        self.require("translate")
+        cost = self.check_texts(texts)
+        return self.batcher.submit(("translate", decode), texts, cost)
+
+    def classify(self, texts: Sequence[str]) -> Future:
+        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text."""
+        self.require("classify")
+        cost = self.check_texts(texts)
+        return self.batcher.submit(("classify",), texts, cost)
+
+    def attention(self, text: str, decode: DecodeConfig, rank: int) -> Future:
+        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best)."""
+        from aiayn.viz.attention import attention_of_translation
+
+        self.require("attention")
+        self.check_texts([text])
+        if rank > decode.beam:
+            raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
+        folder = self.folder
+        return self.batcher.call(
+            lambda: attention_of_translation(
+                folder.model, folder.tokenizer, text, decode=decode, rank=rank
+            ).to_dict()
+        )
+
+    def generate(
+        self,
+        prompt: str,
+        options: dict[str, Any],
+        on_token: Callable[[int], None],
+    ) -> Future:
+        """Queue a generation; ``on_token(id)`` runs on the worker thread for each new token
+        (raise :class:`GenerationStopped` in it to stop). The result is the generated text."""
+        self.require("generate")
+        if not prompt.strip():
+            raise RequestError(422, "prompt is empty")
+        n = len(self.folder.tokenizer.encode(prompt))
+        if n > self.max_text_tokens:
+            raise RequestError(422, f"prompt has {n} tokens; the limit is {self.max_text_tokens}")
+        folder = self.folder
+        return self.batcher.call(lambda: folder.generate(prompt, on_token=on_token, **options))
+
+    # ---- the worker thread ------------------------------------------------------------------
+
+    def _run(self, key: Hashable, inputs: list[Any]) -> list[Any]:
+        what = key[0]  # type: ignore[index]
+        if what == "translate":
+            decode = key[1]  # type: ignore[index]
+            return [
+                [
+                    {"text": text, "score": _finite(h.score), "log_prob": _finite(h.log_prob)}
+                    for text, h in hyps
+                ]
+                for hyps in self.folder.translate_hypotheses(inputs, decode)
+            ]
+        if what == "classify":
+            return list(self.folder.classify(inputs))
+        raise ValueError(f"unknown batch key {key!r}")
+
+    # ---- GET /v1/model ------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """Kind, config, parameters, vocabulary, data, decoding, measured scores, limits."""
+        folder = self.folder
+        config = _config_dict(folder)
+        params = {id(p): p.numel() for p in folder.model.parameters()}
+        return {
+            "kind": self.kind,
+            "engine": self.engine,
+            "paths": [str(p) for p in folder.paths],
+            "ensemble": len(folder.paths),
+            "parameters": sum(params.values()),
+            "vocab_size": folder.tokenizer.vocab_size,
+            "config": config,
+            "data": config.get("data"),
+            "decode": dataclasses.asdict(folder.decode),
+            "scores": measured_scores(folder.paths),
+            "card": _card(folder.path),
+            "routes": [f"/v1/{r}" for r in ROUTES_OF_KIND.get(self.kind, ())],
+            "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
+        }
+
+
+def _config_dict(folder: Any) -> dict[str, Any]:
+    """config.json as a plain dict, whether the folder holds it typed or raw."""
+    config = folder.config
+    if dataclasses.is_dataclass(config):
+        from aiayn.config import to_dict
+
+        return to_dict(config)
+    return dict(config)
+
+
+def measured_scores(paths: Sequence[Path]) -> dict[str, Any]:
+    """The ``eval_*.json`` files `aiayn evaluate` left in the (first) folder, by test set."""
+    scores: dict[str, Any] = {}
+    for path in sorted(Path(paths[0]).glob("eval_*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log.warning("%s: not readable JSON, left out of /v1/model", path)
+            continue
+        scores[path.stem[len("eval_") :]] = _finite(data)
+    return scores
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: non-finite floats become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _card(path: Path) -> str | None:
+    """The folder's README.md model card, when it has one."""
+    card = Path(path) / "README.md"
+    try:
+        return card.read_text(encoding="utf-8") if card.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None

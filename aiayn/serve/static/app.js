@@ -1,0 +1,299 @@
+// aiayn serve: the page. Plain JavaScript, no dependencies, nothing fetched but this server's API.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { model: null, attention: null, lastText: "" };
+const ACTION = { translation: "Translate", classification: "Classify", lm: "Generate" };
+
+// ---- calls to the API -------------------------------------------------------------------------
+
+async function api(path, body) {
+  const init = body === undefined ? {} : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  };
+  const response = await fetch(path, init);
+  const data = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+  return data;
+}
+
+function status(text, isError = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", isError);
+}
+
+function fmt(x, digits = 3) {
+  return typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "–";
+}
+
+// ---- the model card ---------------------------------------------------------------------------
+
+function fact(name, value) {
+  const dt = document.createElement("dt");
+  const dd = document.createElement("dd");
+  dt.textContent = name;
+  dd.textContent = value;
+  $("card-facts").append(dt, dd);
+}
+
+function showCard(info) {
+  const m = (info.config && info.config.model) || {};
+  const data = info.data || {};
+  $("card-facts").replaceChildren();
+  fact("kind", info.kind + (info.ensemble > 1 ? ` (ensemble of ${info.ensemble})` : ""));
+  fact("folder", info.paths.join(", "));
+  fact("parameters", info.parameters.toLocaleString("en"));
+  fact("vocabulary", info.vocab_size.toLocaleString("en"));
+  if (m.d_model) {
+    fact("shape", `d_model ${m.d_model}, ${m.n_heads} heads, d_ff ${m.d_ff}, ` +
+      `${m.n_encoder_layers}+${m.n_decoder_layers} layers, ${m.norm_first ? "pre" : "post"}-LN`);
+  }
+  if (data.dataset) {
+    const pair = data.src_lang && data.tgt_lang ? ` ${data.src_lang}→${data.tgt_lang}` : "";
+    fact("data", `${data.dataset}${pair}`);
+  }
+  if (info.kind === "translation") {
+    const d = info.decode;
+    fact("decoding", `beam ${d.beam}, α ${d.alpha}, max length ${d.max_len_a}·src + ${d.max_len_b}`);
+  }
+  fact("engine", info.engine);
+  showScores(info.scores || {});
+  if (info.card) {
+    $("card-readme").hidden = false;
+    $("card-readme").querySelector("pre").textContent = info.card;
+  }
+}
+
+function showScores(scores) {
+  const rows = Object.entries(scores).map(([set, s]) => {
+    const tr = document.createElement("tr");
+    const parts = [];
+    for (const key of ["bleu", "chrf", "accuracy", "perplexity"]) {
+      if (typeof s[key] === "number") parts.push(`${key} ${fmt(s[key] * (key === "accuracy" ? 100 : 1), 2)}`);
+    }
+    tr.innerHTML = "<th></th><td></td>";
+    tr.children[0].textContent = set;
+    tr.children[1].textContent = parts.join(" · ") || "recorded";
+    return tr;
+  });
+  if (rows.length) $("card-scores").tBodies[0].replaceChildren(...rows);
+}
+
+// ---- input and results ------------------------------------------------------------------------
+
+function setUp(info) {
+  state.model = info;
+  const kind = info.kind;
+  $("model-line").textContent = `${kind} model · ${info.paths[0]}`;
+  $("run").textContent = ACTION[kind] || "—";
+  $("run").disabled = !ACTION[kind];
+  $("input-label").textContent = { translation: "Sentence to translate", classification: "Text to classify", lm: "Prompt" }[kind] || "Text";
+  for (const el of document.querySelectorAll(".for-translation")) el.hidden = kind !== "translation";
+  for (const el of document.querySelectorAll(".for-lm")) el.hidden = kind !== "lm";
+  if (kind === "translation") {
+    $("beam").value = info.decode.beam;
+    $("alpha").value = info.decode.alpha;
+    $("nbest-n").value = Math.min(3, info.decode.beam);
+  }
+  if (kind === "lm") $("input").value = "The";
+  showCard(info);
+}
+
+function intOf(id) { return parseInt($(id).value, 10); }
+function numOf(id) { return parseFloat($(id).value); }
+
+async function run() {
+  const text = $("input").value;
+  if (!text.trim()) { status("type something first", true); return; }
+  $("run").disabled = true;
+  status("working…");
+  try {
+    const kind = state.model.kind;
+    if (kind === "translation") await translate(text);
+    else if (kind === "classification") await classify(text);
+    else if (kind === "lm") await generate(text);
+    status("");
+  } catch (err) {
+    status(err.message, true);
+  } finally {
+    $("run").disabled = false;
+  }
+}
+
+function timingLine(t) {
+  return `${fmt(t.total_ms, 0)} ms (waited ${fmt(t.queue_ms, 0)}, computed ${fmt(t.compute_ms, 0)}` +
+    ` in a batch of ${t.batch_texts} text${t.batch_texts > 1 ? "s" : ""} from ${t.batch_requests} request${t.batch_requests > 1 ? "s" : ""})`;
+}
+
+async function translate(text) {
+  const beam = intOf("beam");
+  const nbest = Math.min(intOf("nbest-n") || 1, beam || 1);
+  const body = { texts: [text], beam, alpha: numOf("alpha"), nbest };
+  const data = await api("v1/translate", body);
+  const t = data.translations[0];
+  $("result").hidden = false;
+  $("output").textContent = t.text;
+  const items = t.nbest.map((h, i) => {
+    const li = document.createElement("li");
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = fmt(h.score);
+    score.title = `log-probability ${fmt(h.log_prob)}; score = log-probability / length penalty`;
+    const button = document.createElement("button");
+    button.className = "small";
+    button.textContent = "attention";
+    button.addEventListener("click", () => loadAttention(text, body.beam, body.alpha, i + 1));
+    li.append(score, " ", document.createTextNode(h.text), " ", button);
+    return li;
+  });
+  $("nbest").replaceChildren(...items);
+  $("timing").textContent = timingLine(data.timing);
+  await loadAttention(text, body.beam, body.alpha, 1);
+}
+
+async function classify(text) {
+  const data = await api("v1/classify", { texts: [text] });
+  const r = data.results[0];
+  $("result").hidden = false;
+  $("output").textContent = r.label;
+  const items = Object.entries(r.probs).sort((a, b) => b[1] - a[1]).map(([label, p]) => {
+    const li = document.createElement("li");
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    bar.style.width = `${Math.round(120 * p)}px`;
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = fmt(p);
+    li.append(bar, score, " ", document.createTextNode(label));
+    return li;
+  });
+  $("nbest").replaceChildren(...items);
+  $("timing").textContent = timingLine(data.timing);
+}
+
+async function generate(prompt) {
+  const body = {
+    prompt, max_new_tokens: intOf("max-new-tokens"), temperature: numOf("temperature"), top_k: intOf("top-k"),
+  };
+  const response = await fetch("v1/generate", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+  if (!response.ok) {
+    const data = await response.json().catch(() => ({}));
+    throw new Error(data.error || `HTTP ${response.status}`);
+  }
+  $("result").hidden = false;
+  $("nbest").replaceChildren();
+  $("output").textContent = prompt;
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const event = /^event: (.*)$/m.exec(block)[1];
+      const data = JSON.parse(/^data: (.*)$/m.exec(block)[1]);
+      if (event === "token") $("output").textContent += data.text;
+      else if (event === "error") throw new Error(data.error);
+      else if (event === "done") $("timing").textContent = `${data.tokens} tokens in ${fmt(data.timing.total_ms, 0)} ms`;
+    }
+  }
+}
+
+// ---- the attention explorer -------------------------------------------------------------------
+
+async function loadAttention(text, beam, alpha, rank) {
+  const data = await api("v1/attention", { text, beam, alpha, rank });
+  state.attention = data;
+  $("attention").hidden = false;
+  $("att-for").textContent = `of hypothesis ${rank}: “${data.translation}”`;
+  const layers = data.encoder.length || data.decoder.length;
+  const heads = (data.encoder[0] || data.decoder[0]).length;
+  fill($("att-layer"), layers);
+  fill($("att-head"), heads);
+  drawHeatmap();
+}
+
+function fill(select, n) {
+  const keep = Math.min(parseInt(select.value || "1", 10), n);
+  select.replaceChildren(...Array.from({ length: n }, (_, i) => new Option(String(i + 1), String(i + 1))));
+  select.value = String(keep || 1);
+}
+
+// viridis, 5 stops (matplotlib's colormap, as in `aiayn plot attention`)
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+function colour(w) {
+  const x = Math.max(0, Math.min(1, w)) * (VIRIDIS.length - 1);
+  const i = Math.min(Math.floor(x), VIRIDIS.length - 2);
+  const f = x - i;
+  const c = VIRIDIS[i].map((v, k) => Math.round(v + f * (VIRIDIS[i + 1][k] - v)));
+  return `rgb(${c[0]}, ${c[1]}, ${c[2]})`;
+}
+
+function drawHeatmap() {
+  const a = state.attention;
+  const kind = $("att-kind").value;
+  const layer = parseInt($("att-layer").value, 10) - 1;
+  const head = parseInt($("att-head").value, 10) - 1;
+  const rowsOf = { encoder: a.src_tokens, decoder: a.tgt_tokens, cross: a.tgt_tokens };
+  const colsOf = { encoder: a.src_tokens, decoder: a.tgt_tokens, cross: a.src_tokens };
+  const weights = a[kind][layer][head]; // (rows, cols)
+  const queries = rowsOf[kind];
+  const keys = colsOf[kind];
+  const table = $("heatmap");
+  const head_ = table.createTHead();
+  head_.replaceChildren();
+  const top = head_.insertRow();
+  top.append(document.createElement("th"));
+  for (const k of keys) {
+    const th = document.createElement("th");
+    th.textContent = k;
+    top.append(th);
+  }
+  const body = table.tBodies[0] || table.createTBody();
+  body.replaceChildren();
+  weights.forEach((row, i) => {
+    const tr = body.insertRow();
+    const th = document.createElement("th");
+    th.textContent = queries[i];
+    tr.append(th);
+    row.forEach((w, j) => {
+      const td = tr.insertCell();
+      td.style.background = colour(w);
+      td.dataset.row = i;
+      td.dataset.col = j;
+      td.title = `${queries[i]} → ${keys[j]}: ${w.toFixed(3)}`;
+    });
+  });
+  table.dataset.rows = weights.length;
+  table.dataset.cols = weights.length ? weights[0].length : 0;
+}
+
+function hover(event) {
+  const td = event.target.closest("td");
+  if (!td || !state.attention) return;
+  const i = +td.dataset.row;
+  const j = +td.dataset.col;
+  const table = $("heatmap");
+  for (const th of table.querySelectorAll("th.on")) th.classList.remove("on");
+  table.tHead.rows[0].cells[j + 1].classList.add("on");
+  table.tBodies[0].rows[i].cells[0].classList.add("on");
+  $("att-value").textContent = td.title;
+}
+
+// ---- start ------------------------------------------------------------------------------------
+
+$("run").addEventListener("click", run);
+$("input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) run(); });
+for (const id of ["att-kind", "att-layer", "att-head"]) $(id).addEventListener("change", drawHeatmap);
+$("heatmap").addEventListener("mouseover", hover);
+
+api("v1/model").then(setUp).catch((err) => {
+  $("model-line").textContent = "the model could not be read";
+  status(err.message, true);
+});

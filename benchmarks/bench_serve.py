@@ -1,0 +1,219 @@
+"""Load benchmark of `aiayn serve`: concurrent clients on 127.0.0.1, with and without dynamic
+batching, against a translation model folder (the demo model by default).
+
+For each mode the server runs as its own process (`aiayn serve MODEL --port P`, plus
+`--no-batching` for the baseline); ``--clients`` threads each send one sentence per request
+(/v1/translate), the next as soon as the last is answered, for ``--seconds``. Reported: requests/s,
+sentences/s, latency p50/p95/p99, errors (must be 0), the server's peak RSS (VmHWM), the mean
+number of requests per batch (from /health). For reference, the same model translates the same
+sentences in one call, in-process, as `aiayn evaluate` does (offline sentences/s).
+
+    python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 --seconds 30 \
+        --out docs/serving.json
+
+Sentences: Multi30k test2016 sources from the data mirror (AIAYN_DATA_MIRROR or ../shared/data),
+else a few built-in ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+FALLBACK = [
+    "A man in a blue shirt is riding a bike down the street.",
+    "Two young girls are playing soccer in a park.",
+    "A dog is running through the snow.",
+    "A woman is reading a book on a bench.",
+    "People are walking on a busy city street at night.",
+]
+
+
+def sentences(limit: int) -> list[str]:
+    mirror = os.environ.get("AIAYN_DATA_MIRROR") or str(ROOT.parent / "shared" / "data")
+    path = Path(mirror) / "multi30k" / "test_2016_flickr.en.gz"
+    if path.is_file():
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()][:limit]
+    return FALLBACK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: list[str], batching: bool, threads: int | None) -> tuple:
+    port = free_port()
+    cmd = [sys.executable, "-m", "aiayn", "serve", *model, "--port", str(port)]
+    cmd += [] if batching else ["--no-batching"]
+    cmd += ["--max-queue", "4096"]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server stopped: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the server did not start in 120 s")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
+    """``clients`` threads, each one request in flight, for ``seconds``."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+    counter = iter(range(10**9))
+
+    def client() -> None:
+        with httpx.Client(timeout=120) as http:
+            while time.monotonic() < stop:
+                with lock:
+                    text = texts[next(counter) % len(texts)]
+                start = time.monotonic()
+                try:
+                    r = http.post(url + "/v1/translate", json={"texts": [text]})
+                    ok = r.status_code == 200
+                    problem = "" if ok else f"{r.status_code} {r.text[:100]}"
+                except httpx.HTTPError as err:
+                    ok, problem = False, str(err)
+                with lock:
+                    if ok:
+                        latencies.append(time.monotonic() - start)
+                    else:
+                        errors.append(problem)
+
+    begin = time.monotonic()
+    workers = [threading.Thread(target=client) for _ in range(clients)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.monotonic() - begin
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {
+        "requests": len(latencies),
+        "seconds": round(elapsed, 2),
+        "requests_per_s": round(len(latencies) / elapsed, 2),
+        "sentences_per_s": round(len(latencies) / elapsed, 2),  # one sentence per request
+        "p50_ms": round(1000 * q[49], 1),
+        "p95_ms": round(1000 * q[94], 1),
+        "p99_ms": round(1000 * q[98], 1),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+    }
+
+
+def offline(model: list[str], texts: list[str]) -> dict:
+    """The same sentences in one library call (token-bounded batches, as `aiayn evaluate`)."""
+    code = (
+        "import json, sys, time\n"
+        "from aiayn.serve._folder import load_folder\n"
+        "folder = load_folder(sys.argv[2:])\n"
+        "texts = json.loads(open(sys.argv[1]).read())\n"
+        "start = time.monotonic(); folder.translate_hypotheses(texts, folder.decode)\n"
+        "print(json.dumps({'sentences': len(texts), 'seconds': time.monotonic() - start}))\n"
+    )
+    tmp = Path("/tmp") / f"bench_serve_{os.getpid()}.json"
+    tmp.write_text(json.dumps(texts))
+    out = subprocess.run([sys.executable, "-c", code, str(tmp), *model], capture_output=True,
+                         text=True, check=True)
+    tmp.unlink()
+    result = json.loads(out.stdout)
+    result["sentences_per_s"] = round(result["sentences"] / result["seconds"], 2)
+    return result
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/avg5")])
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients (default: 8)")
+    p.add_argument("--seconds", type=float, default=30, help="per mode (default: 30)")
+    p.add_argument("--sentences", type=int, default=1000, help="test sentences cycled through")
+    p.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the server")
+    p.add_argument("--out", help="write the figures here as JSON")
+    args = p.parse_args()
+    if not 1 <= args.clients <= 64 or not 0 < args.seconds <= 600:
+        p.error("--clients 1..64 and --seconds up to 600")
+    texts = sentences(args.sentences)
+    rows = {}
+    for mode, batching in (("dynamic batching", True), ("one request at a time", False)):
+        proc, url = start_server(args.model, batching, args.threads)
+        try:
+            load(url, texts[:16], min(args.clients, 4), 3)  # warm-up
+            result = load(url, texts, args.clients, args.seconds)
+            health = httpx.get(url + "/health").json()
+            result["requests_per_batch"] = round(health["requests"] / max(health["batches"], 1), 2)
+            result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 1)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        rows[mode] = result
+        print(f"{mode}: {json.dumps(result)}", flush=True)
+    n = max(r["requests"] for r in rows.values())
+    rows["offline, one call"] = offline(args.model, texts[: max(n, 100)])
+    print(f"offline: {json.dumps(rows['offline, one call'])}")
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "model": args.model,
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "results": rows,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    errors = sum(r.get("errors", 0) for r in rows.values())
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

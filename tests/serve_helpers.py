@@ -1,0 +1,99 @@
+"""Model folders for the server tests: tiny, random or briefly trained."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import save_model_dir
+from aiayn.config import ModelConfig
+from aiayn.data import train_tokenizer
+from aiayn.model import Transformer, TransformerClassifier, TransformerLM
+
+WORDS = "the a cat dog sits runs on under mat table red blue".split()
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(n)]
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    base = dict(
+        src_vocab_size=304,
+        tgt_vocab_size=304,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_len=32,
+    )
+    return ModelConfig(**{**base, **kw})
+
+
+def make_folder(path: Path, kind: str = "seq2seq", **extra) -> Path:
+    tok = train_tokenizer(sentences(400, 0), "bpe", vocab_size=300)
+    torch.manual_seed(0)
+    if kind == "seq2seq":
+        cfg = tiny_cfg()
+        model = Transformer(cfg)
+    elif kind == "classifier":
+        cfg = tiny_cfg(n_decoder_layers=0, n_classes=3)
+        model = TransformerClassifier(cfg)
+    else:
+        cfg = tiny_cfg(n_encoder_layers=0)
+        model = TransformerLM(cfg)
+    return save_model_dir(
+        path, model.eval(), cfg, kind=kind, tokenizer_json=tok.to_str(), extra=extra
+    )
+
+
+PAIRS = [
+    ("a cat sits on the mat", "eine katze sitzt auf der matte"),
+    ("a dog runs in the park", "ein hund rennt im park"),
+    ("two girls play football", "zwei mädchen spielen fußball"),
+]
+
+
+def make_trained_folder(path: Path, steps: int = 60) -> Path:
+    """A small translation model that has learned PAIRS by heart (a few seconds on one thread):
+    its translations are real words, so the page shows something readable."""
+    import torch.nn.functional as F
+
+    from aiayn.data.batching import collate_translation
+
+    tok = train_tokenizer([s for pair in PAIRS for s in pair] * 5, "bpe", vocab_size=300)
+    cfg = ModelConfig(
+        src_vocab_size=tok.vocab_size,
+        tgt_vocab_size=tok.vocab_size,
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_len=48,
+    )
+    torch.manual_seed(1)
+    model = Transformer(cfg)
+    batch = collate_translation([(tok.encode(s), tok.encode(t)) for s, t in PAIRS])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=cfg.pad_id
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return save_model_dir(
+        path,
+        model.eval(),
+        cfg,
+        tokenizer_json=tok.to_str(),
+        extra={"decode": {"beam": 4, "alpha": 0.6}},
+    )

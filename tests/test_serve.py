@@ -1,0 +1,456 @@
+"""`aiayn serve`: the HTTP API (FastAPI's TestClient), the dynamic batcher, limits and bad input.
+
+The model folders are tiny, with random weights: their translations are arbitrary but
+deterministic, which is all that equality between batched and one-at-a-time answers, response
+shapes and error handling need.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="the 'serve' extra (fastapi) is not installed")
+pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not installed")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from serve_helpers import make_folder, sentences  # noqa: E402
+
+from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
+from aiayn.serve import Limits, create_app  # noqa: E402
+from aiayn.serve._folder import load_folder  # noqa: E402
+from aiayn.serve.batching import DynamicBatcher, QueueFull  # noqa: E402
+from aiayn.viz.attention import attention_of_translation  # noqa: E402
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_module():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared machine: threads only contend
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def folder_dir(tmp_path_factory) -> Path:
+    # The folder's own decoding settings (beam 2, short outputs), which the server must use.
+    path = make_folder(
+        tmp_path_factory.mktemp("serve") / "m",
+        decode={"beam": 2, "alpha": 1.0, "max_len_a": 0.0, "max_len_b": 8},
+    )
+    (path / "eval_test.json").write_text(json.dumps({"bleu": 12.5, "chrf": 40.1}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(folder_dir):
+    return load_folder([folder_dir])
+
+
+@pytest.fixture(scope="module")
+def client(folder):
+    with TestClient(create_app(folder, Limits())) as c:
+        yield c
+
+
+# ---- the dynamic batcher alone ----------------------------------------------------------------
+
+
+def echo(calls):
+    def run(key, inputs):
+        calls.append((key, list(inputs)))
+        return [f"{key}:{x}" for x in inputs]
+
+    return run
+
+
+def test_batcher_merges_requests_of_one_key_and_keeps_each_answer():
+    calls: list = []
+    batcher = DynamicBatcher(echo(calls), max_batch_cost=100, wait_s=0.2)
+    futures = [batcher.submit("k", [f"a{i}", f"b{i}"], cost=2) for i in range(5)]
+    futures.append(batcher.submit("other", ["z"], cost=1))
+    results = [f.result(5) for f in futures]
+    batcher.close()
+    assert [r.outputs for r in results[:5]] == [[f"k:a{i}", f"k:b{i}"] for i in range(5)]
+    assert results[5].outputs == ["other:z"]
+    assert calls[0] == ("k", [x for i in range(5) for x in (f"a{i}", f"b{i}")])  # one batch
+    assert calls[1] == ("other", ["z"])  # another key: its own batch
+    assert results[0].batch_requests == 5 and results[0].batch_inputs == 10
+
+
+def test_batcher_bounds_a_batch_by_cost_and_runs_alone_without_merge():
+    calls: list = []
+    batcher = DynamicBatcher(echo(calls), max_batch_cost=5, wait_s=0.2)
+    futures = [batcher.submit("k", [i], cost=2) for i in range(5)]
+    [f.result(5) for f in futures]
+    batcher.close()
+    assert [len(inputs) for _, inputs in calls] == [2, 2, 1]  # cost 2 each, at most 5 a batch
+    calls.clear()
+    alone = DynamicBatcher(echo(calls), wait_s=0.2, merge=False)
+    futures = [alone.submit("k", [i], cost=1) for i in range(4)]
+    assert [f.result(5).outputs for f in futures] == [[f"k:{i}"] for i in range(4)]
+    alone.close()
+    assert [inputs for _, inputs in calls] == [[0], [1], [2], [3]]
+
+
+def test_batcher_queue_full_cancel_and_errors():
+    release = threading.Event()
+    calls: list = []
+    batcher = DynamicBatcher(echo(calls), max_queue=3, wait_s=0.0)
+    blocker = batcher.call(release.wait)  # holds the worker
+    time.sleep(0.05)
+    waiting = batcher.submit("k", ["a", "b"], cost=2)
+    dropped = batcher.submit("k", ["c"], cost=1)
+    with pytest.raises(QueueFull):
+        batcher.submit("k", ["d"], cost=1)  # 3 inputs wait already
+    assert dropped.cancel()  # not started: leaves the queue
+    release.set()
+    assert blocker.result(5) is True
+    assert waiting.result(5).outputs == ["k:a", "k:b"]
+    assert all("c" not in inputs for _, inputs in calls)
+
+    def boom(key, inputs):
+        raise ValueError("bad batch")
+
+    failing = DynamicBatcher(boom)
+    with pytest.raises(ValueError, match="bad batch"):
+        failing.submit("k", ["x"], 1).result(5)
+    assert failing.call(lambda: 42).result(5) == 42  # the worker goes on after a failure
+    failing.close()
+    batcher.close()
+
+
+# ---- the API ----------------------------------------------------------------------------------
+
+
+def test_translate_uses_the_folder_settings_and_equals_the_library(client, folder):
+    texts = ["the cat sits on the mat", "a red dog"]
+    r = client.post("/v1/translate", json={"texts": texts})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["decode"] == {"beam": 2, "alpha": 1.0, "nbest": 1}  # from config.json "decode"
+    expected = translate_hypotheses(
+        folder.model,
+        folder.tokenizer,
+        texts,
+        DecodeConfig(beam=2, alpha=1.0, max_len_a=0.0, max_len_b=8),
+    )
+    assert [t["text"] for t in body["translations"]] == [h[0][0] for h in expected]
+    assert body["translations"][0]["nbest"][0]["score"] == pytest.approx(expected[0][0][1].score)
+    assert set(body["timing"]) >= {"queue_ms", "compute_ms", "total_ms", "batch_requests"}
+
+    r = client.post("/v1/translate", json={"texts": texts, "beam": 3, "nbest": 3, "alpha": 0.0})
+    body = r.json()
+    assert body["decode"] == {"beam": 3, "alpha": 0.0, "nbest": 3}
+    for t in body["translations"]:
+        scores = [h["score"] for h in t["nbest"]]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+        assert t["text"] == t["nbest"][0]["text"]
+
+
+def test_concurrent_requests_are_batched_and_answer_as_one_at_a_time(folder):
+    """The same 24 requests, sent by 8 clients at once with dynamic batching and one at a time
+    without it: identical translations and scores, and batching did merge requests."""
+    requests = [{"texts": sentences(random.Random(i).randint(1, 3), 100 + i)} for i in range(24)]
+    requests += [{"texts": sentences(2, 200 + i), "beam": 1} for i in range(6)]  # another key
+
+    def answers(limits: Limits, clients: int) -> tuple[list, int]:
+        with TestClient(create_app(folder, limits)) as c:
+            with ThreadPoolExecutor(clients) as pool:
+                responses = list(pool.map(lambda b: c.post("/v1/translate", json=b), requests))
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        bodies = [r.json() for r in responses]
+        merged = max(b["timing"]["batch_requests"] for b in bodies)
+        return [b["translations"] for b in bodies], merged
+
+    batched, merged = answers(Limits(batch_wait_ms=20.0), clients=8)
+    alone, single = answers(Limits(batching=False), clients=1)
+    assert merged > 1 and single == 1
+    assert [[t["text"] for t in r] for r in batched] == [[t["text"] for t in r] for r in alone]
+    for rb, ra in zip(batched, alone):
+        for tb, ta in zip(rb, ra):
+            assert tb["nbest"][0]["score"] == pytest.approx(ta["nbest"][0]["score"], abs=1e-4)
+
+
+def test_attention_gives_every_layer_and_head_for_the_translation(client, folder):
+    r = client.post("/v1/attention", json={"text": "the dog runs under the table"})
+    assert r.status_code == 200, r.text
+    a = r.json()
+    S, T = len(a["src_tokens"]), len(a["tgt_tokens"])
+    assert a["tgt_tokens"][0] == "<s>"
+    for kind, (rows, cols) in {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}.items():
+        weights = torch.tensor(a[kind])  # (layers, H, rows, cols)
+        assert weights.shape == (2, 4, rows, cols), kind
+        assert torch.allclose(weights.sum(-1), torch.ones(2, 4, rows), atol=1e-3)
+    assert torch.tensor(a["decoder"]).triu(1).abs().max() == 0  # masked: no look ahead
+    best = client.post("/v1/translate", json={"texts": ["the dog runs under the table"]}).json()
+    assert a["translation"] == best["translations"][0]["text"]
+    ref = attention_of_translation(
+        folder.model, folder.tokenizer, "the dog runs under the table", decode=folder.decode
+    )
+    assert torch.allclose(torch.tensor(a["cross"]), torch.stack(ref.maps.cross), atol=1e-4)
+    second = client.post(
+        "/v1/attention", json={"text": "the dog runs under the table", "rank": 2, "beam": 3}
+    ).json()
+    nbest = client.post(
+        "/v1/translate", json={"texts": ["the dog runs under the table"], "beam": 3, "nbest": 2}
+    ).json()
+    assert second["translation"] == nbest["translations"][0]["nbest"][1]["text"]
+
+
+def test_attention_of_a_hypothesis_cut_at_the_length_cap(folder):
+    """A random model never emits EOS: the search stops at the cap, and the re-read feeds the
+    tokens the search fed (not one more, which would overrun the positional table)."""
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=folder.model.cfg.max_len)
+    att = attention_of_translation(folder.model, folder.tokenizer, "a cat", decode=cfg)
+    assert len(att.tgt_tokens) == folder.model.cfg.max_len  # <s> + 31 of the 32 tokens
+
+
+def test_model_card(client, folder_dir):
+    info = client.get("/v1/model").json()
+    assert info["kind"] == "translation"
+    assert info["parameters"] == sum(
+        p.numel() for p in load_folder([folder_dir]).model.parameters()
+    )
+    assert info["vocab_size"] == load_folder([folder_dir]).tokenizer.vocab_size
+    assert info["scores"] == {"test": {"bleu": 12.5, "chrf": 40.1}}
+    assert info["decode"]["beam"] == 2
+    assert info["config"]["model"]["d_model"] == 32
+    assert info["routes"] == ["/v1/translate", "/v1/attention"]
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["kind"] == "translation"
+
+
+def test_page_and_docs_are_served(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "static/app.js" in page.text
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/static/style.css").status_code == 200
+    assert "/v1/translate" in client.get("/openapi.json").json()["paths"]
+
+
+def test_classifier_and_language_model_routes(tmp_path):
+    clf = load_folder([make_folder(tmp_path / "clf", kind="classifier")])
+    with TestClient(create_app(clf, Limits())) as c:
+        r = c.post("/v1/classify", json={"texts": ["a red cat", "the dog"]})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert len(results) == 2 and sum(results[0]["probs"].values()) == pytest.approx(1.0)
+        assert results[0]["label"] == max(results[0]["probs"], key=results[0]["probs"].get)
+        assert c.post("/v1/translate", json={"texts": ["a"]}).status_code == 404
+    lm = load_folder([make_folder(tmp_path / "lm", kind="lm")])
+    with TestClient(create_app(lm, Limits())) as c:
+        body = {"prompt": "the cat", "max_new_tokens": 6, "seed": 3}
+        with c.stream("POST", "/v1/generate", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [block for block in r.read().decode().split("\n\n") if block]
+        kinds = [e.split("\n")[0] for e in events]
+        assert kinds[-1] == "event: done" and set(kinds[:-1]) <= {"event: token"}
+        data = [json.loads(e.split("\n")[1][len("data: ") :]) for e in events]
+        assert "".join(d["text"] for d in data[:-1]) == data[-1]["text"]
+        assert data[-1]["text"] == lm.generate("the cat", max_new_tokens=6, seed=3)
+        assert c.post("/v1/generate", json={**body, "max_new_tokens": 10_000}).status_code == 422
+        assert c.post("/v1/attention", json={"text": "a"}).status_code == 404
+
+
+# ---- limits and bad input ---------------------------------------------------------------------
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+BAD_REQUESTS = [
+    # (what, method, path, body (str: raw bytes as sent), headers, status, words in the error)
+    (
+        "no API key",
+        "POST",
+        "/v1/translate",
+        {"texts": ["a"]},
+        {"Authorization": ""},
+        401,
+        "API key",
+    ),
+    (
+        "wrong API key",
+        "POST",
+        "/v1/translate",
+        {"texts": ["a"]},
+        {"Authorization": "", "X-API-Key": "no"},
+        401,
+        "API key",
+    ),
+    (
+        "wrong Basic password",
+        "GET",
+        "/v1/model",
+        None,
+        {"Authorization": basic("u", "x")},
+        401,
+        "API key",
+    ),
+    ("malformed JSON", "POST", "/v1/translate", '{"texts": [', {}, 400, "malformed JSON"),
+    ("empty body", "POST", "/v1/translate", "", {}, 400, "empty"),
+    ("not UTF-8", "POST", "/v1/translate", b'{"texts": ["\xff"]}', {}, 400, "malformed"),
+    ("deeply nested", "POST", "/v1/translate", "[" * 3000, {}, 400, "malformed"),
+    ("body not an object", "POST", "/v1/translate", [1, 2], {}, 422, "JSON object"),
+    ("texts missing", "POST", "/v1/translate", {"beam": 2}, {}, 422, "'texts' is required"),
+    ("texts a string", "POST", "/v1/translate", {"texts": "a cat"}, {}, 422, "texts"),
+    ("no texts", "POST", "/v1/translate", {"texts": []}, {}, 422, "texts"),
+    ("a text not a string", "POST", "/v1/translate", {"texts": ["a", 7]}, {}, 422, "texts[1]"),
+    ("too many texts", "POST", "/v1/translate", {"texts": ["a"] * 9}, {}, 422, "texts"),
+    ("empty text", "POST", "/v1/translate", {"texts": ["a", "  "]}, {}, 422, "texts[1] is empty"),
+    (
+        "text too long",
+        "POST",
+        "/v1/translate",
+        {"texts": ["cat " * 40]},
+        {},
+        422,
+        "tokens; the limit",
+    ),
+    ("beam 0", "POST", "/v1/translate", {"texts": ["a"], "beam": 0}, {}, 422, "beam"),
+    ("beam too large", "POST", "/v1/translate", {"texts": ["a"], "beam": 99}, {}, 422, "beam"),
+    ("beam a string", "POST", "/v1/translate", {"texts": ["a"], "beam": "4"}, {}, 422, "beam"),
+    ("beam a bool", "POST", "/v1/translate", {"texts": ["a"], "beam": True}, {}, 422, "beam"),
+    ("beam a fraction", "POST", "/v1/translate", {"texts": ["a"], "beam": 2.5}, {}, 422, "beam"),
+    ("alpha negative", "POST", "/v1/translate", {"texts": ["a"], "alpha": -1}, {}, 422, "alpha"),
+    ("alpha NaN", "POST", "/v1/translate", '{"texts": ["a"], "alpha": NaN}', {}, 422, "alpha"),
+    ("alpha too large", "POST", "/v1/translate", {"texts": ["a"], "alpha": 1e9}, {}, 422, "alpha"),
+    (
+        "nbest above beam",
+        "POST",
+        "/v1/translate",
+        {"texts": ["a"], "beam": 2, "nbest": 3},
+        {},
+        422,
+        "nbest",
+    ),
+    (
+        "unknown field",
+        "POST",
+        "/v1/translate",
+        {"texts": ["a"], "bean": 4},
+        {},
+        422,
+        "unknown field 'bean'",
+    ),
+    ("body too large", "POST", "/v1/translate", {"texts": ["a" * 5000]}, {}, 413, "limit is 4096"),
+    (
+        "attention rank above beam",
+        "POST",
+        "/v1/attention",
+        {"text": "a", "beam": 2, "rank": 3},
+        {},
+        422,
+        "rank",
+    ),
+    ("attention no text", "POST", "/v1/attention", {}, {}, 422, "'text' is required"),
+    (
+        "route of another kind",
+        "POST",
+        "/v1/classify",
+        {"texts": ["a"]},
+        {},
+        404,
+        "translation model",
+    ),
+    ("unknown route", "GET", "/v1/nothing", None, {}, 404, "no route"),
+    ("wrong method", "GET", "/v1/translate", None, {}, 405, "not allowed"),
+]
+
+
+def test_twenty_kinds_of_bad_request_then_a_good_one(folder):
+    limits = Limits(max_body_bytes=4096, max_texts=8, max_text_tokens=24, max_beam=4, max_alpha=2)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert len(BAD_REQUESTS) >= 20
+    with TestClient(create_app(folder, limits, api_key=KEY), raise_server_exceptions=False) as c:
+        for what, method, path, body, headers, status, words in BAD_REQUESTS:
+            hdrs = {**auth, "Content-Type": "application/json", **headers}
+            if isinstance(body, (str, bytes)):
+                r = c.request(method, path, content=body, headers=hdrs)
+            else:
+                r = c.request(method, path, json=body, headers=hdrs)
+            assert r.status_code == status, (what, r.status_code, r.text)
+            assert r.headers["content-type"].startswith("application/json"), what
+            error = r.json()["error"]
+            assert set(r.json()) == {"error"} and "\n" not in error, what
+            assert words in error, (what, error)
+        assert c.get("/health").status_code == 200  # the one route without the key
+        for good in (auth, {"X-API-Key": KEY}, {"Authorization": basic("anyone", KEY)}):
+            r = c.post("/v1/translate", json={"texts": ["the cat sits"]}, headers=good)
+            assert r.status_code == 200 and r.json()["translations"][0]["text"] is not None
+
+
+def test_full_queue_is_503_and_time_limit_is_504(folder):
+    limits = Limits(max_queue=2, timeout=0.3)
+    with TestClient(create_app(folder, limits)) as c:
+        batcher = c.app.state.service.batcher
+        release = threading.Event()
+        blocker = batcher.call(lambda: release.wait(10))  # the worker is busy
+        time.sleep(0.05)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(c.post, "/v1/translate", json={"texts": ["a cat", "a dog"]})
+            deadline = time.monotonic() + 5
+            while batcher.waiting < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            full = c.post("/v1/translate", json={"texts": ["the mat"]})
+            assert full.status_code == 503 and full.headers["Retry-After"] == "1"
+            assert "busy" in full.json()["error"]
+            late = waiting.result(10)  # its 0.3 s passed while the worker was busy
+        assert late.status_code == 504 and "time limit" in late.json()["error"]
+        assert batcher.waiting == 0  # the late request left the queue
+        release.set()
+        blocker.result(5)
+        served = batcher.requests
+        ok = c.post("/v1/translate", json={"texts": ["the mat"]})
+        assert ok.status_code == 200
+        assert batcher.requests == served + 1  # the cancelled request was never decoded
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def test_serve_command_errors(folder_dir, monkeypatch, capsys):
+    import builtins
+    import socket
+
+    from aiayn.cli import main
+
+    real_import = builtins.__import__
+
+    def no_uvicorn(name, *args, **kwargs):
+        if name == "uvicorn":
+            raise ImportError("No module named 'uvicorn'", name="uvicorn")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    assert main(["serve", str(folder_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'serve' extra" in err and "uvicorn" in err
+    monkeypatch.setattr(builtins, "__import__", real_import)
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", str(folder_dir), "--port", str(port)]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert main(["serve", str(folder_dir.parent / "missing"), "--port", str(port)]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["serve", str(folder_dir), "--max-texts", "0"]) == 2
+    assert "--max-texts must be > 0" in capsys.readouterr().err

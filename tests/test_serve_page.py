@@ -1,0 +1,156 @@
+"""The page of `aiayn serve` in a real browser: headless Chromium (Debian's, /usr/bin/chromium)
+driven by playwright, against a server on a free 127.0.0.1 port.
+
+Skipped, with the reason, when /usr/bin/chromium or the playwright package is missing
+(`.ci/run` installs Chromium). Also a script, for the README screenshot of a real model:
+
+    python tests/test_serve_page.py runs/demo/avg5 docs/figures/serve_page.png
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SENTENCE = "a dog runs in the park"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(model_dirs: list[Path]):
+    """uvicorn in a thread on a free port; yields the base URL."""
+    import uvicorn
+
+    from aiayn.serve import Limits, create_app
+    from aiayn.serve._folder import load_folder
+
+    app = create_app(load_folder(model_dirs), Limits())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def drive_page(url: str, sentence: str, screenshot: Path) -> dict:
+    """Load the page, translate ``sentence`` by typing and clicking, open the attention view of
+    the cross-attention of the last layer; returns what the page showed (and saves a PNG)."""
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.goto(url)
+            page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+            page.fill("#input", sentence)
+            page.click("#run")
+            page.wait_for_selector("#heatmap tbody tr", timeout=60_000)
+            shown = page.text_content("#output")
+            nbest = page.locator("#nbest li").count()
+            assert page.is_visible("#nbest li")
+            page.select_option("#att-kind", "cross")
+            layers = page.locator("#att-layer option").count()
+            page.select_option("#att-layer", str(layers))
+            rows = page.locator("#heatmap tbody tr").count()
+            cols = page.locator("#heatmap tbody tr").first.locator("td").count()
+            page.hover("#heatmap tbody tr:nth-child(2) td:nth-child(2)")
+            hover = page.text_content("#att-value")
+            card = page.text_content("#card-facts")
+            page.click("#nbest li:nth-child(2) button")  # the attention of hypothesis 2
+            page.wait_for_function("document.getElementById('att-for').textContent.includes('2')")
+            second_for = page.text_content("#att-for")
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    api = httpx.post(
+        url + "v1/translate", json={"texts": [sentence], "nbest": 3}, timeout=60
+    ).json()
+    att = httpx.post(url + "v1/attention", json={"text": sentence}, timeout=60).json()
+    return {
+        "shown": shown,
+        "nbest": nbest,
+        "second_for": second_for,
+        "rows": rows,
+        "cols": cols,
+        "hover": hover,
+        "card": card,
+        "errors": errors,
+        "api": api,
+        "attention": att,
+    }
+
+
+def test_page_translates_and_shows_attention(tmp_path, one_thread):
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"{CHROMIUM} is missing (apt-get install chromium): the page was not tested "
+            "in a browser"
+        )
+    pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is missing: the page was not tested"
+    )
+    pytest.importorskip("uvicorn", reason="the 'serve' extra (uvicorn) is not installed")
+    from serve_helpers import make_trained_folder
+
+    folder = make_trained_folder(tmp_path / "model")
+    screenshot = tmp_path / "page.png"
+    with serving([folder]) as url:
+        seen = drive_page(url, SENTENCE, screenshot)
+    assert seen["errors"] == []
+    assert seen["shown"] == seen["api"]["translations"][0]["text"]  # what the API answers
+    assert seen["shown"] == "ein hund rennt im park"  # the pair it learned
+    assert seen["nbest"] == 3  # the page asks for 3 of the folder's beam of 4
+    att = seen["attention"]
+    assert (seen["rows"], seen["cols"]) == (len(att["tgt_tokens"]), len(att["src_tokens"]))
+    assert seen["rows"] > 1 and seen["cols"] > 1
+    assert "→" in seen["hover"] and ":" in seen["hover"]  # the weight under the pointer
+    assert "parameters" in seen["card"]
+    assert screenshot.stat().st_size > 10_000
+    second = seen["api"]["translations"][0]["nbest"][1]["text"]
+    assert seen["second_for"] == f"of hypothesis 2: “{second}”"
+
+
+if __name__ == "__main__":  # the README screenshot: a real model folder, a PNG path
+    if len(sys.argv) < 3:
+        sys.exit("usage: python tests/test_serve_page.py MODEL_DIR [MODEL_DIR ...] OUT.png")
+    *dirs, out = sys.argv[1:]
+    with serving([Path(d) for d in dirs]) as url:
+        result = drive_page(
+            url, "A man in a blue shirt is riding a bike down the street.", Path(out)
+        )
+    print(f"{out}: {result['shown']!r}, heat-map {result['rows']} x {result['cols']}")
