@@ -90,11 +90,11 @@ def drive_page(url: str, sentence: str, screenshot: Path) -> dict:
             page.hover("#heatmap tbody tr:nth-child(2) td:nth-child(2)")
             hover = page.text_content("#att-value")
             card = page.text_content("#card-facts")
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
             page.click("#nbest li:nth-child(2) button")  # the attention of hypothesis 2
             page.wait_for_function("document.getElementById('att-for').textContent.includes('2')")
             second_for = page.text_content("#att-for")
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
         finally:
             browser.close()
     api = httpx.post(
