@@ -5,8 +5,8 @@ For each mode the server runs as its own process (`aiayn serve MODEL --port P`, 
 `--no-batching` for the baseline); ``--clients`` threads each send one sentence per request
 (/v1/translate), the next as soon as the last is answered, for ``--seconds``. Reported: requests/s,
 sentences/s, latency p50/p95/p99, errors (must be 0), the server's peak RSS (VmHWM), the mean
-number of requests per batch (from /health). For reference, the same model translates the same
-sentences in one call, in-process, as `aiayn evaluate` does (offline sentences/s).
+number of requests per batch (from /health). For reference, `aiayn translate` translates the same
+sentences in one process, as `aiayn evaluate` does (offline sentences/s, loading included).
 
     python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 --seconds 30 \
         --out docs/serving.json
@@ -135,29 +135,40 @@ def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
 
 
 def offline(model: list[str], texts: list[str]) -> dict:
-    """The same sentences in one library call (token-bounded batches, as `aiayn evaluate`)."""
-    code = (
-        "import json, sys, time\n"
-        "from aiayn.serve._folder import load_folder\n"
-        "folder = load_folder(sys.argv[2:])\n"
-        "texts = json.loads(open(sys.argv[1]).read())\n"
-        "start = time.monotonic(); folder.translate_hypotheses(texts, folder.decode)\n"
-        "print(json.dumps({'sentences': len(texts), 'seconds': time.monotonic() - start}))\n"
+    """The same sentences through `aiayn translate` in one process (token-bounded batches, the
+    folder's decoding settings: what `aiayn evaluate` does), model loading included."""
+    tmp = Path("/tmp") / f"bench_serve_{os.getpid()}.txt"
+    tmp.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    start = time.monotonic()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiayn",
+            "translate",
+            *model,
+            "--input",
+            str(tmp),
+            "-o",
+            f"{tmp}.out",
+        ],
+        check=True,
     )
-    tmp = Path("/tmp") / f"bench_serve_{os.getpid()}.json"
-    tmp.write_text(json.dumps(texts))
-    out = subprocess.run([sys.executable, "-c", code, str(tmp), *model], capture_output=True,
-                         text=True, check=True)
+    seconds = time.monotonic() - start
     tmp.unlink()
-    result = json.loads(out.stdout)
-    result["sentences_per_s"] = round(result["sentences"] / result["seconds"], 2)
-    return result
+    Path(f"{tmp}.out").unlink()
+    return {
+        "sentences": len(texts),
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(len(texts) / seconds, 2),
+    }
 
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         return "unknown"
 
@@ -195,9 +206,8 @@ def main() -> int:
             proc.wait(30)
         rows[mode] = result
         print(f"{mode}: {json.dumps(result)}", flush=True)
-    n = max(r["requests"] for r in rows.values())
-    rows["offline, one call"] = offline(args.model, texts[: max(n, 100)])
-    print(f"offline: {json.dumps(rows['offline, one call'])}")
+    rows["aiayn translate, one process"] = offline(args.model, texts)
+    print(f"offline: {json.dumps(rows['aiayn translate, one process'])}")
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
