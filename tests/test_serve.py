@@ -248,6 +248,8 @@ def test_classifier_and_language_model_routes(tmp_path):
         assert len(results) == 2 and sum(results[0]["probs"].values()) == pytest.approx(1.0)
         assert results[0]["label"] == max(results[0]["probs"], key=results[0]["probs"].get)
         assert c.post("/v1/translate", json={"texts": ["a"]}).status_code == 404
+        long = c.post("/v1/classify", json={"texts": ["the cat sat " * 100]})  # cut, as trained
+        assert long.status_code == 200 and long.json()["results"][0]["label"] in results[0]["probs"]
     lm = load_folder([make_folder(tmp_path / "lm", kind="lm")])
     with TestClient(create_app(lm, Limits())) as c:
         body = {"prompt": "the cat", "max_new_tokens": 6, "seed": 3}

@@ -154,3 +154,55 @@ if __name__ == "__main__":  # the README screenshot: a real model folder, a PNG 
             url, "A man in a blue shirt is riding a bike down the street.", Path(out)
         )
     print(f"{out}: {result['shown']!r}, heat-map {result['rows']} x {result['cols']}")
+
+
+def test_page_classifies_and_streams_generation(tmp_path, one_thread):
+    """The same page for the other model kinds: its button says what it does, and it shows the
+    classifier's label with the API's probabilities, and the generated text as it streams."""
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"{CHROMIUM} is missing (apt-get install chromium): the page was not tested "
+            "in a browser"
+        )
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is missing: the page was not tested"
+    )
+    import httpx
+    from serve_helpers import make_folder
+
+    seen = {}
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            for kind in ("classifier", "lm"):
+                with serving([make_folder(tmp_path / kind, kind=kind)]) as url:
+                    page = browser.new_page()
+                    page.goto(url)
+                    page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+                    button = page.text_content("#run")
+                    page.fill("#input", "the cat")
+                    if kind == "lm":
+                        page.fill("#max-new-tokens", "12")
+                    page.click("#run")
+                    page.wait_for_function(
+                        "document.getElementById('timing').textContent !== ''", timeout=60_000
+                    )
+                    seen[kind] = (
+                        button,
+                        page.text_content("#output"),
+                        page.locator("#nbest li").count(),
+                        page.text_content("#timing"),
+                    )
+                    if kind == "classifier":
+                        seen["api"] = httpx.post(
+                            url + "v1/classify", json={"texts": ["the cat"]}
+                        ).json()
+                    page.close()
+        finally:
+            browser.close()
+    button, label, rows, _ = seen["classifier"]
+    assert button == "Classify" and rows == 3  # tiny_cfg's 3 classes, one row each
+    assert label == seen["api"]["results"][0]["label"]
+    button, text, _, timing = seen["lm"]
+    assert button == "Generate" and text.startswith("the cat") and len(text) > len("the cat")
+    assert timing.startswith("12 tokens")

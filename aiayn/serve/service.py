@@ -92,17 +92,18 @@ class ModelService:
         alpha = base.alpha if alpha is None else alpha
         return dataclasses.replace(base, beam=beam, alpha=alpha, nbest=nbest, workers=1)
 
-    def check_texts(self, texts: Sequence[str]) -> int:
-        """422 for an empty text or one past the token limit; returns the tokens of all."""
+    def check_texts(self, texts: Sequence[str], cut: bool = False) -> int:
+        """422 for an empty text or one past the token limit (``cut``: no limit, the text is cut
+        as in training); returns the tokens of all, as the batch's cost."""
         lengths = [len(ids) for ids in self.folder.tokenizer.encode_batch(list(texts))]
         for i, (text, n) in enumerate(zip(texts, lengths)):
             if not text.strip():
                 raise RequestError(422, f"texts[{i}] is empty")
-            if n > self.max_text_tokens:
+            if n > self.max_text_tokens and not cut:
                 raise RequestError(
                     422, f"texts[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
                 )
-        return sum(lengths)
+        return sum(min(n, self.max_text_tokens) for n in lengths)
 
     def translate(self, texts: Sequence[str], decode: DecodeConfig) -> Future:
         """Queue ``texts`` for translation; the result's outputs are, per text, its n-best list
@@ -112,9 +113,10 @@ class ModelService:
         return self.batcher.submit(("translate", decode), texts, cost)
 
     def classify(self, texts: Sequence[str]) -> Future:
-        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text."""
+        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text. A long
+        text is cut to the run's ``data.max_len``, as in training and `aiayn classify`."""
         self.require("classify")
-        cost = self.check_texts(texts)
+        cost = self.check_texts(texts, cut=True)
         return self.batcher.submit(("classify",), texts, cost)
 
     def attention(self, text: str, decode: DecodeConfig, rank: int) -> Future:
