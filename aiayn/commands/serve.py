@@ -27,7 +27,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="serve a model over HTTP: JSON API with dynamic batching, and a web page",
         description="Serve a model folder: POST /v1/translate (classify, generate, attention), "
         "GET /v1/model, /health, the page at /, OpenAPI at /docs. Needs the 'serve' extra.",
-        epilog="example: aiayn serve runs/demo/avg5 --port 8000, then open http://127.0.0.1:8000/",
     )
     p.add_argument(
         "model",

@@ -75,13 +75,25 @@ class LocalFolder:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        on_token: Callable[[int], Any] | None = None,
+        on_token: Callable[[str], Any] | None = None,
     ) -> str:
+        """The contract's generate: ``on_token(text)`` gets each new piece of decoded text."""
         from aiayn.decode.generate import generate
 
         cfg = self.model.cfg
         window = min(int(self.meta.get("data", {}).get("max_len", cfg.max_len)), cfg.max_len)
-        ids = generate(
+        ids: list[int] = []
+        shown = ""
+
+        def stream(token: int) -> None:
+            nonlocal shown
+            ids.append(token)
+            text = self.tokenizer.decode(ids)
+            if on_token is not None and not text.endswith("\ufffd"):
+                on_token(text[len(shown) :])
+                shown = text
+
+        generate(
             self.model,
             self.tokenizer.encode(prompt),
             max_new_tokens,
@@ -90,7 +102,7 @@ class LocalFolder:
             top_k,
             top_p,
             seed,
-            on_token=on_token,
+            on_token=stream,
         )
         return self.tokenizer.decode(ids)
 

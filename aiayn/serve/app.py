@@ -240,33 +240,31 @@ def _sse(event: str, data: dict[str, Any]) -> str:
 def _stream_generation(
     service: ModelService, prompt: str, options: dict[str, Any], limits: Limits
 ) -> StreamingResponse:
-    """Server-sent events: ``token`` ({"id", "text"}: the text it adds) for each token, then
+    """Server-sent events: ``token`` ({"text"}: the text it adds) for each token, then
     ``done`` ({"text", "tokens", "timing"}) or ``error`` ({"error"}). Refusals before the first
     token (limits, full queue) are ordinary JSON errors."""
     start = time.monotonic()
     deadline = start + limits.timeout
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[int | None] = asyncio.Queue()
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
     stop = threading.Event()
 
-    def post(item: int | None) -> None:
+    def post(item: str | None) -> None:
         try:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the event loop has closed: nobody is listening
             stop.set()
 
-    def on_token(token: int) -> None:  # on the worker thread
+    def on_token(text: str) -> None:  # on the worker thread
         if stop.is_set() or time.monotonic() > deadline:
             raise GenerationStopped("stopped: time limit or client gone")
-        post(token)
+        post(text)
 
     future = service.generate(prompt, options, on_token)
     future.add_done_callback(lambda _: post(None))
-    tokenizer = service.folder.tokenizer
 
     async def events() -> AsyncIterator[str]:
-        ids: list[int] = []
-        shown = ""
+        pieces = 0
         try:
             while True:
                 try:
@@ -275,11 +273,8 @@ def _stream_generation(
                     yield _sse("error", {"error": _late(limits)})
                     return
                 if item is not None:
-                    ids.append(item)
-                    text = tokenizer.decode(ids)
-                    if not text.endswith("\ufffd"):  # a character cut in two: wait for the rest
-                        yield _sse("token", {"id": item, "text": text[len(shown) :]})
-                        shown = text
+                    pieces += 1
+                    yield _sse("token", {"text": item})
                     continue
                 if future.cancelled() or isinstance(future.exception(), GenerationStopped):
                     yield _sse("error", {"error": _late(limits)})
@@ -287,7 +282,7 @@ def _stream_generation(
                     yield _sse("error", {"error": _one_line(future.exception())})
                 else:
                     timing = {"total_ms": _ms(time.monotonic() - start)}
-                    done = {"text": future.result(), "tokens": len(ids), "timing": timing}
+                    done = {"text": future.result(), "pieces": pieces, "timing": timing}
                     yield _sse("done", done)
                 return
         finally:

@@ -138,10 +138,10 @@ class ModelService:
         self,
         prompt: str,
         options: dict[str, Any],
-        on_token: Callable[[int], None],
+        on_token: Callable[[str], None],
     ) -> Future:
-        """Queue a generation; ``on_token(id)`` runs on the worker thread for each new token
-        (raise :class:`GenerationStopped` in it to stop). The result is the generated text."""
+        """Queue a generation; ``on_token(text)`` runs on the worker thread with each new piece
+        of text (raise :class:`GenerationStopped` in it to stop). The result is the text."""
         self.require("generate")
         if not prompt.strip():
             raise RequestError(422, "prompt is empty")
