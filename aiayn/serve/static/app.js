@@ -200,7 +200,10 @@ async function generate(prompt) {
       const data = JSON.parse(/^data: (.*)$/m.exec(block)[1]);
       if (event === "token") $("output").textContent += data.text;
       else if (event === "error") throw new Error(data.error);
-      else if (event === "done") $("timing").textContent = `${data.pieces} tokens in ${fmt(data.timing.total_ms, 0)} ms`;
+      else if (event === "done") {
+        $("output").textContent = prompt + data.text; // the whole text, a last cut character included
+        $("timing").textContent = `${[...data.text].length} characters in ${fmt(data.timing.total_ms, 0)} ms`;
+      }
     }
   }
 }
