@@ -456,3 +456,18 @@ def test_serve_command_errors(folder_dir, monkeypatch, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["serve", str(folder_dir), "--max-texts", "0"]) == 2
     assert "--max-texts must be > 0" in capsys.readouterr().err
+
+
+def test_generation_past_its_time_limit_ends_with_an_error_event(tmp_path):
+    lm = load_folder([make_folder(tmp_path / "lm", kind="lm")])
+    with TestClient(create_app(lm, Limits(timeout=0.3))) as c:
+        release = threading.Event()
+        blocker = c.app.state.service.batcher.call(lambda: release.wait(10))
+        with c.stream("POST", "/v1/generate", json={"prompt": "the cat"}) as r:
+            assert r.status_code == 200  # accepted; the stream then says what happened
+            body = r.read().decode()
+        release.set()
+        blocker.result(5)
+        assert body.startswith("event: error\n") and "time limit" in body
+        ok = c.post("/v1/generate", json={"prompt": "the cat", "max_new_tokens": 3})
+        assert ok.status_code == 200 and "event: done" in ok.text  # the server goes on
