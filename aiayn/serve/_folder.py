@@ -110,7 +110,7 @@ class LocalFolder:
 def load_folder(paths: Sequence[str | Path], device: str = "cpu") -> Any:
     """The contract's ``load_model_folder`` when it exists, else :class:`LocalFolder`."""
     try:
-        from aiayn.folder import load_model_folder  # type: ignore[import-not-found]
+        from aiayn.folder import load_model_folder
     except ImportError:
         return LocalFolder([Path(p) for p in paths], torch.device(device))
     return load_model_folder(list(paths), device=device)

@@ -19,6 +19,7 @@ queue full (with Retry-After), 504 time limit. The limits are :class:`~aiayn.ser
 """
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -66,6 +67,8 @@ def create_app(
     app = FastAPI(
         title="aiayn",
         summary="A Transformer model folder served over HTTP (docs/serving.md).",
+        description="Limits of this server: "
+        + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(limits).items()),
         lifespan=lifespan,
     )
     app.state.service = service
@@ -95,78 +98,72 @@ def create_app(
 # ---- request bodies --------------------------------------------------------------------------
 
 
-def _bodies(limits: Limits) -> dict[str, type[BaseModel]]:
-    """The JSON bodies, with the limits as schema bounds (they show in /docs). Strict types: "4"
-    is not a beam size, true is not a number."""
-    Texts = Annotated[
-        list[Annotated[str, Field(strict=True)]],
-        Field(min_length=1, max_length=limits.max_texts, description="one text per item"),
-    ]
-    Beam = Annotated[int | None, Field(strict=True, ge=1, le=limits.max_beam)]
-    Alpha = Annotated[
-        float | None, Field(strict=True, ge=0.0, le=limits.max_alpha, allow_inf_nan=False)
-    ]
-    strict = ConfigDict(extra="forbid")
+# Strict types: "4" is not a beam size, true is not a number; an unknown field is an error. The
+# upper bounds are the server's flags (Limits), checked by ModelService with one-line reasons.
+_STRICT = ConfigDict(extra="forbid")
+_Texts = Annotated[
+    list[Annotated[str, Field(strict=True)]],
+    Field(min_length=1, description="one text per item (at most --max-texts)"),
+]
+_Size = Annotated[int | None, Field(strict=True, ge=1, description="at most --max-beam")]
+_Alpha = Annotated[
+    float | None,
+    Field(strict=True, ge=0.0, allow_inf_nan=False, description="at most --max-alpha"),
+]
 
-    class TranslateBody(BaseModel):
-        """Texts to translate; beam, alpha and nbest default to the model folder's settings
-        (nbest: 1)."""
 
-        model_config = strict
-        texts: Texts
-        beam: Beam = None
-        alpha: Alpha = None
-        nbest: Annotated[int | None, Field(strict=True, ge=1, le=limits.max_beam)] = None
+class TranslateBody(BaseModel):
+    """Texts to translate; beam and alpha default to the model folder's settings, nbest to 1."""
 
-    class ClassifyBody(BaseModel):
-        model_config = strict
-        texts: Texts
+    model_config = _STRICT
+    texts: _Texts
+    beam: _Size = None
+    alpha: _Alpha = None
+    nbest: _Size = None
 
-    class AttentionBody(BaseModel):
-        """A sentence; its translation is searched with beam/alpha (default: the folder's) and
-        the rank-th hypothesis of the n-best list (1: the best) is the one shown."""
 
-        model_config = strict
-        text: Annotated[str, Field(strict=True)]
-        beam: Beam = None
-        alpha: Alpha = None
-        rank: Annotated[int, Field(strict=True, ge=1, le=limits.max_beam)] = 1
+class ClassifyBody(BaseModel):
+    """Texts to label; a long text is cut as in training."""
 
-    class GenerateBody(BaseModel):
-        """A prompt to continue; sampling settings as `aiayn generate`."""
+    model_config = _STRICT
+    texts: _Texts
 
-        model_config = strict
-        prompt: Annotated[str, Field(strict=True)]
-        max_new_tokens: Annotated[int, Field(strict=True, ge=1, le=limits.max_new_tokens)] = 100
-        temperature: Annotated[float, Field(strict=True, gt=0.0, le=10.0, allow_inf_nan=False)] = (
-            1.0
-        )
-        top_k: Annotated[int, Field(strict=True, ge=0)] = 0
-        top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
-        seed: Annotated[int | None, Field(strict=True)] = None
 
-    return {
-        "translate": TranslateBody,
-        "classify": ClassifyBody,
-        "attention": AttentionBody,
-        "generate": GenerateBody,
-    }
+class AttentionBody(BaseModel):
+    """A sentence; its translation is searched with beam/alpha (default: the folder's) and the
+    rank-th hypothesis of the n-best list (1: the best) is the one shown."""
+
+    model_config = _STRICT
+    text: Annotated[str, Field(strict=True)]
+    beam: _Size = None
+    alpha: _Alpha = None
+    rank: Annotated[int, Field(strict=True, ge=1, description="at most the beam size")] = 1
+
+
+class GenerateBody(BaseModel):
+    """A prompt to continue; sampling settings as `aiayn generate`."""
+
+    model_config = _STRICT
+    prompt: Annotated[str, Field(strict=True)]
+    max_new_tokens: Annotated[
+        int, Field(strict=True, ge=1, description="at most --max-new-tokens")
+    ] = 100
+    temperature: Annotated[float, Field(strict=True, gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[int, Field(strict=True, ge=0)] = 0
+    top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
+    seed: Annotated[int | None, Field(strict=True)] = None
 
 
 # ---- model routes ------------------------------------------------------------------------------
 
 
 def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
-    bodies = _bodies(limits)
-    TranslateBody, ClassifyBody = bodies["translate"], bodies["classify"]
-    AttentionBody, GenerateBody = bodies["attention"], bodies["generate"]
-
     @app.get("/v1/model", summary="What the server holds: kind, config, size, data, scores")
     async def model() -> dict[str, Any]:
         return service.info()
 
     @app.post("/v1/translate", summary="Translate texts (n-best lists with scores)")
-    async def translate(body: TranslateBody) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def translate(body: TranslateBody) -> dict[str, Any]:
         start = time.monotonic()
         decode = service.decode_config(body.beam, body.alpha, body.nbest)
         result = await _answer(service.translate(body.texts, decode), start, limits)
@@ -177,13 +174,13 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
         }
 
     @app.post("/v1/classify", summary="Label texts (probabilities per label)")
-    async def classify(body: ClassifyBody) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def classify(body: ClassifyBody) -> dict[str, Any]:
         start = time.monotonic()
         result = await _answer(service.classify(body.texts), start, limits)
         return {"results": result.outputs, "timing": _timing(result, start)}
 
     @app.post("/v1/attention", summary="Attention weights of every layer and head")
-    async def attention(body: AttentionBody) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def attention(body: AttentionBody) -> dict[str, Any]:
         start = time.monotonic()
         decode = service.decode_config(body.beam, body.alpha, None)
         maps = await _answer(service.attention(body.text, decode, body.rank), start, limits)
@@ -199,7 +196,8 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
         summary="Continue a prompt; tokens streamed as server-sent events",
         response_class=StreamingResponse,
     )
-    async def generate(body: GenerateBody) -> StreamingResponse:  # type: ignore[valid-type]
+    async def generate(body: GenerateBody) -> StreamingResponse:
+        service.check_at_most("max_new_tokens", body.max_new_tokens, limits.max_new_tokens)
         options = body.model_dump(exclude={"prompt"})
         return _stream_generation(service, body.prompt, options, limits)
 
@@ -278,8 +276,8 @@ def _stream_generation(
                     continue
                 if future.cancelled() or isinstance(future.exception(), GenerationStopped):
                     yield _sse("error", {"error": _late(limits)})
-                elif future.exception() is not None:
-                    yield _sse("error", {"error": _one_line(future.exception())})
+                elif (err := future.exception()) is not None:
+                    yield _sse("error", {"error": _one_line(err)})
                 else:
                     timing = {"total_ms": _ms(time.monotonic() - start)}
                     done = {"text": future.result(), "pieces": pieces, "timing": timing}
@@ -400,6 +398,8 @@ class Guard:
         return f"the body is{more} {size} bytes; the limit is {self.max_body_bytes}"
 
     def _has_key(self, headers: dict[str, str]) -> bool:
+        if not self.api_key:
+            return True
         given = headers.get("x-api-key", "")
         scheme, _, value = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":

@@ -79,11 +79,19 @@ class ModelService:
 
     # ---- requests -----------------------------------------------------------------------
 
+    def check_at_most(self, name: str, value: float | None, limit: float) -> None:
+        """422 naming ``name`` when ``value`` is above ``limit`` (a flag of the server)."""
+        if value is not None and value > limit:
+            raise RequestError(422, f"{name}: at most {limit:g} on this server, got {value:g}")
+
     def decode_config(
         self, beam: int | None, alpha: float | None, nbest: int | None
     ) -> DecodeConfig:
         """The folder's own decoding settings, with what the request overrides (workers 1: the
-        batcher's one thread decodes)."""
+        batcher's one thread decodes); 422 beyond --max-beam or --max-alpha."""
+        self.check_at_most("beam", beam, self.limits.max_beam)
+        self.check_at_most("nbest", nbest, self.limits.max_beam)
+        self.check_at_most("alpha", alpha, self.limits.max_alpha)
         base = self.folder.decode
         beam = base.beam if beam is None else beam
         nbest = 1 if nbest is None else nbest
@@ -95,6 +103,10 @@ class ModelService:
     def check_texts(self, texts: Sequence[str], cut: bool = False) -> int:
         """422 for an empty text or one past the token limit (``cut``: no limit, the text is cut
         as in training); returns the tokens of all, as the batch's cost."""
+        if len(texts) > self.limits.max_texts:
+            raise RequestError(
+                422, f"texts: at most {self.limits.max_texts} per request, got {len(texts)}"
+            )
         lengths = [len(ids) for ids in self.folder.tokenizer.encode_batch(list(texts))]
         for i, (text, n) in enumerate(zip(texts, lengths)):
             if not text.strip():

@@ -17,13 +17,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.model import Transformer
 from aiayn.viz import pyplot
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
+
+    from aiayn.decode import Ensemble
 
 # kind -> (panel title prefix, which token list labels the queries, which labels the keys)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -55,7 +59,7 @@ class AttentionMaps:
 
 @torch.no_grad()
 def record_attention(
-    model: nn.Module, src_ids: Sequence[int] | Tensor, tgt_ids: Sequence[int] | Tensor
+    model: Transformer, src_ids: Sequence[int] | Tensor, tgt_ids: Sequence[int] | Tensor
 ) -> AttentionMaps:
     """Attention weights of ``model`` (a :class:`aiayn.model.Transformer`) for one pair.
 
@@ -217,7 +221,7 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def attention_of_translation(
-    model: nn.Module,
+    model: Transformer | Ensemble,
     tokenizer,
     text: str,
     beam: int | None = None,
@@ -245,6 +249,8 @@ def attention_of_translation(
         raise AiaynError(f"rank must be between 1 and the beam size ({decode.beam}), got {rank}")
     decode = dataclasses.replace(decode, nbest=max(decode.nbest, rank))
     cfg = model.cfg
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"{type(model).__name__} has no ModelConfig: not a translation model")
     (src,) = encode_sources(tokenizer, [text], cfg.max_len)
     if not src:
         raise AiaynError("--text is empty: give a sentence to translate")
@@ -255,6 +261,7 @@ def attention_of_translation(
     fed = chosen.tokens if chosen.finished else chosen.tokens[:-1]
     tgt = [cfg.bos_id] + fed
     reader = model.models[0] if isinstance(model, Ensemble) else model
+    assert isinstance(reader, Transformer)  # an ensemble's members are Transformers
     return TranslationAttention(
         tokenizer.decode(chosen.tokens),
         token_labels(tokenizer, src),
