@@ -470,3 +470,15 @@ def test_full_disk_train_and_resume(world, tmp_path, capsys, full_disk):
     err = fails(capsys, tmp_path, ["train", world / "run.toml", "--out", tmp_path / "new"],
                 "the disk is full")
     assert temporaries(tmp_path) == [] and not (tmp_path / "new").exists()
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again(world, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(world / "run" / "config.json", run / "config.json")
+    shutil.copy(world / "run" / "tokenizer.json", run / "tokenizer.json")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"st')  # cut by the kill
+    (run / "checkpoints").mkdir()
+    assert main(["train", str(world / "run.toml"), "--out", str(run)]) == 0
+    assert (run / "trainer_state.pt").is_file() and temporaries(tmp_path) == []
+    assert '"loss": 9.0' not in (run / "metrics.jsonl").read_text()

@@ -136,7 +136,7 @@ def train_run(
     folder = RunFolder(out)
     new = not folder.path.exists()
     try:
-        _on_main(dist, lambda: folder.prepare(resume, overwrite))
+        replace_folder = _on_main(dist, lambda: folder.prepare(resume, overwrite))
         task = task or build_task(cfg)
         if resume:
             saved_tok = _on_main(dist, folder.read_tokenizer)
@@ -161,7 +161,7 @@ def train_run(
         if resume:
             _on_main(dist, lambda: _check_resume(folder, meta))
         trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)  # loads the state
-        if overwrite:
+        if replace_folder:
             _on_main(dist, folder.start_over)
         _on_main(dist, lambda: folder.write_meta(meta, tokenizer_json))
         result = trainer.fit()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import pickle
 import re
@@ -42,6 +43,8 @@ from aiayn.io import (
     write_json,
     write_text,
 )
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -81,11 +84,12 @@ class RunFolder:
         self.checkpoints = self.path / CHECKPOINT_DIR
 
     # ---- setup -----------------------------------------------------------------------------
-    def prepare(self, resume: bool, overwrite: bool = False) -> None:
+    def prepare(self, resume: bool, overwrite: bool = False) -> bool:
         """Check the folder can be used: writable, and holding a run exactly when resuming. A
         folder that holds anything else (a model folder, other files) is refused unless
-        ``overwrite``; then it is replaced by :meth:`start_over`, once the run is ready to
-        write. Leftovers of a killed writer are resolved first."""
+        ``overwrite``, or unless it holds a run killed before its first checkpoint (nothing to
+        lose). Returns True when the folder is to be replaced by :meth:`start_over` once the run
+        is ready to write. Leftovers of a killed writer are resolved first."""
         recover_folder(self.best)
         recover_folder(self.path)
         if self.path.exists() and not self.path.is_dir():
@@ -99,16 +103,35 @@ class RunFolder:
                 f"{self.path}: already holds a training run; pass --resume to continue it, "
                 "--overwrite to replace it, or choose another --out"
             )
+        if not resume and not overwrite and self.unstarted():
+            log.info("%s: a run stopped before its first checkpoint; starting it again", self.path)
+            overwrite = True
         if not resume:
             check_output_folder(self.path, overwrite=overwrite)
         if overwrite and not is_empty_folder(self.path):
-            return  # nothing written into the old run until start_over
+            return True  # nothing written into the old folder until start_over
         try:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
             write_text(self.path / ".write_test", "ok\n")
             (self.path / ".write_test").unlink()
         except OSError as err:
             raise ConfigError(f"{self.path}: run folder is not writable ({err})") from None
+        return False
+
+    def unstarted(self) -> bool:
+        """True for a run folder that a run killed before its first checkpoint left: its
+        config.json (with a train section) and nothing trained."""
+        if not self.config.is_file() or self.state.exists() or self.weights.exists():
+            return False
+        if self.best.exists() or self.snapshot_steps():
+            return False
+        expected = {CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CHECKPOINT_DIR, "README.md"}
+        if any(p.name not in expected for p in self.path.iterdir()):
+            return False
+        try:
+            return "train" in json.loads(self.config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
 
     def start_over(self) -> None:
         """Replace the folder (``--overwrite``) by an empty run folder, with a swap: a kill
