@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo test test-slow bench bench-decode bench-train bench-convergence bench-scaling clean
+.PHONY: install demo test test-slow bench bench-decode bench-engines bench-train bench-convergence bench-scaling clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(BIN)/python:
 # torch first, pinned, so that pip never resolves a bare `torch` (several GB of CUDA wheels).
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,plot,serve]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,plot,serve,export,ctranslate2]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -55,6 +55,13 @@ $(VENV)/.bench: $(VENV)/.installed
 # Decoding speed against Hugging Face generate and CTranslate2 -> docs/experiments/decoding.json, .table.md
 bench-decode: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_decode.py
+
+# One trained model run by native PyTorch fp32 / bf16, ONNX Runtime and CTranslate2 float32 / int8:
+# sentences/s, BLEU, peak RSS, size on disk -> docs/engines.json and the table in docs/decoding.md.
+# Needs a trained model folder (default: the demo's, `make demo`). ENGINES_ARGS="--limit 200" etc.
+ENGINES_MODEL ?= $(DEMO_RUN)/avg5
+bench-engines: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_engines.py --model $(ENGINES_MODEL) $(ENGINES_ARGS)
 
 # Training tokens/s, peak RSS, MFU against nn.Transformer and HF Marian -> docs/performance.json, .md
 # (real Multi30k batches: needs the data mirror or a download). BENCH_ARGS="--threads 1" etc.

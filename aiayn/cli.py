@@ -27,6 +27,7 @@ COMMANDS: list[str] = [
     "classify",
     "generate",
     "serve",
+    "export",
 ]
 
 

@@ -12,7 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.commands.translate import add_decode_options, decode_config, inference_device, precision
+from aiayn.commands.translate import (
+    add_decode_options,
+    decode_config,
+    inference_device,
+    load_for_decoding,
+    precision,
+)
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -83,8 +89,8 @@ def report(scores: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import read_config
-    from aiayn.decode import load_ensemble, translate_texts
     from aiayn.eval import corpus_scores
+    from aiayn.export.engines import translate_hypotheses
     from aiayn.io import check_output_file, write_json, write_text
 
     folders = args.model
@@ -103,23 +109,27 @@ def run(args: argparse.Namespace) -> int:
     cfg, device = decode_config(args), inference_device(args.device)
     if not args.output:  # the default output, in the model folder: checked before any work
         check_output_file(Path(folders[0]) / f"eval_{args.split or 'test'}.json", "--output")
-    model, tokenizer, meta = load_ensemble(folders, device)
+    model, tokenizer, meta = load_for_decoding(args, device)
     src, ref, name = load_test_set(args, meta)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
-    options = {k: v for k, v in vars(cfg).items() if k not in ("beam", "alpha", "max_tokens")}
     start = time.perf_counter()
     with precision(device, args.bf16):
-        hyps = translate_texts(
-            model, tokenizer, src, cfg.beam, cfg.alpha, cfg.max_tokens, **options
-        )
+        hyps = [
+            line[0][0] if line else "" for line in translate_hypotheses(model, tokenizer, src, cfg)
+        ]
     seconds = time.perf_counter() - start
     scores = corpus_scores(hyps, ref)
     scores.update(
         test_set=name,
         seconds=round(seconds, 3),
         sentences_per_s=round(len(src) / max(seconds, 1e-9), 2),
-        decoding={**vars(cfg), "device": str(device), "bf16": args.bf16},
+        decoding={
+            **vars(cfg),
+            "device": str(device),
+            "bf16": args.bf16,
+            "engine": meta.get("format", "torch"),
+        },
         model=str(folders[0]) if len(folders) == 1 else [str(f) for f in folders],
     )
     suffix = f"_ensemble{len(folders)}" if len(folders) > 1 else ""

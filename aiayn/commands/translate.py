@@ -58,6 +58,12 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
     p.add_argument(
+        "--engine",
+        choices=("torch", "onnx", "ctranslate2"),
+        help="what runs the model: torch (a model folder), onnx or ctranslate2 (a folder "
+        "written by `aiayn export`; docs/export.md); default: what MODEL_DIR holds",
+    )
+    p.add_argument(
         "--bf16",
         action="store_true",
         help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
@@ -176,9 +182,22 @@ def format_output(results: list[list[tuple[str, Any]]], nbest: int) -> list[str]
     return out
 
 
+def load_for_decoding(args: argparse.Namespace, device: torch.device) -> tuple[Any, Any, dict]:
+    """(model, tokenizer, meta) of MODEL_DIR(s) for the engine asked for (or the one they hold)."""
+    from aiayn.export.engines import load_translation
+
+    model, tokenizer, meta = load_translation(args.model, device, args.engine, args.workers)
+    if args.bf16 and "format" in meta:
+        raise ConfigError(
+            f"--bf16 applies to PyTorch models; {args.model[0]} holds a "
+            f"'{meta['format']}' export (export with --quantization instead)"
+        )
+    return model, tokenizer, meta
+
+
 def interactive(model: Any, tokenizer: Any, cfg: Any, device: torch.device, bf16: bool) -> int:
     """Translate each line typed at the prompt until end of input."""
-    from aiayn.decode import translate_hypotheses
+    from aiayn.export.engines import translate_hypotheses
 
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     while True:
@@ -195,11 +214,11 @@ def interactive(model: Any, tokenizer: Any, cfg: Any, device: torch.device, bf16
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.decode import load_ensemble, translate_hypotheses
+    from aiayn.export.engines import translate_hypotheses
     from aiayn.io import write_text
 
     cfg, device = decode_config(args, args.nbest), inference_device(args.device)
-    model, tokenizer, _ = load_ensemble(args.model, device)
+    model, tokenizer, _ = load_for_decoding(args, device)
     if args.input == "-" and sys.stdin.isatty():
         return interactive(model, tokenizer, cfg, device, args.bf16)
     lines = read_input_lines(args.input)

@@ -1,0 +1,119 @@
+"""Deployment: export a model folder to ONNX or CTranslate2, and run what was exported.
+
+``aiayn export MODEL_DIR --format onnx|ctranslate2 -o OUT_DIR`` writes a folder that holds the
+graphs (or the CTranslate2 model), ``tokenizer.json`` and ``config.json``: the model's kind,
+config and decoding settings, plus ``"format"`` (what wrote it). ``aiayn translate OUT_DIR`` and
+``aiayn evaluate OUT_DIR`` then run it (:mod:`aiayn.export.engines`). The exporters need the
+extras ``export`` (onnx, onnxruntime) and ``ctranslate2``; the core package does not.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from aiayn.errors import CheckpointError, ConfigError
+
+# "torch" is a plain model folder; the others are written by `aiayn export`.
+FORMATS = ("torch", "onnx", "ctranslate2")
+# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
+# config.json "kind": the names before the task registry, and now.
+_KINDS = {"seq2seq": "translation", "classifier": "classification"}
+
+
+def normalise_kind(kind: str) -> str:
+    """'seq2seq' -> 'translation', 'classifier' -> 'classification', others unchanged."""
+    return _KINDS.get(kind, kind)
+
+
+def require(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import an optional dependency, or a one-line ConfigError naming the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{purpose} needs the '{extra}' extra: pip install 'aiayn[{extra}]'"
+        ) from None
+
+
+def _load_source(folder: Path) -> tuple[Any, str, Any, dict[str, Any]]:
+    """(model, kind, tokenizer, meta) of a plain model folder, with the loader's own errors."""
+    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir, read_config
+    from aiayn.data import Tokenizer
+    from aiayn.errors import DataError
+
+    meta = read_config(folder)
+    if "format" in meta:
+        raise CheckpointError(
+            f"{folder}: already an exported '{meta['format']}' model; export the model "
+            "folder it was written from"
+        )
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise CheckpointError(
+            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
+        )
+    model, _, meta = load_model_dir(folder)
+    try:
+        tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
+    except DataError as err:
+        raise CheckpointError(str(err)) from None
+    return model, normalise_kind(meta["kind"]), tokenizer, meta
+
+
+def export_model(
+    source: str | Path,
+    fmt: str,
+    out: str | Path,
+    quantization: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Export the model folder ``source`` as ``fmt`` ('onnx' or 'ctranslate2') into ``out``.
+
+    ``quantization`` (CTranslate2 only) is one of :data:`QUANTIZATIONS` (default float32). An
+    option the format cannot express is a ConfigError that names it. Returns ``out``.
+    """
+    from aiayn.io import new_folder, write_json
+
+    source, out = Path(source), Path(out)
+    if fmt not in FORMATS[1:]:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS[1:])}, got '{fmt}'")
+    if quantization is not None and fmt != "ctranslate2":
+        raise ConfigError("--quantization applies to --format ctranslate2 only")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConfigError(
+            f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got '{quantization}'"
+        )
+    if out.resolve() == source.resolve():
+        raise ConfigError(f"{out}: the output folder cannot be the model folder itself")
+    require(
+        *(
+            ("onnx", "export", "--format onnx")
+            if fmt == "onnx"
+            else ("ctranslate2", "ctranslate2", "--format ctranslate2")
+        )
+    )
+    model, kind, tokenizer, meta = _load_source(source)
+    if fmt == "onnx":
+        from aiayn.export import onnx as writer
+    else:
+        from aiayn.export import ctranslate2 as writer  # type: ignore[no-redef]
+    writer.check_exportable(model, kind)  # before touching the output folder
+    with new_folder(out, overwrite) as tmp:
+        extra = writer.write(model, kind, tokenizer, tmp, quantization)
+        tokenizer.save(tmp / "tokenizer.json")
+        config = {k: v for k, v in meta.items() if k not in ("kind", "model")}
+        write_json(
+            tmp / "config.json",
+            {
+                "format": fmt,
+                "kind": kind,
+                "model": meta["model"],
+                **config,
+                **extra,
+                "exported_from": str(source),
+            },
+        )
+    return out

@@ -1,0 +1,449 @@
+"""Run exported models: ONNX Runtime behind aiayn's own search, CTranslate2 behind its own.
+
+Shape legend: B sentences · N decoder rows (B, or B·k with a beam of k) · S source len · T new
+tokens · V vocab · C classes.
+
+An ONNX engine is an ``nn.Module`` without weights that has the methods aiayn's decoding code
+calls on a model, so that greedy search, beam search, n-best lists, ensembles
+(:class:`~aiayn.decode.ensemble.Ensemble`), classification and sampling run unchanged:
+
+- :class:`OnnxTranslator`: ``encode(src)``, ``init_cache(memory, src)`` and
+  ``decode(tgt, memory, cache)`` of a :class:`~aiayn.model.Transformer`. Its cache *is* a
+  :class:`~aiayn.model.cache.DecoderCache` holding the ONNX outputs as tensors (so ``length``,
+  ``with_beam`` and ``reorder`` behave exactly as for the PyTorch model);
+- :class:`OnnxLM`: ``forward(ids, cache)`` and ``init_cache()`` of a
+  :class:`~aiayn.model.TransformerLM`;
+- :class:`OnnxClassifier`: ``forward(ids) -> logits`` of a
+  :class:`~aiayn.model.TransformerClassifier`.
+
+:class:`Ct2Translator` wraps ``ctranslate2.Translator``, which runs its own beam search over token
+strings: :func:`translate_hypotheses` sends text there and everything else to
+:mod:`aiayn.decode.translate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig, from_dict
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
+from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.export import FORMATS, normalise_kind, require
+from aiayn.export.onnx import state_names
+from aiayn.model.cache import DecoderCache, LayerCache
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "OnnxTranslator",
+    "OnnxLM",
+    "OnnxClassifier",
+    "Ct2Translator",
+    "load_exported",
+    "translate_hypotheses",
+]
+
+
+class _Engine(nn.Module):
+    """What an exported model shares: its config, and the device aiayn's decoding code reads from
+    its first parameter (an empty one: the engines run on the CPU)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.device_marker = nn.Parameter(torch.empty(0), requires_grad=False)
+
+
+def _session(path: Path, threads: int | None) -> Any:
+    """An ONNX Runtime session of one graph; CheckpointError when the file is missing or corrupt."""
+    ort = require("onnxruntime", "export", "running an ONNX model")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not found (the exported folder is incomplete)")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 4  # errors come back as exceptions, not as log lines
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph/… types
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable ONNX graph ({first[:200]})") from None
+
+
+def _run(session: Any, feeds: dict[str, np.ndarray]) -> list[Tensor]:
+    """Run a session; its outputs as CPU tensors sharing the numpy buffers."""
+    return [torch.from_numpy(out) for out in session.run(None, feeds)]
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy())
+
+
+def _past(layer: LayerCache, rows: int, heads: int, d_k: int, d_v: int) -> tuple[np.ndarray, ...]:
+    """A layer's cached self-attention keys/values, or empty ones (rows, H, 0, K) at the start."""
+    if layer.self_k is None:
+        return (
+            np.zeros((rows, heads, 0, d_k), np.float32),
+            np.zeros((rows, heads, 0, d_v), np.float32),
+        )
+    return _numpy(layer.self_k), _numpy(layer.self_v)
+
+
+@dataclass
+class OnnxMemory:
+    """What the encoder graph gives the decoder: the source mask and cross-attention keys/values."""
+
+    mask: Tensor  # (B, 1, 1, S) True at real source tokens
+    cross: list[Tensor]  # [k0, v0, k1, v1, …] each (B, H, S, K)
+
+
+class OnnxTranslator(_Engine):
+    """A translation model exported by :func:`aiayn.export.onnx.export_translation`."""
+
+    def __init__(
+        self, folder: Path, cfg: ModelConfig, files: dict[str, str], threads: int | None = None
+    ) -> None:
+        super().__init__(cfg)
+        self.encoder = _session(folder / files["encoder"], threads)
+        self.decoder = _session(folder / files["decoder"], threads)
+        self.n_layers = cfg.n_decoder_layers
+        self._past_names = state_names("past", self.n_layers)
+        self._cross_names = state_names("cross", self.n_layers)
+
+    def encode(self, src: Tensor) -> OnnxMemory:
+        """Shape: src (B, S) -> the source mask and every layer's cross-attention K/V."""
+        memory_and_cross = _run(self.encoder, {"src": _numpy(src.long())})
+        return OnnxMemory((src != self.cfg.pad_id)[:, None, None, :].cpu(), memory_and_cross[1:])
+
+    def init_cache(self, memory: OnnxMemory, src: Tensor | None = None) -> DecoderCache:
+        layers = [
+            LayerCache(cross_k=memory.cross[2 * i], cross_v=memory.cross[2 * i + 1])
+            for i in range(self.n_layers)
+        ]
+        return DecoderCache(layers, memory.mask)
+
+    def decode(self, tgt: Tensor, memory: OnnxMemory, cache: DecoderCache) -> Tensor:
+        """Shape: tgt (N, T) tokens after the cache's ``length`` -> logits (N, T, V); the cache
+        is extended (in place) by the step's present keys/values."""
+        heads, d_k, d_v = self.cfg.n_heads, self.cfg.head_dim_k, self.cfg.head_dim_v
+        feeds = {"tokens": _numpy(tgt.long()), "src_mask": _numpy(cache.memory_mask[:, 0, 0, :])}
+        for i, layer in enumerate(cache.layers):
+            feeds[self._cross_names[2 * i]] = _numpy(layer.cross_k)
+            feeds[self._cross_names[2 * i + 1]] = _numpy(layer.cross_v)
+            past = _past(layer, tgt.size(0), heads, d_k, d_v)
+            feeds[self._past_names[2 * i]], feeds[self._past_names[2 * i + 1]] = past
+        logits, *present = _run(self.decoder, feeds)
+        for i, layer in enumerate(cache.layers):
+            layer.self_k, layer.self_v = present[2 * i], present[2 * i + 1]
+        cache.length += tgt.size(1)
+        return logits
+
+
+class OnnxLM(_Engine):
+    """A language model exported by :func:`aiayn.export.onnx.export_lm`."""
+
+    def __init__(
+        self, folder: Path, cfg: ModelConfig, files: dict[str, str], threads: int | None = None
+    ) -> None:
+        super().__init__(cfg)
+        self.decoder = _session(folder / files["decoder"], threads)
+        self._past_names = state_names("past", cfg.n_decoder_layers)
+
+    def init_cache(self) -> DecoderCache:
+        return DecoderCache.empty(self.cfg.n_decoder_layers)
+
+    def forward(self, ids: Tensor, cache: DecoderCache | None = None) -> Tensor:
+        """Shape: ids (N, T) -> logits (N, T, V). Without a cache the sequence starts at position 0
+        (no padding mask: a generated text has none)."""
+        cache = self.init_cache() if cache is None else cache
+        heads, d_k, d_v = self.cfg.n_heads, self.cfg.head_dim_k, self.cfg.head_dim_v
+        feeds = {"tokens": _numpy(ids.long())}
+        for i, layer in enumerate(cache.layers):
+            past = _past(layer, ids.size(0), heads, d_k, d_v)
+            feeds[self._past_names[2 * i]], feeds[self._past_names[2 * i + 1]] = past
+        logits, *present = _run(self.decoder, feeds)
+        for i, layer in enumerate(cache.layers):
+            layer.self_k, layer.self_v = present[2 * i], present[2 * i + 1]
+        cache.length += ids.size(1)
+        return logits
+
+
+class OnnxClassifier(_Engine):
+    """A classifier exported by :func:`aiayn.export.onnx.export_classifier`."""
+
+    def __init__(
+        self, folder: Path, cfg: ModelConfig, files: dict[str, str], threads: int | None = None
+    ) -> None:
+        super().__init__(cfg)
+        self.session = _session(folder / files["classifier"], threads)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C)."""
+        return _run(self.session, {"ids": _numpy(ids.long())})[0]
+
+
+# ---- CTranslate2 ---------------------------------------------------------------------------------
+
+
+class Ct2Translator:
+    """A translation model exported by :func:`aiayn.export.ctranslate2.export_translation`, decoded
+    by CTranslate2's own beam search (see :meth:`translate_ids` for how settings map)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        cfg: ModelConfig,
+        tokens: list[str],
+        threads: int | None = None,
+        workers: int = 1,
+        compute_type: str = "default",
+    ) -> None:
+        ct2 = require("ctranslate2", "ctranslate2", "running a CTranslate2 model")
+        self.cfg = cfg
+        self.tokens = tokens
+        self.ids = {token: i for i, token in enumerate(tokens)}
+        try:
+            self.translator = ct2.Translator(
+                str(folder),
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=workers,
+                intra_threads=max(1, (threads or torch.get_num_threads()) // workers),
+            )
+        except Exception as err:  # RuntimeError, IndexError, ValueError…: whatever the reader met
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CheckpointError(
+                f"{folder}: not a readable CTranslate2 model ({first[:200]})"
+            ) from None
+
+    def translate_ids(
+        self,
+        sources: Sequence[list[int]],
+        cfg: DecodeConfig = DecodeConfig(),
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Decode source ids; per source its ``cfg.nbest`` hypotheses ([] for an empty source).
+
+        Settings map onto ``translate_batch`` as follows. Length penalty: CTranslate2 ranks
+        finished hypotheses by log P / |Y|^lp, |Y| counting EOS here (``return_end_token``), so
+        ``average`` is lp = 1 and ranks exactly as aiayn does; ``none`` is lp = 0, but CTranslate2
+        then stops a sentence as soon as its best beam ends instead of waiting for k finished
+        hypotheses; GNMT's ((5 + |Y|) / 6)^α has no equivalent and is approximated by |Y|^α
+        (a warning says so). The cap a·src_len + b is per sentence: sentences are sent in groups
+        of one cap each.
+        """
+        from aiayn.decode.translate import max_output_lengths
+
+        if cfg.length_penalty == "gnmt":
+            log.warning(
+                "ctranslate2 has no GNMT length penalty; ranking by log P / |Y|^%s instead "
+                "(--length-penalty average ranks exactly as aiayn does)",
+                cfg.alpha,
+            )
+        lp = {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0}[cfg.length_penalty]
+        todo = [i for i, s in enumerate(sources) if s]
+        caps = max_output_lengths(
+            torch.tensor([len(sources[i]) for i in todo]), cfg, self.cfg.max_len
+        ).tolist()
+        groups: dict[int, list[int]] = {}
+        for i, cap in zip(todo, caps):
+            groups.setdefault(cap, []).append(i)
+        pending = []
+        for cap, index in groups.items():
+            batch = [[self.tokens[t] for t in sources[i]] for i in index]
+            pending.append(
+                (
+                    index,
+                    self.translator.translate_batch(
+                        batch,
+                        max_batch_size=cfg.max_tokens,
+                        batch_type="tokens",
+                        asynchronous=True,
+                        beam_size=cfg.beam,
+                        num_hypotheses=cfg.nbest,
+                        length_penalty=lp,
+                        return_end_token=True,
+                        return_scores=True,
+                        max_input_length=0,
+                        max_decoding_length=cap,
+                        min_decoding_length=cfg.min_len,
+                    ),
+                )
+            )
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        for index, futures in pending:
+            for i, future in zip(index, futures):
+                results[i] = [
+                    self._hypothesis(h, s, lp)
+                    for h, s in zip(future.result().hypotheses, future.result().scores)
+                ]
+            if progress is not None:
+                progress(len(index))
+        return results
+
+    def _hypothesis(self, tokens: list[str], score: float, lp: float) -> Hypothesis:
+        ids = [self.ids[t] for t in tokens]
+        finished = bool(ids) and ids[-1] == self.cfg.eos_id
+        body = ids[:-1] if finished else ids
+        log_prob = score * max(len(ids), 1) ** lp  # undo the length normalisation
+        return Hypothesis(body, score, log_prob, finished)
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+
+def read_exported_config(folder: Path) -> dict[str, Any]:
+    """config.json of an exported folder; CheckpointError when it is not one."""
+    from aiayn.checkpoint import read_config
+
+    meta = read_config(folder)
+    if meta.get("format") not in FORMATS[1:]:
+        raise CheckpointError(
+            f"{folder}: not an exported model (its config.json has no 'format' of "
+            f"{' or '.join(FORMATS[1:])}); write one with `aiayn export`"
+        )
+    return meta
+
+
+def load_exported(
+    folder: str | Path,
+    expect_kind: str | None = None,
+    engine: str | None = None,
+    threads: int | None = None,
+    workers: int = 1,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(engine model, tokenizer, meta) of a folder written by ``aiayn export``.
+
+    ``engine`` ('onnx' or 'ctranslate2'), when given, must be the folder's format; ``expect_kind``
+    likewise its kind. Every problem is a one-line CheckpointError or ConfigError.
+    """
+    from aiayn.checkpoint import TOKENIZER_FILE
+    from aiayn.data import Tokenizer
+
+    folder = Path(folder)
+    meta = read_exported_config(folder)
+    fmt, kind = meta["format"], normalise_kind(meta["kind"])
+    if engine is not None and engine != fmt:
+        raise ConfigError(
+            f"{folder}: holds a '{fmt}' export; --engine {engine} needs a folder "
+            f"written by `aiayn export --format {engine}`"
+        )
+    if expect_kind is not None and kind != normalise_kind(expect_kind):
+        raise CheckpointError(
+            f"{folder}: holds a '{kind}' model, this command needs '{normalise_kind(expect_kind)}'"
+        )
+    try:
+        cfg = from_dict(ModelConfig, meta["model"])
+        files = dict(meta.get("files", {}))
+        tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
+    except AiaynError as err:
+        raise CheckpointError(f"{folder}: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{folder / 'config.json'}: malformed ({err})") from None
+    if fmt == "ctranslate2":
+        from aiayn.export.ctranslate2 import token_strings
+
+        if kind != "translation":
+            raise CheckpointError(
+                f"{folder}: aiayn runs CTranslate2 translation models only; "
+                f"this is a '{kind}' model"
+            )
+        tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
+        model: Any = Ct2Translator(
+            folder / files.get("model", "ctranslate2"), cfg, tokens, threads, workers
+        )
+    else:
+        engines = {"translation": OnnxTranslator, "lm": OnnxLM, "classification": OnnxClassifier}
+        if kind not in engines:
+            raise CheckpointError(f"{folder}: no ONNX engine for a '{kind}' model")
+        try:
+            # `workers` batches run at once, each on its share of the threads (as in aiayn's own
+            # decoding): one session's intra-op pool is shared by the worker threads calling it.
+            share = max(1, (threads or torch.get_num_threads()) // workers)
+            model = engines[kind](folder, cfg, files, share)
+        except KeyError as err:
+            raise CheckpointError(f"{folder / 'config.json'}: 'files' lacks {err}") from None
+    return model, tokenizer, meta
+
+
+def translate_hypotheses(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    cfg: DecodeConfig = DecodeConfig(),
+    progress: Callable[[int], None] | None = None,
+) -> list[list[tuple[str, Hypothesis]]]:
+    """:func:`aiayn.decode.translate.translate_hypotheses` for any engine: a CTranslate2 model
+    decodes with its own search, every other (PyTorch, ONNX, an ensemble) with aiayn's."""
+    from aiayn.decode import translate
+
+    if not isinstance(model, Ct2Translator):
+        return translate.translate_hypotheses(model, tokenizer, texts, cfg, progress)
+    sources = translate.encode_sources(tokenizer, texts, model.cfg.max_len)
+    hyps = model.translate_ids(sources, cfg, progress)
+    return [[(tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
+
+
+def is_exported(folder: str | Path) -> bool:
+    """True when ``folder``'s config.json carries a ``format`` (written by `aiayn export`)."""
+    from aiayn.checkpoint import read_config
+
+    return "format" in read_config(folder)
+
+
+def load_translation(
+    folders: Sequence[str | Path], device: Any = "cpu", engine: str | None = None, workers: int = 1
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, meta) for `translate` and `evaluate`: plain model folders through
+    :func:`aiayn.decode.load_ensemble` (engine 'torch'), exported folders through
+    :func:`load_exported`. ``engine`` None means whatever the folders hold."""
+    from aiayn.decode import Ensemble, load_ensemble
+
+    exported = [is_exported(f) for f in folders]
+    if engine not in (None, *FORMATS):
+        raise ConfigError(f"--engine must be one of {', '.join(FORMATS)}, got '{engine}'")
+    if not any(exported) and engine in (None, "torch"):
+        return load_ensemble(folders, device)
+    for folder, done in zip(folders, exported):
+        if engine == "torch" and done:
+            raise ConfigError(
+                f"{folder}: holds an exported model; --engine torch needs the model "
+                "folder it was exported from"
+            )
+        if not done:
+            raise ConfigError(
+                f"{folder}: a PyTorch model folder; --engine {engine} runs what "
+                f"`aiayn export {folder} --format {engine} -o OUT` writes"
+            )
+    if torch.device(device).type != "cpu":
+        raise ConfigError(
+            f"--engine {engine or 'onnx/ctranslate2'}: aiayn runs exported models on the CPU"
+        )
+    loaded = [load_exported(f, "translation", engine, workers=workers) for f in folders]
+    if len(loaded) == 1:
+        return loaded[0]
+    if any(isinstance(m, Ct2Translator) for m, _, _ in loaded):
+        raise ConfigError(
+            "CTranslate2 models decode one at a time (aiayn ensembles run on "
+            "PyTorch or ONNX models)"
+        )
+    model, tokenizer, meta = loaded[0]
+    for folder, (_, other, _) in zip(folders[1:], loaded[1:]):
+        if other.to_str() != tokenizer.to_str():
+            raise CheckpointError(
+                f"{folder}: its tokenizer differs from {folders[0]}'s; an "
+                "ensemble's models must share one vocabulary"
+            )
+    try:
+        return Ensemble([m for m, _, _ in loaded]), tokenizer, meta
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None

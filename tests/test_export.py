@@ -1,0 +1,361 @@
+"""`aiayn export` to ONNX and CTranslate2, and the engines that run the exports.
+
+Random models check that every graph computes what the PyTorch model computes (logits to 1e-4,
+post-LN and pre-LN, tied and untied embeddings, output_vocab = "targets", learned positions,
+GELU, every classifier pooling, the LM). A small model trained on a reversal task checks that
+greedy and beam-5 tokens are those of native decoding, through the CLI too; then every bad input.
+Tests skip, with the reason shown, when the 'export' or 'ctranslate2' extra is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from trainutil import base_values, fails, write_toml  # noqa: E402
+
+from aiayn.checkpoint import save_model_dir
+from aiayn.cli import main
+from aiayn.config import ModelConfig
+from aiayn.data.tokenizer import CharTokenizer
+from aiayn.decode import DecodeConfig, Ensemble, load_translator, translate_ids
+from aiayn.decode.generate import generate
+from aiayn.errors import ConfigError
+from aiayn.export import export_model
+from aiayn.model import Transformer, TransformerClassifier, TransformerLM
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMN")  # 50 + 4 specials = 54 ids
+
+
+def needs(module: str, extra: str):
+    return pytest.importorskip(module, reason=f"the '{extra}' extra is not installed: "
+                               f"pip install 'aiayn[{extra}]'")
+
+
+def small_cfg(**over) -> ModelConfig:
+    values = dict(src_vocab_size=54, tgt_vocab_size=54, d_model=32, n_heads=4, d_ff=64,
+                  n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=64)
+    return ModelConfig(**{**values, **over})
+
+
+def save(folder: Path, model, kind: str, **extra) -> Path:
+    tok = CharTokenizer(CHARS)
+    return save_model_dir(folder, model.eval(), model.cfg, kind=kind, tokenizer_json=tok.to_str(),
+                          extra=extra)
+
+
+def exported(tmp_path: Path, model, kind: str, fmt: str = "onnx", **options):
+    from aiayn.export.engines import load_exported
+
+    src = save(tmp_path / "model", model, kind)
+    out = export_model(src, fmt, tmp_path / fmt, **options)
+    engine, _, meta = load_exported(out)
+    return engine, meta
+
+
+def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, vocab) for _ in range(rng.randint(1, 9))] for _ in range(n)]
+
+
+# ---- ONNX: the graphs compute what the model computes --------------------------------------------
+
+TRANSLATION_CONFIGS = {
+    "post-ln-tied": {},
+    "pre-ln-untied": dict(norm_first=True, share_embeddings=False, tie_output=False, tgt_vocab_size=60),
+    "pre-ln-tied-output": dict(norm_first=True, share_embeddings=False, tie_output=True,
+                               positional="learned", activation="gelu"),
+    "targets-no-scale": dict(output_vocab="targets", scale_embeddings=False, bias=False),
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSLATION_CONFIGS))
+def test_onnx_translation_logits_equal_torch(tmp_path, name):
+    needs("onnxruntime", "export")
+    torch.manual_seed(1)
+    model = Transformer(small_cfg(**TRANSLATION_CONFIGS[name])).eval()
+    if model.output_mask is not None:
+        model.output_mask[10:20] = False  # tokens never seen as targets
+    engine, meta = exported(tmp_path, model, "seq2seq")
+    assert meta["format"] == "onnx" and meta["kind"] == "translation"
+    src = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0], [14, 0, 0, 0, 0, 0]])
+    with torch.no_grad():
+        memory, mem = model.encode(src), engine.encode(src)
+        ours = model.init_cache(memory, src=src).with_beam(2)
+        theirs = engine.init_cache(mem, src).with_beam(2)
+        tgt = torch.ones(3, 1, dtype=torch.long)  # BOS, one row per sentence
+        for step in range(4):
+            a = model.decode(tgt, memory, cache=ours)
+            b = engine.decode(tgt, mem, cache=theirs)
+            assert a.shape == b.shape
+            assert torch.equal(torch.isinf(a), torch.isinf(b))
+            finite = torch.isfinite(a)
+            assert (a[finite] - b[finite]).abs().max() < 1e-4, (name, step)
+            rows = torch.arange(3).repeat_interleave(2) if step == 0 else torch.tensor([1, 0, 2, 2, 5, 4])
+            ours.reorder(rows), theirs.reorder(rows)  # beams move, as in beam search
+            tgt = a[rows, -1].argmax(-1, keepdim=True) if step == 0 else a[:, -1].argmax(-1, keepdim=True)[rows]
+        assert theirs.length == ours.length == 4
+    if model.output_mask is not None:
+        assert torch.isinf(b[:, :, 10:20]).all()
+
+
+def test_onnx_prompt_of_several_tokens_and_empty_past(tmp_path):
+    """A step of several new tokens (causal mask inside the graph), then single tokens."""
+    needs("onnxruntime", "export")
+    torch.manual_seed(2)
+    model = Transformer(small_cfg(norm_first=True)).eval()
+    engine, _ = exported(tmp_path, model, "seq2seq")
+    src = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    with torch.no_grad():
+        memory, mem = model.encode(src), engine.encode(src)
+        ours, theirs = model.init_cache(memory, src=src), engine.init_cache(mem, src)
+        for tgt in (torch.tensor([[1, 7, 8], [1, 9, 9]]), torch.tensor([[4], [5]])):
+            a, b = model.decode(tgt, memory, cache=ours), engine.decode(tgt, mem, cache=theirs)
+            assert (a - b).abs().max() < 1e-4
+
+
+def test_onnx_search_tokens_equal_torch_greedy_beam_nbest_ensemble(tmp_path):
+    """aiayn's own search over the ONNX engine: greedy, beam 5, 3-best lists, an ensemble of one."""
+    needs("onnxruntime", "export")
+    torch.manual_seed(3)
+    model = Transformer(small_cfg()).eval()
+    engine, _ = exported(tmp_path, model, "seq2seq")
+    sources = random_sources(24, 54)
+    for beam, nbest in ((1, 1), (5, 3)):
+        cfg = DecodeConfig(beam=beam, nbest=nbest, max_len_a=0.0, max_len_b=12)
+        native = translate_ids(model, sources, cfg)
+        for runner in (engine, Ensemble([engine])):
+            onnx = translate_ids(runner, sources, cfg)
+            assert [[h.tokens for h in line] for line in onnx] == [[h.tokens for h in line] for line in native]
+            assert [[round(h.score, 3) for h in line] for line in onnx] == [[round(h.score, 3) for h in line] for line in native]
+
+
+@pytest.mark.parametrize("pooling,buckets", [("mean", 0), ("max", 0), ("cls", 0), ("mean", 16)])
+def test_onnx_classifier_logits_equal_torch(tmp_path, pooling, buckets):
+    needs("onnxruntime", "export")
+    torch.manual_seed(4)
+    model = TransformerClassifier(small_cfg(n_decoder_layers=0, n_classes=3, pooling=pooling,
+                                            bigram_buckets=buckets)).eval()
+    if model.bigrams is not None:
+        torch.nn.init.normal_(model.bigrams.weight)  # not the zeros of initialisation
+    engine, meta = exported(tmp_path, model, "classifier")
+    assert meta["kind"] == "classification"
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 13, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]])
+    with torch.no_grad():
+        assert (model(ids) - engine(ids)).abs().max() < 1e-4
+
+
+def test_onnx_lm_logits_and_sampling_equal_torch(tmp_path):
+    needs("onnxruntime", "export")
+    torch.manual_seed(5)
+    model = TransformerLM(small_cfg(n_encoder_layers=0, norm_first=True)).eval()
+    engine, _ = exported(tmp_path, model, "lm")
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8, 9]])
+        assert (model(ids) - engine(ids)).abs().max() < 1e-4
+        ours, theirs = model.init_cache(), engine.init_cache()
+        for chunk in (ids[:, :3], ids[:, 3:4], ids[:, 4:]):
+            assert (model(chunk, ours) - engine(chunk, theirs)).abs().max() < 1e-4
+    a = generate(model, [5, 6, 7], 20, window=16, seed=0)
+    b = generate(engine, [5, 6, 7], 20, window=16, seed=0)  # past the window: cache restarts
+    assert a == b and len(a) == 20
+
+
+# ---- CTranslate2: the spec computes what the model computes ---------------------------------------
+
+@pytest.mark.parametrize("name", list(TRANSLATION_CONFIGS))
+def test_ctranslate2_log_probs_equal_torch(tmp_path, name):
+    ct2 = needs("ctranslate2", "ctranslate2")
+    torch.manual_seed(6)
+    model = Transformer(small_cfg(**TRANSLATION_CONFIGS[name])).eval()
+    if model.output_mask is not None:
+        model.output_mask[10:20] = False
+    engine, meta = exported(tmp_path, model, "seq2seq", "ctranslate2")
+    assert meta["quantization"] == "float32"
+    src, tgt = [5, 6, 7, 8, 9], [21, 22, 30, 25]  # none of them masked
+    tokens = engine.tokens
+    scored = engine.translator.score_batch([[tokens[i] for i in src]], [[tokens[i] for i in tgt]])
+    with torch.no_grad():
+        lp = model(torch.tensor([src]), torch.tensor([[1, *tgt]])).log_softmax(-1)[0]
+    expected = [lp[i, t].item() for i, t in enumerate([*tgt, 2])]  # EOS scored last
+    assert max(abs(a - b) for a, b in zip(scored[0].log_probs, expected)) < 1e-4, name
+    assert isinstance(ct2.__version__, str)
+
+
+def test_ctranslate2_lm_logits_equal_torch(tmp_path):
+    ct2 = needs("ctranslate2", "ctranslate2")
+    torch.manual_seed(7)
+    model = TransformerLM(small_cfg(n_encoder_layers=0)).eval()
+    src = save(tmp_path / "model", model, "lm")
+    out = export_model(src, "ctranslate2", tmp_path / "ct2")
+    generator = ct2.Generator(str(out / "ctranslate2"))
+    from aiayn.export.ctranslate2 import token_strings
+
+    tokens = token_strings(CharTokenizer(CHARS), 54)
+    ids = [5, 6, 7, 8]
+    logits = torch.as_tensor(np.asarray(generator.forward_batch([[tokens[i] for i in ids]])))
+    with torch.no_grad():
+        assert (model(torch.tensor([ids])) - logits).abs().max() < 1e-4
+
+
+def test_ctranslate2_cannot_express_a_classifier_or_unequal_heads(tmp_path, capsys):
+    needs("ctranslate2", "ctranslate2")
+    clf = save(tmp_path / "clf", TransformerClassifier(small_cfg(n_decoder_layers=0)), "classifier")
+    fails(capsys, ["export", str(clf), "--format", "ctranslate2", "-o", str(tmp_path / "o")],
+          "pooling head")
+    dv = save(tmp_path / "dv", Transformer(small_cfg(d_k=8, d_v=4)), "seq2seq")
+    with pytest.raises(ConfigError, match="d_v=4"):
+        export_model(dv, "ctranslate2", tmp_path / "o")
+    assert not (tmp_path / "o").exists()  # refused before anything is written
+
+
+# ---- a trained model: the same tokens as native decoding, through the CLI too ---------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A tiny model trained to reverse letter sequences (~25 s on one thread)."""
+    tmp = tmp_path_factory.mktemp("reverse")
+    values = base_values(tmp / "data", max_steps=400, valid_every=400, save_every=400, lr=5e-3,
+                         warmup_steps=40, log_every=100)
+    values.update({"model.dropout": 0.0, "model.d_model": 32, "model.d_ff": 64,
+                   "model.n_heads": 4, "model.n_encoder_layers": 2, "model.n_decoder_layers": 2})
+    toml = write_toml(tmp / "run.toml", values)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["train", str(toml), "--out", str(tmp / "run")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    sources = (tmp / "data" / "valid.src").read_text().splitlines()
+    sources += (tmp / "data" / "train.src").read_text().splitlines()[:24]
+    return tmp / "run", sources
+
+
+def _tokens(results) -> list[list[list[int]]]:
+    return [[h.tokens for h in line] for line in results]
+
+
+def test_trained_model_onnx_and_ctranslate2_tokens_equal_native(trained, tmp_path):
+    needs("onnxruntime", "export")
+    needs("ctranslate2", "ctranslate2")
+    from aiayn.export.engines import load_exported
+
+    folder, texts = trained
+    model, tokenizer, _ = load_translator(folder)
+    sources = [tokenizer.encode(t) for t in texts]
+    onnx, _, _ = load_exported(export_model(folder, "onnx", tmp_path / "onnx"))
+    ct2, _, _ = load_exported(export_model(folder, "ctranslate2", tmp_path / "ct2"))
+    for beam in (1, 5):
+        cfg = DecodeConfig(beam=beam, length_penalty="average")
+        native = translate_ids(model, sources, cfg)
+        assert _tokens(translate_ids(onnx, sources, cfg)) == _tokens(native)
+        if beam == 5:  # CTranslate2's beam search ranks as aiayn's with length penalty "average"
+            theirs = ct2.translate_ids(sources, cfg)
+            assert _tokens(theirs) == _tokens(native)
+            assert [round(line[0].score, 3) for line in theirs] == [round(line[0].score, 3) for line in native]
+    reversed_ok = sum(tokenizer.decode(line[0].tokens) == " ".join(reversed(t.split()))
+                      for t, line in zip(texts, native))
+    assert reversed_ok >= len(texts) * 0.5  # the model learned the task: the test is not vacuous
+
+
+def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
+    needs("onnxruntime", "export")
+    needs("ctranslate2", "ctranslate2")
+    folder, texts = trained
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(texts[:16]) + "\n")
+    ref.write_text("\n".join(" ".join(reversed(t.split())) for t in texts[:16]) + "\n")
+    outputs = {}
+    for engine, extra in (("torch", []), ("onnx", []), ("ctranslate2", ["--quantization", "int8"])):
+        target = folder if engine == "torch" else tmp_path / engine
+        if engine != "torch":
+            assert main(["export", str(folder), "--format", engine, "-o", str(target), *extra]) == 0
+        capsys.readouterr()
+        assert main(["translate", str(target), "--engine", engine, "--beam", "5", "-i", str(src),
+                     "--length-penalty", "average"]) == 0
+        outputs[engine] = capsys.readouterr().out.splitlines()
+        assert main(["evaluate", str(target), "--src", str(src), "--ref", str(ref),
+                     "-o", str(tmp_path / f"{engine}.json"), "--length-penalty", "average"]) == 0
+        scores = json.loads((tmp_path / f"{engine}.json").read_text())
+        assert scores["decoding"]["engine"] == engine and scores["n"] == 16
+    assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"]) == 16
+    same = sum(a == b for a, b in zip(outputs["ctranslate2"], outputs["torch"]))
+    assert same >= 14, (same, outputs)  # int8: a few may differ
+    config = json.loads((tmp_path / "ctranslate2" / "config.json").read_text())
+    assert config["format"] == "ctranslate2" and config["quantization"] == "int8"
+    assert (tmp_path / "onnx" / "tokenizer.json").is_file()
+
+
+# ---- bad input: one line, exit 2 ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(8)
+    return save(tmp_path_factory.mktemp("m") / "model", Transformer(small_cfg()), "seq2seq")
+
+
+def test_export_bad_input(model_dir, tmp_path, capsys):
+    needs("onnxruntime", "export")
+    out = tmp_path / "out"
+    fails(capsys, ["export", str(tmp_path / "nowhere"), "--format", "onnx", "-o", str(out)],
+          "model folder not found")
+    (tmp_path / "empty").mkdir()
+    fails(capsys, ["export", str(tmp_path / "empty"), "--format", "onnx", "-o", str(out)],
+          "config.json is missing")
+    fails(capsys, ["export", str(model_dir), "--format", "onnx", "-o", str(out),
+                   "--quantization", "int8"], "--quantization applies to --format ctranslate2")
+    assert main(["export", str(model_dir), "--format", "onnx", "-o", str(out)]) == 0
+    before = (out / "decoder.onnx").stat().st_mtime_ns
+    fails(capsys, ["export", str(model_dir), "--format", "onnx", "-o", str(out)],
+          "pass --overwrite to replace it")
+    assert (out / "decoder.onnx").stat().st_mtime_ns == before  # left alone
+    assert main(["export", str(model_dir), "--format", "onnx", "-o", str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]  # no temporaries left
+    fails(capsys, ["export", str(out), "--format", "onnx", "-o", str(tmp_path / "again")],
+          "already an exported 'onnx' model")
+
+
+def test_engine_bad_input(model_dir, tmp_path, capsys):
+    needs("onnxruntime", "export")
+    out = export_model(model_dir, "onnx", tmp_path / "onnx")
+    text = tmp_path / "in.txt"
+    text.write_text("abc\n")
+    fails(capsys, ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
+          "holds a 'onnx' export; --engine ctranslate2 needs")
+    fails(capsys, ["translate", str(out), "--engine", "torch", "-i", str(text)],
+          "--engine torch needs the model folder")
+    fails(capsys, ["translate", str(model_dir), "--engine", "onnx", "-i", str(text)],
+          "a PyTorch model folder; --engine onnx runs")
+    fails(capsys, ["translate", str(out), "--bf16", "-i", str(text)], "--bf16 applies to PyTorch")
+    (out / "decoder.onnx").write_bytes(b"not a graph")
+    fails(capsys, ["translate", str(out), "--engine", "onnx", "-i", str(text)],
+          "decoder.onnx: not a readable ONNX graph")
+    (out / "decoder.onnx").unlink()
+    fails(capsys, ["translate", str(out), "-i", str(text)], "decoder.onnx: not found")
+    (out / "config.json").write_text("{not json")
+    fails(capsys, ["translate", str(out), "--engine", "onnx", "-i", str(text)], "not valid JSON")
+
+
+def test_corrupt_ctranslate2_folder(model_dir, tmp_path, capsys):
+    needs("ctranslate2", "ctranslate2")
+    out = export_model(model_dir, "ctranslate2", tmp_path / "ct2")
+    (out / "ctranslate2" / "model.bin").write_bytes(b"\0" * 10)
+    text = tmp_path / "in.txt"
+    text.write_text("abc\n")
+    fails(capsys, ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
+          "not a readable CTranslate2 model")
+
+
+@pytest.mark.parametrize("module,extra", [("onnx", "export"), ("ctranslate2", "ctranslate2")])
+def test_missing_extra_names_it(model_dir, tmp_path, capsys, monkeypatch, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    fmt = "onnx" if module == "onnx" else "ctranslate2"
+    fails(capsys, ["export", str(model_dir), "--format", fmt, "-o", str(tmp_path / "o")],
+          f"pip install 'aiayn[{extra}]'")
