@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=("onnx", "ctranslate2"),
         help="onnx (run by ONNX Runtime through aiayn's search) or ctranslate2",
     )
-    p.add_argument("--output", "-o", required=True, metavar="OUT_DIR", help="the folder to write")
+    p.add_argument("--out", "-o", required=True, metavar="OUT_DIR", help="the folder to write")
     p.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,
@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from aiayn.export import export_model
 
-    out = export_model(args.model, args.format, args.output, args.quantization, args.overwrite)
+    out = export_model(args.model, args.format, args.out, args.quantization, args.overwrite)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     log.info("wrote %s (%s, %.1f MB)", out, args.format, size / 1e6)
     return 0

@@ -75,7 +75,7 @@ def export_model(
     ``quantization`` (CTranslate2 only) is one of :data:`QUANTIZATIONS` (default float32). An
     option the format cannot express is a ConfigError that names it. Returns ``out``.
     """
-    from aiayn.io import new_folder, write_json
+    from aiayn.io import check_output_folder, new_folder, write_json
 
     source, out = Path(source), Path(out)
     if fmt not in FORMATS[1:]:
@@ -88,13 +88,11 @@ def export_model(
         )
     if out.resolve() == source.resolve():
         raise ConfigError(f"{out}: the output folder cannot be the model folder itself")
-    require(
-        *(
-            ("onnx", "export", "--format onnx")
-            if fmt == "onnx"
-            else ("ctranslate2", "ctranslate2", "--format ctranslate2")
-        )
-    )
+    check_output_folder(out, overwrite)  # before any work
+    if fmt == "onnx":
+        require("onnx", "export", "--format onnx")
+    else:
+        require("ctranslate2", "ctranslate2", "--format ctranslate2")
     model, kind, tokenizer, meta = _load_source(source)
     if fmt == "onnx":
         from aiayn.export import onnx as writer
