@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from aiayn.errors import ConfigError
 from aiayn.export import require
@@ -41,7 +41,7 @@ MODEL_DIR = "ctranslate2"  # the CTranslate2 model inside the exported folder
 MASKED_BIAS = -1e9  # output bias of tokens outside output_mask (probability exactly 0)
 
 
-def check_exportable(model: nn.Module, kind: str) -> None:
+def check_exportable(model: Any, kind: str) -> None:
     """ConfigError naming the first option of ``model`` that CTranslate2 cannot express."""
     if kind not in ("translation", "lm"):
         raise ConfigError(
@@ -89,18 +89,18 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().cpu().float().numpy().copy()
 
 
-def _linear(spec: Any, *layers: nn.Linear) -> None:
+def _linear(spec: Any, *layers: Any) -> None:
     """One CTranslate2 linear layer from one or several (stacked: fused Q/K/V) torch layers."""
     spec.weight = _np(torch.cat([layer.weight for layer in layers]))
     if layers[0].bias is not None:
         spec.bias = _np(torch.cat([layer.bias for layer in layers]))
 
 
-def _norm(spec: Any, norm: nn.LayerNorm) -> None:
+def _norm(spec: Any, norm: Any) -> None:
     spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
 
 
-def _attention(spec: Any, attn: nn.Module, norm: nn.LayerNorm, self_attention: bool) -> None:
+def _attention(spec: Any, attn: Any, norm: Any, self_attention: bool) -> None:
     if self_attention:
         _linear(spec.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
     else:
@@ -110,21 +110,21 @@ def _attention(spec: Any, attn: nn.Module, norm: nn.LayerNorm, self_attention: b
     _norm(spec.layer_norm, norm)
 
 
-def _ffn(spec: Any, layer: nn.Module) -> None:
+def _ffn(spec: Any, layer: Any) -> None:
     _linear(spec.linear_0, layer.feed_forward.linear1)
     _linear(spec.linear_1, layer.feed_forward.linear2)
     _norm(spec.layer_norm, layer.ff_block.norm)
 
 
-def _embeddings(spec: Any, emb: nn.Module, embeddings_spec: Any) -> None:
+def _embeddings(spec: Any, emb: Any, embeddings_spec: Any) -> None:
     embeddings_spec.weight = _np(emb.token.weight)
     spec.scale_embeddings = emb.scale != 1.0
     pos = emb.positional
-    table = pos.table if isinstance(pos, SinusoidalPositionalEncoding) else pos.weight
+    table: Any = pos.table if isinstance(pos, SinusoidalPositionalEncoding) else pos.weight
     spec.position_encodings.encodings = _np(table)
 
 
-def _decoder(spec: Any, model: nn.Module, embed: nn.Module, cross: bool) -> None:
+def _decoder(spec: Any, model: Any, embed: Any, cross: bool) -> None:
     _embeddings(spec, embed, spec.embeddings)
     for layer_spec, layer in zip(spec.layer, model.decoder.layers):
         _attention(layer_spec.self_attention, layer.self_attn, layer.self_block.norm, True)
@@ -147,7 +147,7 @@ def _activation(cfg: Any) -> Any:
     ]
 
 
-def translation_spec(model: nn.Module, tokens: list[str]) -> Any:
+def translation_spec(model: Any, tokens: list[str]) -> Any:
     """The ``TransformerSpec`` of a :class:`~aiayn.model.Transformer` with its weights."""
     specs = require("ctranslate2", "ctranslate2", "--format ctranslate2").specs
     cfg = model.cfg
@@ -171,7 +171,7 @@ def translation_spec(model: nn.Module, tokens: list[str]) -> Any:
     return spec
 
 
-def lm_spec(model: nn.Module, tokens: list[str]) -> Any:
+def lm_spec(model: Any, tokens: list[str]) -> Any:
     """The ``TransformerDecoderModelSpec`` of a :class:`~aiayn.model.TransformerLM`."""
     specs = require("ctranslate2", "ctranslate2", "--format ctranslate2").specs
     cfg = model.cfg
@@ -184,9 +184,7 @@ def lm_spec(model: nn.Module, tokens: list[str]) -> Any:
     return spec
 
 
-def write(
-    model: nn.Module, kind: str, tokenizer: Any, folder: Path, quantization: str | None
-) -> dict:
+def write(model: Any, kind: str, tokenizer: Any, folder: Path, quantization: str | None) -> dict:
     """The CTranslate2 model into ``folder/ctranslate2``; returns config.json entries."""
     import ctranslate2
 

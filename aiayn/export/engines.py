@@ -84,7 +84,7 @@ def _run(session: Any, feeds: dict[str, np.ndarray]) -> list[Tensor]:
     return [torch.from_numpy(out) for out in session.run(None, feeds)]
 
 
-def _numpy(t: Tensor) -> np.ndarray:
+def _numpy(t: Any) -> np.ndarray:
     return np.ascontiguousarray(t.detach().cpu().numpy())
 
 
@@ -135,7 +135,8 @@ class OnnxTranslator(_Engine):
         """Shape: tgt (N, T) tokens after the cache's ``length`` -> logits (N, T, V); the cache
         is extended (in place) by the step's present keys/values."""
         heads, d_k, d_v = self.cfg.n_heads, self.cfg.head_dim_k, self.cfg.head_dim_v
-        feeds = {"tokens": _numpy(tgt.long()), "src_mask": _numpy(cache.memory_mask[:, 0, 0, :])}
+        mask: Any = cache.memory_mask  # (B, 1, 1, S), set by init_cache
+        feeds = {"tokens": _numpy(tgt.long()), "src_mask": _numpy(mask[:, 0, 0, :])}
         for i, layer in enumerate(cache.layers):
             feeds[self._cross_names[2 * i]] = _numpy(layer.cross_k)
             feeds[self._cross_names[2 * i + 1]] = _numpy(layer.cross_v)

@@ -27,18 +27,15 @@ memory row, as in :func:`aiayn.model.layers.attend_shared_memory`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from aiayn.model.attention import MultiHeadAttention
-from aiayn.model.embeddings import Embeddings, SinusoidalPositionalEncoding
-from aiayn.model.layers import DecoderLayer, EncoderLayer
-from aiayn.model.transformer import Decoder, Encoder
+from aiayn.model.embeddings import SinusoidalPositionalEncoding
 
 
-def attend(
-    attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
-) -> Tensor:
+def attend(attn: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """softmax(Q Kᵀ / √d_k) V, then W^O (§3.2.1-3.2.2), with no data-dependent branch.
 
     Shape: q (B, H, Tq, K), k (B, H, Tk, K), v (B, H, Tk, Kv), mask bool broadcastable to
@@ -55,9 +52,7 @@ def attend(
     return attn.out_proj(heads.transpose(1, 2).flatten(2))  # (B, Tq, H·Kv) -> (B, Tq, D)
 
 
-def attend_shared(
-    attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor
-) -> Tensor:
+def attend_shared(attn: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Cross-attention where the N / B consecutive decoder rows of a sentence share its memory.
 
     Shape: q (N, H, T, K), k/v (B, H, S, K), mask (B, 1, 1, S) -> (N, T, D).
@@ -67,15 +62,13 @@ def attend_shared(
     return attend(attn, q, k, v, mask).reshape(N, T, -1)  # (B, g·T, D) -> (N, T, D)
 
 
-def embed(
-    emb: Embeddings, ids: Tensor, offset: Tensor | int = 0, delta: Tensor | None = None
-) -> Tensor:
+def embed(emb: Any, ids: Tensor, offset: Any = 0, delta: Tensor | None = None) -> Tensor:
     """:class:`~aiayn.model.embeddings.Embeddings` (eval mode) with a traced position offset.
 
     Shape: ids (B, T) -> (B, T, D); positions offset … offset+T-1.
     """
     positional = emb.positional
-    table = (
+    table: Any = (
         positional.table
         if isinstance(positional, SinusoidalPositionalEncoding)
         else positional.weight
@@ -87,28 +80,33 @@ def embed(
     return x + table[positions].to(x.dtype)
 
 
-def causal(length: int | Tensor, offset: int | Tensor, device: torch.device) -> Tensor:
+def causal(length: Any, offset: Any, device: torch.device) -> Tensor:
     """Query i (position offset + i) may attend keys 0 … offset + i. -> (1, 1, T, offset + T)."""
     q = torch.arange(length, device=device) + offset
     k = torch.arange(offset + length, device=device)
     return (k[None, :] <= q[:, None])[None, None]
 
 
-def encode(encoder: Encoder, x: Tensor, mask: Tensor) -> Tensor:
+def encode(encoder: Any, x: Tensor, mask: Tensor) -> Tensor:
     """The encoder stack of §3.1 over embedded x (B, S, D), mask (B, 1, 1, S) -> (B, S, D)."""
     for layer in encoder.layers:
         x = _encoder_layer(layer, x, mask)
     return encoder.norm(x) if encoder.norm is not None else x
 
 
-def _encoder_layer(layer: EncoderLayer, x: Tensor, mask: Tensor) -> Tensor:
+def _encoder_layer(layer: Any, x: Tensor, mask: Tensor) -> Tensor:
     attn = layer.self_attn
-    x = layer.attn_block(x, lambda h: attend(attn, *attn.project_qkv(h), mask))
+
+    def self_attention(h: Tensor) -> Tensor:
+        q, k, v = attn.project_qkv(h)
+        return attend(attn, q, k, v, mask)
+
+    x = layer.attn_block(x, self_attention)
     return layer.ff_block(x, layer.feed_forward)
 
 
 def decode_step(
-    decoder: Decoder,
+    decoder: Any,
     x: Tensor,
     self_mask: Tensor,
     past: list[Tensor],
@@ -131,13 +129,13 @@ def decode_step(
 
 
 def _decoder_layer(
-    layer: DecoderLayer,
+    layer: Any,
     x: Tensor,
     self_mask: Tensor,
     past_k: Tensor,
     past_v: Tensor,
-    cross: tuple[Tensor, Tensor] | None,
-    memory_mask: Tensor | None,
+    cross: Any,
+    memory_mask: Any,
     present: list[Tensor],
 ) -> Tensor:
     def self_attention(h: Tensor) -> Tensor:
@@ -156,7 +154,7 @@ def _decoder_layer(
     return layer.ff_block(x, layer.feed_forward)
 
 
-def _project(model: nn.Module, h: Tensor) -> Tensor:
+def _project(model: Any, h: Tensor) -> Tensor:
     """The output projection (§3.4), tokens outside ``output_mask`` at -inf. (N, T, D) -> (N, T, V)."""
     logits = model.generator(h)
     mask = getattr(model, "output_mask", None)
@@ -167,7 +165,7 @@ class EncoderGraph(nn.Module):
     """Translation encoder: src (B, S) -> memory (B, S, D), then cross_k.i, cross_v.i (B, H, S, K)
     for every decoder layer i (projected once per sentence, as the model's cache does)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
@@ -185,7 +183,7 @@ class DecoderStepGraph(nn.Module):
     """One translation decoder step: (tokens (N, T), src_mask (B, S), cross_k.0, cross_v.0, …,
     past_k.0, past_v.0, …) -> (logits (N, T, V), present_k.0, present_v.0, …)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
         self.n_layers = len(model.decoder.layers)
@@ -204,7 +202,7 @@ class LMStepGraph(nn.Module):
     """One decoder-only step: (tokens (N, T), past_k.0, past_v.0, …) -> (logits (N, T, V),
     present_k.0, present_v.0, …)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
@@ -221,7 +219,7 @@ class LMStepGraph(nn.Module):
 class ClassifierGraph(nn.Module):
     """Classifier: ids (B, S) -> logits (B, C), the model's own pooling (mean, max or CLS)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 

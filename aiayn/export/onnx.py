@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,7 +65,7 @@ def _example_ids(cfg, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-def _example_state(model: nn.Module, rows: int, length: int) -> list[torch.Tensor]:
+def _example_state(model: Any, rows: int, length: int) -> list[torch.Tensor]:
     """Zero keys/values (rows, H, length, K or Kv) for every decoder layer."""
     state = []
     for layer in model.decoder.layers:
@@ -76,7 +77,7 @@ def _example_state(model: nn.Module, rows: int, length: int) -> list[torch.Tenso
     return state
 
 
-def export_translation(model: nn.Module, folder: Path) -> dict[str, str]:
+def export_translation(model: Any, folder: Path) -> dict[str, str]:
     """encoder.onnx and decoder.onnx of a :class:`~aiayn.model.Transformer` into ``folder``."""
     n = len(model.decoder.layers)
     cross, past, present = (
@@ -128,7 +129,7 @@ def export_translation(model: nn.Module, folder: Path) -> dict[str, str]:
     return {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}
 
 
-def export_lm(model: nn.Module, folder: Path) -> dict[str, str]:
+def export_lm(model: Any, folder: Path) -> dict[str, str]:
     """decoder.onnx (one cached step) of a :class:`~aiayn.model.TransformerLM` into ``folder``."""
     n = len(model.decoder.layers)
     past, present = state_names("past", n), state_names("present", n)
@@ -153,7 +154,7 @@ def export_lm(model: nn.Module, folder: Path) -> dict[str, str]:
     return {"decoder": DECODER_FILE}
 
 
-def export_classifier(model: nn.Module, folder: Path) -> dict[str, str]:
+def export_classifier(model: Any, folder: Path) -> dict[str, str]:
     """classifier.onnx of a :class:`~aiayn.model.TransformerClassifier` into ``folder``."""
     ids = _example_ids(model.cfg, model.cfg.src_vocab_size)
     _export(
@@ -174,7 +175,7 @@ EXPORTERS = {
 }
 
 
-def check_exportable(model: nn.Module, kind: str) -> None:
+def check_exportable(model: Any, kind: str) -> None:
     """ConfigError when there is no ONNX graph for this kind of model."""
     from aiayn.errors import ConfigError
 
@@ -185,7 +186,7 @@ def check_exportable(model: nn.Module, kind: str) -> None:
 
 
 def write(
-    model: nn.Module, kind: str, tokenizer: object, folder: Path, quantization: None = None
+    model: Any, kind: str, tokenizer: object, folder: Path, quantization: str | None = None
 ) -> dict:
     """The graphs of ``model`` into ``folder``; returns the config.json entries that name them."""
     model.eval()
