@@ -57,7 +57,7 @@ bench-decode: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_decode.py
 
 # One trained model run by native PyTorch fp32 / bf16, ONNX Runtime and CTranslate2 float32 / int8:
-# sentences/s, BLEU, peak RSS, size on disk -> docs/engines.json and the table in docs/decoding.md.
+# sentences/s, BLEU, peak RSS, size on disk -> docs/experiments/engines.json and the table in docs/decoding.md.
 # Needs a trained model folder (default: the demo's, `make demo`). ENGINES_ARGS="--limit 200" etc.
 ENGINES_MODEL ?= $(DEMO_RUN)/avg5
 bench-engines: $(VENV)/.installed

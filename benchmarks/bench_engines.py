@@ -11,7 +11,7 @@ from the numerics alone.
     make bench-engines                      # runs/demo/avg5, test_2016_flickr, beam 5, 2 threads
     python benchmarks/bench_engines.py --model RUN/avg5 --limit 200
 
-Writes docs/engines.json and the table between the markers in docs/decoding.md.
+Writes docs/experiments/engines.json and the table between the markers in docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=0, help="first N sentences only")
     p.add_argument("--engines", nargs="*", default=list(ENGINES))
     p.add_argument("--note", default="", help="what else ran on the machine")
-    p.add_argument("--out", default=str(ROOT / "docs" / "engines.json"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "engines.json"))
     p.add_argument("--doc", default=str(ROOT / "docs" / "decoding.md"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine, print JSON
     p.add_argument("--folder", help=argparse.SUPPRESS)
