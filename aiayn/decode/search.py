@@ -208,15 +208,17 @@ def beam_search(
         )
         state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
         done = _done(state, lengths, finished, beam, t + 1, alpha, penalty)
-        keep = (~done).nonzero().squeeze(1)  # (b',)
+        keep = (~done).nonzero().squeeze(1)  # (b',) on the CPU
         if keep.numel() == 0:
             break
-        rows = rows.view(-1, beam)[keep.to(rows.device)].reshape(-1)  # (b'·k,)
-        state = _Beams(
-            state.tokens.view(-1, beam, state.tokens.size(1))[keep.to(device)].flatten(0, 1),
-            state.scores[keep.to(device)],
-            state.sentence[keep],
-        )
+        if keep.numel() < done.numel():  # sentences leave: one small copy to the device
+            on_device = keep.to(state.tokens.device, non_blocking=True)
+            rows = rows.view(-1, beam)[on_device].reshape(-1)  # (b'·k,)
+            state = _Beams(
+                state.tokens.view(-1, beam, state.tokens.size(1))[on_device].flatten(0, 1),
+                state.scores[on_device],
+                state.sentence[keep],
+            )
         if cache is not None:
             cache = cache.reorder(rows)
     return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
@@ -302,16 +304,22 @@ def _finish_eos(
     penalty: str,
     beam: int,
 ) -> None:
-    """Move EOS candidates ranked among the first k of their sentence into ``finished``."""
+    """Move EOS candidates ranked among the first k of their sentence into ``finished``.
+
+    Host-device syncs: one per step, three more on a step with EOS candidates, whatever their
+    number (their sentences, scores and tokens are each copied at once).
+    """
     is_eos = (cand_tokens[:, :beam] == eos_id) & (cand_scores[:, :beam] > float("-inf"))  # (b, k)
-    if not bool(is_eos.any()):
+    where = is_eos.nonzero()  # (n, 2): sentence i, rank j
+    if where.size(0) == 0:
         return
     length = state.tokens.size(1)  # tokens generated so far + this EOS
     lp = float(length_penalty(length, alpha, penalty))
-    for i, j in is_eos.nonzero().tolist():
-        log_prob = float(cand_scores[i, j])
-        tokens = state.tokens[cand_rows[i, j], 1:].tolist()
-        finished[int(state.sentence[i])].append(Hypothesis(tokens, log_prob / lp, log_prob, True))
+    i, j = where[:, 0], where[:, 1]
+    scores = cand_scores[i, j].tolist()
+    tokens = state.tokens[cand_rows[i, j], 1:].tolist()  # (n, t - 1)
+    for s, log_prob, toks in zip(state.sentence[i.cpu()].tolist(), scores, tokens):
+        finished[s].append(Hypothesis(toks, log_prob / lp, log_prob, True))
 
 
 def _advance(
@@ -346,23 +354,38 @@ def _done(
 ) -> Tensor:
     """Which active sentences are done (b,) bool: k finished hypotheses, no live beam left, or
     max_len reached (their live beams are then kept, cut)."""
-    sentences = state.sentence.tolist()
+    sentences = state.sentence.tolist()  # host tensors: no sync
     at_cap = (lengths[state.sentence] <= generated).tolist()
-    dead = (state.scores == float("-inf")).all(1).tolist()
+    dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
+    cut = [
+        i for i, (s, cap) in enumerate(zip(sentences, at_cap)) if cap and len(finished[s]) < beam
+    ]
+    for i, hyps in zip(cut, _cut(state, cut, beam, alpha, penalty)):
+        finished[sentences[i]].extend(hyps)
     done = torch.zeros(len(sentences), dtype=torch.bool)
     for i, (s, cap) in enumerate(zip(sentences, at_cap)):
-        if cap and len(finished[s]) < beam:
-            finished[s].extend(_cut(state, i, beam, alpha, penalty))
         done[i] = cap or dead[i] or len(finished[s]) >= beam
     return done
 
 
-def _cut(state: _Beams, i: int, beam: int, alpha: float, penalty: str) -> list[Hypothesis]:
-    """Sentence i's live beams as hypotheses without EOS (it reached max_len)."""
+def _cut(
+    state: _Beams, cut: list[int], beam: int, alpha: float, penalty: str
+) -> list[list[Hypothesis]]:
+    """The live beams of the sentences ``cut`` (they reached max_len) as hypotheses without EOS.
+    All beams come to the host in one copy of tokens and one of scores, whatever their number."""
+    if not cut:
+        return []
     lp = float(length_penalty(state.tokens.size(1) - 1, alpha, penalty))
-    rows = state.tokens[i * beam : (i + 1) * beam, 1:].tolist()
-    scores = state.scores[i].tolist()
-    return [Hypothesis(r, s / lp, s, False) for r, s in zip(rows, scores) if s > float("-inf")]
+    rows = state.tokens[:, 1:].tolist()  # (b·k, t - 1)
+    scores = state.scores.tolist()  # (b, k)
+    return [
+        [
+            Hypothesis(r, s / lp, s, False)
+            for r, s in zip(rows[i * beam : (i + 1) * beam], scores[i])
+            if s > float("-inf")
+        ]
+        for i in cut
+    ]
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,8 +31,16 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tenso
     weights = weights.to(q.dtype)
     if mask is None:
         return weights
-    alive = mask.any(-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
-    return weights if bool(alive.all()) else weights.masked_fill(~alive, 0.0)
+    return weights.masked_fill(dead_queries(mask), 0.0)  # their softmax was NaN
+
+
+def dead_queries(mask: Tensor) -> Tensor:
+    """Queries that may attend to nothing (a fully padded row). (B|1, H|1, Tq|1, Tk) -> same, Tk = 1.
+
+    Always applied, never tested with ``if``: asking whether any row is dead would copy a flag
+    from the device to the host, a sync per layer per step (docs/gpu.md).
+    """
+    return ~mask.any(-1, keepdim=True)
 
 
 def scaled_dot_product_attention(
@@ -65,12 +73,10 @@ def scaled_dot_product_attention(
         return weights @ v, (weights if need_weights else None)  # (B, H, Tq, Kv)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
-    alive = mask.any(-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
-    if bool(alive.all()):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    dead = dead_queries(mask)  # (B|1, H|1, Tq|1, 1)
     # Let dead rows attend everywhere (finite), then zero them.
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~alive, dropout_p=dropout_p)
-    return out.masked_fill(~alive, 0.0), None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | dead, dropout_p=dropout_p)
+    return out.masked_fill(dead, 0.0), None
 
 
 class MultiHeadAttention(nn.Module):

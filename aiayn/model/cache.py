@@ -179,14 +179,15 @@ class DecoderCache:
         )
         per_source = 1 if rows is not None and rows == n_source else self.beam
         groups = index.view(-1, self.beam) // per_source  # (N'/k, k)
-        if not bool((groups == groups[:, :1]).all()):
-            raise ValueError("reorder index mixes rows of different source sentences")
         source = groups[:, 0]
-        if n_source == source.numel() and bool(
-            (source == torch.arange(n_source, device=source.device)).all()
-        ):
-            return None
-        return source
+        # Both checks come to the host in one copy: one host-device sync per reorder.
+        checks = [(groups != groups[:, :1]).any()]
+        if n_source == source.numel():
+            checks.append((source == torch.arange(n_source, device=source.device)).all())
+        mixed, *unchanged = torch.stack(checks).tolist()
+        if mixed:
+            raise ValueError("reorder index mixes rows of different source sentences")
+        return None if unchanged and unchanged[0] else source
 
 
 def _select(t: Tensor | None, index: Tensor) -> Tensor | None:

@@ -316,20 +316,24 @@ class Trainer:
         local = [float(sum(self.task.num_targets(b) for b in batches))]
         n_targets = max(self.dist.all_reduce(local)[0], 1.0)
         scale = self.dist.world_size / n_targets  # DDP averages gradients over processes
-        sums = [0.0, 0.0, 0.0]  # loss, nll, tokens
+        # The summed loss and NLL stay on the device until one copy to the host after the
+        # gradient norm: one host-device sync per update, not two per micro-batch (docs/gpu.md).
+        sums, tokens = torch.zeros(2, dtype=torch.float64, device=self.device), 0
         for i, batch in enumerate(batches):
             sync = self.ddp is None or i == len(batches) - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync(), self._autocast():
                 stats = self.task.loss(net, batch, self.device)
             (stats.loss * scale).backward()
-            sums[0] += stats.loss.item()
-            sums[1] += stats.nll.item()
-            sums[2] += stats.n_tokens
+            sums += torch.stack([stats.loss.detach(), stats.nll.detach()]).double()
+            tokens += stats.n_tokens
+        # A non-finite loss makes the norm non-finite too (the update is then skipped).
+        loss, nll, norm = torch.cat([sums, self._grad_norm()[None].double()]).tolist()
         # With the sums goes each process's clock: every process then reads the same wall-clock
         # (their mean), so all stop at max_time after the same update and agree on the rate.
-        loss, nll, tokens, walls = self.dist.all_reduce(sums + [self._wall()])
+        loss, nll, tokens, walls = self.dist.all_reduce([loss, nll, tokens, self._wall()])
         self._synced_wall = walls / self.dist.world_size
-        norm = self._grad_norm() if math.isfinite(loss) else math.nan
+        if not math.isfinite(loss):
+            norm = math.nan
         if not (math.isfinite(loss) and math.isfinite(norm)):
             return self._skip(loss, norm)
         self.progress.step += 1
@@ -343,10 +347,10 @@ class Trainer:
         self.governor.record(tokens, time.perf_counter() - start)
         return True
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self) -> torch.Tensor:
+        """The gradients' total norm (a 0-d tensor on the device), after clipping them to it."""
         max_norm = self.t.clip_norm if self.t.clip_norm > 0 else math.inf
-        norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return float(norm)
+        return nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def _skip(self, loss: float, norm: float) -> bool:
         p = self.progress
