@@ -7,7 +7,8 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo test test-slow bench bench-decode bench-engines bench-train bench-convergence bench-scaling clean
+.PHONY: install demo test test-slow bench bench-decode bench-engines bench-train bench-convergence \
+	bench-scaling gpu-check gpu-check-dry gpu-data clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -75,6 +76,25 @@ bench-convergence: $(VENV)/.bench
 # How aiayn's step time grows with sentence length and batch size -> docs/experiments/scaling.json, performance.md
 bench-scaling: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_scaling.py $(SCALING_ARGS)
+
+# One GPU slot, one command (docs/gpu.md): the CUDA tests, bench-train on cuda (SMALL, BASE, bf16),
+# decoding speed, 3 minutes of the headline model + test2016 BLEU, in ~8 minutes -> gpu_check/ (or
+# $OUT) with gpu_check.json. Reads Multi30k from AIAYN_DATA_MIRROR (default ../shared/data, or
+# shared/data / .gpu_data in this checkout); downloads nothing. Without a GPU it says so and fails.
+# GPU_PY=python3: use a Python that already has CUDA torch (a machine without network) instead
+# of installing the venv.
+GPU_PY ?=
+gpu-check: $(if $(GPU_PY),,$(VENV)/.bench)
+	$(or $(GPU_PY),$(BIN)/python) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The same stages on the CPU with tiny shapes: proves the script works before a GPU slot.
+gpu-check-dry: $(VENV)/.bench
+	$(BIN)/python benchmarks/gpu_check.py --dry-run $(GPU_CHECK_ARGS)
+
+# Multi30k copied into .gpu_data/ (ignored by git), for a machine that gets only this checkout.
+gpu-data:
+	@test -n "$(AIAYN_DATA_MIRROR)" || { echo "gpu-data: no data mirror (../shared/data or AIAYN_DATA_MIRROR)"; exit 2; }
+	mkdir -p .gpu_data && cp -r $(AIAYN_DATA_MIRROR)/multi30k .gpu_data/
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

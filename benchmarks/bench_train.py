@@ -22,13 +22,16 @@ other jobs on the machine hits all systems alike. Warm-up steps are excluded; ev
 median over the timed steps. tokens/s counts source + target tokens without padding.
 
 MFU = model FLOPs per step / step time / the matmul peak (bf16 or fp32, as the run) measured by this
-script on the same cores in the same run; the FLOP count is :func:`train_flops` (see
+script on the same cores (or GPU) in the same run; the FLOP count is :func:`train_flops` (see
 docs/performance.md).
 
     python benchmarks/bench_train.py [--threads N] [--presets small base] [--precisions fp32 bf16]
+    python benchmarks/bench_train.py --device cuda --out DIR/bench_train   # bf16 on a GPU
 
-writes docs/performance.json (one entry per thread count, kept across runs) and the table between
-the markers of docs/performance.md.
+writes docs/performance.json (one entry per thread count, or per device on a GPU, kept across runs)
+and the table between the markers of docs/performance.md. With ``--device cuda`` every system runs
+on the GPU (aiayn through its trainer with ``train.device``), step times include a
+``torch.cuda.synchronize()``, and memory is the peak of ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ CLEAN_ENV = dict(os.environ)  # the environment before anything of aiayn is impo
 SYSTEMS = ("aiayn", "torch", "marian")
 BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
 # Steps per preset (warm-up, timed): a BASE step costs ~8x a SMALL one (train_flops).
-STEPS = {"small": (2, 6), "base": (1, 6)}
+STEPS = {"small": (2, 6), "base": (1, 6), "dry": (1, 1)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,6 +91,7 @@ class Shape:
 PRESETS = {  # aiayn's presets "small" and "base" with the vocabulary of issue 7
     "small": Shape(8000, 256, 4, 1024, 3, 3),
     "base": Shape(32000, 512, 8, 2048, 6, 6),
+    "dry": Shape(500, 32, 2, 64, 1, 1),  # benchmarks/gpu_check.py --dry-run: the code paths, fast
 }
 
 
@@ -185,7 +189,7 @@ class AiaynSystem:
     """aiayn's Trainer on a TranslationTask whose training pairs are the benchmark's pairs."""
 
     def __init__(self, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1,
-                 **train_settings: Any) -> None:
+                 device: str = "cpu", **train_settings: Any) -> None:
         from aiayn.config import ModelConfig
         from aiayn.data import DataConfig
         from aiayn.train.config import RunConfig, TrainConfig
@@ -202,13 +206,15 @@ class AiaynSystem:
             eos_id=s.eos_id)
         # AdamW (weight_decay > 0) like the peers; Adam costs the same.
         train = TrainConfig(**{"precision": precision, "weight_decay": 0.01, "label_smoothing": 0.1,
-                               "seed": seed, "progress": False, **train_settings})
+                               "seed": seed, "progress": False, "device": device,
+                               **train_settings})
         cfg = RunConfig(model=model, data=DataConfig(), train=train)
         self.task = TranslationTask(cfg)
         self.task.train_pairs, self.task.valid_pairs = pairs, []
         run = RunFolder(folder)
         run.prepare(resume=False)
-        self.trainer = Trainer(cfg, self.task, run, DistContext(), {}, "", resume=False)
+        dist = DistContext(device=torch.device(device))
+        self.trainer = Trainer(cfg, self.task, run, dist, {}, "", resume=False)
         self.model = self.trainer.model
 
     def step(self, batch: Batch) -> float:
@@ -302,15 +308,18 @@ class PeerSystem:
     """A baseline model trained the usual way: autocast forward, F.cross_entropy with label
     smoothing, backward of the per-target mean, AdamW."""
 
-    def __init__(self, kind: str, s: Shape, precision: str, seed: int = 1) -> None:
+    def __init__(self, kind: str, s: Shape, precision: str, seed: int = 1,
+                 device: str = "cpu") -> None:
         torch.manual_seed(seed)
-        self.kind, self.shape = kind, s
-        self.model = PlainTransformer(s) if kind == "torch" else marian_model(s)
+        self.kind, self.shape, self.device = kind, s, torch.device(device)
+        model = PlainTransformer(s) if kind == "torch" else marian_model(s)
+        self.model = model.to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
                                            eps=1e-9, weight_decay=0.01)
         self.dtype = torch.bfloat16 if precision == "bf16" else None
 
     def logits(self, batch: Batch) -> Tensor:
+        batch = on_device(batch, self.device)
         if self.kind == "torch":
             return self.model(batch.src, batch.tgt_in)
         pad = self.shape.pad_id
@@ -320,9 +329,11 @@ class PeerSystem:
 
     def loss(self, batch: Batch) -> Tensor:
         """Summed label-smoothed loss over the non-pad targets."""
-        with torch.autocast("cpu", dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None):
+        with torch.autocast(self.device.type, dtype=self.dtype or torch.bfloat16,
+                            enabled=self.dtype is not None):
             logits = self.logits(batch)  # (B, T, V)
-            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch.tgt_out.reshape(-1),
+            gold = batch.tgt_out.to(self.device).reshape(-1)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), gold,
                                    ignore_index=self.shape.pad_id, label_smoothing=0.1,
                                    reduction="sum")
 
@@ -340,11 +351,21 @@ class PeerSystem:
         return self.loss(batch).item() / batch.n_tgt
 
 
-def build_system(name: str, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1):
+def on_device(batch: Batch, device: torch.device) -> Batch:
+    """The batch with its tensors on ``device`` (the same object on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+    return Batch(batch.indices, move(batch.src), move(batch.tgt_in), move(batch.tgt_out),
+                 batch.n_src, batch.n_tgt)
+
+
+def build_system(name: str, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1,
+                 device: str = "cpu"):
     if name == "aiayn":
-        return AiaynSystem(s, precision, pairs, folder, seed)
+        return AiaynSystem(s, precision, pairs, folder, seed, device=device)
     if name in ("torch", "marian"):
-        return PeerSystem(name, s, precision, seed)
+        return PeerSystem(name, s, precision, seed, device=device)
     raise ValueError(f"unknown system {name!r} (have: {', '.join(SYSTEMS)})")
 
 
@@ -412,22 +433,33 @@ def same_math(s: Shape, batch: Batch, pairs: list, folder: str) -> dict[str, flo
 # --------------------------------------------------------------------------------------------
 
 
-def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) -> float:
-    """Best GFLOP/s of an n×n×n matmul on this process's threads."""
+def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048), reps: int = 5,
+                device: str = "cpu") -> float:
+    """Best GFLOP/s of an n×n×n matmul on this process's threads (or on the GPU ``device``;
+    there each timing spans 10 products between two synchronisations)."""
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    inner = 10 if dev.type == "cuda" else 1
     best = 0.0
     for n in sizes:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a, b = (torch.randn(n, n, device=dev).to(dtype) for _ in range(2))
         for _ in range(2):
             a @ b
         for _ in range(reps):
+            sync()
             start = time.perf_counter()
-            a @ b
-            best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+            for _ in range(inner):
+                a @ b
+            sync()
+            best = max(best, inner * 2 * n**3 / (time.perf_counter() - start) / 1e9)
     return best
 
 
-def matmul_peaks() -> dict[str, float]:
-    return {"bf16": matmul_peak(torch.bfloat16), "fp32": matmul_peak(torch.float32)}
+def matmul_peaks(device: str = "cpu") -> dict[str, float]:
+    """bf16 and fp32 matmul peaks in GFLOP/s; on a GPU at large sizes, fp32 as TF32 is off."""
+    sizes = (4096, 8192) if torch.device(device).type == "cuda" else (1024, 2048)
+    return {"bf16": matmul_peak(torch.bfloat16, sizes, device=device),
+            "fp32": matmul_peak(torch.float32, sizes, device=device)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -444,18 +476,26 @@ def worker_main() -> None:
     torch.set_num_threads(spec["threads"])
     data = torch.load(spec["data"], weights_only=False)
     batches = [Batch(**b) for b in data["batches"]]
+    device = spec.get("device", "cpu")
+    cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     with tempfile.TemporaryDirectory() as folder:
         system = build_system(spec["system"], Shape(**spec["shape"]), spec["precision"],
-                              data["pairs"], folder)
+                              data["pairs"], folder, device=device)
         _send(out, {"params": trainable_params(system.model)})
         while True:
             req = pickle.load(inp)
             if req[0] == "step":
+                sync()
                 start = time.perf_counter()
                 loss = system.step(batches[req[1]])
+                sync()
                 _send(out, {"seconds": time.perf_counter() - start, "loss": loss})
             elif req[0] == "rss":
-                _send(out, {"max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+                mem = {"max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+                if cuda:
+                    mem["max_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+                _send(out, mem)
             else:
                 return
 
@@ -505,7 +545,10 @@ def run_group(systems: list[str], spec: dict[str, Any], n_steps: int) -> dict[st
             print(f"  step {i + 1}/{n_steps}: " + ", ".join(
                 f"{n} {result[n]['seconds'][-1]:.2f}s" for n in systems), flush=True)
         for w in workers:
-            result[w.name]["max_rss_mib"] = w.ask("rss")["max_rss_kib"] / 1024
+            mem = w.ask("rss")
+            result[w.name]["max_rss_mib"] = mem["max_rss_kib"] / 1024
+            if "max_gpu_mib" in mem:
+                result[w.name]["max_gpu_mib"] = mem["max_gpu_mib"]
     finally:
         for w in workers:
             w.close()
@@ -528,6 +571,7 @@ def summarise(raw: dict[str, Any], batches: list[Batch], flops: list[float], war
         mfu = [flops[i] / r["seconds"][i] / 1e9 / peak for i in timed]
         out[name] = {"tokens_per_s": statistics.median(tok_s), "step_s": statistics.median(sec),
                      "mfu": statistics.median(mfu), "max_rss_mib": r["max_rss_mib"],
+                     **({"max_gpu_mib": r["max_gpu_mib"]} if "max_gpu_mib" in r else {}),
                      "params": r["params"], "loss_first": r["loss"][0], "loss_last": r["loss"][-1],
                      "tokens_per_s_steps": tok_s}
     peers = [n for n in out if n != "aiayn"]
@@ -548,19 +592,22 @@ def markdown(report: dict[str, Any]) -> str:
     for key in sorted(report["runs"]):
         run = report["runs"][key]
         m = run["meta"]
-        lines += [f"### {m['threads']} thread{'s' if m['threads'] > 1 else ''} — {m['date']}", "",
+        gpu = m.get("device", "cpu") != "cpu"
+        mem, mem_key = ("peak GPU MiB", "max_gpu_mib") if gpu else ("peak RSS MiB", "max_rss_mib")
+        title = m["hardware"] if gpu else f"{m['threads']} thread{'s' if m['threads'] > 1 else ''}"
+        lines += [f"### {title} — {m['date']}", "",
                   f"`{m['command']}` (aiayn {m.get('aiayn', 'commit not recorded')})  ",
                   f"{m['hardware']}; torch {m['torch']}, transformers "
                   f"{m['transformers']}; load average (1/5/15 min) {_load(m['load_start'])} at start, "
                   f"{_load(m['load_end'])} at end; matmul peak bf16 {m['peak_gflops']['bf16']:.0f} "
                   f"GFLOP/s, fp32 {m['peak_gflops']['fp32']:.0f} GFLOP/s.", "",
-                  "| config | precision | system | tokens/s | step s | MFU | peak RSS MiB | params | "
+                  f"| config | precision | system | tokens/s | step s | MFU | {mem} | params | "
                   "aiayn speed-up |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
         for g in run["groups"]:
             for name, r in g["systems"].items():
                 up = f"{r['speedup']:.2f}× vs {r['speedup_vs']}" if "speedup" in r else ""
                 lines.append(f"| {g['preset']} | {g['precision']} | {name} | {_fmt(r['tokens_per_s'])} | "
-                             f"{r['step_s']:.2f} | {100 * r['mfu']:.1f}% | {r['max_rss_mib']:.0f} | "
+                             f"{r['step_s']:.3f} | {100 * r['mfu']:.1f}% | {r.get(mem_key, 0):.0f} | "
                              f"{r['params'] / 1e6:.2f}M | {up} |")
         lines += ["", *targets(run), ""]
         for preset, sm in run["same_math"].items():
@@ -608,7 +655,9 @@ def write_reports(run: dict[str, Any], out: Path) -> None:
 
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     report = json.loads(json_path.read_text()) if json_path.exists() else {"runs": {}}
-    report["runs"][f"threads={run['meta']['threads']}"] = run
+    device = run["meta"].get("device", "cpu")
+    key = f"threads={run['meta']['threads']}" if device == "cpu" else f"device={device}"
+    report["runs"][key] = run
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     write_section(md_path, BEGIN, END, markdown(report), new_file="# Performance\n")
 
@@ -629,9 +678,11 @@ def aiayn_version() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads per worker")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:N): every system on the GPU")
     p.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(PRESETS))
     p.add_argument("--precisions", nargs="+", default=None, choices=["fp32", "bf16"],
-                   help="default: fp32 and bf16, or fp32 alone on a CPU without AVX512-BF16/AMX")
+                   help="default: fp32 and bf16, or fp32 alone on a CPU without AVX512-BF16/AMX; "
+                   "bf16 alone on a GPU")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
     p.add_argument("--steps", type=int, nargs=2, metavar=("WARMUP", "TIMED"), action="append",
@@ -645,8 +696,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from aiayn.env import cpu_name  # here, not at the top: CLEAN_ENV is taken before aiayn loads
     from aiayn.train.distributed import cpu_has_bf16
 
+    cuda = torch.device(args.device).type == "cuda"
+    if cuda and not args.worker and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available on this machine")
     if args.hardware is None:
-        args.hardware = f"{cpu_name()}, shared with other jobs"
+        args.hardware = (torch.cuda.get_device_name(args.device) if cuda
+                         else f"{cpu_name()}, shared with other jobs")
+    if args.precisions is None and cuda:
+        args.precisions = ["bf16"]
     if args.precisions is None:
         args.precisions = ["fp32", "bf16"] if cpu_has_bf16() else ["fp32"]
         if not args.worker and len(args.precisions) == 1:
@@ -675,7 +732,8 @@ def bench_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict
     for precision in args.precisions:
         print(f"{preset} {precision}: {n} steps ({warmup} warm-up) x {len(args.systems)} systems, "
               f"{args.threads} threads", flush=True)
-        spec = {"shape": vars(s), "precision": precision, "threads": args.threads, "data": data_file}
+        spec = {"shape": vars(s), "precision": precision, "threads": args.threads, "data": data_file,
+                "device": args.device}
         raw = run_group(args.systems, spec, n)
         groups.append({"preset": preset, "precision": precision, "raw": raw, "batches": batches,
                        "flops": flops, "warmup": warmup})
@@ -686,23 +744,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.worker:
         return worker_main()
-    import transformers
+    try:
+        import transformers
 
+        transformers_version = transformers.__version__
+    except ImportError:
+        if "marian" in args.systems:
+            raise
+        transformers_version = "not installed"
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     started = time.time()
-    peaks = matmul_peaks()
+    peaks = matmul_peaks(args.device)
     groups, checks, data = [], {}, {}
     with tempfile.TemporaryDirectory() as folder:
         for preset in args.presets:
             g, checks[preset], data[preset] = bench_preset(preset, args, folder)
             groups += g
-    end_peaks = matmul_peaks()
+    end_peaks = matmul_peaks(args.device)
     peaks = {k: max(peaks[k], end_peaks[k]) for k in peaks}
     meta = {"command": "python benchmarks/bench_train.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "date": args.date, "hardware": args.hardware, "threads": args.threads,
+            "device": args.device,
             "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
+            "transformers": transformers_version, "python": platform.python_version(),
             "load_start": list(load_start), "load_end": list(os.getloadavg()),
             "wall_s": round(time.time() - started, 1), "peak_gflops": peaks, "aiayn": aiayn_version(),
             "tokens": "source + target tokens without padding",

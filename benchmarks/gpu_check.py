@@ -1,0 +1,524 @@
+"""One command for a short GPU slot: prove and measure every CUDA path of aiayn (issue 37).
+
+Four stages, each in its own process with its own time budget; a stage that fails or runs out of
+time is recorded and the next one still runs:
+
+1. ``tests``        tests/test_cuda.py: a training step, greedy and beam decoding, cached = uncached
+                    decoding, the fused and explicit attention paths and the trainer's bf16 autocast
+                    on ``cuda``, each against the CPU result of the same weights, and the
+                    host-device sync counts under ``torch.cuda.set_sync_debug_mode``;
+2. ``bench_train``  benchmarks/bench_train.py on ``cuda``: SMALL and BASE in bf16, aiayn beside
+                    ``nn.Transformer`` and Hugging Face Marian (tokens/s, MFU against the bf16
+                    matmul peak measured in the same run, peak GPU memory);
+3. ``decode``       decoding speed on ``cuda`` (random weights, forced output length): greedy and
+                    beam 5, fp32 and bf16, the headline shape and BASE, and the syncs per step;
+4. ``train``        3 minutes of training of the headline model (configs/multi30k_en_de.toml with GPU
+                    batch sizes) and ``aiayn evaluate`` on test2016 (beam 5, α 1.4).
+
+It prints one summary table and writes, into one folder (``--out``, default ``$OUT`` when set, else
+``gpu_check/``): gpu_check.json (everything, for the docs to quote), gpu_check.md (the table),
+gpu_check.log (every stage's output), tests.xml, bench_train.json, bench_train.md and
+train_metrics.jsonl. Bulky files (the run folder, dataset cache) go to ``--work`` (default: a
+temporary folder), so that the output folder stays small.
+
+Nothing is downloaded: the data come from ``$AIAYN_DATA_MIRROR``, else ``shared/data`` or
+``.gpu_data`` inside the checkout, else ``../shared/data`` beside it (docs/gpu.md).
+
+    python benchmarks/gpu_check.py                # on a machine with a CUDA GPU, ~8 minutes
+    python benchmarks/gpu_check.py --dry-run      # the same code paths on the CPU, tiny shapes
+    python benchmarks/gpu_check.py --stages decode train   # some stages only
+
+Without CUDA (and without ``--dry-run``) it says so in one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # runs from a checkout without `pip install -e .`
+
+# Where the data mirror is looked for, in order, after $AIAYN_DATA_MIRROR.
+MIRROR_PLACES = (ROOT / "shared" / "data", ROOT / ".gpu_data", ROOT.parent / "shared" / "data")
+TOTAL_BUDGET_S = 540  # the whole check; a device call may run 600 s
+
+
+@dataclass
+class Context:
+    out: Path  # the small output folder
+    work: Path  # bulky files
+    dry: bool
+    device: str  # "cuda" or, for the dry run, "cpu"
+    mirror: str | None
+    log: Any  # the open gpu_check.log
+    deadline: float  # time.monotonic() by which everything must be done
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        env["AIAYN_CACHE"] = str(self.work / "cache")
+        if self.mirror:
+            env["AIAYN_DATA_MIRROR"] = self.mirror
+        if self.dry:
+            env["AIAYN_CUDA_TEST_DEVICE"] = "cpu"  # tests/test_cuda.py runs on the CPU
+        return env
+
+
+@dataclass
+class Stage:
+    name: str
+    budget_s: float  # on a GPU
+    dry_budget_s: float
+    run: Callable[[Context, float], dict[str, Any]]  # (context, seconds) -> summary
+    needs_data: bool = False
+
+
+class StageFailed(Exception):
+    """A stage's command failed; the message says how (its output is in gpu_check.log)."""
+
+
+def run_command(ctx: Context, name: str, cmd: list[str], seconds: float) -> None:
+    """Run ``cmd`` with its output appended to the log; StageFailed on a non-zero exit or after
+    ``seconds`` (the whole process group is killed then)."""
+    ctx.log.write(f"\n===== {name}: {' '.join(cmd)}\n")
+    ctx.log.flush()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ctx.env(), stdout=ctx.log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        code = proc.wait(timeout=max(seconds, 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise StageFailed(f"timed out after {seconds:.0f} s") from None
+    if code != 0:
+        raise StageFailed(f"exit status {code} (see gpu_check.log)")
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 1: the CUDA tests
+# --------------------------------------------------------------------------------------------
+
+
+def stage_tests(ctx: Context, seconds: float) -> dict[str, Any]:
+    xml = ctx.out / "tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-o", "addopts=",
+           "tests/test_cuda.py", f"--junitxml={xml}"]
+    failure = None
+    try:
+        run_command(ctx, "tests", cmd, seconds)
+    except StageFailed as err:
+        failure = err
+    summary = junit_summary(xml) if xml.exists() else {}
+    if failure is not None:
+        failed = ", ".join(summary.get("failed_tests", [])[:5])
+        raise StageFailed(f"{failure}{'; failed: ' + failed if failed else ''}")
+    if summary.get("passed", 0) == 0:
+        raise StageFailed(f"no test passed ({summary})")
+    return summary
+
+
+def junit_summary(path: Path) -> dict[str, Any]:
+    """Counts and the names of failed / skipped tests from pytest's JUnit XML."""
+    root = ET.parse(path).getroot()
+    cases = root.iter("testcase")
+    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failed_tests": [],
+                           "skipped_tests": []}
+    for case in cases:
+        name = case.get("name", "?")
+        if case.find("failure") is not None or case.find("error") is not None:
+            out["failed"] += 1
+            out["failed_tests"].append(name)
+        elif case.find("skipped") is not None:
+            out["skipped"] += 1
+            out["skipped_tests"].append(f"{name}: {case.find('skipped').get('message', '')}")
+        else:
+            out["passed"] += 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 2: bench_train on the device
+# --------------------------------------------------------------------------------------------
+
+
+def have_transformers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
+def stage_bench_train(ctx: Context, seconds: float) -> dict[str, Any]:
+    target = ctx.work / "bench_train"
+    if ctx.dry:
+        args = ["--device", "cpu", "--presets", "dry", "--precisions", "bf16", "--steps", "1", "1",
+                "--max-tokens", "512", "--threads", "1"]
+    else:
+        # GPU batches: ~16k padded tokens (the paper's were ~25k source + 25k target tokens).
+        args = ["--device", ctx.device, "--presets", "small", "base", "--precisions", "bf16",
+                "--steps", "3", "15", "--max-tokens", "16384"]
+    systems = ["aiayn", "torch"] + (["marian"] if have_transformers() else [])
+    cmd = [sys.executable, "benchmarks/bench_train.py", *args, "--systems", *systems,
+           "--out", str(target)]
+    run_command(ctx, "bench_train", cmd, seconds)
+    for suffix in (".json", ".md"):
+        shutil.copy(target.with_suffix(suffix), ctx.out / f"bench_train{suffix}")
+    report = json.loads(target.with_suffix(".json").read_text())
+    run = next(iter(report["runs"].values()))
+    rows = []
+    for g in run["groups"]:
+        for system, r in g["systems"].items():
+            rows.append({"preset": g["preset"], "precision": g["precision"], "system": system,
+                         "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"], "mfu": r["mfu"],
+                         "peak_gpu_mib": r.get("max_gpu_mib"), "peak_rss_mib": r["max_rss_mib"],
+                         "speedup": r.get("speedup"), "speedup_vs": r.get("speedup_vs")})
+    summary: dict[str, Any] = {"rows": rows, "matmul_peak_gflops": run["meta"]["peak_gflops"],
+                               "hardware": run["meta"]["hardware"]}
+    if "marian" not in systems:
+        summary["note"] = "marian left out: transformers is not installed"
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 3: decoding speed
+# --------------------------------------------------------------------------------------------
+
+
+def stage_decode(ctx: Context, seconds: float) -> dict[str, Any]:
+    result = ctx.work / "decode.json"
+    cmd = [sys.executable, __file__, "--decode-bench", str(result), "--device", ctx.device]
+    if ctx.dry:
+        cmd.append("--dry-run")
+    run_command(ctx, "decode", cmd, seconds)
+    return json.loads(result.read_text())
+
+
+def decode_bench(out: Path, device_name: str, dry: bool) -> None:
+    """Sentences/s and generated tokens/s of aiayn's search on ``device``; writes ``out`` (JSON).
+
+    Random weights and random sources (8-24 tokens); every sentence is forced to generate
+    exactly ``length`` tokens (EOS forbidden until then), so every configuration does the same
+    number of decoder steps, whatever the weights.
+    """
+    import random
+    import statistics
+
+    import torch
+
+    from aiayn.config import ModelConfig
+    from aiayn.decode import DecodeConfig, translate_ids
+    from aiayn.model import Transformer
+
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    shapes = {"dry": ("tiny", dict(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                   n_decoder_layers=1), 500)} if dry else {
+        "tiny": ("tiny", dict(norm_first=True), 8000),  # the headline model's shape
+        "base": ("base", {}, 32000)}
+    n_sentences, length, rounds = (16, 8, 1) if dry else (1000, 25, 3)
+    rng = random.Random(0)
+    rows = []
+    for name, (preset, overrides, vocab) in shapes.items():
+        torch.manual_seed(0)
+        cfg = ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab, **overrides)
+        model = Transformer(cfg).to(device).eval()
+        sources = [[rng.randrange(4, vocab) for _ in range(rng.randint(8, 24))]
+                   for _ in range(n_sentences)]
+        for beam in (1, 5):
+            for bf16 in (False, True):
+                dc = DecodeConfig(beam=beam, min_len=length, max_len_a=0.0, max_len_b=length,
+                                  max_tokens=8192 if cuda else 1024)
+                autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+                with autocast:
+                    translate_ids(model, sources[:8], dc)  # warm-up
+                times = []
+                for _ in range(rounds):
+                    sync()
+                    start = time.perf_counter()
+                    with autocast:
+                        translate_ids(model, sources, dc)
+                    sync()
+                    times.append(time.perf_counter() - start)
+                best = min(times)
+                rows.append({"shape": name, "beam": beam, "bf16": bf16,
+                             "sentences_per_s": n_sentences / best,
+                             "tokens_per_s": n_sentences * length / best,
+                             "seconds": statistics.median(times)})
+                print(f"decode {name} beam {beam} {'bf16' if bf16 else 'fp32'}: "
+                      f"{rows[-1]['sentences_per_s']:.0f} sentences/s", flush=True)
+    summary: dict[str, Any] = {"sentences": n_sentences, "generated_tokens": length,
+                               "max_tokens": 8192 if cuda else 1024, "rows": rows}
+    if cuda:
+        summary["syncs_per_step"] = cuda_syncs_per_step(model, sources[:32], length)
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def cuda_syncs_per_step(model: Any, sources: list[list[int]], length: int) -> dict[str, float]:
+    """Host-device syncs that ``torch.cuda.set_sync_debug_mode("warn")`` reports while decoding one
+    batch, divided by the decoder steps (``length``)."""
+    import warnings
+
+    import torch
+
+    from aiayn.decode import DecodeConfig, translate_ids
+
+    out = {}
+    for beam in (1, 5):
+        dc = DecodeConfig(beam=beam, min_len=length, max_len_a=0.0, max_len_b=length)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                translate_ids(model, sources, dc)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        out[f"beam{beam}"] = syncs / length
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 4: 3 minutes of the headline model, then test2016
+# --------------------------------------------------------------------------------------------
+
+# The headline recipe (configs/multi30k_en_de.toml) on a GPU: updates of ~8k tokens (Wu et al.'s;
+# the config's ~2k suit a 2-core CPU) with the warm-up over the same tokens, the cosine over the
+# time budget, validation every 500 updates, no BLEU during training.
+GPU_TRAIN = {"train.device": "cuda", "data.max_tokens": 8192, "train.warmup_steps": 400,
+             "train.schedule_clock": "time", "train.max_steps": 1_000_000,
+             "train.valid_every": 500, "train.save_every": 500, "train.bleu_every": 0,
+             "train.log_every": 100, "train.progress": False}
+DRY_TRAIN = {"train.device": "cpu", "model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
+             "model.n_encoder_layers": 1, "model.n_decoder_layers": 1, "data.vocab_size": 500,
+             "data.max_tokens": 512, "train.max_steps": 3, "train.max_time": 0,
+             "train.warmup_steps": 1, "train.valid_every": 3, "train.save_every": 3,
+             "train.bleu_every": 0, "train.log_every": 1, "train.progress": False}
+TRAIN_SECONDS = 180
+EVAL_RESERVE_S = 90  # start-up, the last validation and evaluate after the training time
+
+
+def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
+    run = ctx.work / "run"
+    settings = dict(DRY_TRAIN if ctx.dry else GPU_TRAIN)
+    summary: dict[str, Any] = {}
+    if not ctx.dry:
+        train_s = min(TRAIN_SECONDS, int(seconds - EVAL_RESERVE_S))
+        if train_s < 30:
+            raise StageFailed(f"only {seconds:.0f} s left: too little for the training run")
+        settings["train.max_time"] = train_s
+        summary["max_time_s"] = train_s
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    started = time.monotonic()
+    run_command(ctx, "train", [sys.executable, "-m", "aiayn", "train",
+                               "configs/multi30k_en_de.toml", "--out", str(run), *sets], seconds)
+    summary["train_wall_s"] = round(time.monotonic() - started, 1)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    shutil.copy(run / "metrics.jsonl", ctx.out / "train_metrics.jsonl")
+    trained = [m for m in metrics if "tokens_per_s" in m]
+    last = metrics[-1]
+    summary.update({"updates": last["step"], "train_s": last.get("wall"),
+                    "tokens_per_s": sorted(m["tokens_per_s"] for m in trained)[len(trained) // 2]
+                    if trained else None,
+                    "valid_loss": min((m["valid_loss"] for m in metrics if "valid_loss" in m),
+                                      default=None)})
+    scores = ctx.work / "eval_test2016.json"
+    evaluate = [sys.executable, "-m", "aiayn", "evaluate", str(run / "best"), "--split",
+                "test_2016_flickr", "--beam", "2" if ctx.dry else "5", "--alpha", "1.4",
+                "--device", ctx.device, "--output", str(scores)]
+    if ctx.dry:
+        evaluate += ["--limit", "20"]
+    left = seconds - (time.monotonic() - started)
+    run_command(ctx, "evaluate", evaluate, left)
+    s = json.loads(scores.read_text())
+    summary.update({"test2016_bleu": s.get("bleu"), "test2016_bleu_lc": s.get("bleu_lc"),
+                    "test2016_chrf": s.get("chrf"), "eval_sentences": s.get("n"),
+                    "eval_sentences_per_s": s.get("sentences_per_s")})
+    return summary
+
+
+STAGES = [
+    Stage("tests", 75, 60, stage_tests),
+    Stage("bench_train", 150, 120, stage_bench_train, needs_data=True),
+    Stage("decode", 45, 30, stage_decode),
+    Stage("train", 270, 120, stage_train, needs_data=True),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------------------------
+
+
+def _k(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def figures(name: str, s: dict[str, Any]) -> str:
+    """The stage's key figures in one cell of the summary table."""
+    if name == "tests":
+        return f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped"
+    if name == "bench_train":
+        return "; ".join(
+            f"{r['preset']} {r['system']} {_k(r['tokens_per_s'])} tok/s MFU {100 * r['mfu']:.0f}%"
+            + (f" {r['peak_gpu_mib']:.0f} MiB" if r.get("peak_gpu_mib") else "")
+            for r in s["rows"])
+    if name == "decode":
+        return "; ".join(f"{r['shape']} beam {r['beam']} {'bf16' if r['bf16'] else 'fp32'} "
+                         f"{r['sentences_per_s']:.0f} sent/s" for r in s["rows"])
+    if name == "train":
+        bleu = s.get("test2016_bleu")
+        return (f"{s.get('updates')} updates, {_k(s.get('tokens_per_s'))} tok/s, best valid loss "
+                f"{s.get('valid_loss') or float('nan'):.3f}, test2016 BLEU "
+                f"{bleu if bleu is None else f'{bleu:.2f}'} (lc {s.get('test2016_bleu_lc')}), "
+                f"{s.get('eval_sentences_per_s') or 0:.0f} sent/s")
+    return ""
+
+
+def table(report: dict[str, Any]) -> str:
+    m = report["meta"]
+    lines = [f"gpu_check {'(dry run, CPU) ' if m['dry_run'] else ''}— {m['device_name']}, "
+             f"torch {m['torch']}, aiayn {m['commit']}, {m['date']}", "",
+             "| stage | status | seconds | figures |", "|---|---|---:|---|"]
+    for name, st in report["stages"].items():
+        cell = figures(name, st["summary"]) if st["status"] == "passed" else st.get("error", "")
+        lines.append(f"| {name} | {st['status']} | {st['seconds']:.0f} | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
+def commit() -> str:
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    c = git("rev-parse", "--short", "HEAD") or "unknown"
+    return c + ("+dirty" if git("status", "--porcelain", "--", "aiayn", "benchmarks") else "")
+
+
+def meta(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    import torch
+
+    cuda = device == "cuda"
+    return {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit(), "dry_run": args.dry_run,
+            "device_name": torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()})",
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "command": " ".join(sys.argv),
+            "data_mirror": args.mirror}
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def find_mirror() -> str | None:
+    env = os.environ.get("AIAYN_DATA_MIRROR")
+    if env:
+        return env
+    for place in MIRROR_PLACES:
+        if (place / "multi30k").is_dir():
+            return str(place)
+    return None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check"),
+                   help="output folder (default: $OUT when set, else gpu_check/)")
+    p.add_argument("--work", help="folder for bulky files (default: a temporary folder)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="the same code paths on the CPU with tiny shapes (under a minute idle)")
+    p.add_argument("--stages", nargs="+", choices=[s.name for s in STAGES],
+                   default=[s.name for s in STAGES])
+    p.add_argument("--budget", type=float, default=TOTAL_BUDGET_S,
+                   help=f"seconds for the whole check (default {TOTAL_BUDGET_S})")
+    p.add_argument("--decode-bench", metavar="JSON", help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.mirror = find_mirror()
+    return args
+
+
+def run_stages(ctx: Context, names: list[str]) -> dict[str, Any]:
+    results = {}
+    for stage in STAGES:
+        if stage.name not in names:
+            continue
+        budget = stage.dry_budget_s if ctx.dry else stage.budget_s
+        seconds = min(budget, ctx.deadline - time.monotonic())
+        start = time.monotonic()
+        entry: dict[str, Any] = {"budget_s": budget, "summary": {}}
+        print(f"gpu_check: {stage.name} (at most {seconds:.0f} s) ...", flush=True)
+        try:
+            if stage.needs_data and not ctx.mirror:
+                raise StageFailed("no data: set AIAYN_DATA_MIRROR or put the mirror in "
+                                  + ", ".join(str(p) for p in MIRROR_PLACES))
+            if seconds < 5:
+                raise StageFailed("no time left in the overall budget")
+            entry["summary"] = stage.run(ctx, seconds)
+            entry["status"] = "passed"
+        except StageFailed as err:
+            entry["status"], entry["error"] = "failed", str(err)
+        except Exception as err:  # a bug in this script's own parsing: record it, go on
+            entry["status"], entry["error"] = "failed", f"{type(err).__name__}: {err}"
+        entry["seconds"] = round(time.monotonic() - start, 1)
+        results[stage.name] = entry
+        print(f"gpu_check: {stage.name} {entry['status']} in {entry['seconds']:.0f} s"
+              + (f": {entry['error']}" if "error" in entry else ""), flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.decode_bench:
+        decode_bench(Path(args.decode_bench), args.device, args.dry_run)
+        return 0
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print(f"gpu_check: no CUDA GPU here (torch {torch.__version__}, "
+              f"torch.cuda.is_available() is False); `--dry-run` runs the same paths on the CPU",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="aiayn_gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.dry_run else "cuda"
+    print(f"gpu_check: output in {out}, work files in {work}, data mirror: "
+          f"{args.mirror or 'none found (the bench_train and train stages will fail)'}", flush=True)
+    started = time.monotonic()
+    with open(out / "gpu_check.log", "w", encoding="utf-8") as log:
+        ctx = Context(out, work, args.dry_run, device, args.mirror, log,
+                      started + args.budget)
+        report = {"meta": meta(args, device), "stages": run_stages(ctx, args.stages)}
+    report["meta"]["wall_s"] = round(time.monotonic() - started, 1)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    text = table(report)
+    (out / "gpu_check.md").write_text(text)
+    print("\n" + text)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(s["status"] == "passed" for s in report["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
