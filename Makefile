@@ -95,6 +95,7 @@ gpu-check-dry: $(VENV)/.bench
 gpu-data:
 	@test -n "$(AIAYN_DATA_MIRROR)" || { echo "gpu-data: no data mirror (../shared/data or AIAYN_DATA_MIRROR)"; exit 2; }
 	mkdir -p .gpu_data && cp -r $(AIAYN_DATA_MIRROR)/multi30k .gpu_data/
+	echo "$$(git rev-parse --short HEAD)$$(git status --porcelain -- aiayn benchmarks | grep -q . && echo +dirty)" > .gpu_data/commit.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

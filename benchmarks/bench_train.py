@@ -670,7 +670,10 @@ def write_reports(run: dict[str, Any], out: Path) -> None:
 def aiayn_version() -> str:
     """The commit measured, with "+dirty" when aiayn/ has uncommitted changes (they are measured)."""
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        except OSError:  # no git (a copy of the checkout on a GPU machine)
+            return ""
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     return commit + ("+dirty" if git("status", "--porcelain", "--", "aiayn") else "")
 

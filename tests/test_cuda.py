@@ -35,6 +35,7 @@ REAL_CUDA = torch.device(DEVICE).type == "cuda"
 
 pytestmark = [
     pytest.mark.cuda,
+    pytest.mark.usefixtures("one_thread"),  # the CPU side is tiny: one thread is faster
     pytest.mark.skipif(REAL_CUDA and not torch.cuda.is_available(),
                        reason="needs a CUDA GPU (benchmarks/gpu_check.py runs these on one; "
                        "AIAYN_CUDA_TEST_DEVICE=cpu runs them on the CPU)"),

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import mirror_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
