@@ -213,9 +213,9 @@ def stage_decode(ctx: Context, seconds: float) -> dict[str, Any]:
 def decode_bench(out: Path, device_name: str, dry: bool) -> None:
     """Sentences/s and generated tokens/s of aiayn's search on ``device``; writes ``out`` (JSON).
 
-    Random weights and random sources (8-24 tokens); every sentence is forced to generate
-    exactly ``length`` tokens (EOS forbidden until then), so every configuration does the same
-    number of decoder steps, whatever the weights.
+    Random weights and random sources (8-24 tokens); every sentence generates exactly ``length``
+    tokens (the output mask leaves EOS out), so every configuration does the same number of
+    decoder steps, whatever the weights.
     """
     import random
     import statistics
@@ -238,13 +238,16 @@ def decode_bench(out: Path, device_name: str, dry: bool) -> None:
     rows = []
     for name, (preset, overrides, vocab) in shapes.items():
         torch.manual_seed(0)
-        cfg = ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab, **overrides)
-        model = Transformer(cfg).to(device).eval()
+        cfg = ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab,
+                                 output_vocab="targets", **overrides)
+        model = Transformer(cfg).eval()
+        model.output_mask[cfg.eos_id] = False  # no EOS: every sentence runs to the length cap
+        model = model.to(device)
         sources = [[rng.randrange(4, vocab) for _ in range(rng.randint(8, 24))]
                    for _ in range(n_sentences)]
         for beam in (1, 5):
             for bf16 in (False, True):
-                dc = DecodeConfig(beam=beam, min_len=length, max_len_a=0.0, max_len_b=length,
+                dc = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=length,
                                   max_tokens=8192 if cuda else 1024)
                 autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
                 with autocast:
@@ -282,7 +285,7 @@ def cuda_syncs_per_step(model: Any, sources: list[list[int]], length: int) -> di
 
     out = {}
     for beam in (1, 5):
-        dc = DecodeConfig(beam=beam, min_len=length, max_len_a=0.0, max_len_b=length)
+        dc = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=length)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
