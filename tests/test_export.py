@@ -288,6 +288,13 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"]) == 16
     same = sum(a == b for a, b in zip(outputs["ctranslate2"], outputs["torch"]))
     assert same >= 14, (same, outputs)  # int8: a few may differ
+    # n-best lists, and an ensemble of two ONNX folders (the same model twice: the same output)
+    for targets in ([folder], [tmp_path / "onnx"], [tmp_path / "onnx", tmp_path / "onnx"]):
+        capsys.readouterr()
+        assert main(["translate", *map(str, targets), "--beam", "5", "--nbest", "3", "-i", str(src),
+                     "--length-penalty", "average"]) == 0
+        outputs[len(outputs)] = [line.split("\t")[2] for line in capsys.readouterr().out.splitlines()]
+    assert outputs[3] == outputs[4] == outputs[5] and len(outputs[3]) == 48
     config = json.loads((tmp_path / "ctranslate2" / "config.json").read_text())
     assert config["format"] == "ctranslate2" and config["quantization"] == "int8"
     assert (tmp_path / "onnx" / "tokenizer.json").is_file()
