@@ -471,3 +471,35 @@ def test_generation_past_its_time_limit_ends_with_an_error_event(tmp_path):
         assert body.startswith("event: error\n") and "time limit" in body
         ok = c.post("/v1/generate", json={"prompt": "the cat", "max_new_tokens": 3})
         assert ok.status_code == 200 and "event: done" in ok.text  # the server goes on
+
+
+@pytest.mark.parametrize("engine", ["onnx", "ctranslate2"])
+def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine):
+    """`aiayn serve EXPORTED --engine onnx|ctranslate2`: the engine's own translations (as
+    `aiayn translate --engine` gives them), no attention route, the engine in /v1/model."""
+    pytest.importorskip(
+        "onnx" if engine == "onnx" else "ctranslate2",
+        reason=f"the '{'export' if engine == 'onnx' else 'ctranslate2'}' extra is not installed",
+    )
+    from aiayn.export import export_model
+    from aiayn.export.engines import load_exported
+    from aiayn.export.engines import translate_hypotheses as engine_translate
+
+    out = export_model(folder_dir, engine, tmp_path / engine)
+    served = load_folder([out], engine=engine)
+    texts = ["the cat sits on the mat", "a red dog"]
+    with TestClient(create_app(served, Limits(), engine=engine)) as c:
+        r = c.post("/v1/translate", json={"texts": texts, "beam": 2, "nbest": 2})
+        assert r.status_code == 200, r.text
+        model, tok, _ = load_exported(out)
+        decode = DecodeConfig(beam=2, alpha=1.0, max_len_a=0.0, max_len_b=8, nbest=2)
+        expected = engine_translate(model, tok, texts, decode)
+        assert [[h["text"] for h in t["nbest"]] for t in r.json()["translations"]] == [
+            [text for text, _ in line] for line in expected
+        ]
+        att = c.post("/v1/attention", json={"text": "a cat"})
+        assert att.status_code == 404 and "--engine torch" in att.json()["error"]
+        info = c.get("/v1/model").json()
+        assert info["engine"] == engine and info["routes"] == ["/v1/translate"]
+    with pytest.raises(Exception, match="--engine torch needs the model folder"):
+        load_folder([out], engine="torch")

@@ -38,7 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument(
-        "--engine", choices=("torch",), default="torch", help="inference engine (default: torch)"
+        "--engine",
+        choices=("torch", "onnx", "ctranslate2"),
+        help="what runs the model: torch (a model folder), onnx or ctranslate2 (a folder written "
+        "by `aiayn export`; no attention view); default: what MODEL_DIR holds",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
     p.add_argument(
@@ -75,14 +78,15 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from aiayn.commands.translate import inference_device
-    from aiayn.serve._folder import load_folder
+    from aiayn.serve._folder import ExportedFolder, load_folder
     from aiayn.serve.app import create_app
     from aiayn.serve.limits import Limits
 
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)
-    folder = load_folder(args.model, str(device))
+    folder = load_folder(args.model, str(device), args.engine)
+    engine = folder.engine if isinstance(folder, ExportedFolder) else "torch"
     check_port(args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning(
@@ -91,11 +95,12 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             KEY_ENV,
         )
-    app = create_app(folder, limits, api_key, engine=args.engine)
+    app = create_app(folder, limits, api_key, engine=engine)
     log.info(
-        "serving %s model %s on http://%s:%d/ (API docs at /docs)",
+        "serving %s model %s (%s) on http://%s:%d/ (API docs at /docs)",
         folder.kind,
         " + ".join(str(p) for p in folder.paths),
+        engine,
         args.host,
         args.port,
     )

@@ -15,12 +15,14 @@ import torch
 
 from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir, read_config
 from aiayn.decode import DecodeConfig
-from aiayn.errors import CheckpointError
+from aiayn.errors import CheckpointError, ConfigError
 
 KIND_NAMES = {"seq2seq": "translation", "classifier": "classification"}
 
 
 class LocalFolder:
+    engine = "torch"
+
     def __init__(self, paths: list[Path], device: torch.device) -> None:
         from aiayn.data import Tokenizer
 
@@ -107,10 +109,57 @@ class LocalFolder:
         return self.tokenizer.decode(ids)
 
 
-def load_folder(paths: Sequence[str | Path], device: str = "cpu") -> Any:
-    """The contract's ``load_model_folder`` when it exists, else :class:`LocalFolder`."""
+class ExportedFolder(LocalFolder):
+    """The same contract over folders written by `aiayn export` (ONNX Runtime or CTranslate2
+    engines, :mod:`aiayn.export.engines`): translation (one folder or an ONNX ensemble),
+    classification and generation (ONNX). The model holds no PyTorch weights, so there is no
+    attention to record."""
+
+    def __init__(self, paths: list[Path], engine: str | None) -> None:
+        from aiayn.export import normalise_kind
+        from aiayn.export.engines import load_exported, load_translation
+
+        self.paths, self.path, self.device = paths, paths[0], torch.device("cpu")
+        self.meta = read_config(paths[0])
+        self.kind = normalise_kind(self.meta["kind"])
+        self.engine = str(self.meta.get("format", engine))
+        if self.kind == "translation":
+            self.model, self.tokenizer, _ = load_translation([str(p) for p in paths], "cpu", engine)
+            return
+        if len(paths) > 1:
+            raise CheckpointError("several model folders make an ensemble of translation models")
+        self.model, self.tokenizer, _ = load_exported(paths[0], engine=engine)
+
+    def translate_hypotheses(self, texts: Sequence[str], decode: DecodeConfig | None = None):
+        from aiayn.export.engines import translate_hypotheses
+
+        return translate_hypotheses(self.model, self.tokenizer, texts, decode or self.decode)
+
+
+def load_folder(paths: Sequence[str | Path], device: str = "cpu", engine: str | None = None) -> Any:
+    """The contract's ``load_model_folder`` when it exists, else :class:`LocalFolder`; folders
+    written by `aiayn export` (or ``engine`` onnx / ctranslate2) as :class:`ExportedFolder`.
+    ``engine`` None: whatever the folders hold."""
+    from aiayn.export.engines import is_exported
+
+    folders = [Path(p) for p in paths]
+    exported = any(is_exported(p) for p in folders)
+    if exported or engine not in (None, "torch"):
+        if engine == "torch":
+            raise ConfigError(
+                f"{folders[0]}: holds an exported model; --engine torch needs the model folder "
+                "it was exported from"
+            )
+        if not all(is_exported(p) for p in folders):
+            raise ConfigError(
+                f"--engine {engine}: runs what `aiayn export MODEL_DIR --format {engine} -o OUT` "
+                "writes; give that folder"
+            )
+        if torch.device(device).type != "cpu":
+            raise ConfigError("exported models (ONNX, CTranslate2) run on the CPU")
+        return ExportedFolder(folders, engine)
     try:
         from aiayn.folder import load_model_folder
     except ImportError:
-        return LocalFolder([Path(p) for p in paths], torch.device(device))
-    return load_model_folder(list(paths), device=device)
+        return LocalFolder(folders, torch.device(device))
+    return load_model_folder(folders, device=device)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn import Module
 
 from aiayn.decode import DecodeConfig
 from aiayn.serve.batching import DynamicBatcher
@@ -54,6 +55,10 @@ class ModelService:
     def __init__(self, folder: Any, limits: Limits, engine: str = "torch") -> None:
         self.folder, self.limits, self.engine = folder, limits, engine
         self.kind: str = folder.kind
+        # An exported model (ONNX, CTranslate2) has no PyTorch weights to record attention from.
+        self.routes = [
+            r for r in ROUTES_OF_KIND.get(self.kind, ()) if engine == "torch" or r != "attention"
+        ]
         self.max_text_tokens = min(limits.max_text_tokens, folder.model.cfg.max_len)
         self.batcher = DynamicBatcher(
             self._run,
@@ -70,12 +75,19 @@ class ModelService:
         self.batcher.close()
 
     def require(self, route: str) -> None:
-        """404 with the route this model does answer when ``route`` is not one of its kind's."""
-        if route not in ROUTES_OF_KIND.get(self.kind, ()):
-            routes = ", ".join(f"/v1/{r}" for r in ROUTES_OF_KIND.get(self.kind, ())) or "none"
+        """404 with the routes this model does answer when ``route`` is not one of them."""
+        if route in self.routes:
+            return
+        if route == "attention" and self.kind == "translation":
             raise RequestError(
-                404, f"this server holds a {self.kind} model: no /v1/{route} (it answers {routes})"
+                404,
+                f"no /v1/attention with the {self.engine} engine: attention is recorded from "
+                "the PyTorch model (serve its model folder with --engine torch)",
             )
+        routes = ", ".join(f"/v1/{r}" for r in self.routes) or "none"
+        raise RequestError(
+            404, f"this server holds a {self.kind} model: no /v1/{route} (it answers {routes})"
+        )
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -186,20 +198,21 @@ class ModelService:
         """Kind, config, parameters, vocabulary, data, decoding, measured scores, limits."""
         folder = self.folder
         config = _config_dict(folder)
-        params = {id(p): p.numel() for p in folder.model.parameters()}
+        model = folder.model  # CTranslate2's translator is no torch module
+        params = {id(p): p.numel() for p in model.parameters()} if isinstance(model, Module) else {}
         return {
             "kind": self.kind,
             "engine": self.engine,
             "paths": [str(p) for p in folder.paths],
             "ensemble": len(folder.paths),
-            "parameters": sum(params.values()),
+            "parameters": sum(params.values()) or None,  # None: an exported model's
             "vocab_size": folder.tokenizer.vocab_size,
             "config": config,
             "data": config.get("data"),
             "decode": dataclasses.asdict(folder.decode),
             "scores": measured_scores(folder.paths),
             "card": _card(folder.path),
-            "routes": [f"/v1/{r}" for r in ROUTES_OF_KIND.get(self.kind, ())],
+            "routes": [f"/v1/{r}" for r in self.routes],
             "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
         }
 

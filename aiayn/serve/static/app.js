@@ -42,7 +42,7 @@ function showCard(info) {
   $("card-facts").replaceChildren();
   fact("kind", info.kind + (info.ensemble > 1 ? ` (ensemble of ${info.ensemble})` : ""));
   fact("folder", info.paths.join(", "));
-  fact("parameters", info.parameters.toLocaleString("en"));
+  fact("parameters", info.parameters ? info.parameters.toLocaleString("en") : "not known (exported)");
   fact("vocabulary", info.vocab_size.toLocaleString("en"));
   if (m.d_model) {
     fact("shape", `d_model ${m.d_model}, ${m.n_heads} heads, d_ff ${m.d_ff}, ` +
@@ -56,7 +56,7 @@ function showCard(info) {
     const d = info.decode;
     fact("decoding", `beam ${d.beam}, α ${d.alpha}, max length ${d.max_len_a}·src + ${d.max_len_b}`);
   }
-  fact("engine", info.engine);
+  fact("engine", info.engine + (info.routes.includes("/v1/attention") || info.kind !== "translation" ? "" : " (no attention view)"));
   showScores(info.scores || {});
   if (info.card) {
     $("card-readme").hidden = false;
@@ -139,17 +139,23 @@ async function translate(text) {
     score.className = "score";
     score.textContent = fmt(h.score);
     score.title = `log-probability ${fmt(h.log_prob)}; score = log-probability / length penalty`;
-    const button = document.createElement("button");
-    button.className = "small";
-    button.textContent = "attention";
-    button.addEventListener("click", () => loadAttention(text, body.beam, body.alpha, i + 1));
-    li.append(score, " ", document.createTextNode(h.text), " ", button);
+    li.append(score, " ", document.createTextNode(h.text));
+    if (hasAttention()) {
+      const button = document.createElement("button");
+      button.className = "small";
+      button.textContent = "attention";
+      button.addEventListener("click", () => loadAttention(text, body.beam, body.alpha, i + 1));
+      li.append(" ", button);
+    }
     return li;
   });
   $("nbest").replaceChildren(...items);
   $("timing").textContent = timingLine(data.timing);
-  await loadAttention(text, body.beam, body.alpha, 1);
+  if (hasAttention()) await loadAttention(text, body.beam, body.alpha, 1);
 }
+
+// An exported model (ONNX, CTranslate2) has no attention to show.
+function hasAttention() { return state.model.routes.includes("/v1/attention"); }
 
 async function classify(text) {
   const data = await api("v1/classify", { texts: [text] });
