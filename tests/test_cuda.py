@@ -123,7 +123,7 @@ def test_bf16_autocast_is_close_to_fp32_on_cpu():
     assert all(g.dtype == torch.float32 for g in grads_d.values())  # fp32 master weights
 
 
-def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2):
+def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2, **train):
     from aiayn.data import DataConfig
     from aiayn.train.config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
@@ -133,7 +133,8 @@ def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2):
 
     cfg = RunConfig(model=config(layers), data=DataConfig(),
                     train=TrainConfig(precision=precision, device=device, progress=False, seed=1,
-                                      lr=1e-3, warmup_steps=1, lr_schedule="constant"))
+                                      lr=1e-3, warmup_steps=1, lr_schedule="constant",
+                                      **train))
     task = TranslationTask(cfg)
     task.train_pairs, task.valid_pairs = pairs(24), []
     folder = RunFolder(str(tmp_path / name))
@@ -143,8 +144,13 @@ def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2):
 
 
 def test_trainer_update_matches_cpu(tmp_path):
-    """One optimizer update (fp32) through the trainer on each device, from the same weights."""
-    cpu, dev = (_trainer(tmp_path, d, "fp32", f"run_{i}") for i, d in enumerate(("cpu", DEVICE)))
+    """One optimizer update (fp32) through the trainer on each device, from the same weights.
+
+    Adam's first step is lr·g/(|g| + ε): with the usual ε it is ±lr for any gradient above ε,
+    rounding noise included (the key bias's gradient is zero but for noise), so the devices'
+    steps would differ in sign there. With ε = 1 the step is about lr·g: comparable."""
+    cpu, dev = (_trainer(tmp_path, d, "fp32", f"run_{i}", adam_eps=1.0)
+                for i, d in enumerate(("cpu", DEVICE)))
     for name, p in dev.model.named_parameters():
         assert torch.equal(p.detach().cpu(), dict(cpu.model.named_parameters())[name].detach())
     before = {n: p.detach().clone() for n, p in cpu.model.named_parameters()}
@@ -152,11 +158,13 @@ def test_trainer_update_matches_cpu(tmp_path):
     assert cpu.update(group) and dev.update(group)
     assert dev._interval.loss == pytest.approx(cpu._interval.loss, rel=1e-3)
     assert dev._interval.grad_norm == pytest.approx(cpu._interval.grad_norm, rel=1e-2)
-    for name, p in dev.model.named_parameters():
-        ref = dict(cpu.model.named_parameters())[name].detach()
-        step_c, step_d = ref - before[name], p.detach().cpu() - before[name]
-        # Adam's first step is about lr·sign(g): compare the steps, not the weights.
-        assert rel_err(step_d, step_c) < 5e-2, name
+    ref = dict(cpu.model.named_parameters())
+    steps_c = {n: ref[n].detach() - before[n] for n in before}
+    steps_d = {n: p.detach().cpu() - before[n] for n, p in dev.model.named_parameters()}
+    assert any(s.abs().max() > 0 for s in steps_c.values())
+    # Weights 1e-6 apart (1 and 2 CPU threads) gave 3e-3 here; a lost micro-batch gives ~0.5.
+    errors = grad_errors(steps_d, steps_c)
+    assert max(errors.values()) < 2e-2, max(errors.items(), key=lambda kv: kv[1])
 
 
 def test_trainer_takes_bf16_autocast_on_the_gpu(tmp_path):
