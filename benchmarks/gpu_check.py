@@ -222,24 +222,18 @@ def decode_bench(out: Path, device_name: str, dry: bool) -> None:
 
     import torch
 
-    from aiayn.config import ModelConfig
     from aiayn.decode import DecodeConfig, translate_ids
     from aiayn.model import Transformer
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    shapes = {"dry": ("tiny", dict(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
-                                   n_decoder_layers=1), 500)} if dry else {
-        "tiny": ("tiny", dict(norm_first=True), 8000),  # the headline model's shape
-        "base": ("base", {}, 32000)}
     n_sentences, length, rounds = (16, 8, 1) if dry else (1000, 25, 2)
     rng = random.Random(0)
     rows = []
-    for name, (preset, overrides, vocab) in shapes.items():
+    for name, cfg in decode_shapes(dry).items():
         torch.manual_seed(0)
-        cfg = ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab,
-                                 output_vocab="targets", **overrides)
+        vocab = cfg.tgt_vocab_size
         model = Transformer(cfg).eval()
         model.output_mask[cfg.eos_id] = False  # no EOS: every sentence runs to the length cap
         model = model.to(device)
@@ -272,6 +266,19 @@ def decode_bench(out: Path, device_name: str, dry: bool) -> None:
     if cuda:
         summary["syncs_per_step"] = cuda_syncs_per_step(model, sources[:32], length)
     out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def decode_shapes(dry: bool) -> dict[str, Any]:
+    """The model configs the decode stage measures (EOS is then masked out of the output)."""
+    from aiayn.config import ModelConfig
+
+    shapes = {"dry": ("tiny", dict(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                   n_decoder_layers=1), 500)} if dry else {
+        "tiny": ("tiny", dict(norm_first=True), 8000),  # the headline model's shape
+        "base": ("base", {}, 32000)}
+    return {name: ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab,
+                                     output_vocab="targets", **overrides)
+            for name, (preset, overrides, vocab) in shapes.items()}
 
 
 def cuda_syncs_per_step(model: Any, sources: list[list[int]], length: int) -> dict[str, float]:
@@ -318,6 +325,11 @@ TRAIN_SECONDS = 180
 EVAL_RESERVE_S = 90  # start-up, the last validation and evaluate after the training time
 
 
+def train_sets(settings: dict[str, Any]) -> list[str]:
+    """The ``--set key=value`` arguments of ``aiayn train``."""
+    return [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+
+
 def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
     run = ctx.work / "run"
     settings = dict(DRY_TRAIN if ctx.dry else GPU_TRAIN)
@@ -328,7 +340,7 @@ def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
             raise StageFailed(f"only {seconds:.0f} s left: too little for the training run")
         settings["train.max_time"] = train_s
         summary["max_time_s"] = train_s
-    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    sets = train_sets(settings)
     started = time.monotonic()
     run_command(ctx, "train", [sys.executable, "-m", "aiayn", "train",
                                "configs/multi30k_en_de.toml", "--out", str(run), *sets], seconds)

@@ -68,6 +68,22 @@ def test_dry_run_records_a_failed_stage_and_runs_the_next(tmp_path):
     assert "no_such_mirror" in (out / "gpu_check.log").read_text()  # the failing stage's output
 
 
+def test_the_gpu_settings_make_valid_configs():
+    """What only a GPU run uses: the train stage's overrides of the headline config (the time
+    budget and the time clock of the cosine) and the decode stage's model shapes."""
+    from aiayn.train.config import load_run_config
+
+    settings = {**gpu_check.GPU_TRAIN, "train.max_time": gpu_check.TRAIN_SECONDS}
+    sets = gpu_check.train_sets(settings)[1::2]
+    cfg, _ = load_run_config(ROOT / "configs" / "multi30k_en_de.toml", sets)
+    assert cfg.train.device == "cuda" and cfg.train.max_time == 180
+    assert cfg.train.schedule_clock == "time" and cfg.data.max_tokens == 8192
+    assert cfg.train.precision == "auto"  # bf16 autocast on a GPU that supports it
+    shapes = gpu_check.decode_shapes(dry=False)
+    assert shapes["tiny"].d_model == 128 and shapes["tiny"].norm_first
+    assert shapes["base"].d_model == 512 and shapes["base"].tgt_vocab_size == 32000
+
+
 @pytest.mark.slow
 def test_the_whole_dry_run_passes(tmp_path):
     """Every stage on the CPU with tiny shapes, on real Multi30k data (~1 minute on an idle
