@@ -503,3 +503,22 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine):
         assert info["engine"] == engine and info["routes"] == ["/v1/translate"]
     with pytest.raises(Exception, match="--engine torch needs the model folder"):
         load_folder([out], engine="torch")
+
+
+def test_an_ensemble_is_served_and_its_attention_is_its_first_models(folder_dir, client):
+    """Two copies of one folder: the ensemble's mean of equal distributions is that distribution,
+    so it translates as the single model; attention is recorded from its first model."""
+    twice = load_folder([folder_dir, folder_dir])
+    texts = ["the cat sits on the mat", "a red dog"]
+    with TestClient(create_app(twice, Limits())) as c:
+        r = c.post("/v1/translate", json={"texts": texts})
+        assert r.status_code == 200, r.text
+        info = c.get("/v1/model").json()
+        att = c.post("/v1/attention", json={"text": texts[0]}).json()
+    single = client.post("/v1/translate", json={"texts": texts}).json()
+    assert [t["text"] for t in r.json()["translations"]] == [
+        t["text"] for t in single["translations"]
+    ]
+    assert info["ensemble"] == 2
+    alone = client.post("/v1/attention", json={"text": texts[0]}).json()
+    assert att["tgt_tokens"] == alone["tgt_tokens"] and att["cross"] == alone["cross"]
