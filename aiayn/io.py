@@ -266,11 +266,11 @@ def check_output_file(path: str | os.PathLike | None, flag: str = "--output") ->
     file, an unwritable place. Also removes the temporaries a killed writer left beside it."""
     if path is None or str(path) == "-":
         return
+    if str(path).endswith(os.sep):
+        raise ConfigError(f"{flag} {path}: names a folder; give a file name")
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a folder; give a file name")
-    if str(path).endswith(os.sep):
-        raise ConfigError(f"{flag} {path}: names a folder; give a file name")
     try:
         _probe_writable(path, _existing_ancestor(path))
     except ConfigError as err:

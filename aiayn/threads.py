@@ -6,7 +6,8 @@ with the other process. On the 2-core machine of docs/reliability.md, training w
 busy process ran at 6.3k tokens/s with 2 threads and 12.9k with 1.
 
 - :func:`threads_for_load` (translate, evaluate, the start of training): the cores that are not
-  busy, from the kernel's count of runnable tasks, sampled a few times over ~50 ms.
+  busy, from the kernel's count of runnable tasks, then a probe of ~0.1 s that times a small
+  matrix product with N threads and with 1 (a count read at one instant misses bursty load).
 - :class:`ThreadGovernor` (training): now and then runs a few updates with the other setting (1
   or N threads) and keeps the faster; a trial stops after one update when that one is far
   slower, and trials are spaced further apart while the choice holds.
@@ -27,7 +28,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["user_threads", "cores", "busy_cores", "threads_for_load", "ThreadGovernor"]
+__all__ = ["user_threads", "cores", "busy_cores", "threads_for_load", "probe", "ThreadGovernor"]
 
 
 def user_threads() -> int | None:
@@ -74,18 +75,43 @@ def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
 
 
 def threads_for_load(apply: bool = True) -> int:
-    """torch's thread count for the load now: the cores not busy with other processes (at least
-    one), unless the user set a count. Sets it with ``apply``; returns it."""
+    """torch's thread count for a short job (translate, evaluate) under the load now, unless the
+    user set a count: 1 when the kernel counts other runnable tasks or when a quick probe
+    (:func:`probe`, ~0.1 s) runs faster on 1 thread than on N. Sets it with ``apply``."""
     asked = user_threads()
     if asked is not None:
         if apply and asked != torch.get_num_threads():
             torch.set_num_threads(asked)  # AIAYN_THREADS (OMP_NUM_THREADS torch reads itself)
         return asked
-    n = max(1, min(torch.get_num_threads(), cores() - busy_cores()))
-    if apply and n != torch.get_num_threads():
-        log.info("threads: %d of %d cores busy with other work; using %d", cores() - n, cores(), n)
+    high = torch.get_num_threads()
+    n = max(1, min(high, cores() - busy_cores()))
+    if n > 1:
+        times = probe((n, 1))
+        n = n if times[n] <= times[1] else 1
+    if apply and n != high:
+        log.info("threads: %d of %d (the machine is busy with other work)", n, high)
         torch.set_num_threads(n)
     return n
+
+
+def probe(settings: tuple[int, ...], rounds: int = 2, reps: int = 30) -> dict[int, float]:
+    """Seconds of a small matrix product workload (the size of a small model's layer) with each
+    thread count, the best of ``rounds`` interleaved tries: on a core shared with another busy
+    process, N threads wait for each other at every op and lose to 1."""
+    a, b = torch.randn(128, 512), torch.randn(512, 512)
+    best = {n: float("inf") for n in settings}
+    before = torch.get_num_threads()
+    try:
+        for _ in range(rounds):
+            for n in settings:
+                torch.set_num_threads(n)
+                start = time.perf_counter()
+                for _ in range(reps):
+                    torch.mm(a, b)
+                best[n] = min(best[n], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return best
 
 
 class ThreadGovernor:

@@ -2,11 +2,14 @@
 other busy processes on the machine, each with the default thread setting (aiayn/threads.py),
 AIAYN_THREADS=1 and AIAYN_THREADS=<cores>. Not a test: a measurement for docs/reliability.md.
 
-    python benchmarks/bench_load.py --run runs/demo --model runs/demo/avg5 [--steps 60]
+    python benchmarks/bench_load.py [--data ../shared/data/multi30k] [--steps 60] [--limit 100]
 
---run is a training run folder to resume from (copied; the copy trains --steps more updates),
---model a translation model folder evaluated on --limit sentences of the dataset's val split.
-Busy processes are `python -c "while True: pass"`. Prints a markdown table and writes JSON.
+The demo recipe's model (Transformer-tiny, pre-LN, one BPE vocabulary) on the first 4,000
+Multi30k En-De training pairs (read from --data, as your own files): a base run of 20 updates is
+trained once; each measurement resumes a copy of it for --steps updates (tokens/s from its
+metrics.jsonl, the first 10 updates not counted) and evaluates the base model on the first
+--limit val sentences (beam 4; sentences/s as evaluate reports it). Busy processes are
+`python -c "while True: pass"`. Prints a markdown table and writes JSON.
 """
 
 from __future__ import annotations
@@ -38,15 +41,42 @@ def aiayn(args: list[str], threads: str | None, timeout: float) -> subprocess.Co
                           capture_output=True, text=True, timeout=timeout)
 
 
+def prepare(data: Path, work: Path) -> tuple[Path, Path, Path]:
+    """Own-files data, a config and a base run of 20 updates; returns (run, val.en, val.de)."""
+    import gzip
+
+    files = {}
+    for split, n in (("train", 4000), ("val", 500)):
+        for lang in ("en", "de"):
+            with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            files[f"{split}.{lang}"] = work / f"{split}.{lang}"
+            files[f"{split}.{lang}"].write_text("".join(lines), encoding="utf-8")
+    cfg = work / "bench.toml"
+    cfg.write_text(
+        '[model]\npreset = "tiny"\nnorm_first = true\ndropout = 0.1\n\n'
+        f'[data]\ndataset = ""\ntrain_src = "{files["train.en"]}"\n'
+        f'train_tgt = "{files["train.de"]}"\nvalid_src = "{files["val.en"]}"\n'
+        f'valid_tgt = "{files["val.de"]}"\ntokenizer = "bpe"\nvocab_size = 8000\n'
+        "max_tokens = 4096\nmax_len = 128\n\n"
+        '[train]\nlr_schedule = "inverse_sqrt"\nlr = 1e-3\nwarmup_steps = 10\n'
+        "max_steps = 20\nvalid_every = 0\nsave_every = 20\nlog_every = 5\nprogress = false\n",
+        encoding="utf-8",
+    )
+    run = work / "base"
+    proc = aiayn(["train", str(cfg), "--out", str(run)], None, 1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"base run failed: {proc.stderr[-2000:]}")
+    return run, files["val.en"], files["val.de"]
+
+
 def train_rate(run: Path, steps: int, threads: str | None, work: Path) -> float:
     """tokens/s of `steps` updates resumed from a copy of `run` (the first 10 not counted)."""
     copy = work / "run"
     shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("avg*", "best", "eval_*"))
+    shutil.copytree(run, copy)
     start = json.loads((copy / "metrics.jsonl").read_text().splitlines()[-1])["step"]
-    sets = [f"train.max_steps={start + steps}", "train.max_time=0", "train.log_every=5",
-            "train.valid_every=100000", "train.save_every=100000", "train.progress=false",
-            "train.warmup_steps=1"]
+    sets = [f"train.max_steps={start + steps}", f"train.save_every={start + steps}"]
     proc = aiayn(["train", "--resume", "--out", str(copy)]
                  + [x for s in sets for x in ("--set", s)], threads, 1800)
     if proc.returncode != 0:
@@ -56,10 +86,11 @@ def train_rate(run: Path, steps: int, threads: str | None, work: Path) -> float:
     return statistics.fmean(r["tokens_per_s"] for r in after)
 
 
-def evaluate_rate(model: Path, limit: int, threads: str | None, work: Path) -> float:
+def evaluate_rate(model: Path, val: tuple[Path, Path], limit: int, threads: str | None,
+                  work: Path) -> float:
     out = work / "eval.json"
-    proc = aiayn(["evaluate", str(model), "--split", "val", "--limit", str(limit), "-o", str(out)],
-                 threads, 1800)
+    proc = aiayn(["evaluate", str(model), "--src", str(val[0]), "--ref", str(val[1]), "--limit",
+                  str(limit), "-o", str(out)], threads, 1800)
     if proc.returncode != 0:
         raise SystemExit(f"evaluate failed: {proc.stderr[-2000:]}")
     return json.loads(out.read_text())["sentences_per_s"]
@@ -71,18 +102,22 @@ def loadavg() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", required=True, type=Path)
-    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k",
+                    help="a folder with Multi30k's train/val .en.gz/.de.gz")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--limit", type=int, default=100)
     ap.add_argument("--busy", default="0,1,2", help="numbers of busy processes to try")
     ap.add_argument("--json", type=Path, default=Path("bench_load.json"))
+    ap.add_argument("--doc", type=Path, help="also write the table into this markdown file "
+                    "(between its bench-load markers), e.g. docs/reliability.md")
+    ap.add_argument("--note", default="", help="what else ran on the machine (for the doc)")
     args = ap.parse_args()
     n = cores()
     settings = {"default": None, "1 thread": "1", f"{n} threads": str(n)}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        run, *val = prepare(args.data, work)
         for busy in map(int, args.busy.split(",")):
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                     for _ in range(busy)]
@@ -90,8 +125,8 @@ def main() -> None:
                 time.sleep(2)
                 for name, threads in settings.items():
                     row = {"busy": busy, "setting": name, "loadavg_before": loadavg()}
-                    row["train_tok_s"] = train_rate(args.run, args.steps, threads, work)
-                    row["eval_sent_s"] = evaluate_rate(args.model, args.limit, threads, work)
+                    row["train_tok_s"] = train_rate(run, args.steps, threads, work)
+                    row["eval_sent_s"] = evaluate_rate(run, tuple(val), args.limit, threads, work)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -103,6 +138,14 @@ def main() -> None:
             "command": " ".join(sys.argv)}
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(table(rows))
+    if args.doc:
+        from aiayn.io import write_section
+
+        head = (f"Measured {meta['date']} on a {meta['cpu']}; `{meta['command']}` "
+                f"({args.steps} updates of the demo model resumed, the first 10 not counted; "
+                f"evaluate: {args.limit} val sentences, beam 4). {args.note}")
+        write_section(args.doc, "<!-- bench-load:begin -->", "<!-- bench-load:end -->",
+                      head + "\n\n" + table(rows))
 
 
 def table(rows: list[dict]) -> str:

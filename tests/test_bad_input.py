@@ -296,6 +296,7 @@ def test_outputs_checked_before_any_work(world, tmp_path, capsys):
         fails(capsys, world, ["translate", broken, "-i", inp, flag, world / "out"], "is a folder")
     cases = [
         (["translate", broken, "-i", inp, "-o", file_ / "x.txt"], "is a file, not a folder"),
+        (["translate", broken, "-i", inp, "-o", f"{tmp_path}/new/"], "names a folder"),
         (["translate", broken, "-i", inp, "-o", "/sys/aiayn-out.txt"], "cannot write in /sys"),
         (["evaluate", broken, "--src", inp, "--ref", inp, "--hyps", world / "out"],
          "--hyps"),

@@ -61,8 +61,11 @@ def test_threads_for_load_counts_other_processes(monkeypatch):
     monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(threads, "_running", lambda: 2)  # this process and one other
     assert threads_for_load(apply=False) == 1
-    monkeypatch.setattr(threads, "_running", lambda: 1)  # only this process
+    monkeypatch.setattr(threads, "_running", lambda: 1)  # only this process: the probe decides
+    monkeypatch.setattr(threads, "probe", lambda settings: {2: 0.01, 1: 0.015})
     assert threads_for_load(apply=False) == 2
+    monkeypatch.setattr(threads, "probe", lambda settings: {2: 0.05, 1: 0.015})  # bursty load
+    assert threads_for_load(apply=False) == 1
     monkeypatch.setattr(threads, "_running", lambda: 9)
     assert threads_for_load(apply=False) == 1
 
@@ -79,3 +82,8 @@ def test_the_trials_cost_little(monkeypatch):
         seconds = sum(1000.0 / speed[n] for n in used)
         best = 3000 * 1000.0 / max(speed.values())
         assert best / seconds > 0.95, (speed, best / seconds)
+
+
+def test_probe_times_each_setting():
+    times = threads.probe((2, 1), rounds=1, reps=2)
+    assert set(times) == {1, 2} and all(0 < t < 5 for t in times.values())
