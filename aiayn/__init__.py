@@ -1,4 +1,12 @@
-"""aiayn — the Transformer of "Attention Is All You Need" (Vaswani et al. 2017), from scratch."""
+"""aiayn — the Transformer of "Attention Is All You Need" (Vaswani et al. 2017), from scratch.
+
+``aiayn.load(path)`` opens a trained model folder (:func:`aiayn.folder.load_model_folder`)::
+
+    import aiayn
+    aiayn.load("runs/demo/avg5").translate(["A man rides a bike."])
+"""
+
+from typing import Any
 
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
@@ -12,4 +20,15 @@ __all__ = [
     "ConfigError",
     "DataError",
     "CheckpointError",
+    "load",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``aiayn.load`` is :func:`aiayn.folder.load_model_folder`, imported on first use (it pulls
+    in the data, training and decoding modules, which ``import aiayn`` alone does not need)."""
+    if name == "load":
+        from aiayn.folder import load_model_folder
+
+        return load_model_folder
+    raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

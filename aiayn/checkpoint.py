@@ -1,4 +1,5 @@
-"""Model folders: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``).
+"""Model folders: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``): writing them, and
+reading their weights. Loading a whole folder is :func:`aiayn.folder.load_model_folder`.
 
 A model folder is everything needed to use a trained model with no flags: the resolved config
 (model shape, and whatever else the producer recorded, e.g. data and training settings), the
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +27,6 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-
-# kind -> constructor(ModelConfig) -> nn.Module. Other model shapes register themselves here.
-MODEL_KINDS: dict[str, Callable[[ModelConfig], nn.Module]] = {}
-
-
-def register_kind(kind: str, build: Callable[[ModelConfig], nn.Module]) -> None:
-    MODEL_KINDS[kind] = build
-
-
-def _builtin_kinds() -> None:
-    if "seq2seq" not in MODEL_KINDS:
-        from aiayn.model import (
-            Transformer,
-            TransformerClassifier,
-            TransformerLM,
-            TransformerMaskedLM,
-        )
-
-        register_kind("seq2seq", Transformer)
-        register_kind("classifier", TransformerClassifier)
-        register_kind("lm", TransformerLM)
-        register_kind("masked_lm", TransformerMaskedLM)
 
 
 # Keys of the safetensors metadata that tie the weights to the rest of their folder.
@@ -176,7 +154,7 @@ def save_model_dir(
     folder: str | Path,
     model: nn.Module,
     cfg: ModelConfig,
-    kind: str = "seq2seq",
+    kind: str = "translation",
     tokenizer_json: str | None = None,
     extra: dict[str, Any] | None = None,
     weights_name: str = WEIGHTS_FILE,
@@ -198,7 +176,8 @@ def save_model_dir(
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """The parsed config.json of a model folder, with clear errors."""
+    """config.json of a model folder as a raw dict, with clear errors (parsed into typed configs
+    by :func:`aiayn.folder.read_folder_config`, its only reader)."""
     folder = Path(folder)
     recover_folder(folder)
     if not folder.is_dir():
@@ -213,34 +192,6 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or "model" not in meta or "kind" not in meta:
         raise CheckpointError(f"{path}: not an aiayn model config (needs 'kind' and 'model')")
     return meta
-
-
-def load_model_dir(
-    folder: str | Path,
-    weights_name: str = WEIGHTS_FILE,
-    expect_kind: str | None = None,
-    map_location: str | torch.device = "cpu",
-) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
-    """Build the model a folder describes and load its weights. Returns (model, cfg, meta)."""
-    _builtin_kinds()
-    folder = Path(folder)
-    meta = read_config(folder)
-    kind = meta["kind"]
-    if kind not in MODEL_KINDS:
-        raise CheckpointError(f"{folder}: unknown model kind '{kind}'")
-    if expect_kind is not None and kind != expect_kind:
-        raise CheckpointError(
-            f"{folder}: holds a '{kind}' model, this command needs '{expect_kind}'"
-        )
-    try:
-        cfg = from_dict(ModelConfig, meta["model"])
-    except AiaynError as err:
-        raise CheckpointError(f"{folder / CONFIG_FILE}: {err}") from None
-    verify_folder_parts(folder, weights_name)
-    model = MODEL_KINDS[kind](cfg)
-    load_weights(model, folder / weights_name)
-    model.to(map_location).eval()
-    return model, cfg, meta
 
 
 def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str], list[str]]:

@@ -24,6 +24,7 @@ __all__ = [
     "coerce_value",
     "to_dict",
     "from_dict",
+    "flatten_keys",
 ]
 
 
@@ -162,14 +163,15 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild ``cls`` (all fields defaulted) from :func:`to_dict` output, checking every key."""
-    return apply_overrides(cls(), _flatten(data))
+    return apply_overrides(cls(), flatten_keys(data))
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_keys(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> dotted keys: ``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten_keys(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

@@ -195,7 +195,7 @@ class AiaynSystem:
         from aiayn.train.config import RunConfig, TrainConfig
         from aiayn.train.distributed import DistContext
         from aiayn.train.run_folder import RunFolder
-        from aiayn.train.tasks import TranslationTask
+        from aiayn.train.translation import TranslationTask
         from aiayn.train.trainer import Trainer
 
         model = ModelConfig(

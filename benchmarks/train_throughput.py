@@ -23,7 +23,7 @@ import torch
 from aiayn.train.config import load_run_config
 from aiayn.train.distributed import DistContext, cpu_has_bf16
 from aiayn.train.run_folder import RunFolder
-from aiayn.train.tasks import build_task
+from aiayn.train.task import build_task
 from aiayn.train.trainer import Trainer
 
 

@@ -114,15 +114,14 @@ def test_bleu(model_dir: Path, split: str = "test_2016_flickr") -> dict:
     `aiayn evaluate MODEL_DIR --split SPLIT` computes it)."""
     import time
 
-    from aiayn.config import from_dict
-    from aiayn.data import DataConfig, load_translation
-    from aiayn.decode import load_translator, translate_texts
+    from aiayn.data import load_translation
     from aiayn.eval import corpus_scores
+    from aiayn.folder import load_model_folder
 
-    model, tokenizer, meta = load_translator(model_dir)
-    src, ref = load_translation(from_dict(DataConfig, meta["data"]), split)
+    folder = load_model_folder(model_dir, expect_kind="translation")
+    src, ref = load_translation(folder.config.data, split)
     start = time.perf_counter()
-    hyps = translate_texts(model, tokenizer, src, beam=4, alpha=0.6)
+    hyps = folder.translate(src, beam=4, alpha=0.6)
     seconds = time.perf_counter() - start
     scores = corpus_scores(hyps, ref)
     return {"split": split, "sentences": len(src), "beam": 4, "alpha": 0.6,

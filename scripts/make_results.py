@@ -85,26 +85,24 @@ class Scorer:
         self.bf16, self.bf16_row, self.limit, self._sets = False, bf16_row, limit, {}
         self.workers = workers
 
-    def test_set(self, meta: dict[str, Any], split: str) -> tuple[list[str], list[str]]:
-        from aiayn.config import from_dict
-        from aiayn.data import DataConfig, load_translation
+    def test_set(self, folder: Any, split: str) -> tuple[list[str], list[str]]:
+        from aiayn.data import load_translation
 
         if split not in self._sets:
-            src, ref = load_translation(from_dict(DataConfig, meta["data"]), split)
+            src, ref = load_translation(folder.config.data, split)
             self._sets[split] = (src[: self.limit], ref[: self.limit]) if self.limit else (src, ref)
         return self._sets[split]
 
     def score(self, model_dirs: list[Path], split: str, beam: int, alpha: float) -> dict[str, Any]:
         """Scores of one model folder, or of the ensemble of several, on ``split``."""
-        from aiayn.decode import load_ensemble, translate_texts
         from aiayn.eval import corpus_scores
+        from aiayn.folder import load_model_folder
 
-        model, tokenizer, meta = load_ensemble(model_dirs, "cpu")
+        folder = load_model_folder(model_dirs, "cpu", "translation")
         model_dir = " + ".join(str(d) for d in model_dirs)
-        src, ref = self.test_set(meta, split)
+        src, ref = self.test_set(folder, split)
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            hyps = translate_texts(model, tokenizer, src, beam=beam, alpha=alpha, workers=self.workers)
+        hyps = folder.translate(src, beam=beam, alpha=alpha, workers=self.workers, bf16=self.bf16)
         seconds = time.perf_counter() - start
         s = corpus_scores(hyps, ref)
         out = {"model": str(model_dir), "split": split, "beam": beam, "alpha": alpha,
@@ -119,9 +117,9 @@ class Scorer:
 
 def count_parameters(model_dirs: list[Path]) -> int:
     """Parameters of a model, or of all the models of an ensemble."""
-    from aiayn.decode import load_ensemble
+    from aiayn.folder import load_model_folder
 
-    model, _, _ = load_ensemble(model_dirs, "cpu")
+    model = load_model_folder(model_dirs, "cpu", "translation").model
     return sum(p.numel() for p in model.parameters())
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.decode import DecodeConfig, Ensemble, load_ensemble, translate_ids
+from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.folder import load_model_folder
 from aiayn.errors import CheckpointError
 from aiayn.model import Transformer
 from test_translate_cli import cli, make_model_dir, sentences, write_lines
@@ -147,9 +148,9 @@ def test_evaluate_and_translate_an_ensemble(two_model_dirs, tmp_path, capsys):
     out = tmp_path / "out.txt"
     assert cli("translate", first, second, "-i", src, "-o", out, "--beam", 2, "--max-len-b", 6) == 0
     assert out.read_text(encoding="utf-8") == hyps.read_text(encoding="utf-8")
-    model, tokenizer, _ = load_ensemble([first, second])
+    model = load_model_folder([first, second]).model
     assert isinstance(model, Ensemble) and len(model.models) == 2
-    single, _, _ = load_ensemble([first])
+    single = load_model_folder([first]).model
     assert not isinstance(single, Ensemble)
 
 
@@ -160,7 +161,7 @@ def test_ensemble_folder_errors(two_model_dirs, tmp_path, capsys):
     assert cli("translate", first, other, "-i", src) == 2
     assert "tokenizer differs" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="tokenizer differs"):
-        load_ensemble([first, other])
+        load_model_folder([first, other])
     assert cli("translate", first, tmp_path / "missing", "-i", src) == 2
     assert "missing" in capsys.readouterr().err
     classifier = tmp_path / "clf"  # only its recorded kind matters: refused before loading
@@ -168,4 +169,4 @@ def test_ensemble_folder_errors(two_model_dirs, tmp_path, capsys):
     meta = json.loads((first / "config.json").read_text())
     (classifier / "config.json").write_text(json.dumps({**meta, "kind": "classifier"}))
     assert cli("evaluate", classifier, first, "--src", src, "--ref", src) == 2
-    assert "a classifier is evaluated one model at a time" in capsys.readouterr().err
+    assert "other models are used one folder at a time" in capsys.readouterr().err

@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from aiayn.checkpoint import init_from_model_dir, load_model_dir
+from aiayn.checkpoint import init_from_model_dir
+from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.clean import clean_text
@@ -161,4 +162,4 @@ def test_models_that_do_not_fit_together_fail_in_one_line(pretrained, capsys, tm
         cfg = write_toml(tmp_path / f"e{i}.toml", {**base, "data.task": "masked_lm", **setting})
         fails(capsys, ["train", str(cfg), "--out", str(tmp_path / f"e{i}")],
               f"set {next(iter(setting))} in the classifier run")
-    fails(capsys, ["classify", str(tmp / "mlm" / "best")], "this command needs 'classifier'")
+    fails(capsys, ["classify", str(tmp / "mlm" / "best")], "this command needs 'classification'")

@@ -177,7 +177,7 @@ def test_adversarial_loss_of_a_padded_batch_is_the_sum_over_texts_alone():
 def test_adversarial_eps_is_checked():
     from aiayn.errors import ConfigError
     from aiayn.train.config import build_run_config
-    from aiayn.train.tasks import build_task
+    from aiayn.train.task import build_task
 
     with pytest.raises(ConfigError, match="adversarial_eps must be >= 0"):
         build_run_config({"train.adversarial_eps": -1.0})

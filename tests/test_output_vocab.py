@@ -12,14 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.checkpoint import init_from_model_dir, load_model_dir
+from aiayn.checkpoint import init_from_model_dir
+from aiayn.folder import load_model_dir
 from aiayn.cli import main
-from aiayn.decode import load_ensemble, translate_texts
+from aiayn.decode import translate_texts
+from aiayn.folder import load_model_folder
 from aiayn.model import Transformer
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import build_run_config
 from aiayn.train.run import train_run
-from aiayn.train.tasks import TranslationTask, build_task, kept_outputs
+from aiayn.train.task import build_task
+from aiayn.train.translation import TranslationTask, kept_outputs
 from trainutil import base_values, one_thread  # noqa: F401 (autouse fixture)
 
 SOURCE, TARGET = "abcdefghij", "klmnopqrst"
@@ -47,7 +50,7 @@ def cipher_run(tmp_path_factory):
 def test_the_mask_holds_the_target_tokens_and_eos(cipher_run):
     run, _ = cipher_run
     model, cfg, _ = load_model_dir(run)
-    tok = load_ensemble([run])[1]
+    tok = load_model_folder([run]).tokenizer
     kept = {int(i) for i in model.output_mask.nonzero()}
     assert kept == {tok.encode(c)[0] for c in TARGET} | {tok.encode("k l")[1], cfg.eos_id}
     assert not any(tok.encode(c)[0] in kept for c in SOURCE)

@@ -240,7 +240,7 @@ def test_sampling_with_top_k_1_is_greedy_and_seeded_sampling_repeats():
     assert [h.tokens for h in top1] == [h.tokens for h in greedy]
     assert [h.log_prob for h in top1] == pytest.approx([h.log_prob for h in greedy], abs=1e-5)
     runs = [sample(stub_step(tables), StubCache(torch.arange(6)), prefix, EOS, 5,
-                   generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+                   rng=torch.Generator().manual_seed(7)) for _ in range(2)]
     assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
 
 
@@ -248,7 +248,7 @@ def test_sampling_follows_the_distribution():
     table = {(): dist(eos=0.0, a=0.7, b=0.3)}
     n = 4000
     out = sample(stub_step([table] * 1, default=dist(eos=1.0)), StubCache(torch.zeros(n, dtype=torch.long)),
-                 torch.full((n, 1), BOS), EOS, 1, generator=torch.Generator().manual_seed(0))
+                 torch.full((n, 1), BOS), EOS, 1, rng=torch.Generator().manual_seed(0))
     share_a = sum(h.tokens == [A] for h in out) / n
     assert abs(share_a - 0.7) < 0.03
 

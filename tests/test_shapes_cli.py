@@ -42,7 +42,7 @@ def classifier_run(tmp_path_factory):
         "data.task": "classification", "data.dataset": "", "data.train_file": train,
         "data.valid_file": valid, "data.tokenizer": "char", "data.vocab_size": 60,
         "data.max_len": 90, "data.long_examples": "truncate", "data.max_tokens": 1200,
-        **SHAPE_TRAIN, "train.max_steps": 60, "train.valid_every": 30, "train.bleu_every": 30,
+        **SHAPE_TRAIN, "train.max_steps": 60, "train.valid_every": 30, "train.metrics_every": 30,
         "train.save_every": 30,
     }
     cfg = write_toml(tmp / "clf.toml", values)
@@ -78,7 +78,7 @@ def lm_run(tmp_path_factory):
 def test_classifier_overfits_and_classify_gives_the_labels(classifier_run, capsys):
     tmp, run = classifier_run
     meta = json.loads((run / "config.json").read_text())
-    assert meta["kind"] == "classifier" and meta["task"] == "classification"
+    assert meta["kind"] == "classification" and meta["task"] == "classification"
     assert meta["model"]["n_decoder_layers"] == 0 and meta["model"]["pooling"] == "max"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["valid_acc"] == 1.0 and metrics[-1]["loss"] < 0.1
@@ -157,7 +157,7 @@ def test_lm_overfits_and_generate_recites_the_text(lm_run, capsys):
 
 
 def test_generate_streams_each_token_as_it_is_drawn(lm_run):
-    from aiayn.checkpoint import load_model_dir
+    from aiayn.folder import load_model_dir
 
     _, run = lm_run
     model, _, _ = load_model_dir(run / "best")
@@ -247,7 +247,7 @@ def test_bad_input_is_one_clear_line(classifier_run, lm_run, capsys, tmp_path):
     _, clf = classifier_run
     _, lm = lm_run
     fails(capsys, ["generate", str(clf / "best"), "--prompt", "x"], "this command needs 'lm'")
-    fails(capsys, ["classify", str(lm / "best")], "this command needs 'classifier'")
+    fails(capsys, ["classify", str(lm / "best")], "this command needs 'classification'")
     fails(capsys, ["generate", str(lm / "best"), "--prompt", ""], "--prompt is empty")
     fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--top-p", "0"], "--top-p")
     fails(capsys, ["generate", str(lm / "best"), "--prompt", "S", "--temperature", "0"],

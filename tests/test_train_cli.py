@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import load_model_dir
+from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.train.average import average_checkpoints
 from trainutil import base_values, one_thread, write_toml  # noqa: F401
@@ -28,7 +28,7 @@ def trained(tmp_path_factory):
     """A 6-update run keeping every snapshot, trained through the CLI."""
     tmp = tmp_path_factory.mktemp("cli")
     values = base_values(tmp / "data", max_steps=6, save_every=1, keep_last=10, valid_every=3,
-                         bleu_every=3, bleu_max_sentences=4)
+                         metrics_every=3, bleu_max_sentences=4)
     values["model.preset"] = "tiny"
     cfg = write_toml(tmp / "run.toml", values)
     threads = torch.get_num_threads()

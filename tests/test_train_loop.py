@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aiayn.checkpoint import load_model_dir
+from aiayn.folder import load_model_dir
 from aiayn.train.config import build_run_config
 from aiayn.train.distributed import DistContext
 from aiayn.train.run import train_run
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import time_cosine_lr
-from aiayn.train.tasks import TranslationTask
+from aiayn.train.translation import TranslationTask
 from aiayn.train.trainer import Trainer, TrainingDiverged
 from trainutil import base_values, one_thread  # noqa: F401 (autouse fixture)
 
@@ -34,7 +34,7 @@ def test_run_folder_is_a_loadable_model_and_resumable_state(tmp_path):
                  "metrics.jsonl", "best/model.safetensors", "best/config.json", "best/tokenizer.json"):
         assert (run / name).is_file(), name
     meta = json.loads((run / "config.json").read_text())
-    assert meta["kind"] == "seq2seq" and meta["train"]["max_steps"] == 8
+    assert meta["kind"] == "translation" and meta["train"]["max_steps"] == 8
     assert meta["data"]["tokenizer"] == "char" and meta["model"]["src_vocab_size"] < 40
     model, mcfg, _ = load_model_dir(run)
     assert mcfg.d_model == 16

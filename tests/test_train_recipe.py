@@ -204,7 +204,7 @@ def test_wrong_value_type_is_named(tmp_path):
     ("train.precision=fp8", "not one of"),
     ("train.label_smoothing=1.5", "label_smoothing must be in"),
     ("train.update_freq=0", "update_freq must be >= 1"),
-    ("train.best_metric=valid_bleu", "needs train.bleu_every > 0"),
+    ("train.best_metric=valid_bleu", "needs train.metrics_every > 0"),
     ("model.preset=huge", "unknown preset 'huge'"),
     ("lr=1", "name the section"),
 ])
@@ -297,7 +297,7 @@ def test_task_loss_through_the_model_equals_the_logits_path(tied):
     equals the loss of the model's own logits, with gradients for every parameter, whether the
     generator shares the embedding or has its own weight."""
     from aiayn.model import Transformer
-    from aiayn.train.tasks import output_weight
+    from aiayn.train.task import output_weight
 
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=31, tgt_vocab_size=31, d_model=16, n_heads=2, d_ff=32,

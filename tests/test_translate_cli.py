@@ -22,7 +22,8 @@ from aiayn.cli import main
 from aiayn.commands.translate import one_line
 from aiayn.config import ModelConfig
 from aiayn.data import train_tokenizer
-from aiayn.decode import load_translator, translate_texts
+from aiayn.decode import translate_texts
+from aiayn.folder import load_model_folder
 from aiayn.errors import DataError
 from aiayn.eval import corpus_scores
 from aiayn.model import Transformer
@@ -76,7 +77,8 @@ def test_translating_a_file_equals_translating_each_line_alone(model_dir, tmp_pa
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == len(lines)
     assert got[3] == "" and got[7] == ""
-    model, tokenizer, _ = load_translator(model_dir)
+    folder = load_model_folder(model_dir)
+    model, tokenizer = folder.model, folder.tokenizer
     for line, translation in zip(lines, got):
         assert [one_line(t) for t in translate_texts(model, tokenizer, [line], beam=3, max_len_b=6)] == [translation]
 
@@ -95,7 +97,8 @@ def test_interactive_prompt_on_a_terminal(model_dir, monkeypatch, capsys):
     monkeypatch.setattr(stdin, "isatty", lambda: True)
     monkeypatch.setattr(sys, "stdin", stdin)
     assert cli("translate", model_dir, "--beam", 2, "--max-len-b", 6) == 0
-    model, tokenizer, _ = load_translator(model_dir)
+    folder = load_model_folder(model_dir)
+    model, tokenizer = folder.model, folder.tokenizer
     expected = translate_texts(model, tokenizer, ["the cat", "red dog"], beam=2, max_len_b=6)
     assert capsys.readouterr().out.split("\n")[:-1] == [one_line(t) for t in expected]
 
@@ -131,15 +134,16 @@ def test_incomplete_model_folder_is_a_clear_error(tmp_path, capsys, damage, mess
 
 
 def test_wrong_kind_and_corrupt_weights_are_clear_errors(tmp_path, capsys, monkeypatch):
-    from aiayn import checkpoint
+    from aiayn.train import task
+    from aiayn.train.translation import TranslationTask
 
     folder, _ = make_model_dir(tmp_path / "m", sentences(200, 0))
     meta = json.loads((folder / "config.json").read_text())
-    monkeypatch.setitem(checkpoint.MODEL_KINDS, "lm", Transformer)
+    monkeypatch.setitem(task.SHAPES, "lm", TranslationTask)
     (folder / "config.json").write_text(json.dumps({**meta, "kind": "lm"}))
     src = write_lines(tmp_path / "in.txt", ["a cat"])
     assert cli("translate", folder, "--input", src) == 2
-    assert "holds a 'lm' model, this command needs 'seq2seq'" in capsys.readouterr().err
+    assert "holds a 'lm' model, this command needs 'translation'" in capsys.readouterr().err
     (folder / "config.json").write_text(json.dumps(meta))
     (folder / "model.safetensors").write_bytes(b"not safetensors")
     assert cli("translate", folder, "--input", src) == 2
@@ -241,7 +245,7 @@ def test_a_trained_copy_model_translates_and_scores_near_100(tmp_path, capsys):
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, caplog, native):
     import aiayn.train.distributed as distributed
-    from aiayn.commands.translate import precision
+    from aiayn.folder import precision
 
     monkeypatch.setattr(distributed, "cpu_has_bf16", lambda: native)
     with caplog.at_level("WARNING"), precision(torch.device("cpu"), True):

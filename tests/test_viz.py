@@ -344,7 +344,7 @@ def model_dir(trained_dir, tmp_path):
 
 
 def test_attention_of_translation_uses_the_produced_translation(model_dir):
-    from aiayn.checkpoint import load_model_dir
+    from aiayn.folder import load_model_dir
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.decode import translate_texts
     from aiayn.viz.attention import attention_of_model_dir
@@ -362,7 +362,7 @@ def test_attention_of_translation_uses_the_produced_translation(model_dir):
 
 def test_recorded_attention_equals_step_by_step_decoding(trained_dir):
     """Teacher forcing over the produced tokens gives the weights the cached search computed."""
-    from aiayn.checkpoint import load_model_dir
+    from aiayn.folder import load_model_dir
 
     model, cfg, _ = load_model_dir(trained_dir)
     src, tgt = torch.tensor([[9, 12, 15, 2]]), [1, 20, 7, 30, 11]

@@ -7,13 +7,10 @@ cache. ``--seed`` makes the output reproducible.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-from pathlib import Path
 
-from aiayn.errors import CheckpointError, ConfigError
-
-log = logging.getLogger(__name__)
+from aiayn.commands.options import add_device, inference_device
+from aiayn.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="re-read the whole context at every step (slow; for checking the cache)",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
+    add_device(p)
     p.set_defaults(run=run)
     return p
 
@@ -68,53 +65,26 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--prompt is empty; give at least one character to continue")
 
 
-class _Printer:
-    """Writes the decoded text as tokens arrive (a token may end mid-character: wait for more)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.shown = tokenizer, [], 0
-
-    def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[self.shown :])
-            sys.stdout.flush()
-            self.shown = len(text)
-
-
 def run(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
-    from aiayn.commands.translate import inference_device
-    from aiayn.data import Tokenizer
-    from aiayn.decode.generate import generate
+    from aiayn.folder import load_model_folder
 
     _check(args)
-    device = inference_device(args.device)
-    model, cfg, meta = load_model_dir(args.model, expect_kind="lm", map_location=device)
-    if not (Path(args.model) / TOKENIZER_FILE).is_file():
-        raise CheckpointError(f"{args.model}: no {TOKENIZER_FILE} (generation needs its tokenizer)")
-    tokenizer = Tokenizer.from_file(Path(args.model) / TOKENIZER_FILE)
-    prompt_ids = tokenizer.encode(args.prompt)
-    if not prompt_ids:
-        raise ConfigError("--prompt has no token the model's tokenizer knows")
-    if tokenizer.unk_id in prompt_ids:
-        log.warning("the prompt has characters the model never saw; they read as <unk>")
-    window = min(int(meta.get("data", {}).get("max_len", cfg.max_len)), cfg.max_len)
-    sys.stdout.write(args.prompt)
-    printer = _Printer(tokenizer)
-    generate(
-        model,
-        prompt_ids,
+    model = load_model_folder(args.model, inference_device(args.device), "lm")
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    show(args.prompt)
+    model.generate(
+        args.prompt,
         args.max_new_tokens,
-        window,
         args.temperature,
         args.top_k,
         args.top_p,
         args.seed,
+        on_token=show,
         use_cache=not args.no_cache,
-        on_token=printer,
     )
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    show("\n")
     return 0

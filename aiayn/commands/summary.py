@@ -41,18 +41,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, str]:
-    """(ModelConfig, model kind) from a preset name (seq2seq), a TOML file ([model] section,
+    """(ModelConfig, model kind) from a preset name (translation), a TOML file ([model] section,
     optional `preset` key; the kind from data.task, the vocabulary from data.vocab_size) or a
     model folder's config.json, then `--set` overrides."""
     sets = dict(parse_override(o) for o in overrides)
     sets = {k.removeprefix("model."): v for k, v in sets.items()}
     path = Path(spec)
     if path.is_dir():
-        from aiayn.checkpoint import read_config
-        from aiayn.config import from_dict
+        from aiayn.folder import read_folder_config
 
-        meta = read_config(path)
-        return apply_overrides(from_dict(ModelConfig, meta["model"]), sets), meta["kind"]
+        parsed = read_folder_config(path)
+        return apply_overrides(parsed.config.model, sets), parsed.kind
     if path.suffix == ".toml" or path.is_file():
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
@@ -71,10 +70,10 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
                 "tgt_vocab_size": data["vocab_size"],
                 **section,
             }
-        from aiayn.train.tasks import TASKS
+        from aiayn.train import SHAPES
 
-        if not isinstance(task, str) or task not in TASKS:
-            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(TASKS)}")
+        if not isinstance(task, str) or task not in SHAPES:
+            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(SHAPES)}")
         # The stack the task's model has (as the trainer's Task.model_config sets it).
         stack = (
             {"n_decoder_layers": 0}
@@ -83,7 +82,7 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
             if task == "lm"
             else {}
         )
-        return apply_overrides(base, {**section, **sets, **stack}), TASKS[task].kind
+        return apply_overrides(base, {**section, **sets, **stack}), task
     if spec not in ModelConfig.PRESETS:
         if os.sep in spec or path.suffix:
             raise ConfigError(
@@ -94,26 +93,23 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
             ModelConfig.preset(spec)
         except ConfigError as err:
             raise ConfigError(f"{err}; and no folder or file is named '{spec}'") from None
-    return apply_overrides(ModelConfig.preset(spec), sets), "seq2seq"
+    return apply_overrides(ModelConfig.preset(spec), sets), "translation"
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import MODEL_KINDS, _builtin_kinds
     from aiayn.model.summary import format_summary, summarize
+    from aiayn.train import SHAPES
 
     for name in ("batch", "src_len", "tgt_len"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     cfg, kind = resolve_model_config(args.model, args.overrides)
-    _builtin_kinds()
-    if kind not in MODEL_KINDS:
-        raise ConfigError(f"{args.model}: unknown model kind '{kind}'")
     torch.manual_seed(0)
-    model = MODEL_KINDS[kind](cfg).eval()
+    model = SHAPES[kind].model_class(cfg).eval()
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
     src = torch.randint(low, cfg.src_vocab_size, (args.batch, args.src_len))
     tgt = torch.randint(low, cfg.tgt_vocab_size, (args.batch, args.tgt_len))
-    forward = {"seq2seq": lambda: model(src, tgt), "lm": lambda: model(tgt)}.get(
+    forward = {"translation": lambda: model(src, tgt), "lm": lambda: model(tgt)}.get(
         kind, lambda: model(src)
     )
     rows, total = summarize(model, forward, depth=args.depth)

@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _resolve(args: argparse.Namespace):
-    from aiayn.config import _flatten
+    from aiayn.config import flatten_keys
     from aiayn.train.config import build_run_config, load_run_config, parse_sets, run_config_to_dict
 
     if args.config is None:
@@ -58,7 +58,7 @@ def _resolve(args: argparse.Namespace):
         from aiayn.train.run import resume_config
         from aiayn.train.run_folder import RunFolder
 
-        saved = _flatten(run_config_to_dict(resume_config(args.out)))
+        saved = flatten_keys(run_config_to_dict(resume_config(args.out)))
         preset = RunFolder(args.out).read_meta().get("preset")
         cfg = build_run_config({**saved, **parse_sets(args.overrides)})
         return cfg, {"preset": preset}, Path(args.out)

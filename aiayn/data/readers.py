@@ -15,10 +15,11 @@ from pathlib import Path
 
 from aiayn.errors import DataError
 
-__all__ = ["read_text", "read_lines", "read_parallel", "read_labelled"]
+__all__ = ["read_bytes", "decode_utf8", "read_text", "read_lines", "read_parallel", "read_labelled"]
 
 
-def _read_bytes(path: str | os.PathLike) -> bytes:
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The file's bytes (``.gz`` decompressed); DataError when missing, a folder or unreadable."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file")
@@ -33,7 +34,9 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
         raise DataError(f"{path}: cannot read ({err})") from None
 
 
-def _decode(path: str | os.PathLike, data: bytes) -> str:
+def decode_utf8(path: str | os.PathLike, data: bytes) -> str:
+    """``data`` as strict UTF-8 (a leading byte-order mark dropped); DataError naming ``path``,
+    line and column of the first invalid byte."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -49,7 +52,7 @@ def _decode(path: str | os.PathLike, data: bytes) -> str:
 
 def read_text(path: str | os.PathLike) -> str:
     """The whole file as text; DataError when missing, empty or not UTF-8."""
-    text = _decode(path, _read_bytes(path))
+    text = decode_utf8(path, read_bytes(path))
     if not text.strip():
         raise DataError(f"{path}: file is empty")
     return text

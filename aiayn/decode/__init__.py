@@ -1,7 +1,7 @@
 """Decoding: search over a step function, and text-to-text translation with a trained model."""
 
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.ensemble import Ensemble, load_ensemble
+from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.search import (
     Hypothesis,
     beam_search,
@@ -11,7 +11,6 @@ from aiayn.decode.search import (
     sample,
 )
 from aiayn.decode.translate import (
-    load_translator,
     token_batches,
     transformer_step,
     translate_hypotheses,
@@ -23,8 +22,6 @@ __all__ = [
     "DecodeConfig",
     "Ensemble",
     "Hypothesis",
-    "load_ensemble",
-    "load_translator",
     "beam_search",
     "filter_log_probs",
     "greedy_search",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,13 +24,14 @@ __all__ = [
     "LABEL_NAMES",
     "encode_texts",
     "predict_ids",
-    "load_classifier",
-    "label_names",
+    "MAX_TOKENS",
     "evaluate_classifier",
 ]
 
 # Names of the class ids of registered datasets (the data files store integer labels).
 LABEL_NAMES: dict[str, tuple[str, ...]] = {"imdb": ("negative", "positive")}
+# Default token budget of one inference batch: texts × padded length.
+MAX_TOKENS = 16384
 
 
 def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -43,62 +43,37 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 def predict_ids(
     model: nn.Module,
     items: Sequence[Sequence[int]],
-    max_tokens: int = 16384,
+    max_tokens: int | None = None,
     device: torch.device | str = "cpu",
 ) -> Tensor:
     """Class probabilities of token-id sequences, in input order. Shape: N lists -> (N, C) float32.
 
-    Batches hold texts of similar length, at most ``max_tokens`` padded tokens each.
+    Batches hold texts of similar length, at most ``max_tokens`` (default :data:`MAX_TOKENS`)
+    padded tokens each.
     """
     model.eval()
     probs = torch.empty(len(items), model.cfg.n_classes)
     if not items:
         return probs
     lengths = [max(len(x), 1) for x in items]
-    sampler = TokenBatchSampler(lengths, max_tokens=max_tokens, shuffle=False)
+    sampler = TokenBatchSampler(lengths, max_tokens=max_tokens or MAX_TOKENS, shuffle=False)
     for batch in sampler.batches(0):
         ids = pad_sequences([items[i] for i in batch], model.cfg.pad_id).to(device)  # (B, S)
         probs[batch] = model(ids).float().softmax(-1).cpu()  # (B, C)
     return probs
 
 
-def load_classifier(
-    folder: str | Path, device: torch.device | str = "cpu"
-) -> tuple[nn.Module, Any, dict]:
-    """(model, tokenizer, meta) of a classifier model folder."""
-    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir
-    from aiayn.data import Tokenizer
-    from aiayn.errors import CheckpointError
-
-    model, _, meta = load_model_dir(folder, expect_kind="classifier", map_location=device)
-    path = Path(folder) / TOKENIZER_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{folder}: no {TOKENIZER_FILE} (a classifier needs its tokenizer)")
-    return model, Tokenizer.from_file(path), meta
-
-
-def text_limit(model: nn.Module, meta: dict) -> int:
-    """The longest input in tokens: the run's ``data.max_len`` (what training cut to)."""
-    return int(meta.get("data", {}).get("max_len", model.cfg.max_len))
-
-
-def label_names(meta: dict, n_classes: int) -> list[str]:
-    """Printable labels: the dataset's names when known, else the class ids."""
-    names = LABEL_NAMES.get(meta.get("data", {}).get("dataset", ""))
-    return list(names) if names and len(names) == n_classes else [str(i) for i in range(n_classes)]
-
-
 def evaluate_classifier(
     model: nn.Module,
     tokenizer: Any,
-    meta: dict,
     texts: Sequence[str],
     labels: Sequence[int],
-    max_tokens: int = 16384,
+    limit: int,
+    max_tokens: int | None = None,
     device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
-    """Accuracy (and counts, timing) of ``model`` on labelled ``texts``, cut as in training."""
-    limit = text_limit(model, meta)
+    """Accuracy (and counts, timing) of ``model`` on labelled ``texts``, cut to ``limit`` tokens
+    as in training."""
     start = time.perf_counter()
     ids = encode_texts(tokenizer, texts)
     n_cut = sum(len(x) > limit for x in ids)

@@ -1,4 +1,8 @@
-"""Decoding settings: one frozen dataclass, overridable like every other aiayn config."""
+"""Decoding settings: one frozen dataclass, overridable like every other aiayn config.
+
+The only home of decoding defaults: the command-line flags, :func:`aiayn.decode.translate_texts`
+and a model folder's config.json ``decode`` section (a recipe's ``[decode]``) all start from it.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ class DecodeConfig:
     # inter_threads). On a CPU, 2 workers of 1 thread beat 1 worker of 2 threads: small per-step
     # ops and Python overlap instead of waiting for each other (docs/decoding.md).
     workers: int = 1
+    # Run the matmuls in bfloat16 autocast (faster on CPUs with AVX512-BF16/AMX and on GPUs).
+    bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.beam < 1:

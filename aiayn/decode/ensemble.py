@@ -20,13 +20,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Ensemble", "EnsembleCache", "load_ensemble"]
+__all__ = ["Ensemble", "EnsembleCache"]
 
 
 class EnsembleCache:
@@ -93,29 +92,3 @@ class Ensemble(nn.Module):
             log_probs = torch.log_softmax(model.decode(tgt, m, cache=c).float(), dim=-1)
             total = log_probs if total is None else torch.logaddexp(total, log_probs)
         return total - math.log(len(self.models))
-
-
-def load_ensemble(
-    folders: Sequence[str | Path], device: Any = "cpu"
-) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, meta) of one translation model folder, or of an :class:`Ensemble` of
-    several (tokenizer and meta of the first). CheckpointError when a folder cannot be loaded or
-    the folders' tokenizers differ."""
-    from aiayn.decode.translate import load_translator
-    from aiayn.errors import CheckpointError
-
-    loaded = [load_translator(folder, device) for folder in folders]
-    if len(loaded) == 1:
-        return loaded[0]
-    model, tokenizer, meta = loaded[0]
-    for folder, (_, other, _) in zip(folders[1:], loaded[1:]):
-        if other.to_str() != tokenizer.to_str():
-            raise CheckpointError(
-                f"{folder}: its tokenizer differs from {folders[0]}'s; an "
-                "ensemble's models must share one vocabulary"
-            )
-    try:
-        ensemble = Ensemble([m for m, _, _ in loaded])
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
-    return ensemble, tokenizer, meta

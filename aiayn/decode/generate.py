@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from aiayn.decode.search import StepFn, sample
 from aiayn.model.cache import DecoderCache
 
-__all__ = ["LMState", "lm_step", "generate"]
+__all__ = ["LMState", "lm_step", "generate", "TextStream"]
 
 
 @dataclass
@@ -94,7 +94,7 @@ def generate(
     model.eval()
     device = next(model.parameters()).device
     prefix = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, t0)
-    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    rng = torch.Generator(device).manual_seed(seed) if seed is not None else None
     step, reported = lm_step(model, window, use_cache), prefix.size(1)
 
     def streaming(tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
@@ -116,9 +116,26 @@ def generate(
         top_k,
         top_p,
         pad_id=cfg.pad_id,
-        generator=generator,
+        rng=rng,
     )[0]
     if on_token is not None:
         for token in hyp.tokens[reported - prefix.size(1) :]:  # the last one drawn
             on_token(token)
     return hyp.tokens
+
+
+class TextStream:
+    """Turns streamed token ids into the text they add: ``on_text(piece)`` per token, or later
+    when a token ends mid-character (the decoded text then ends in U+FFFD: wait for more)."""
+
+    def __init__(self, tokenizer: Any, on_text: Callable[[str], Any]) -> None:
+        self.tokenizer, self.on_text = tokenizer, on_text
+        self.ids: list[int] = []
+        self.shown = 0
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self.on_text(text[self.shown :])
+            self.shown = len(text)

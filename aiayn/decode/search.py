@@ -429,7 +429,7 @@ def sample(
     top_p: float = 1.0,
     min_len: int = 0,
     pad_id: int = 0,
-    generator: torch.Generator | None = None,
+    rng: torch.Generator | None = None,
 ) -> list[Hypothesis]:
     """Ancestral sampling from a filtered distribution, for language models.
 
@@ -444,7 +444,7 @@ def sample(
         lp, cache = step(tokens, cache)
         lp = _forbid_eos(lp, eos_id, t < min_len)
         probs = filter_log_probs(lp, temperature, top_k, top_p).exp()
-        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+        nxt = torch.multinomial(probs, 1, generator=rng).squeeze(1)  # (B,)
         token_lp = lp.gather(1, nxt[:, None]).squeeze(1)
         tokens, done = _extend(tokens, nxt, token_lp, log_prob, done, ended, count, eos_id, pad_id)
         if bool(done.all()):

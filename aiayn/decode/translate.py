@@ -15,7 +15,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,7 +28,6 @@ from aiayn.decode.search import Hypothesis, StepFn, beam_search, greedy_search
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "load_translator",
     "transformer_step",
     "token_batches",
     "max_output_lengths",
@@ -37,32 +37,6 @@ __all__ = [
     "translate_texts",
     "translate_hypotheses",
 ]
-
-
-def load_translator(folder: str | Path, device: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, meta) of a translation model folder; CheckpointError when it lacks a
-    file, is corrupt or holds another kind of model."""
-    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir, read_config
-    from aiayn.data import Tokenizer
-    from aiayn.errors import CheckpointError, DataError
-
-    folder = Path(folder)
-    read_config(folder)  # a clear error for a missing folder or config before anything else
-    if not (folder / TOKENIZER_FILE).is_file():
-        raise CheckpointError(
-            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
-        )
-    model, _, meta = load_model_dir(folder, expect_kind="seq2seq", map_location=device)
-    try:
-        tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
-    except DataError as err:
-        raise CheckpointError(str(err)) from None
-    if tokenizer.vocab_size > model.cfg.tgt_vocab_size:
-        raise CheckpointError(
-            f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model "
-            f"only {model.cfg.tgt_vocab_size}"
-        )
-    return model, tokenizer, meta
 
 
 def transformer_step(model: Any, memory: Tensor) -> StepFn:
@@ -159,7 +133,7 @@ def translate_ids(
 
     Empty sources give no hypotheses (an empty list). ``progress(n)`` is called after each batch.
     With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
-    each batch's result does not depend on it.
+    each batch's result does not depend on it. ``cfg.bf16`` runs it under bfloat16 autocast.
     """
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
@@ -177,9 +151,10 @@ def translate_ids(
                 progress(len(index))
 
     try:
-        in_workers(
-            decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
-        )
+        with torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext():
+            in_workers(
+                decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
+            )
     finally:
         model.train(was_training)
     return results
@@ -244,17 +219,16 @@ def translate_texts(
     model: Any,
     tokenizer: Any,
     texts: Sequence[str],
-    beam: int = 4,
-    alpha: float = 0.6,
-    max_tokens: int = 4096,
-    **options: Any,
+    cfg: DecodeConfig | None = None,
+    **overrides: Any,
 ) -> list[str]:
     """Translate raw text lines into one best line each ("" for a blank line).
 
-    ``options`` are further :class:`DecodeConfig` fields (max_len_a, max_len_b, length_penalty…).
-    This is what ``aiayn translate`` and validation BLEU during training both call.
+    ``cfg`` (default: :class:`DecodeConfig`'s defaults) with ``overrides``, further DecodeConfig
+    fields (``beam=5``, ``max_len_b=6`` …), applied. Validation BLEU during training and
+    :meth:`aiayn.folder.ModelFolder.translate` call this.
     """
-    cfg = DecodeConfig(beam=beam, alpha=alpha, max_tokens=max_tokens, **options)
+    cfg = replace(cfg or DecodeConfig(), **overrides)
     return [
         line[0][0] if line else "" for line in translate_hypotheses(model, tokenizer, texts, cfg)
     ]

@@ -13,13 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from aiayn.card import write_model_card
-from aiayn.checkpoint import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    folder_parts,
-    load_model_dir,
-)
+from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, folder_parts
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.io import atomic_path, check_output_folder, new_folder, recover_folder, write_json
 from aiayn.train.run_folder import RunFolder
@@ -108,6 +102,8 @@ def average_checkpoints(
             with atomic_path(tmp / TOKENIZER_FILE) as path:
                 path.write_bytes(tokenizer)
         write_json(tmp / CONFIG_FILE, meta)
+        from aiayn.folder import load_model_dir
+
         load_model_dir(tmp)  # the result must load before it replaces anything
         write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
     return steps

@@ -1,6 +1,6 @@
 """Classification task: an encoder-only Transformer on labelled texts (the IMDB shape).
 
-The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.tasks.Task`:
+The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.task.Task`:
 texts are cleaned (:func:`aiayn.data.clean.clean_text`: ``<br />`` tags, stray control
 characters), tokenised, and texts longer than ``data.max_len`` tokens are cut (``long_examples =
 "truncate"``, both splits) or dropped from training (``"filter"``); the loss is the
@@ -19,8 +19,9 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError, DataError
+from aiayn.model import TransformerClassifier
 from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.tasks import StepStats, Task
+from aiayn.train.task import StepStats, Task, register_shape
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,9 @@ def limit_lengths(items: list[Item], max_len: int, mode: str, split: str, drop: 
     return [(ids, label) for ids, label in items if len(ids) <= max_len]
 
 
+@register_shape("classification", TransformerClassifier)
 class ClassificationTask(Task):
     """Cross-entropy over (text, label) pairs with a :class:`TransformerClassifier`."""
-
-    kind = "classifier"
 
     def setup(self, tokenizer_json: str | None) -> str:
         from aiayn.data import Tokenizer, load_classification, train_tokenizer
@@ -193,7 +193,7 @@ class ClassificationTask(Task):
         return StepStats(clean + adversarial, nll, len(batch), batch.n_tokens)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
-        """Accuracy on the validation split (when ``train.bleu_every`` is due)."""
+        """Accuracy on the validation split (when ``train.metrics_every`` is due)."""
         from aiayn.decode.classify import predict_ids
 
         items = self.items["valid"]

@@ -1,4 +1,4 @@
-"""The run configuration: ``[model]``, ``[data]`` and ``[train]`` sections of one TOML file.
+"""The run configuration: ``[model]``, ``[data]``, ``[train]`` and ``[decode]`` sections of one TOML file.
 
 One config system (:mod:`aiayn.config`): the TOML file is flattened to dotted keys
 (``train.lr``) and applied with :func:`aiayn.config.apply_overrides`, exactly as
@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from aiayn.config import ModelConfig, _flatten, apply_overrides, parse_override, to_dict
+from aiayn.config import ModelConfig, apply_overrides, flatten_keys, parse_override, to_dict
 from aiayn.data.config import DataConfig
+from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -78,8 +80,9 @@ class TrainConfig:
     max_time: float = 0.0
     # Validation loss every N updates (and at the end); 0 = only at the end.
     valid_every: int = 1000
-    # Validation BLEU (greedy/beam decoding) every N updates; 0 = never. Needs aiayn.decode.
-    bleu_every: int = 0
+    # Validation metrics every N updates (BLEU/chrF by decoding for translation, accuracy for a
+    # classifier); 0 = never. Was `bleu_every` (still read, with a warning).
+    metrics_every: int = 0
     # Sentences of the validation set decoded for BLEU (0 = all), beam size and length penalty α.
     bleu_max_sentences: int = 500
     bleu_beam: int = 1
@@ -130,7 +133,7 @@ class TrainConfig:
             "max_steps",
             "max_epochs",
             "valid_every",
-            "bleu_every",
+            "metrics_every",
             "bleu_max_sentences",
             "patience",
             "save_every",
@@ -171,17 +174,38 @@ class TrainConfig:
             )
         if self.bleu_beam < 1:
             raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
-        if self.best_metric == "valid_bleu" and self.bleu_every == 0:
-            raise ConfigError("train.best_metric = 'valid_bleu' needs train.bleu_every > 0")
+        if self.best_metric == "valid_bleu" and self.metrics_every == 0:
+            raise ConfigError("train.best_metric = 'valid_bleu' needs train.metrics_every > 0")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one training run needs; saved, fully resolved, in the run's config.json."""
+    """Everything one training run needs; saved, fully resolved, in the run's config.json.
+
+    ``decode`` is how the trained model should be decoded (the recipe's ``[decode]`` section):
+    translate, evaluate and the server use it unless a flag overrides it.
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+SECTIONS = ("model", "data", "train", "decode")
+# Keys renamed since older run configs and model folders were written: old -> new.
+RENAMED = {"train.bleu_every": "train.metrics_every"}
+
+
+def renamed_keys(values: dict[str, Any], where: str = "config") -> dict[str, Any]:
+    """``values`` (dotted keys) with renamed keys under their new name, one warning per key."""
+    out = dict(values)
+    for old, new in RENAMED.items():
+        if old in out:
+            warnings.warn(f"{where}: '{old}' is now called '{new}'", FutureWarning, stacklevel=3)
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -195,7 +219,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def build_run_config(values: dict[str, Any]) -> RunConfig:
     """A RunConfig from dotted keys; ``model.preset`` picks the base model config."""
-    values = dict(values)
+    values = renamed_keys(values)
     preset = values.pop("model.preset", None)
     base = RunConfig()
     if preset is not None:
@@ -292,9 +316,10 @@ def load_run_config(
         for name, section in table.items():
             if not isinstance(section, dict):
                 raise ConfigError(
-                    f"{path}: '{name}' must be a [section] (model, data or train), not a bare key"
+                    f"{path}: '{name}' must be a [section] (model, data, train or decode), "
+                    "not a bare key"
                 )
-        values = _flatten(table)
+        values = flatten_keys(table)
     values.update(parse_sets(overrides))
     return build_run_config(values), values
 
@@ -310,11 +335,12 @@ def parse_sets(overrides: list[str]) -> dict[str, str]:
     return values
 
 
-def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild the RunConfig saved in a run's config.json (extra top-level keys are ignored)."""
-    sections = {k: data[k] for k in ("model", "data", "train") if k in data}
-    return apply_overrides(RunConfig(), _flatten(sections))
+def run_config_from_dict(data: dict[str, Any], where: str = "config.json") -> RunConfig:
+    """Rebuild the RunConfig saved in a run's config.json (extra top-level keys are ignored; a
+    missing section takes its defaults)."""
+    sections = {k: data[k] for k in SECTIONS if k in data}
+    return apply_overrides(RunConfig(), renamed_keys(flatten_keys(sections), where))
 
 
 def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:
-    return {"model": to_dict(cfg.model), "data": to_dict(cfg.data), "train": to_dict(cfg.train)}
+    return {name: to_dict(getattr(cfg, name)) for name in SECTIONS}

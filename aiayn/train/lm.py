@@ -2,7 +2,7 @@
 
 Shape legend: B windows per batch · T block (``data.max_len``) · V vocab.
 
-The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.tasks.Task`.
+The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.task.Task`.
 An example is a window of ``T + 1`` tokens: the model reads the first ``T`` and predicts the last
 ``T`` (nanoGPT's ``get_batch``). A training epoch is ``len(text) // T`` windows (at least one
 batch) at random offsets drawn from ``(data.seed, epoch)``, ``data.max_tokens // T`` per batch.
@@ -22,18 +22,18 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
+from aiayn.model import TransformerLM
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.tasks import StepStats, Task, output_weight
+from aiayn.train.task import StepStats, Task, output_weight, register_shape
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LanguageModelTask"]
 
 
+@register_shape("lm", TransformerLM)
 class LanguageModelTask(Task):
     """Next-token cross-entropy over windows of a running text with a :class:`TransformerLM`."""
-
-    kind = "lm"
 
     def setup(self, tokenizer_json: str | None) -> str:
         from aiayn.data import Tokenizer, fit_tokenizer, prepare_lm

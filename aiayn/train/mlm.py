@@ -26,9 +26,10 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
+from aiayn.model import TransformerMaskedLM
 from aiayn.train.classification import ClassificationTask
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.tasks import StepStats, output_weight
+from aiayn.train.task import StepStats, output_weight, register_shape
 
 __all__ = ["MaskedLMTask", "mask_tokens"]
 
@@ -41,7 +42,7 @@ def mask_tokens(
     mask_id: int,
     pad_id: int,
     vocab_size: int,
-    generator: torch.Generator | None = None,
+    rng: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """BERT's corruption of a padded batch. Shape: tokens (B, S) -> (inputs, targets), (B, S) each.
 
@@ -50,22 +51,21 @@ def mask_tokens(
     ``mask_id`` (80%), a random non-special token (10%) or stays (10%).
     """
     real = tokens != pad_id
-    u = torch.rand(tokens.shape, generator=generator)
+    u = torch.rand(tokens.shape, generator=rng)
     chosen = real & (u < prob)
     if not chosen.any() and real.any():
         chosen.view(-1)[int(real.view(-1).nonzero()[0])] = True
-    how = torch.rand(tokens.shape, generator=generator)
-    random = torch.randint(N_SPECIAL, vocab_size, tokens.shape, generator=generator)
+    how = torch.rand(tokens.shape, generator=rng)
+    random = torch.randint(N_SPECIAL, vocab_size, tokens.shape, generator=rng)
     inputs = torch.where(chosen & (how < 0.8), torch.full_like(tokens, mask_id), tokens)
     inputs = torch.where(chosen & (how >= 0.8) & (how < 0.9), random, inputs)
     targets = torch.where(chosen, tokens, torch.full_like(tokens, pad_id))
     return inputs, targets
 
 
+@register_shape("masked_lm", TransformerMaskedLM)
 class MaskedLMTask(ClassificationTask):
     """Masked-token cross-entropy over the texts of a classification dataset."""
-
-    kind = "masked_lm"
 
     def _check_labels(self) -> None:
         if not self.items["train"]:
@@ -89,12 +89,12 @@ class MaskedLMTask(ClassificationTask):
     def collate(self, split: str, indices: list[int]) -> tuple[Tensor, Tensor, int]:
         """(inputs, targets, real tokens) of one batch: masks drawn as the module docstring says."""
         batch = super().collate(split, indices)
-        generator = None
+        rng = None
         if split != "train":
-            generator = torch.Generator().manual_seed(self.cfg.data.seed * 1_000_003 + indices[0])
+            rng = torch.Generator().manual_seed(self.cfg.data.seed * 1_000_003 + indices[0])
         m = self.cfg.model
         inputs, targets = mask_tokens(
-            batch.tokens, self.cfg.data.mask_prob, m.bos_id, m.pad_id, m.src_vocab_size, generator
+            batch.tokens, self.cfg.data.mask_prob, m.bos_id, m.pad_id, m.src_vocab_size, rng
         )
         return inputs, targets, batch.n_tokens
 

@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 
 from aiayn import __version__
 from aiayn.card import write_model_card
-from aiayn.config import _flatten
+from aiayn.config import flatten_keys
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.io import recover_folder
 from aiayn.train.config import RunConfig, run_config_from_dict, run_config_to_dict
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
-from aiayn.train.tasks import Task, build_task
+from aiayn.train.task import Task, build_task
 from aiayn.train.trainer import Trainer, TrainResult
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ def config_differences(
     old: dict[str, Any], new: dict[str, Any], sections: tuple[str, ...]
 ) -> list[str]:
     """``section.key: old -> new`` for every key of ``sections`` that differs."""
-    a = _flatten({s: old.get(s, {}) for s in sections})
-    b = _flatten({s: new.get(s, {}) for s in sections})
+    a = flatten_keys({s: old.get(s, {}) for s in sections})
+    b = flatten_keys({s: new.get(s, {}) for s in sections})
     return [
         f"{k}: run has {a.get(k)!r}, config says {b.get(k)!r}"
         for k in sorted(set(a) | set(b))
@@ -72,14 +72,14 @@ def _norm(value: Any) -> Any:
 
 
 def _check_resume(folder: RunFolder, new: dict[str, Any]) -> None:
-    old = folder.read_meta()
+    old = run_config_to_dict(resume_config(folder.path))
     diffs = config_differences(old, new, ("model", "data"))
     if diffs:
         raise ConfigError(
             f"--resume: the config differs from the run in {folder.path} in what shapes the model "
             f"or its data: {'; '.join(diffs[:5])}" + (" …" if len(diffs) > 5 else "")
         )
-    changed = config_differences(old, new, ("train",))
+    changed = config_differences(old, new, ("train", "decode"))
     for line in changed:
         log.info("resume: changed %s", line)
 
@@ -94,32 +94,33 @@ def init_tokenizer(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     """The tokenizer of the model folder ``train.init_from`` (the run must use its vocabulary)
     and that model's tokenizer settings (``data.tokenizer``/``vocab_size``/``lowercase``), which
     the run then records as its own; warns about settings that differ from that model's."""
-    from aiayn.checkpoint import TOKENIZER_FILE, read_config
+    from aiayn.checkpoint import TOKENIZER_FILE
+    from aiayn.folder import read_folder_config
 
     folder = Path(cfg.train.init_from)
-    meta = read_config(folder)
+    parsed = read_folder_config(folder)
     path = folder / TOKENIZER_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"train.init_from: cannot read {path} ({err})") from None
-    own = run_config_to_dict(cfg)
+    there = parsed.config if parsed.has_data else replace(parsed.config, data=cfg.data)
     checks = [("model", k) for k in _MEANING] + [("data", k) for k in _TOKENIZER_KEYS]
     for section, key in checks:
-        here, there = own[section].get(key), meta.get(section, {}).get(key, own[section].get(key))
-        if here != there:
+        here_value = getattr(getattr(cfg, section), key)
+        there_value = getattr(getattr(there, section), key)
+        if here_value != there_value:
             log.warning(
                 "train.init_from: %s.%s is %r here but %r in %s%s",
                 section,
                 key,
-                here,
-                there,
+                here_value,
+                there_value,
                 folder,
                 " (its tokenizer, and so its value, is used)" if section == "data" else "",
             )
     log.info("train.init_from: the tokenizer and weights of %s", folder)
-    data = meta.get("data", {})
-    return text, {key: data[key] for key in _TOKENIZER_KEYS if key in data}
+    return text, {key: getattr(there.data, key) for key in _TOKENIZER_KEYS}
 
 
 def train_run(

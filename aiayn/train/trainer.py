@@ -1,4 +1,4 @@
-"""The training loop: one for every model shape (the shape is a :class:`~aiayn.train.tasks.Task`).
+"""The training loop: one for every model shape (the shape is a :class:`~aiayn.train.task.Task`).
 
 The paper's recipe (Vaswani et al. 2017, §5): token-bounded batches, Adam(0.9, 0.98, 1e-9), the
 §5.3 warm-up schedule (or fairseq's inverse-sqrt), label smoothing 0.1, dropout; plus what real
@@ -34,7 +34,7 @@ from aiayn.train.config import RunConfig
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
-from aiayn.train.tasks import Task
+from aiayn.train.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -473,7 +473,7 @@ class Trainer:
         """Validation loss (+ BLEU when due), keep-best and early stopping."""
         with _rng_untouched():
             metrics = self._valid_loss()
-            if self._due(self.t.bleu_every):
+            if self._due(self.t.metrics_every):
                 extra = None
                 if self.dist.is_main:
                     self.model.eval()

@@ -273,7 +273,7 @@ def attention_of_translation(
 
 def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> TranslationAttention:
     """:func:`attention_of_translation` for a model folder (config.json, weights, tokenizer.json)."""
-    from aiayn.decode import load_translator
+    from aiayn.folder import load_model_folder
 
-    model, tokenizer, _ = load_translator(model_dir)
-    return attention_of_translation(model, tokenizer, text, beam)
+    folder = load_model_folder(model_dir, expect_kind="translation")
+    return attention_of_translation(folder.model, folder.tokenizer, text, beam)

@@ -1,37 +1,29 @@
-"""Tasks: what the one training loop needs to know about a model shape.
+"""Translation task: an encoder–decoder on sentence pairs (Vaswani et al. 2017, §5–6).
 
-The trainer (:mod:`aiayn.train.trainer`) owns optimisation, precision, processes, checkpoints and
-logging. A :class:`Task` owns the data and the model shape: it loads and tokenises the data,
-builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
-and token counts, and computes expensive validation metrics (BLEU for translation). An
-encoder-only classifier or a decoder-only language model plugs in as another Task.
+The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.task.Task`:
+sentence pairs are tokenised with one joint vocabulary, cut into token-bounded batches, and the
+loss is the label-smoothed cross-entropy of the teacher-forced targets; validation can also decode
+and score BLEU.
 """
 
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.checkpoint import MODEL_KINDS, _builtin_kinds
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.train.config import RunConfig
+from aiayn.model import Transformer
 from aiayn.train.loss import projected_label_smoothed_nll_loss
+from aiayn.train.task import StepStats, Task, output_weight, register_shape
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StepStats", "Task", "TranslationTask", "TASKS", "build_task"]
-
-
-def output_weight(model: nn.Module) -> Tensor:
-    """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
-    return getattr(model, "module", model).generator.weight
+__all__ = ["TranslationTask", "kept_outputs"]
 
 
 def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor, Tensor, int]:
@@ -53,78 +45,10 @@ def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor,
     return weight.index_select(0, ids), position[target], -1
 
 
-@dataclass
-class StepStats:
-    """One micro-batch's contribution: summed loss (with grad) and counts."""
-
-    loss: Tensor  # summed training loss over the targets (label-smoothed for translation)
-    nll: Tensor  # summed negative log-likelihood of the targets (detached), for reporting
-    n_targets: int  # what the loss is normalised by: predicted tokens (or examples)
-    n_tokens: int  # tokens the model processed (source + target, no padding), for tokens/s
-
-
-class Task(ABC):
-    """The interface between the trainer and one model shape (see the module docstring).
-
-    Lifecycle: ``setup`` (data + tokenizer) -> ``model_config`` (vocabulary size filled in) ->
-    ``build_model`` -> per epoch ``epoch_batches`` -> per micro-batch ``collate`` + ``loss``;
-    validation: ``valid_batches`` + ``loss``, and ``valid_metrics`` when due.
-    """
-
-    #: model kind written to config.json and used by :func:`aiayn.checkpoint.load_model_dir`.
-    kind: str = ""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-
-    @abstractmethod
-    def setup(self, tokenizer_json: str | None) -> str:
-        """Load the data; train the tokenizer unless ``tokenizer_json`` restores one. Returns the
-        tokenizer as JSON (saved in the run folder)."""
-
-    def model_config(self, model: ModelConfig) -> ModelConfig:
-        """``model`` with the fields the data fixes (vocabulary size) filled in."""
-        return model
-
-    def build_model(self, model: ModelConfig) -> nn.Module:
-        _builtin_kinds()
-        return MODEL_KINDS[self.kind](model)
-
-    @abstractmethod
-    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
-        """This process's batches (lists of training-example indices) for ``epoch`` (1-based): a
-        deterministic function of the arguments and the config, using no global RNG."""
-
-    @abstractmethod
-    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
-        """This process's share of the validation set, as batches of indices."""
-
-    @abstractmethod
-    def collate(self, split: str, indices: list[int]) -> Any:
-        """The tensors of one batch of ``split`` ("train" or "valid") examples."""
-
-    @abstractmethod
-    def num_targets(self, batch: Any) -> int:
-        """The loss normaliser of ``batch``, known before the forward pass."""
-
-    @abstractmethod
-    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
-        """Forward ``batch`` (moved to ``device``) through ``model``; summed loss and counts."""
-
-    def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
-        """Expensive validation metrics, computed on rank 0 when ``train.bleu_every`` says so."""
-        return {}
-
-
-# --------------------------------------------------------------------------------------------
-# Translation: an encoder–decoder on sentence pairs (Vaswani et al. 2017, §5–6)
-# --------------------------------------------------------------------------------------------
-
-
+@register_shape("translation", Transformer)
 class TranslationTask(Task):
     """Teacher-forced encoder–decoder training on (source, target) token-id pairs."""
 
-    kind = "seq2seq"
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
     def setup(self, tokenizer_json: str | None) -> str:
@@ -249,7 +173,7 @@ class TranslationTask(Task):
             from aiayn.eval.bleu import corpus_scores
         except ImportError as err:
             raise ConfigError(
-                f"train.bleu_every needs aiayn.decode and aiayn.eval ({err})"
+                f"train.metrics_every needs aiayn.decode and aiayn.eval ({err})"
             ) from None
         from aiayn.data import load_translation
 
@@ -266,37 +190,3 @@ class TranslationTask(Task):
             "valid_bleu_lc": float(scores["bleu_lc"]),
             "valid_chrf": float(scores["chrf"]),
         }
-
-
-TASKS: dict[str, Callable[[RunConfig], Task]] = {"translation": TranslationTask}
-
-# The other two shapes live in their own modules (they subclass Task, so they import this one).
-from aiayn.train.classification import ClassificationTask  # noqa: E402
-from aiayn.train.lm import LanguageModelTask  # noqa: E402
-from aiayn.train.mlm import MaskedLMTask  # noqa: E402
-
-TASKS.update(classification=ClassificationTask, lm=LanguageModelTask, masked_lm=MaskedLMTask)
-
-
-def build_task(cfg: RunConfig) -> Task:
-    """The Task for ``data.task``."""
-    name = cfg.data.task
-    if name not in TASKS:
-        raise ConfigError(
-            f"data.task = '{name}' has no trainer task yet (have: {', '.join(TASKS)})"
-        )
-    if cfg.train.adversarial_eps and name != "classification":
-        raise ConfigError(
-            f"train.adversarial_eps applies to data.task = 'classification' only, not '{name}'"
-        )
-    if cfg.model.output_vocab != "all" and name != "translation":
-        raise ConfigError(
-            f"model.output_vocab = '{cfg.model.output_vocab}' applies to "
-            f"data.task = 'translation' only, not '{name}'"
-        )
-    if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
-        raise ConfigError(
-            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
-            "a noisy segmentation produces tokens the clean targets never hold"
-        )
-    return TASKS[name](cfg)

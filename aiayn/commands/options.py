@@ -1,0 +1,113 @@
+"""Options and helpers shared by the commands that use a trained model (translate, evaluate,
+classify, generate): the model folders, decoding flags, the device and input lines.
+
+Decoding flags default to None: a flag given overrides the model folder's ``decode`` settings,
+which override :class:`~aiayn.decode.config.DecodeConfig`'s defaults (the only home of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from typing import Any
+
+import torch
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.errors import ConfigError
+
+DEFAULTS = DecodeConfig()
+
+
+def add_model_dirs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model",
+        metavar="MODEL_DIR",
+        nargs="+",
+        help="a model folder (config.json, model.safetensors, tokenizer.json), e.g. a "
+        "run folder or RUN/best; several folders decode as an ensemble (their "
+        "next-token probabilities averaged; one shared tokenizer)",
+    )
+
+
+def add_decode_options(p: argparse.ArgumentParser) -> None:
+    """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's."""
+    d = DEFAULTS
+    p.add_argument("--beam", type=int, help=f"beam size; 1 = greedy (default: {d.beam}, §6.1)")
+    p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: {d.alpha}, §6.1)")
+    p.add_argument(
+        "--length-penalty",
+        choices=("gnmt", "average", "none"),
+        help="normalise scores by the GNMT penalty, by length, or not at all "
+        f"(default: {d.length_penalty})",
+    )
+    p.add_argument(
+        "--max-len-a", type=float, help=f"output cap a·src_len + b: a (default: {d.max_len_a})"
+    )
+    p.add_argument(
+        "--max-len-b", type=int, help=f"output cap a·src_len + b: b (default: {d.max_len_b})"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help=f"batch budget: sentences × padded source length (default: {d.max_tokens})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="batches decoded at once, sharing the CPU threads (like CTranslate2's "
+        "inter_threads; 2 on a 2-core CPU is fastest, docs/decoding.md; "
+        f"default: {d.workers})",
+    )
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
+    )
+    p.epilog = (
+        "Decoding flags left out take the model folder's settings (config.json 'decode', "
+        "from the recipe's [decode] section), else the defaults shown."
+    )
+
+
+def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The DecodeConfig fields given on the command line (flags left out are not included)."""
+    names = [f.name for f in fields(DecodeConfig)]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
+
+
+def inference_device(name: str) -> torch.device:
+    """The device an inference command runs on; a clear error for an unknown or unavailable one.
+    On the CPU it also sets glibc to keep freed memory (``keep_freed_memory``): every decoding
+    step frees and reallocates the same large buffers."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device: unknown device '{name}'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    if device.type == "cpu":
+        from aiayn.threads import threads_for_load
+        from aiayn.train.allocator import keep_freed_memory
+
+        keep_freed_memory()
+        threads_for_load()  # 1 thread when another process keeps a core of 2 busy
+    return device
+
+
+def read_input_lines(name: str) -> list[str]:
+    """Lines of a file or of stdin ("-"), blank ones kept; DataError with the line number when
+    the text is not UTF-8."""
+    from aiayn.data.readers import decode_utf8, read_bytes
+
+    data = sys.stdin.buffer.read() if name == "-" else read_bytes(name)
+    text = decode_utf8("<stdin>" if name == "-" else name, data)
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line[:-1] if line.endswith("\r") else line for line in lines]

@@ -1,0 +1,417 @@
+"""The model folder, opened: one loader for every kind of model, and what a loaded model can do.
+
+A model folder (written by ``aiayn train``, ``aiayn average`` or
+:func:`aiayn.checkpoint.save_model_dir`) holds config.json, model.safetensors and tokenizer.json.
+:func:`load_model_folder` (``aiayn.load``) checks its parts, parses config.json once into the typed
+:class:`~aiayn.train.config.RunConfig`, builds the model of the recorded shape, loads the weights
+and tokenizer, and returns a :class:`ModelFolder`::
+
+    import aiayn
+    model = aiayn.load("runs/demo/avg5")
+    model.translate(["A man rides a bike."])          # with the folder's decoding settings
+    model.score(split="test_2016_flickr")              # BLEU/chrF (accuracy for a classifier)
+
+Several translation folders load as one :class:`~aiayn.decode.ensemble.Ensemble`. Every command
+that opens a model folder (translate, evaluate, classify, generate, plot attention, summary) goes
+through here, so they share one set of error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_weights, read_config
+from aiayn.config import ModelConfig
+from aiayn.data import Tokenizer
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
+from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
+from aiayn.train.config import RunConfig, run_config_from_dict
+from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "KINDS",
+    "FolderConfig",
+    "ModelFolder",
+    "parse_folder_config",
+    "read_folder_config",
+    "load_model_dir",
+    "load_model_folder",
+    "precision",
+]
+
+#: one name per model shape (config.json "kind"); older folders' "seq2seq" and "classifier" load
+KINDS: tuple[str, ...] = tuple(SHAPES)
+
+
+@dataclass(frozen=True)
+class FolderConfig:
+    """A model folder's config.json, parsed."""
+
+    kind: str  # one of KINDS
+    config: RunConfig  # model, data, train and decode sections (a missing section: defaults)
+    has_data: bool  # config.json records the training data (a "data" section)
+
+
+def parse_folder_config(meta: dict[str, Any], folder: Path) -> FolderConfig:
+    """The typed form of a model folder's config.json dict: the only reader of its raw keys."""
+    kind = shape_name(str(meta["kind"]))
+    if kind not in SHAPES:
+        raise CheckpointError(f"{folder}: unknown model kind '{meta['kind']}'")
+    try:
+        config = run_config_from_dict(meta, str(folder / CONFIG_FILE))
+    except AiaynError as err:
+        raise CheckpointError(f"{folder / CONFIG_FILE}: {err}") from None
+    return FolderConfig(kind, config, "data" in meta)
+
+
+def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> FolderConfig:
+    """Parse ``folder``'s config.json. CheckpointError when the folder or file is missing,
+    unreadable, of an unknown kind or of another kind than ``expect_kind``."""
+    folder = Path(folder)
+    return _check_kind(folder, parse_folder_config(read_config(folder), folder), expect_kind)
+
+
+def _check_kind(folder: Path, parsed: FolderConfig, expect_kind: str | None) -> FolderConfig:
+    if expect_kind is not None and parsed.kind != shape_name(expect_kind):
+        raise CheckpointError(
+            f"{folder}: holds a '{parsed.kind}' model, this command needs '{expect_kind}'"
+        )
+    return parsed
+
+
+def _build(folder: Path, parsed: FolderConfig, device: Any, weights_name: str) -> nn.Module:
+    model = SHAPES[parsed.kind].model_class(parsed.config.model)
+    load_weights(model, folder / weights_name)
+    return model.to(device).eval()
+
+
+def load_model_dir(
+    folder: str | Path,
+    weights_name: str = WEIGHTS_FILE,
+    expect_kind: str | None = None,
+    map_location: str | torch.device = "cpu",
+) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
+    """The model alone, no tokenizer needed (what ``aiayn average`` checks its output with):
+    (model in eval mode, its ModelConfig, config.json as written, for its provenance keys such
+    as ``averaged``). :func:`load_model_folder` opens the whole folder, typed."""
+    folder = Path(folder)
+    meta = read_config(folder)
+    parsed = _check_kind(folder, parse_folder_config(meta, folder), expect_kind)
+    return _build(folder, parsed, map_location, weights_name), parsed.config.model, meta
+
+
+def _read_tokenizer(folder: Path, model: nn.Module) -> Tokenizer:
+    path = folder / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except DataError as err:
+        raise CheckpointError(str(err)) from None
+    vocab = min(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size)
+    if tokenizer.vocab_size > vocab:
+        raise CheckpointError(
+            f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model only {vocab}"
+        )
+    return tokenizer
+
+
+def load_model_folder(
+    paths: str | Path | Sequence[str | Path],
+    device: str | torch.device = "cpu",
+    expect_kind: str | None = None,
+) -> ModelFolder:
+    """Open one model folder, or several translation folders as an ensemble (their next-token
+    probabilities averaged; one shared tokenizer). Every folder's config.json is checked (kind
+    included) before any weights are read. CheckpointError names the folder and what is wrong."""
+    from aiayn.decode.ensemble import Ensemble
+
+    folders = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    if not folders:
+        raise ConfigError("no model folder given")
+    if expect_kind is not None:
+        expect_kind = shape_name(expect_kind)
+    parsed = [read_folder_config(f, expect_kind) for f in folders]
+    if len(folders) > 1:
+        for folder, p in zip(folders, parsed):
+            if p.kind != "translation":
+                raise CheckpointError(
+                    f"{folder}: holds a '{p.kind}' model; several model folders make a "
+                    "translation ensemble, other models are used one folder at a time"
+                )
+    device = torch.device(device)
+    models = [_build(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
+    tokenizers = [_read_tokenizer(f, m) for f, m in zip(folders, models)]
+    for folder, other in zip(folders[1:], tokenizers[1:]):
+        if other.to_str() != tokenizers[0].to_str():
+            raise CheckpointError(
+                f"{folder}: its tokenizer differs from {folders[0]}'s; an ensemble's models "
+                "must share one vocabulary"
+            )
+    model = models[0]
+    if len(models) > 1:
+        try:
+            model = Ensemble(models)
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+    first = parsed[0]
+    return ModelFolder(
+        folders[0], folders, first.kind, model, tokenizers[0], first.config, device, first.has_data
+    )
+
+
+@contextlib.contextmanager
+def precision(device: torch.device, bf16: bool) -> Iterator[None]:
+    """bfloat16 autocast when asked, else nothing. A CPU without native bf16 matrix instructions
+    (AVX512-BF16 or AMX) runs bf16 matmuls in a slow fallback: said in a warning, not refused."""
+    if not bf16:
+        yield
+        return
+    if device.type == "cpu":
+        from aiayn.train.distributed import cpu_has_bf16
+
+        if not cpu_has_bf16():
+            log.warning(
+                "bf16: this CPU has no native bf16 matrix instructions (AVX512-BF16 or AMX): "
+                "bf16 matmuls run in a fallback far slower than fp32 here; leave out --bf16"
+            )
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        yield
+
+
+@dataclass
+class ModelFolder:
+    """A loaded model folder (or an ensemble of translation folders): model, tokenizer, typed
+    run config, and the one way to use them (:meth:`translate`, :meth:`classify`,
+    :meth:`generate`, :meth:`score`)."""
+
+    path: Path  # the folder (the first one, for an ensemble)
+    paths: list[Path]  # all folders (ensemble members)
+    kind: str  # one of KINDS
+    model: nn.Module  # in eval mode, on `device` (an Ensemble for several translation folders)
+    tokenizer: Tokenizer
+    config: RunConfig  # the first folder's config.json, typed
+    device: torch.device
+    has_data: bool = True  # config.json records the training data (data.* are not defaults)
+
+    @property
+    def decode(self) -> DecodeConfig:
+        """The folder's recommended decoding (config.json "decode", written by train from the
+        recipe's [decode] section and kept by average), else the DecodeConfig defaults."""
+        return self.config.decode
+
+    def decode_config(self, decode: DecodeConfig | None = None, **overrides: Any) -> DecodeConfig:
+        """``decode`` (default: the folder's) with ``overrides`` (None values ignored) applied."""
+        chosen = {k: v for k, v in overrides.items() if v is not None}
+        try:
+            return replace(decode or self.decode, **chosen)
+        except TypeError as err:
+            raise ConfigError(f"unknown decoding setting ({err})") from None
+
+    @property
+    def text_limit(self) -> int:
+        """The longest input in tokens: the run's data.max_len (what training cut to) when
+        recorded, never beyond the model's positional table."""
+        limit = self.model.cfg.max_len
+        return min(self.config.data.max_len, limit) if self.has_data else limit
+
+    def _need(self, kind: str, what: str) -> None:
+        if self.kind != kind:
+            raise CheckpointError(
+                f"{self.path}: holds a '{self.kind}' model, {what} needs '{kind}'"
+            )
+
+    # ---- translation -----------------------------------------------------------------------
+    def translate_hypotheses(
+        self,
+        texts: Sequence[str],
+        decode: DecodeConfig | None = None,
+        progress: Callable[[int], None] | None = None,
+        **overrides: Any,
+    ) -> list[list[tuple[str, Hypothesis]]]:
+        """Per text its ``nbest`` (translation, hypothesis) pairs, best first ([] for a blank line)."""
+        from aiayn.decode.translate import translate_hypotheses
+
+        self._need("translation", "translate")
+        cfg = self.decode_config(decode, **overrides)
+        with precision(self.device, cfg.bf16):
+            return translate_hypotheses(self.model, self.tokenizer, texts, cfg, progress)
+
+    def translate(
+        self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides: Any
+    ) -> list[str]:
+        """One translation per text ("" for a blank line), with the folder's decoding settings
+        unless ``decode`` or keyword overrides (``beam=1``, ``alpha=1.0`` …) say otherwise."""
+        results = self.translate_hypotheses(texts, decode, **overrides)
+        return [line[0][0] if line else "" for line in results]
+
+    # ---- classification --------------------------------------------------------------------
+    def label_names(self) -> list[str]:
+        """Printable labels: the dataset's names when known, else the class ids."""
+        from aiayn.decode.classify import LABEL_NAMES
+
+        n = self.model.cfg.n_classes
+        names = LABEL_NAMES.get(self.config.data.dataset) if self.has_data else None
+        return list(names) if names and len(names) == n else [str(i) for i in range(n)]
+
+    def class_probs(self, texts: Sequence[str], max_tokens: int | None = None) -> torch.Tensor:
+        """(N, C) class probabilities of non-blank ``texts``, cleaned and cut as in training."""
+        from aiayn.decode.classify import encode_texts, predict_ids
+
+        self._need("classification", "classify")
+        limit = self.text_limit
+        ids = [x[:limit] for x in encode_texts(self.tokenizer, texts)]
+        return predict_ids(self.model, ids, max_tokens, self.device)
+
+    def classify(self, texts: Sequence[str], max_tokens: int | None = None) -> list[dict]:
+        """Per text ``{"label": name, "probs": {name: p}}`` ({"label": "", "probs": {}} for a
+        blank text)."""
+        filled = [i for i, text in enumerate(texts) if text.strip()]
+        probs = self.class_probs([texts[i] for i in filled], max_tokens)
+        names = self.label_names()
+        out: list[dict] = [{"label": "", "probs": {}} for _ in texts]
+        for i, row in zip(filled, probs.tolist()):
+            best = max(range(len(row)), key=row.__getitem__)
+            out[i] = {"label": names[best], "probs": dict(zip(names, row))}
+        return out
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        on_token: Callable[[str], Any] | None = None,
+        use_cache: bool = True,
+    ) -> str:
+        """The text sampled after ``prompt`` (prompt excluded). ``on_token(text)`` receives the
+        new text as soon as it decodes (streaming; a token ending mid-character waits)."""
+        from aiayn.decode.generate import TextStream, generate
+
+        self._need("lm", "generate")
+        prompt_ids = self.tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise ConfigError("--prompt has no token the model's tokenizer knows")
+        if self.tokenizer.unk_id in prompt_ids:
+            log.warning("the prompt has characters the model never saw; they read as <unk>")
+        stream = TextStream(self.tokenizer, on_token) if on_token is not None else None
+        tokens = generate(
+            self.model,
+            prompt_ids,
+            max_new_tokens,
+            self.text_limit,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            use_cache=use_cache,
+            on_token=stream,
+        )
+        return self.tokenizer.decode(tokens)
+
+    # ---- scoring ---------------------------------------------------------------------------
+    def score(
+        self,
+        split: str | None = None,
+        src: str | Path | None = None,
+        ref: str | Path | None = None,
+        limit: int = 0,
+        decode: DecodeConfig | None = None,
+        **overrides: Any,
+    ) -> dict[str, Any]:
+        """Score the model on a split of its dataset or on files: sacreBLEU (cased, -lc) and chrF
+        of its translations, or a classifier's accuracy (``src`` a label<TAB>text .tsv or
+        .jsonl). One evaluator for all kinds; the result says what it measured (``test_set``,
+        counts, timing, settings)."""
+        if limit < 0:
+            raise ConfigError(f"--limit must be >= 0, got {limit}")
+        if self.kind == "classification":
+            return self._score_classifier(split, src, limit, overrides.get("max_tokens"))
+        self._need("translation", "score")
+        sources, refs, name = self._test_set(split, src, ref)
+        if limit:
+            sources, refs = sources[:limit], refs[:limit]
+        cfg = self.decode_config(decode, **overrides)
+        from aiayn.eval import corpus_scores
+
+        start = time.perf_counter()
+        hyps = self.translate(sources, cfg)
+        seconds = time.perf_counter() - start
+        scores = corpus_scores(hyps, refs)
+        scores.update(
+            test_set=name,
+            seconds=round(seconds, 3),
+            sentences_per_s=round(len(sources) / max(seconds, 1e-9), 2),
+            decoding={**vars(cfg), "device": str(self.device)},
+            model=self._model_name(),
+            hyps=hyps,
+        )
+        return scores
+
+    def _model_name(self) -> str | list[str]:
+        return str(self.path) if len(self.paths) == 1 else [str(p) for p in self.paths]
+
+    def _dataset(self) -> Any:
+        if not self.has_data:
+            what = "--src FILE" if self.kind == "classification" else "--src/--ref"
+            raise ConfigError(f"{self.path}: the model folder records no dataset; use {what}")
+        return self.config.data
+
+    def _test_set(
+        self, split: str | None, src: str | Path | None, ref: str | Path | None
+    ) -> tuple[list[str], list[str], str]:
+        from aiayn.data import load_translation, read_parallel
+
+        if bool(split) == bool(src or ref):
+            raise ConfigError("give either --split NAME or --src FILE --ref FILE")
+        if src or ref:
+            if not (src and ref):
+                raise ConfigError("--src and --ref go together")
+            sources, refs = read_parallel(src, ref)
+            return sources, refs, Path(src).stem
+        assert split is not None
+        sources, refs = load_translation(self._dataset(), split)
+        return sources, refs, split
+
+    def _score_classifier(
+        self, split: str | None, src: str | Path | None, limit: int, max_tokens: int | None
+    ) -> dict[str, Any]:
+        from aiayn.data import load_classification, read_labelled
+        from aiayn.decode.classify import evaluate_classifier
+
+        if bool(split) == bool(src):
+            raise ConfigError(
+                "give either --split NAME or --src FILE (label<TAB>text .tsv or .jsonl)"
+            )
+        if src:
+            texts, labels = read_labelled(src)
+            name = Path(src).stem
+        else:
+            assert split is not None
+            texts, labels = load_classification(self._dataset(), split)
+            name = split
+        if limit:
+            texts, labels = texts[:limit], labels[:limit]
+        self._need("classification", "score")
+        scores = evaluate_classifier(
+            self.model, self.tokenizer, texts, labels, self.text_limit, max_tokens, self.device
+        )
+        scores.update(test_set=name, model=self._model_name(), device=str(self.device))
+        return scores

@@ -1,0 +1,169 @@
+"""Tasks: what the one training loop needs to know about a model shape, and the registry of shapes.
+
+The trainer (:mod:`aiayn.train.trainer`) owns optimisation, precision, processes, checkpoints and
+logging. A :class:`Task` owns the data and the model shape: it loads and tokenises the data,
+builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
+and token counts, and computes expensive validation metrics (BLEU for translation).
+
+Each model shape has one name (``data.task`` in a recipe, ``kind`` in a model folder's
+config.json), one Task class and one model class. A shape registers itself in its own module with
+:func:`register_shape` (fairseq's ``@register_task``); this module never imports them, so no
+import cycle is possible. The built-in shapes are imported by :mod:`aiayn.train` (``__init__``):
+adding a shape is one new module and one import line there.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
+from aiayn.train.config import RunConfig
+
+__all__ = [
+    "StepStats",
+    "Task",
+    "SHAPES",
+    "OLD_NAMES",
+    "register_shape",
+    "shape_name",
+    "task_class",
+    "build_task",
+    "output_weight",
+]
+
+
+def output_weight(model: nn.Module) -> Tensor:
+    """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
+    return getattr(model, "module", model).generator.weight
+
+
+@dataclass
+class StepStats:
+    """One micro-batch's contribution: summed loss (with grad) and counts."""
+
+    loss: Tensor  # summed training loss over the targets (label-smoothed for translation)
+    nll: Tensor  # summed negative log-likelihood of the targets (detached), for reporting
+    n_targets: int  # what the loss is normalised by: predicted tokens (or examples)
+    n_tokens: int  # tokens the model processed (source + target, no padding), for tokens/s
+
+
+class Task(ABC):
+    """The interface between the trainer and one model shape (see the module docstring).
+
+    Lifecycle: ``setup`` (data + tokenizer) -> ``model_config`` (vocabulary size filled in) ->
+    ``build_model`` -> per epoch ``epoch_batches`` -> per micro-batch ``collate`` + ``loss``;
+    validation: ``valid_batches`` + ``loss``, and ``valid_metrics`` when due.
+    """
+
+    #: the shape's name (config.json "kind", data.task) and model class, set by register_shape
+    kind: ClassVar[str] = ""
+    model_class: ClassVar[Callable[[ModelConfig], nn.Module]]
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def setup(self, tokenizer_json: str | None) -> str:
+        """Load the data; train the tokenizer unless ``tokenizer_json`` restores one. Returns the
+        tokenizer as JSON (saved in the run folder)."""
+
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        """``model`` with the fields the data fixes (vocabulary size) filled in."""
+        return model
+
+    def build_model(self, model: ModelConfig) -> nn.Module:
+        return type(self).model_class(model)
+
+    @abstractmethod
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+        """This process's batches (lists of training-example indices) for ``epoch`` (1-based): a
+        deterministic function of the arguments and the config, using no global RNG."""
+
+    @abstractmethod
+    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+        """This process's share of the validation set, as batches of indices."""
+
+    @abstractmethod
+    def collate(self, split: str, indices: list[int]) -> Any:
+        """The tensors of one batch of ``split`` ("train" or "valid") examples."""
+
+    @abstractmethod
+    def num_targets(self, batch: Any) -> int:
+        """The loss normaliser of ``batch``, known before the forward pass."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
+        """Forward ``batch`` (moved to ``device``) through ``model``; summed loss and counts."""
+
+    def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
+        """Expensive validation metrics, computed on rank 0 when ``train.metrics_every`` says so."""
+        return {}
+
+
+# --------------------------------------------------------------------------------------------
+# The registry of model shapes
+# --------------------------------------------------------------------------------------------
+
+#: shape name -> its Task class (which names its model class)
+SHAPES: dict[str, type[Task]] = {}
+#: names older model folders wrote in config.json "kind"
+OLD_NAMES = {"seq2seq": "translation", "classifier": "classification"}
+
+
+def register_shape(
+    name: str, model_class: Callable[[ModelConfig], nn.Module]
+) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: ``@register_shape("lm", TransformerLM)`` on the shape's Task class."""
+
+    def register(cls: type[Task]) -> type[Task]:
+        if name in SHAPES:
+            raise ValueError(f"model shape '{name}' is registered twice")
+        cls.kind, cls.model_class = name, model_class
+        SHAPES[name] = cls
+        return cls
+
+    return register
+
+
+def shape_name(name: str) -> str:
+    """The current name of a shape (old config.json names mapped)."""
+    return OLD_NAMES.get(name, name)
+
+
+def task_class(name: str) -> type[Task]:
+    """The Task class of shape ``name``; ConfigError naming the registered shapes otherwise."""
+    name = shape_name(name)
+    if name not in SHAPES:
+        raise ConfigError(f"unknown model shape '{name}' (have: {', '.join(SHAPES)})")
+    return SHAPES[name]
+
+
+def build_task(cfg: RunConfig) -> Task:
+    """The Task for ``data.task``."""
+    name = cfg.data.task
+    if name not in SHAPES:
+        raise ConfigError(
+            f"data.task = '{name}' has no trainer task yet (have: {', '.join(SHAPES)})"
+        )
+    if cfg.train.adversarial_eps and name != "classification":
+        raise ConfigError(
+            f"train.adversarial_eps applies to data.task = 'classification' only, not '{name}'"
+        )
+    if cfg.model.output_vocab != "all" and name != "translation":
+        raise ConfigError(
+            f"model.output_vocab = '{cfg.model.output_vocab}' applies to "
+            f"data.task = 'translation' only, not '{name}'"
+        )
+    if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
+        raise ConfigError(
+            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
+            "a noisy segmentation produces tokens the clean targets never hold"
+        )
+    return SHAPES[name](cfg)
