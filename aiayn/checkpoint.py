@@ -57,7 +57,9 @@ def tokenizer_digest(tokenizer: str | bytes) -> str | None:
 _UNCHECKED_NOTED: set[str] = set()
 
 
-def verify_folder_parts(folder: str | Path, weights_name: str = WEIGHTS_FILE) -> None:
+def verify_folder_parts(
+    folder: str | Path, weights_name: str = WEIGHTS_FILE, model_cfg: ModelConfig | None = None
+) -> None:
     """Check that a folder's config.json (model section) and tokenizer.json are those its weights
     were written with (recorded in the weights' metadata); CheckpointError naming what differs.
     Folders written before the record existed load unchecked (said once per folder)."""
@@ -73,10 +75,9 @@ def verify_folder_parts(folder: str | Path, weights_name: str = WEIGHTS_FILE) ->
             _UNCHECKED_NOTED.add(str(folder))
             log.info("%s: written before aiayn recorded a folder's parts; not checked", folder)
         return
-    meta = read_config(folder)
     try:
         saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
-        here = to_dict(from_dict(ModelConfig, meta["model"]))
+        here = to_dict(model_cfg or from_dict(ModelConfig, read_config(folder)["model"]))
     except (AiaynError, ValueError, TypeError):
         raise CheckpointError(f"{folder / CONFIG_FILE}: its model section is not valid") from None
     diffs = [

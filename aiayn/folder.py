@@ -29,7 +29,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_weights, read_config
+from aiayn.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    load_weights,
+    read_config,
+    verify_folder_parts,
+)
 from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.config import DecodeConfig
@@ -92,6 +99,7 @@ def _check_kind(folder: Path, parsed: FolderConfig, expect_kind: str | None) -> 
 
 
 def _build(folder: Path, parsed: FolderConfig, device: Any, weights_name: str) -> nn.Module:
+    verify_folder_parts(folder, weights_name, parsed.config.model)
     model = SHAPES[parsed.kind].model_class(parsed.config.model)
     load_weights(model, folder / weights_name)
     return model.to(device).eval()

@@ -132,7 +132,7 @@ def test_bleu(model_dir: Path, split: str = "test_2016_flickr") -> dict:
 def _run_numbers(run: Path, rows: list[dict]) -> dict:
     valid = [r for r in rows if "valid_loss" in r]
     config = json.loads((run / "config.json").read_text(encoding="utf-8"))
-    from aiayn.checkpoint import load_model_dir
+    from aiayn.folder import load_model_dir
 
     model, _, _ = load_model_dir(run)
     last = rows[-1]

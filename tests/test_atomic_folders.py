@@ -26,7 +26,8 @@ import torch
 from safetensors import safe_open
 
 import aiayn.io
-from aiayn.checkpoint import load_model_dir, save_model_dir
+from aiayn.checkpoint import save_model_dir
+from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.errors import AiaynError
 from aiayn.train.run_folder import RunFolder
