@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from aiayn.decode.config import DecodeConfig
 from aiayn.io import write_text
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ TASKS = {  # config.json "kind" (old and new names) -> what the card calls it
     "lm": "language model",
     "masked_lm": "masked language model (pre-training)",
 }
-DECODE_DEFAULTS = {"beam": 4, "alpha": 0.6}  # DecodeConfig's, quoted when a folder sets none
+# DecodeConfig's, quoted when a folder sets none
+DECODE_DEFAULTS = {"beam": DecodeConfig.beam, "alpha": DecodeConfig.alpha}
 
 
 def write_model_card(folder: str | Path, shown_as: str | Path | None = None) -> Path | None:

@@ -153,13 +153,13 @@ def batch_flops(s: Shape, batch: Batch) -> float:
 
 def multi30k_batches(s: Shape, max_tokens: int, n: int) -> tuple[list, list[Batch], dict]:
     """The first ``n`` batches of epoch 1 of Multi30k En→De through aiayn's data pipeline."""
-    from aiayn.data import (DataConfig, TokenBatchSampler, collate_translation, fit_tokenizer,
+    from aiayn.data import (DataConfig, TokenBatchSampler, collate_translation, train_tokenizer_for,
                             pair_lengths, prepare_translation)
 
     cfg = DataConfig(dataset="multi30k", src_lang="en", tgt_lang="de", train_split="train",
                      valid_split="val", tokenizer="bpe", vocab_size=s.vocab_size,
                      max_tokens=max_tokens, max_len=128)
-    tokenizer = fit_tokenizer(cfg)
+    tokenizer = train_tokenizer_for(cfg)
     pairs, _ = prepare_translation(cfg, tokenizer)
     sampler = TokenBatchSampler(*pair_lengths(pairs), max_tokens=max_tokens, seed=1)
     # Full batches only (the last batch of a length bucket can be tiny), so every step is ~4k

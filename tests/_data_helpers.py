@@ -95,11 +95,11 @@ def real_cache(tmp_path_factory):
     if not MIRROR:
         pytest.skip("real data: AIAYN_DATA_MIRROR is not set")
     if "cache" not in _SHARED:
-        from aiayn.data import DATASETS, prepare
+        from aiayn.data import DATASETS, download_dataset
 
         cache = tmp_path_factory.mktemp("aiayn_cache")
         for name in DATASETS:
-            prepare(name, mirror=MIRROR, cache=cache, progress=False)
+            download_dataset(name, mirror=MIRROR, cache=cache, progress=False)
         _SHARED["cache"] = cache
     return _SHARED["cache"]
 
@@ -115,7 +115,7 @@ def use_real_cache(real_cache, monkeypatch):
 def multi30k_bpe(use_real_cache):
     """The default BPE tokenizer (8000) trained on Multi30k train, trained once per session."""
     if "bpe" not in _SHARED:
-        from aiayn.data import DataConfig, fit_tokenizer
+        from aiayn.data import DataConfig, train_tokenizer_for
 
-        _SHARED["bpe"] = fit_tokenizer(DataConfig(dataset="multi30k", vocab_size=8000))
+        _SHARED["bpe"] = train_tokenizer_for(DataConfig(dataset="multi30k", vocab_size=8000))
     return _SHARED["bpe"]

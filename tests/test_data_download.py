@@ -10,7 +10,7 @@ import pytest
 
 from _data_helpers import (MIRROR, files_in, imdb_tarball, needs_mirror, real_cache,  # noqa: F401
                            server, sha256, use_real_cache)
-from aiayn.data import DATASETS, DataConfig, load_classification, prepare
+from aiayn.data import DATASETS, DataConfig, download_dataset, load_classification
 from aiayn.data.download import SourceMissing, fetch
 from aiayn.data.registry import DatasetSpec, Layout, RemoteFile
 from aiayn.errors import DataError
@@ -93,22 +93,22 @@ def toy(monkeypatch, server):
 
 def test_prepare_from_official_urls_is_idempotent(toy, server, tmp_path):
     server.routes.update({"/official/a.txt": A, "/official/b.txt": B})
-    folder = prepare("toy", mirror="", cache=tmp_path, progress=False)
+    folder = download_dataset("toy", mirror="", cache=tmp_path, progress=False)
     assert folder == tmp_path / "datasets" / "toy"
     assert (folder / "a.txt").read_bytes() == A and (folder / "b.txt").read_bytes() == B
     record = json.loads((folder / "prepared.json").read_text())
     assert record["files"] == {"a.txt": sha256(A), "b.txt": sha256(B)}
     stamps = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
-    assert prepare("toy", mirror="", cache=tmp_path) == folder
+    assert download_dataset("toy", mirror="", cache=tmp_path) == folder
     assert server.hits == {"/official/a.txt": 1, "/official/b.txt": 1}  # nothing fetched again
     assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
 
 
 def test_prepare_refetches_a_corrupted_cache_file(toy, server, tmp_path):
     server.routes.update({"/official/a.txt": A, "/official/b.txt": B})
-    folder = prepare("toy", mirror="", cache=tmp_path, progress=False)
+    folder = download_dataset("toy", mirror="", cache=tmp_path, progress=False)
     (folder / "b.txt").write_bytes(b"damaged")
-    prepare("toy", mirror="", cache=tmp_path, progress=False)
+    download_dataset("toy", mirror="", cache=tmp_path, progress=False)
     assert (folder / "b.txt").read_bytes() == B
     assert server.hits == {"/official/a.txt": 1, "/official/b.txt": 2}
 
@@ -117,7 +117,7 @@ def test_prepare_uses_the_environment_mirror_url(toy, server, tmp_path, monkeypa
     server.routes.update({"/m/toyfolder/a.txt": A, "/m/toyfolder/b.txt": B})
     monkeypatch.setenv("AIAYN_DATA_MIRROR", f"{server.url}/m/")
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
-    folder = prepare("toy", progress=False)
+    folder = download_dataset("toy", progress=False)
     assert folder == tmp_path / "datasets" / "toy" and (folder / "a.txt").read_bytes() == A
     assert not any(path.startswith("/official") for path in server.hits)
 
@@ -126,7 +126,7 @@ def test_prepare_from_a_folder_mirror(toy, tmp_path):
     (tmp_path / "mirror" / "toyfolder").mkdir(parents=True)
     (tmp_path / "mirror" / "toyfolder" / "a.txt").write_bytes(A)
     (tmp_path / "mirror" / "toyfolder" / "b.txt").write_bytes(B)
-    folder = prepare("toy", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
+    folder = download_dataset("toy", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
     assert files_in(folder) == ["a.txt", "b.txt", "prepared.json"]
 
 
@@ -134,30 +134,30 @@ def test_mirror_missing_a_file_names_it(toy, tmp_path):
     (tmp_path / "mirror" / "toyfolder").mkdir(parents=True)
     (tmp_path / "mirror" / "toyfolder" / "a.txt").write_bytes(A)
     with pytest.raises(DataError, match=r"toyfolder/b\.txt: no such file.*lacks a file of dataset 'toy'"):
-        prepare("toy", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
+        download_dataset("toy", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
     assert not (tmp_path / "cache" / "datasets" / "toy" / "prepared.json").exists()
 
 
 def test_mirror_without_the_dataset(toy, server, tmp_path):
     with pytest.raises(DataError, match=r"/m/toyfolder/a\.txt: HTTP 404.*lacks dataset 'toy'"):
-        prepare("toy", mirror=f"{server.url}/m", cache=tmp_path)
+        download_dataset("toy", mirror=f"{server.url}/m", cache=tmp_path)
 
 
 def test_mirror_folder_that_does_not_exist(toy, tmp_path):
     with pytest.raises(DataError, match=r"data mirror .*nowhere: no such folder"):
-        prepare("toy", mirror=str(tmp_path / "nowhere"), cache=tmp_path)
+        download_dataset("toy", mirror=str(tmp_path / "nowhere"), cache=tmp_path)
 
 
 def test_checksum_mismatch_in_the_mirror(toy, server, tmp_path):
     server.routes.update({"/m/toyfolder/a.txt": A, "/m/toyfolder/b.txt": b"tampered\n"})
     with pytest.raises(DataError, match=r"b\.txt: checksum mismatch"):
-        prepare("toy", mirror=f"{server.url}/m", cache=tmp_path, progress=False)
+        download_dataset("toy", mirror=f"{server.url}/m", cache=tmp_path, progress=False)
     assert files_in(tmp_path) == ["datasets/toy/a.txt"]  # the bad file removed, no record written
 
 
 def test_unknown_dataset_name():
     with pytest.raises(DataError, match=r"unknown dataset 'multi30' \(did you mean 'multi30k'\?\)"):
-        prepare("multi30")
+        download_dataset("multi30")
 
 
 # ---- IMDB: the official tarball layout, converted to TSV --------------------------------------
@@ -193,7 +193,7 @@ def test_imdb_official_tarball_is_parsed_to_label_text(server, tmp_path, monkeyp
     # A mirror with the tarball but without the TSV layout: the TSVs are tried first, then it.
     (folder / "prepared.json").unlink()
     server.routes["/m/imdb/aclImdb_v1.tar.gz"] = tarball
-    prepare("imdb", mirror=f"{server.url}/m", cache=tmp_path / "second", progress=False)
+    download_dataset("imdb", mirror=f"{server.url}/m", cache=tmp_path / "second", progress=False)
     assert server.hits["/m/imdb/train.tsv.gz"] == 1 and server.hits["/m/imdb/aclImdb_v1.tar.gz"] == 1
 
 
@@ -209,7 +209,7 @@ def test_real_mirror_prepares_every_dataset(real_cache):
     assert files_in(real_cache / "datasets" / "tiny_shakespeare") == ["input.txt", "prepared.json"]
     stamps = {p: p.stat().st_mtime_ns for p in real_cache.rglob("*")}
     for name in DATASETS:  # idempotent: nothing rewritten
-        prepare(name, mirror=MIRROR, cache=real_cache)
+        download_dataset(name, mirror=MIRROR, cache=real_cache)
     assert {p: p.stat().st_mtime_ns for p in real_cache.rglob("*")} == stamps
 
 
@@ -221,7 +221,7 @@ def test_real_mirror_missing_a_file(tmp_path):
         if src.name != "val.de.gz":
             (mirror / src.name).symlink_to(src)
     with pytest.raises(DataError, match=r"multi30k/val\.de\.gz: no such file"):
-        prepare("multi30k", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
+        download_dataset("multi30k", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
 
 
 def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server, tmp_path, capsys):

@@ -8,7 +8,7 @@ import torch
 from _data_helpers import (files_in, multi30k_bpe, needs_mirror, real_cache,  # noqa: F401
                            use_real_cache)
 from aiayn.config import ModelConfig
-from aiayn.data import (CharTokenizer, DataConfig, Tokenizer, fit_tokenizer, load_translation,
+from aiayn.data import (CharTokenizer, DataConfig, Tokenizer, train_tokenizer_for, load_translation,
                         train_tokenizer)
 from aiayn.errors import DataError
 
@@ -150,7 +150,7 @@ def test_multi30k_validation_round_trips_exactly(use_real_cache, multi30k_bpe):
 @needs_mirror
 def test_multi30k_validation_round_trips_with_unigram(use_real_cache):
     cfg = DataConfig(dataset="multi30k", tokenizer="unigram", vocab_size=8000)
-    tok = fit_tokenizer(cfg)
+    tok = train_tokenizer_for(cfg)
     src, tgt = load_translation(cfg, "val")
     assert tok.decode_batch(tok.encode_batch(src + tgt)) == [tok.normalize(t) for t in src + tgt]
 

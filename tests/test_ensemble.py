@@ -63,7 +63,7 @@ def test_ensemble_step_is_the_mean_of_the_models_distributions():
     tgt = torch.tensor([[1, 11, 12, 13], [1, 14, 15, 16]])
     memory = ens.encode(src)
     cache = ens.init_cache(memory, src=src)
-    steps = [ens.decode(tgt[:, t:t + 1], memory, cache) for t in range(tgt.size(1))]  # (B, 1, V) each
+    steps = [ens.log_probs(tgt[:, t:t + 1], memory, cache) for t in range(tgt.size(1))]  # (B, 1, V) each
     got = torch.cat(steps, dim=1)
     want = torch.log((torch.softmax(a(src, tgt).double(), -1) + torch.softmax(b(src, tgt).double(), -1)) / 2)
     assert cache.length == 4 and all(c.length == 4 for c in cache.caches)

@@ -130,3 +130,14 @@ def test_aiayn_has_no_import_cycle():
     graph = import_graph()
     assert len(graph) > 50 and graph["aiayn.cli"]
     assert find_cycles(graph) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A ``_name`` is private to its module: one that another module needs is made public."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiayn"):
+                found += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []

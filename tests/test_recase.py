@@ -7,7 +7,7 @@ import json
 import pytest
 
 from _data_helpers import needs_mirror, real_cache, use_real_cache  # noqa: F401
-from aiayn.data import DataConfig, Tokenizer, fit_tokenizer, load_translation, train_tokenizer
+from aiayn.data import DataConfig, Tokenizer, train_tokenizer_for, load_translation, train_tokenizer
 from aiayn.data.recase import Recaser
 from aiayn.errors import DataError
 
@@ -81,7 +81,7 @@ def test_multi30k_lowercased_references_recase_back_to_cased_bleu_above_95(use_r
     from aiayn.eval import corpus_scores
 
     cfg = DataConfig(dataset="multi30k", lowercase=True, vocab_size=1000)
-    tok = fit_tokenizer(cfg)
+    tok = train_tokenizer_for(cfg)
     assert tok.recaser is not None
     _, ref = load_translation(cfg, "test_2016_flickr")
     scores = corpus_scores([tok.recaser(r.lower()) for r in ref], ref)

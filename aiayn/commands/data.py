@@ -23,14 +23,14 @@ from aiayn.data import (
     TokenBatchSampler,
     Tokenizer,
     cache_dir,
-    fit_tokenizer,
-    is_prepared,
+    download_dataset,
+    is_downloaded,
     padding_fraction,
     pair_lengths,
-    prepare,
     prepare_classification,
     prepare_lm,
     prepare_translation,
+    train_tokenizer_for,
 )
 from aiayn.data.readers import read_text
 from aiayn.errors import ConfigError
@@ -120,14 +120,14 @@ def data_config(args: argparse.Namespace) -> DataConfig:
 def run_list(args: argparse.Namespace) -> int:
     root = cache_dir() / "datasets"
     for spec in DATASETS.values():
-        cached = "cached" if is_prepared(root / spec.name) else "not cached"
+        cached = "cached" if is_downloaded(root / spec.name) else "not cached"
         print(f"{spec.name:<17} {spec.task:<15} {cached:<11} {spec.description}")
         print(f"{'':<17} splits: {', '.join(spec.splits)}; terms: {spec.terms}")
     return 0
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    folder = prepare(
+    folder = download_dataset(
         args.name,
         mirror=args.mirror,
         cache=args.cache,
@@ -140,7 +140,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 def run_tokenizer(args: argparse.Namespace) -> int:
     cfg = data_config(args)
-    tokenizer = fit_tokenizer(cfg)
+    tokenizer = train_tokenizer_for(cfg)
     tokenizer.save(args.output)
     print(f"{args.output}: {tokenizer.kind} tokenizer, {tokenizer.vocab_size} tokens")
     return 0
@@ -149,7 +149,7 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 def run_stats(args: argparse.Namespace) -> int:
     cfg = data_config(args)
     start = time.perf_counter()
-    tokenizer = Tokenizer.from_file(args.tokenizer) if args.tokenizer else fit_tokenizer(cfg)
+    tokenizer = Tokenizer.from_file(args.tokenizer) if args.tokenizer else train_tokenizer_for(cfg)
     fitted = time.perf_counter()
     if cfg.task == "lm":
         train, valid = prepare_lm(cfg, tokenizer)

@@ -65,8 +65,8 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
     )
-    p.epilog = (
-        "Decoding flags left out take the model folder's settings (config.json 'decode', "
+    p.description = (p.description or "") + (
+        " Decoding flags left out take the model folder's settings (config.json 'decode', "
         "from the recipe's [decode] section), else the defaults shown."
     )
 

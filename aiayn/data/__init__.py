@@ -4,7 +4,7 @@ user's own files, tokenizers, token-budget batching and collate functions.
 Typical use (translation)::
 
     cfg = DataConfig(dataset="multi30k", vocab_size=8000, max_tokens=4096)
-    tokenizer = fit_tokenizer(cfg)                       # trained on the training split only
+    tokenizer = train_tokenizer_for(cfg)                       # trained on the training split only
     train, valid = prepare_translation(cfg, tokenizer)   # token-id pairs, long ones dropped
     sampler = TokenBatchSampler(*pair_lengths(train), max_tokens=cfg.max_tokens, seed=cfg.seed)
     for epoch in range(n):
@@ -25,7 +25,6 @@ from aiayn.data.batching import (
 )
 from aiayn.data.config import DataConfig
 from aiayn.data.loaders import (
-    fit_tokenizer,
     load_classification,
     load_lm_text,
     load_translation,
@@ -33,10 +32,17 @@ from aiayn.data.loaders import (
     prepare_lm,
     prepare_translation,
     prepare_translation_texts,
+    train_tokenizer_for,
     training_texts,
 )
 from aiayn.data.readers import read_labelled, read_lines, read_parallel, read_text
-from aiayn.data.registry import DATASETS, cache_dir, get_spec, is_prepared, prepare
+from aiayn.data.registry import (
+    DATASETS,
+    cache_dir,
+    download_dataset,
+    get_spec,
+    is_downloaded,
+)
 from aiayn.data.tokenizer import (
     SPECIAL_TOKENS,
     CharTokenizer,
@@ -48,10 +54,10 @@ from aiayn.data.tokenizer import (
 __all__ = [
     "DataConfig",
     "DATASETS",
-    "prepare",
+    "download_dataset",
     "get_spec",
     "cache_dir",
-    "is_prepared",
+    "is_downloaded",
     "read_text",
     "read_lines",
     "read_parallel",
@@ -60,7 +66,7 @@ __all__ = [
     "load_classification",
     "load_lm_text",
     "training_texts",
-    "fit_tokenizer",
+    "train_tokenizer_for",
     "prepare_translation",
     "prepare_translation_texts",
     "prepare_classification",

@@ -43,7 +43,8 @@ class TokenBatchSampler:
     With ``world_size > 1`` each rank gets every ``world_size``-th batch of the shuffled order;
     the few batches left over (fewer than ``world_size``) are dropped from that epoch, so all
     ranks take the same number of steps and no example is seen twice. An example longer than
-    ``max_tokens`` on its own forms a batch of one (filter training data by length beforehand).
+    ``max_tokens`` on its own forms a batch of one (filter training data by length beforehand;
+    ``warn_long=False`` for inference, where such a sentence is simply decoded alone).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class TokenBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         max_batch_size: int | None = None,
+        warn_long: bool = True,
     ) -> None:
         src = np.asarray(src_lengths, dtype=np.int64)
         tgt = src if tgt_lengths is None else np.asarray(tgt_lengths, dtype=np.int64)
@@ -79,7 +81,7 @@ class TokenBatchSampler:
         self._width = np.maximum(src, tgt)
         self._bounds = self._cut(self._width[self._sort_keys(None)])
         n_over = int((self._width > self.max_tokens).sum())
-        if n_over:
+        if n_over and warn_long:
             log.warning(
                 "%d examples exceed max_tokens=%d and form batches of one", n_over, max_tokens
             )

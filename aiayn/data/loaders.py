@@ -1,6 +1,6 @@
 """From a :class:`DataConfig` to raw text, a tokenizer, and token-id examples ready to batch.
 
-Raw text comes from a registered dataset (fetched and cached by :func:`prepare`) or from the
+Raw text comes from a registered dataset (fetched and cached by :func:`~aiayn.data.registry.download_dataset`) or from the
 user's own files (``dataset = ""``). Splits of the user's files are ``train`` and ``valid``
 (the names in ``train_split`` / ``valid_split`` are accepted too).
 """
@@ -14,7 +14,7 @@ import torch
 
 from aiayn.data.config import DataConfig
 from aiayn.data.readers import read_labelled, read_parallel, read_text
-from aiayn.data.registry import get_spec, prepare
+from aiayn.data.registry import download_dataset, get_spec
 from aiayn.data.tokenizer import Tokenizer, train_tokenizer
 from aiayn.errors import DataError
 
@@ -22,7 +22,7 @@ __all__ = [
     "load_translation",
     "load_classification",
     "load_lm_text",
-    "fit_tokenizer",
+    "train_tokenizer_for",
     "training_texts",
     "prepare_translation",
     "prepare_classification",
@@ -49,7 +49,7 @@ def _registered(cfg: DataConfig, task: str, split: str) -> Path:
         raise DataError(
             f"dataset '{cfg.dataset}' has no split '{split}'; splits: {', '.join(spec.splits)}"
         )
-    return prepare(cfg.dataset)
+    return download_dataset(cfg.dataset)
 
 
 def _own_split(cfg: DataConfig, split: str) -> str:
@@ -127,7 +127,7 @@ def training_texts(cfg: DataConfig) -> list[str]:
     return [load_lm_text(cfg, cfg.train_split)]
 
 
-def fit_tokenizer(cfg: DataConfig) -> Tokenizer:
+def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     """Train the configured tokenizer (kind, vocab_size) on the training split only. A lower-casing
     translation tokenizer also learns to recase the output from the training targets."""
     if cfg.task == "translation":

@@ -1,6 +1,6 @@
 """Named datasets: where their files come from, their checksums, and how to fetch them into the cache.
 
-``prepare(name)`` downloads a dataset's files into ``$AIAYN_CACHE/datasets/NAME`` (default cache
+``download_dataset(name)`` downloads a dataset's files into ``$AIAYN_CACHE/datasets/NAME`` (default cache
 ``~/.cache/aiayn``), verifies each sha256, writes atomically and records what it verified in
 ``prepared.json``, so a second call does nothing. ``$AIAYN_DATA_MIRROR`` (a folder or a base URL
 laid out as ``FOLDER/FILE``) replaces the official sources: nothing is then fetched from anywhere
@@ -31,10 +31,10 @@ __all__ = [
     "DatasetSpec",
     "DATASETS",
     "get_spec",
-    "prepare",
+    "download_dataset",
     "cache_dir",
     "mirror_location",
-    "is_prepared",
+    "is_downloaded",
 ]
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def mirror_location(mirror: str, spec: DatasetSpec, name: str) -> str:
     return str(Path(mirror).expanduser() / spec.folder / name)
 
 
-def is_prepared(folder: Path) -> bool:
+def is_downloaded(folder: Path) -> bool:
     """True when ``folder`` holds every file its ``prepared.json`` lists, with the sha256 recorded."""
     try:
         record = json.loads((folder / _MARKER).read_text())
@@ -211,7 +211,7 @@ def is_prepared(folder: Path) -> bool:
     return all((folder / n).is_file() and sha256_of(folder / n) == h for n, h in files.items())
 
 
-def prepare(
+def download_dataset(
     name: str,
     *,
     mirror: str | None = None,
@@ -227,7 +227,7 @@ def prepare(
     spec = get_spec(name)
     folder = Path(cache).expanduser() if cache is not None else cache_dir()
     folder = folder / "datasets" / spec.name
-    if not force and is_prepared(folder):
+    if not force and is_downloaded(folder):
         log.debug("%s: already prepared in %s", name, folder)
         return folder
     mirror = os.environ.get("AIAYN_DATA_MIRROR", "") if mirror is None else mirror

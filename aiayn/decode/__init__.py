@@ -10,9 +10,9 @@ from aiayn.decode.search import (
     length_penalty,
     sample,
 )
+from aiayn.decode.step import Seq2SeqModel, transformer_step
 from aiayn.decode.translate import (
     token_batches,
-    transformer_step,
     translate_hypotheses,
     translate_ids,
     translate_texts,
@@ -22,6 +22,7 @@ __all__ = [
     "DecodeConfig",
     "Ensemble",
     "Hypothesis",
+    "Seq2SeqModel",
     "beam_search",
     "filter_log_probs",
     "greedy_search",

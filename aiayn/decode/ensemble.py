@@ -5,10 +5,8 @@ Shape legend: B sentences · N decoder rows (B, or B·k with a beam of k) · T n
 At every step each model gives its next-token distribution and the ensemble's is their mean,
 p(y) = 1/n Σᵢ pᵢ(y), computed in log space: log p = logsumexp_i(log pᵢ) - log n. Each model keeps
 its own encoder memory and decoder cache, so search (:mod:`aiayn.decode.search`) sees one model:
-:class:`Ensemble` has the ``encode`` / ``init_cache`` / ``decode`` of a
-:class:`~aiayn.model.Transformer`, and its ``decode`` returns log-probabilities, which are
-logits that ``log_softmax`` leaves unchanged (``outputs_log_probs`` tells
-:func:`~aiayn.decode.translate.transformer_step` to skip that pass over the vocabulary). An
+:class:`Ensemble` has the ``encode`` / ``init_cache`` / ``log_probs`` of a
+:class:`~aiayn.model.Transformer` (the :class:`~aiayn.decode.step.Seq2SeqModel` protocol). An
 ensemble of one model decodes exactly as that model (tested).
 
 The models must share their vocabulary: one tokenizer, the same special ids, the same output size.
@@ -57,8 +55,6 @@ class Ensemble(nn.Module):
     table every model can read); the special ids and output size are the same in all (checked).
     """
 
-    outputs_log_probs = True  # decode() returns normalised log-probabilities, not logits
-
     def __init__(self, models: Sequence[nn.Module]) -> None:
         super().__init__()
         if not models:
@@ -84,11 +80,12 @@ class Ensemble(nn.Module):
             [model.init_cache(m, src=src) for model, m in zip(self.models, memory)]
         )
 
-    def decode(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
+    def log_probs(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
         """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
         distribution. Incremental only (a cache from :meth:`init_cache`)."""
-        total = None  # log Σ_i p_i so far, (N, T, V); one pairwise logaddexp per further model
+        total: Tensor | None = None  # log Σ_i p_i so far, (N, T, V); one logaddexp per model
         for model, m, c in zip(self.models, memory, cache.caches):
-            log_probs = torch.log_softmax(model.decode(tgt, m, cache=c).float(), dim=-1)
+            log_probs = model.log_probs(tgt, m, c)
             total = log_probs if total is None else torch.logaddexp(total, log_probs)
+        assert total is not None  # at least one model (checked in __init__)
         return total - math.log(len(self.models))

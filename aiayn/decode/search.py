@@ -116,8 +116,8 @@ def greedy_search(
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     ended, count = done.clone(), torch.zeros(batch_size, dtype=torch.long, device=device)
     for t in range(int(lengths.max())):
-        lp, cache = step(tokens, cache)
-        best, nxt = _forbid_eos(lp, eos_id, t < min_len).max(-1)  # (B,), (B,)
+        log_probs, cache = step(tokens, cache)
+        best, nxt = _forbid_eos(log_probs, eos_id, t < min_len).max(-1)  # (B,), (B,)
         tokens, done = _extend(tokens, nxt, best, log_prob, done, ended, count, eos_id, pad_id)
         done |= count >= lengths
         if bool(done.all()):
@@ -128,7 +128,7 @@ def greedy_search(
 def _extend(
     tokens: Tensor,
     nxt: Tensor,
-    token_lp: Tensor,
+    token_log_prob: Tensor,
     log_prob: Tensor,
     done: Tensor,
     ended: Tensor,
@@ -137,7 +137,7 @@ def _extend(
     pad_id: int,
 ) -> tuple[Tensor, Tensor]:
     """Append one token per row (pad where already done); update the (B,) tallies in place."""
-    log_prob += token_lp.masked_fill(done, 0.0)
+    log_prob += token_log_prob.masked_fill(done, 0.0)
     count += (~done).long()
     nxt = nxt.masked_fill(done, pad_id)
     ended |= ~done & (nxt == eos_id)
@@ -149,8 +149,8 @@ def _row_hypotheses(
 ) -> list[Hypothesis]:
     """(B, t) generated tokens + tallies -> B hypotheses (EOS and later padding dropped)."""
     out = []
-    for row, lp, end, n in zip(new.tolist(), log_prob.tolist(), ended.tolist(), count.tolist()):
-        out.append(Hypothesis(row[: n - 1 if end else n], lp, lp, end))
+    for row, total, end, n in zip(new.tolist(), log_prob.tolist(), ended.tolist(), count.tolist()):
+        out.append(Hypothesis(row[: n - 1 if end else n], total, total, end))
     return out
 
 
@@ -200,9 +200,9 @@ def beam_search(
     scores = torch.zeros(batch_size, 1, device=device)
     state = _Beams(_start(bos_id, batch_size, device), scores, torch.arange(batch_size))
     for t in range(int(lengths.max())):
-        lp, cache = step(state.tokens, cache)
-        lp = _forbid_eos(lp, eos_id, t < min_len)
-        cand_scores, cand_rows, cand_tokens = _top_candidates(state, lp, 2 * beam)
+        log_probs, cache = step(state.tokens, cache)
+        log_probs = _forbid_eos(log_probs, eos_id, t < min_len)
+        cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
         _finish_eos(
             state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty, beam
         )
@@ -268,11 +268,13 @@ def _top_candidates_blocked(
     """
     b, k = scores.shape
     V = log_probs.size(-1)
-    lp = log_probs.view(b, k, V)
+    per_beam = log_probs.view(b, k, V)
     full = V // block * block
-    maxes = lp[..., :full].unflatten(-1, (full // block, block)).amax(-1)  # (b, k, V // block)
+    maxes = (
+        per_beam[..., :full].unflatten(-1, (full // block, block)).amax(-1)
+    )  # (b, k, V // block)
     if full < V:  # the remainder is a block of its own
-        maxes = torch.cat([maxes, lp[..., full:].amax(-1, keepdim=True)], dim=-1)
+        maxes = torch.cat([maxes, per_beam[..., full:].amax(-1, keepdim=True)], dim=-1)
     nb = maxes.size(-1)
     top = (
         (maxes + scores[:, :, None]).view(b, k * nb).topk(n, dim=-1).indices
@@ -282,7 +284,7 @@ def _top_candidates_blocked(
     # window ends at V, and the tokens it shares with the block before are that block's.
     start = (c * block).clamp(max=V - block)  # (b, n) first token of each window
     sentence = torch.arange(b, device=top.device)[:, None]
-    cand = lp.unfold(-1, block, 1)[sentence, j, start]  # (b, n, block)
+    cand = per_beam.unfold(-1, block, 1)[sentence, j, start]  # (b, n, block)
     if full < V:
         shared = start[..., None] + torch.arange(block, device=top.device) < (c * block)[..., None]
         cand = cand.masked_fill(shared, float("-inf"))
@@ -314,12 +316,12 @@ def _finish_eos(
     if where.size(0) == 0:
         return
     length = state.tokens.size(1)  # tokens generated so far + this EOS
-    lp = float(length_penalty(length, alpha, penalty))
+    divisor = float(length_penalty(length, alpha, penalty))
     i, j = where[:, 0], where[:, 1]
     scores = cand_scores[i, j].tolist()
     tokens = state.tokens[cand_rows[i, j], 1:].tolist()  # (n, t - 1)
     for s, log_prob, toks in zip(state.sentence[i.cpu()].tolist(), scores, tokens):
-        finished[s].append(Hypothesis(toks, log_prob / lp, log_prob, True))
+        finished[s].append(Hypothesis(toks, log_prob / divisor, log_prob, True))
 
 
 def _advance(
@@ -375,12 +377,12 @@ def _cut(
     All beams come to the host in one copy of tokens and one of scores, whatever their number."""
     if not cut:
         return []
-    lp = float(length_penalty(state.tokens.size(1) - 1, alpha, penalty))
+    divisor = float(length_penalty(state.tokens.size(1) - 1, alpha, penalty))
     rows = state.tokens[:, 1:].tolist()  # (b·k, t - 1)
     scores = state.scores.tolist()  # (b, k)
     return [
         [
-            Hypothesis(r, s / lp, s, False)
+            Hypothesis(r, s / divisor, s, False)
             for r, s in zip(rows[i * beam : (i + 1) * beam], scores[i])
             if s > float("-inf")
         ]
@@ -441,12 +443,14 @@ def sample(
     done = torch.zeros(B, dtype=torch.bool, device=prefix.device)
     ended, count = done.clone(), torch.zeros(B, dtype=torch.long, device=prefix.device)
     for t in range(max_len):
-        lp, cache = step(tokens, cache)
-        lp = _forbid_eos(lp, eos_id, t < min_len)
-        probs = filter_log_probs(lp, temperature, top_k, top_p).exp()
+        log_probs, cache = step(tokens, cache)
+        log_probs = _forbid_eos(log_probs, eos_id, t < min_len)
+        probs = filter_log_probs(log_probs, temperature, top_k, top_p).exp()
         nxt = torch.multinomial(probs, 1, generator=rng).squeeze(1)  # (B,)
-        token_lp = lp.gather(1, nxt[:, None]).squeeze(1)
-        tokens, done = _extend(tokens, nxt, token_lp, log_prob, done, ended, count, eos_id, pad_id)
+        token_log_prob = log_probs.gather(1, nxt[:, None]).squeeze(1)
+        tokens, done = _extend(
+            tokens, nxt, token_log_prob, log_prob, done, ended, count, eos_id, pad_id
+        )
         if bool(done.all()):
             break
     return _row_hypotheses(tokens[:, prefix.size(1) :], log_prob, ended, count)

@@ -15,20 +15,20 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import Hypothesis, StepFn, beam_search, greedy_search
+from aiayn.decode.search import Hypothesis, beam_search, greedy_search
+from aiayn.decode.step import Seq2SeqModel, transformer_step
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "transformer_step",
     "token_batches",
     "max_output_lengths",
     "translate_ids",
@@ -39,36 +39,14 @@ __all__ = [
 ]
 
 
-def transformer_step(model: Any, memory: Tensor) -> StepFn:
-    """The step function of an encoder–decoder model with a :class:`DecoderCache`.
-
-    Shape: tokens (N, t) -> log_probs (N, V); only tokens the cache has not seen are fed. ``memory``
-    (N, S, D) is read on the first call only (cross-attention keys/values are then cached).
-    A model whose ``decode`` already returns log-probabilities (``outputs_log_probs``, as an
-    :class:`~aiayn.decode.ensemble.Ensemble`) is not normalised again.
-    """
-    normalised = getattr(model, "outputs_log_probs", False)
-
-    def step(tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
-        logits = model.decode(tokens[:, cache.length :], memory, cache=cache)  # (N, new, V)
-        if normalised:
-            return logits[:, -1].float(), cache  # (N, V), a fresh tensor at every step
-        return torch.log_softmax(logits[:, -1].float(), dim=-1), cache  # (N, V)
-
-    return step
-
-
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices sorted by length (longest first), cut into batches whose padded size
-    (sentences × longest length) stays within ``max_tokens``; a longer sentence goes alone."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * max(lengths[batches[-1][0]], 1) <= max_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
+    """Indices in batches of similar length, longest first, whose padded size (sentences ×
+    longest length) stays within ``max_tokens`` (a longer sentence goes alone): the training
+    batcher's cut (:class:`~aiayn.data.batching.TokenBatchSampler`), unshuffled."""
+    if not lengths:
+        return []
+    sampler = TokenBatchSampler(lengths, max_tokens=max_tokens, shuffle=False, warn_long=False)
+    return sampler.batches(0)[::-1]
 
 
 def max_output_lengths(src_lengths: Tensor, cfg: DecodeConfig, cap: int) -> Tensor:
@@ -86,11 +64,11 @@ def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
 
 
 @torch.no_grad()
-def _decode_batch(model: Any, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Search one padded batch. Shape: src (B, S) -> B lists of ``cfg.nbest`` hypotheses."""
-    mc, B, k = model.cfg, src.size(0), cfg.beam
-    src_lengths = (src != mc.pad_id).sum(1).cpu()
-    max_len = max_output_lengths(src_lengths, cfg, mc.max_len)
+    model_cfg, B, k = model.cfg, src.size(0), cfg.beam
+    src_lengths = (src != model_cfg.pad_id).sum(1).cpu()
+    max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len)
     memory = model.encode(src)  # (B, S, D)
     if k == 1:
         cache = model.init_cache(memory, src=src)
@@ -98,11 +76,11 @@ def _decode_batch(model: Any, src: Tensor, cfg: DecodeConfig) -> list[list[Hypot
             transformer_step(model, memory),
             cache,
             B,
-            mc.bos_id,
-            mc.eos_id,
+            model_cfg.bos_id,
+            model_cfg.eos_id,
             max_len,
             cfg.min_len,
-            mc.pad_id,
+            model_cfg.pad_id,
             src.device,
         )
         return [[h] for h in hyps]
@@ -112,8 +90,8 @@ def _decode_batch(model: Any, src: Tensor, cfg: DecodeConfig) -> list[list[Hypot
         cache,
         B,
         k,
-        mc.bos_id,
-        mc.eos_id,
+        model_cfg.bos_id,
+        model_cfg.eos_id,
         max_len,
         cfg.alpha,
         cfg.length_penalty,
@@ -124,7 +102,7 @@ def _decode_batch(model: Any, src: Tensor, cfg: DecodeConfig) -> list[list[Hypot
 
 
 def translate_ids(
-    model: Any,
+    model: Seq2SeqModel,
     sources: Sequence[list[int]],
     cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
@@ -135,8 +113,11 @@ def translate_ids(
     With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
     each batch's result does not depend on it. ``cfg.bf16`` runs it under bfloat16 autocast.
     """
-    device, was_training = next(model.parameters()).device, model.training
-    model.eval()
+    module = model if isinstance(model, nn.Module) else None  # an exported engine is not one
+    device = next(module.parameters()).device if module is not None else torch.device("cpu")
+    was_training = module is not None and module.training
+    if module is not None:
+        module.eval()
     results: list[list[Hypothesis]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lock = threading.Lock()
@@ -151,12 +132,17 @@ def translate_ids(
                 progress(len(index))
 
     try:
-        with torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext():
+        with (
+            torch.autocast(device.type, dtype=torch.bfloat16)
+            if cfg.bf16
+            else contextlib.nullcontext()
+        ):
             in_workers(
                 decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
             )
     finally:
-        model.train(was_training)
+        if module is not None:
+            module.train(was_training)
     return results
 
 

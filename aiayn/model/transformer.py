@@ -187,6 +187,14 @@ class Transformer(nn.Module):
             logits = logits.masked_fill(~self.output_mask, float("-inf"))
         return logits
 
+    def log_probs(self, tgt: Tensor, memory: Tensor, cache: DecoderCache) -> Tensor:
+        """Normalised next-token log-probabilities, incremental: what search asks a model for.
+
+        Shape: tgt (N, T) tokens after the ``cache.length`` already decoded, memory (N, S, D) ->
+        (N, T, V) float32.
+        """
+        return torch.log_softmax(self.decode(tgt, memory, cache=cache).float(), dim=-1)
+
     def forward(
         self,
         src: Tensor,

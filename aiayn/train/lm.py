@@ -36,12 +36,12 @@ class LanguageModelTask(Task):
     """Next-token cross-entropy over windows of a running text with a :class:`TransformerLM`."""
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, fit_tokenizer, prepare_lm
+        from aiayn.data import Tokenizer, prepare_lm, train_tokenizer_for
 
         data = self.cfg.data
         if tokenizer_json is None:
             log.info("training a %s tokenizer on the training text", data.tokenizer)
-            self.tokenizer = fit_tokenizer(data)
+            self.tokenizer = train_tokenizer_for(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
         self.ids = dict(zip(("train", "valid"), prepare_lm(data, self.tokenizer)))

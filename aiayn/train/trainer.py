@@ -134,26 +134,26 @@ class Trainer:
     ) -> None:
         self.cfg, self.task, self.folder, self.dist = cfg, task, folder, dist
         self.governor = ThreadGovernor(active=False)  # fit() starts the real one
-        self.t = cfg.train
+        self.train_cfg = cfg.train
         self.meta = meta
         self.tokenizer_json = tokenizer_json
         self.device = dist.device
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults for memory freed by the previous step
             cache_cpu_kernels()  # no matmul kernel compiled twice
-        self.autocast_dtype = resolve_precision(self.t.precision, self.device)
-        torch.manual_seed(self.t.seed)
+        self.autocast_dtype = resolve_precision(self.train_cfg.precision, self.device)
+        torch.manual_seed(self.train_cfg.seed)
         self.model = task.build_model(cfg.model).to(self.device)
-        if self.t.init_from and not resume:
-            self._init_from(self.t.init_from)
+        if self.train_cfg.init_from and not resume:
+            self._init_from(self.train_cfg.init_from)
         self.optimizer = self._build_optimizer()
-        self.schedule = make_schedule(self.t, cfg.model.d_model)
+        self.schedule = make_schedule(self.train_cfg, cfg.model.d_model)
         self.progress = _Progress()
         if resume:
             self._restore()
         else:
             # Processes share the initial weights (seed) but each draws its own dropout masks.
-            torch.manual_seed(self.t.seed + 1_000_003 * dist.rank)
+            torch.manual_seed(self.train_cfg.seed + 1_000_003 * dist.rank)
         self.ddp = (
             DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
@@ -169,17 +169,17 @@ class Trainer:
 
     # ---- construction ------------------------------------------------------------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        t = self.t
-        opt = torch.optim.AdamW if t.weight_decay > 0 else torch.optim.Adam
+        train = self.train_cfg
+        opt = torch.optim.AdamW if train.weight_decay > 0 else torch.optim.Adam
         # The fused kernel: one pass over each parameter instead of ~10 foreach passes (BASE,
         # 60 M parameters, 2 threads here: 37 ms against 160 ms a step); the same update.
         self.fused_optimizer = self.device.type in ("cpu", "cuda")
         return opt(
             self.model.parameters(),
             lr=0.0,
-            betas=tuple(t.adam_betas),
-            eps=t.adam_eps,
-            weight_decay=t.weight_decay,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
             fused=self.fused_optimizer,
         )
 
@@ -200,10 +200,10 @@ class Trainer:
         for group in self.optimizer.param_groups:
             if self.fused_optimizer and not group.get("fused"):
                 group["fused"], group["foreach"] = True, None
-                for p in group["params"]:
-                    st = self.optimizer.state.get(p, {})
+                for param in group["params"]:
+                    st = self.optimizer.state.get(param, {})
                     if torch.is_tensor(st.get("step")):
-                        st["step"] = st["step"].to(p.device, torch.float32)
+                        st["step"] = st["step"].to(param.device, torch.float32)
 
     def _restore(self) -> None:
         from aiayn.checkpoint import load_weights
@@ -250,7 +250,11 @@ class Trainer:
         # The time limit is checked after updates; at the start only the saved wall-clock counts
         # (the same on every process), so resuming a run that used up max_time trains no more.
         reason = self._limit_reached(check_time=False)
-        if reason is None and self.t.max_time and self.progress.wall >= self.t.max_time:
+        if (
+            reason is None
+            and self.train_cfg.max_time
+            and self.progress.wall >= self.train_cfg.max_time
+        ):
             reason = "max_time"
         try:
             while reason is None:
@@ -259,8 +263,8 @@ class Trainer:
             if self._bar is not None:
                 self._bar.close()
         self._finish(reason)
-        p = self.progress
-        return TrainResult(p.step, p.epoch, reason, p.best, self.last_valid)
+        progress = self.progress
+        return TrainResult(progress.step, progress.epoch, reason, progress.best, self.last_valid)
 
     def _thread_governor(self) -> Any:
         """On the CPU: threads for the load now, then re-measured now and then (aiayn/threads.py);
@@ -274,12 +278,12 @@ class Trainer:
         return governor
 
     def _run_epoch(self) -> str | None:
-        p, t = self.progress, self.t
-        batches = self._epoch_batches(p.epoch)
+        progress, train = self.progress, self.train_cfg
+        batches = self._epoch_batches(progress.epoch)
         self._epoch_len = len(batches)
-        while p.position < len(batches):
-            group = batches[p.position : p.position + t.update_freq]
-            p.position += len(group)
+        while progress.position < len(batches):
+            group = batches[progress.position : progress.position + train.update_freq]
+            progress.position += len(group)
             applied = self.update(group)
             if applied:
                 reason = self._after_update()
@@ -287,7 +291,7 @@ class Trainer:
                     return reason
             elif (reason := self._limit_reached()) is not None:
                 return reason
-        p.epoch, p.position = p.epoch + 1, 0
+        progress.epoch, progress.position = progress.epoch + 1, 0
         return self._limit_reached()
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -349,38 +353,38 @@ class Trainer:
 
     def _grad_norm(self) -> torch.Tensor:
         """The gradients' total norm (a 0-d tensor on the device), after clipping them to it."""
-        max_norm = self.t.clip_norm if self.t.clip_norm > 0 else math.inf
+        max_norm = self.train_cfg.clip_norm if self.train_cfg.clip_norm > 0 else math.inf
         return nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def _skip(self, loss: float, norm: float) -> bool:
-        p = self.progress
+        progress = self.progress
         self.optimizer.zero_grad(set_to_none=True)
-        p.bad_steps += 1
-        p.skipped += 1
+        progress.bad_steps += 1
+        progress.skipped += 1
         log.warning(
             "update %d skipped: non-finite %s (%d in a row, %d in all)",
-            p.step + 1,
+            progress.step + 1,
             "loss" if not math.isfinite(loss) else "gradient norm",
-            p.bad_steps,
-            p.skipped,
+            progress.bad_steps,
+            progress.skipped,
         )
-        if p.bad_steps >= self.t.max_bad_steps:
+        if progress.bad_steps >= self.train_cfg.max_bad_steps:
             raise TrainingDiverged(
-                f"training stopped: {p.bad_steps} consecutive updates had a non-finite loss or "
-                f"gradient (train.max_bad_steps = {self.t.max_bad_steps}); the last good "
+                f"training stopped: {progress.bad_steps} consecutive updates had a non-finite loss or "
+                f"gradient (train.max_bad_steps = {self.train_cfg.max_bad_steps}); the last good "
                 f"checkpoint in {self.folder.path} is intact. Lower train.lr or raise "
                 "train.warmup_steps, or try precision = fp32"
             )
         return False
 
     def _count(self, loss: float, nll: float, targets: float, tokens: float, norm: float) -> None:
-        iv = self._interval
-        iv.loss += loss
-        iv.nll += nll
-        iv.targets += targets
-        iv.tokens += tokens
-        iv.grad_norm += norm
-        iv.updates += 1
+        interval = self._interval
+        interval.loss += loss
+        interval.nll += nll
+        interval.targets += targets
+        interval.tokens += tokens
+        interval.grad_norm += norm
+        interval.updates += 1
         if self._bar is not None:
             self._bar.update(1)
 
@@ -389,15 +393,15 @@ class Trainer:
         return every > 0 and self.progress.step % every == 0
 
     def _after_update(self) -> str | None:
-        t = self.t
+        train = self.train_cfg
         limit = self._limit_reached()
         trained_until = time.perf_counter()  # tokens/s counts training time only
-        validate = self._due(t.valid_every) or limit is not None
+        validate = self._due(train.valid_every) or limit is not None
         reason = self._validate() if validate else None
-        logged = validate or self._due(t.log_every)
+        logged = validate or self._due(train.log_every)
         if logged:
             self._log(self.last_valid if validate else {}, trained_until)
-        if validate or self._due(t.save_every):
+        if validate or self._due(train.save_every):
             self._save()
         if logged:
             self._interval.start = time.perf_counter()
@@ -408,38 +412,42 @@ class Trainer:
 
     def _time_used(self) -> float:
         """The share of the time budget after the warm-up spent so far (schedule_clock = "time")."""
-        p, t = self.progress, self.t
-        if t.schedule_clock != "time" or p.step < t.warmup_steps:
+        progress, train = self.progress, self.train_cfg
+        if train.schedule_clock != "time" or progress.step < train.warmup_steps:
             return 0.0
-        if p.warmup_wall is None:  # this update ends the warm-up
-            p.warmup_wall = self._synced_wall if t.warmup_steps else 0.0
-        return (self._synced_wall - p.warmup_wall) / max(t.max_time - p.warmup_wall, 1e-9)
+        if progress.warmup_wall is None:  # this update ends the warm-up
+            progress.warmup_wall = self._synced_wall if train.warmup_steps else 0.0
+        return (self._synced_wall - progress.warmup_wall) / max(
+            train.max_time - progress.warmup_wall, 1e-9
+        )
 
     def _limit_reached(self, check_time: bool = True) -> str | None:
-        p, t = self.progress, self.t
-        if t.max_steps and p.step >= t.max_steps:
+        progress, train = self.progress, self.train_cfg
+        if train.max_steps and progress.step >= train.max_steps:
             return "max_steps"
-        completed = p.epoch - 1 + int(0 < getattr(self, "_epoch_len", 0) <= p.position)
-        if t.max_epochs and completed >= t.max_epochs:
+        completed = (
+            progress.epoch - 1 + int(0 < getattr(self, "_epoch_len", 0) <= progress.position)
+        )
+        if train.max_epochs and completed >= train.max_epochs:
             return "max_epochs"
-        if check_time and t.max_time and self._synced_wall >= t.max_time:
+        if check_time and train.max_time and self._synced_wall >= train.max_time:
             return "max_time"
         return None
 
     def _log(self, valid: dict[str, float], until: float | None = None) -> None:
-        iv, p = self._interval, self.progress
-        elapsed = max((until or time.perf_counter()) - iv.start, 1e-9)
-        targets = max(iv.targets, 1.0)
+        interval, progress = self._interval, self.progress
+        elapsed = max((until or time.perf_counter()) - interval.start, 1e-9)
+        targets = max(interval.targets, 1.0)
         record = {
-            "step": p.step,
+            "step": progress.step,
             "wall": round(self._wall(), 3),
-            "epoch": p.epoch,
-            "loss": iv.loss / targets,
-            "nll": iv.nll / targets,
+            "epoch": progress.epoch,
+            "loss": interval.loss / targets,
+            "nll": interval.nll / targets,
             "lr": self.optimizer.param_groups[0]["lr"],
-            "tokens_per_s": iv.tokens / elapsed,
-            "grad_norm": iv.grad_norm / max(iv.updates, 1),
-            "skipped": p.skipped,
+            "tokens_per_s": interval.tokens / elapsed,
+            "grad_norm": interval.grad_norm / max(interval.updates, 1),
+            "skipped": progress.skipped,
             **valid,
         }
         if self.dist.is_main:
@@ -473,7 +481,7 @@ class Trainer:
         """Validation loss (+ BLEU when due), keep-best and early stopping."""
         with _rng_untouched():
             metrics = self._valid_loss()
-            if self._due(self.t.metrics_every):
+            if self._due(self.train_cfg.metrics_every):
                 extra = None
                 if self.dist.is_main:
                     self.model.eval()
@@ -485,49 +493,49 @@ class Trainer:
         return self._track_best(metrics)
 
     def _track_best(self, metrics: dict[str, float]) -> str | None:
-        p, t = self.progress, self.t
-        value = metrics.get(t.best_metric)
+        progress, train = self.progress, self.train_cfg
+        value = metrics.get(train.best_metric)
         if value is None:
             return None
-        better = p.best is None or (
-            value < p.best if t.best_metric == "valid_loss" else value > p.best
+        better = progress.best is None or (
+            value < progress.best if train.best_metric == "valid_loss" else value > progress.best
         )
         if better:
-            p.best, p.bad_valid = value, 0
+            progress.best, progress.bad_valid = value, 0
             if self.dist.is_main:
                 self._save_best(value)
             return None
-        p.bad_valid += 1
-        if t.patience and p.bad_valid >= t.patience:
+        progress.bad_valid += 1
+        if train.patience and progress.bad_valid >= train.patience:
             log.info(
                 "early stopping: %s has not improved for %d validations (best %.4f)",
-                t.best_metric,
-                p.bad_valid,
-                p.best,
+                train.best_metric,
+                progress.bad_valid,
+                progress.best,
             )
             return "early_stopping"
         return None
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        p = self.progress
-        progress = {k: v for k, v in vars(p).items()}
-        progress["wall"] = self._wall()
+        progress = self.progress
+        progress_state = {k: v for k, v in vars(progress).items()}
+        progress_state["wall"] = self._wall()
         return {
-            "step": p.step,
-            "epoch": p.epoch,
-            "position": p.position,
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "position": progress.position,
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"name": self.t.lr_schedule, "step": p.step},
+            "scheduler": {"name": self.train_cfg.lr_schedule, "step": progress.step},
             "rng": self.dist.gather(_rng_state()),
-            "progress": progress,
+            "progress": progress_state,
             "world_size": self.dist.world_size,
         }
 
     def _save(self) -> None:
         state = self._state()  # collective (RNG states of every process): all ranks call it
         if self.dist.is_main:
-            self.folder.save_checkpoint(self.model, state, self.t.keep_last)
+            self.folder.save_checkpoint(self.model, state, self.train_cfg.keep_last)
         self._saved_step = self.progress.step
 
     def _save_best(self, value: float) -> None:
@@ -540,28 +548,31 @@ class Trainer:
             self.cfg.model,
             kind=self.task.kind,
             tokenizer_json=self.tokenizer_json,
-            extra={**extra, "best": {"step": self.progress.step, self.t.best_metric: value}},
+            extra={
+                **extra,
+                "best": {"step": self.progress.step, self.train_cfg.best_metric: value},
+            },
             overwrite=True,  # this run's own best/ (prepare refused a folder holding another)
         )
 
     def _finish(self, reason: str) -> None:
         """Validate, log and save the final step unless that already happened."""
-        p = self.progress
-        log.info("stopping at step %d (%s)", p.step, reason)
-        if p.step == 0:
+        progress = self.progress
+        log.info("stopping at step %d (%s)", progress.step, reason)
+        if progress.step == 0:
             return
         if self._interval.updates:  # stopped without passing through _after_update (time limit)
             self._validate()
             self._log(self.last_valid)
-        if getattr(self, "_saved_step", None) != p.step:
+        if getattr(self, "_saved_step", None) != progress.step:
             self._save()
 
     def _progress_bar(self) -> Any:
-        if not (self.t.progress and self.dist.is_main):
+        if not (self.train_cfg.progress and self.dist.is_main):
             return None
         from tqdm import tqdm
 
-        total = self.t.max_steps or None
+        total = self.train_cfg.max_steps or None
         return tqdm(
             total=total,
             initial=self.progress.step,

@@ -52,7 +52,7 @@ class TranslationTask(Task):
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, fit_tokenizer, prepare_translation_texts
+        from aiayn.data import Tokenizer, prepare_translation_texts, train_tokenizer_for
 
         data = self.cfg.data
         if tokenizer_json is None:
@@ -61,7 +61,7 @@ class TranslationTask(Task):
                 data.tokenizer,
                 data.vocab_size,
             )
-            self.tokenizer = fit_tokenizer(data)
+            self.tokenizer = train_tokenizer_for(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
         self.train_pairs, self.valid_pairs, self.train_texts = prepare_translation_texts(

@@ -1,0 +1,57 @@
+"""What search needs from a model: the :class:`Seq2SeqModel` protocol and its step function.
+
+Shape legend: B sentences · N decoder rows (B, or B·k with a beam of k) · T new tokens · S source
+len · D d_model · V vocab.
+
+A :class:`~aiayn.model.Transformer`, an :class:`~aiayn.decode.ensemble.Ensemble` of them and an
+exported engine (ONNX) all satisfy :class:`Seq2SeqModel`; :func:`transformer_step` turns one into
+the ``(tokens, cache) -> (log_probs, cache)`` function that :mod:`aiayn.decode.search` takes.
+Search asks the model for normalised log-probabilities (fairseq's ``get_normalized_probs``); it
+never probes it for flags.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from aiayn.config import ModelConfig
+from aiayn.decode.search import StepFn
+
+__all__ = ["Seq2SeqModel", "transformer_step"]
+
+
+class Seq2SeqModel(Protocol):
+    """An encoder–decoder that search can drive, one step at a time."""
+
+    #: special ids (pad/bos/eos) and the longest position (max_len) the decoder can read
+    cfg: ModelConfig
+
+    def encode(self, src: Tensor) -> Any:
+        """Shape: src (B, S) -> memory (for a Transformer (B, S, D); opaque to search)."""
+        ...
+
+    def init_cache(self, memory: Any, src: Tensor | None = None) -> Any:
+        """An empty decoder cache for ``memory``: ``.length``, ``.reorder(index)``,
+        ``.with_beam(k)``."""
+        ...
+
+    def log_probs(self, tgt: Tensor, memory: Any, cache: Any) -> Tensor:
+        """Shape: tgt (N, T) tokens the cache has not seen -> (N, T, V) float32 normalised
+        next-token log-probabilities; extends the cache in place."""
+        ...
+
+
+def transformer_step(model: Seq2SeqModel, memory: Any) -> StepFn:
+    """The step function of an encoder–decoder with a cache.
+
+    Shape: tokens (N, t) -> log_probs (N, V); only tokens the cache has not seen are fed. ``memory``
+    is read on the first call only (cross-attention keys/values are then cached).
+    """
+
+    def step(tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
+        new = tokens[:, cache.length :]
+        return model.log_probs(new, memory, cache)[:, -1], cache  # (N, V), a fresh tensor
+
+    return step
