@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo test test-slow bench bench-decode bench-engines bench-train bench-convergence \
+.PHONY: install demo lint test test-slow bench bench-decode bench-engines bench-train bench-convergence \
 	bench-scaling gpu-check gpu-check-dry gpu-data clean
 
 $(BIN)/python:
@@ -39,7 +39,13 @@ demo: install
 	  | $(BIN)/aiayn translate $(DEMO_RUN)/avg5 --beam 5
 	$(BIN)/aiayn evaluate $(DEMO_RUN)/avg5 --split test_2016_flickr --beam 5
 
-test: install
+# Lint, format and types of aiayn/ (settings in pyproject.toml), then the tests.
+lint: install
+	$(BIN)/ruff check aiayn
+	$(BIN)/ruff format --check aiayn
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-slow: install

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -42,6 +42,7 @@ from aiayn.data import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
+from aiayn.model import Transformer, TransformerClassifier, TransformerLM
 from aiayn.train.config import RunConfig, run_config_from_dict
 from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
 
@@ -120,7 +121,7 @@ def load_model_dir(
     return _build(folder, parsed, map_location, weights_name), parsed.config.model, meta
 
 
-def _read_tokenizer(folder: Path, model: nn.Module) -> Tokenizer:
+def _read_tokenizer(folder: Path, model_cfg: ModelConfig) -> Tokenizer:
     path = folder / TOKENIZER_FILE
     if not path.is_file():
         raise CheckpointError(
@@ -130,7 +131,7 @@ def _read_tokenizer(folder: Path, model: nn.Module) -> Tokenizer:
         tokenizer = Tokenizer.from_file(path)
     except DataError as err:
         raise CheckpointError(str(err)) from None
-    vocab = min(model.cfg.src_vocab_size, model.cfg.tgt_vocab_size)
+    vocab = min(model_cfg.src_vocab_size, model_cfg.tgt_vocab_size)
     if tokenizer.vocab_size > vocab:
         raise CheckpointError(
             f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model only {vocab}"
@@ -163,7 +164,7 @@ def load_model_folder(
                 )
     device = torch.device(device)
     models = [_build(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
-    tokenizers = [_read_tokenizer(f, m) for f, m in zip(folders, models)]
+    tokenizers = [_read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
     for folder, other in zip(folders[1:], tokenizers[1:]):
         if other.to_str() != tokenizers[0].to_str():
             raise CheckpointError(
@@ -173,7 +174,7 @@ def load_model_folder(
     model = models[0]
     if len(models) > 1:
         try:
-            model = Ensemble(models)
+            model = Ensemble([m for m in models if isinstance(m, Transformer)])
         except ValueError as err:
             raise CheckpointError(str(err)) from None
     first = parsed[0]
@@ -234,7 +235,7 @@ class ModelFolder:
     def text_limit(self) -> int:
         """The longest input in tokens: the run's data.max_len (what training cut to) when
         recorded, never beyond the model's positional table."""
-        limit = self.model.cfg.max_len
+        limit = self.config.model.max_len
         return min(self.config.data.max_len, limit) if self.has_data else limit
 
     def _need(self, kind: str, what: str) -> None:
@@ -272,7 +273,7 @@ class ModelFolder:
         """Printable labels: the dataset's names when known, else the class ids."""
         from aiayn.decode.classify import LABEL_NAMES
 
-        n = self.model.cfg.n_classes
+        n = self.config.model.n_classes
         names = LABEL_NAMES.get(self.config.data.dataset) if self.has_data else None
         return list(names) if names and len(names) == n else [str(i) for i in range(n)]
 
@@ -281,9 +282,10 @@ class ModelFolder:
         from aiayn.decode.classify import encode_texts, predict_ids
 
         self._need("classification", "classify")
+        model = cast(TransformerClassifier, self.model)  # or an exported engine that acts as one
         limit = self.text_limit
         ids = [x[:limit] for x in encode_texts(self.tokenizer, texts)]
-        return predict_ids(self.model, ids, max_tokens, self.device)
+        return predict_ids(model, ids, max_tokens, self.device)
 
     def classify(self, texts: Sequence[str], max_tokens: int | None = None) -> list[dict]:
         """Per text ``{"label": name, "probs": {name: p}}`` ({"label": "", "probs": {}} for a
@@ -314,6 +316,7 @@ class ModelFolder:
         from aiayn.decode.generate import TextStream, generate
 
         self._need("lm", "generate")
+        model = cast(TransformerLM, self.model)  # or an exported engine that acts as one
         prompt_ids = self.tokenizer.encode(prompt)
         if not prompt_ids:
             raise ConfigError("--prompt has no token the model's tokenizer knows")
@@ -321,7 +324,7 @@ class ModelFolder:
             log.warning("the prompt has characters the model never saw; they read as <unk>")
         stream = TextStream(self.tokenizer, on_token) if on_token is not None else None
         tokens = generate(
-            self.model,
+            model,
             prompt_ids,
             max_new_tokens,
             self.text_limit,
@@ -419,7 +422,13 @@ class ModelFolder:
             texts, labels = texts[:limit], labels[:limit]
         self._need("classification", "score")
         scores = evaluate_classifier(
-            self.model, self.tokenizer, texts, labels, self.text_limit, max_tokens, self.device
+            cast(TransformerClassifier, self.model),
+            self.tokenizer,
+            texts,
+            labels,
+            self.text_limit,
+            max_tokens,
+            self.device,
         )
         scores.update(test_set=name, model=self._model_name(), device=str(self.device))
         return scores

@@ -15,6 +15,8 @@ import argparse
 import logging
 import time
 import tomllib
+from collections.abc import Sequence
+from typing import Any
 
 from aiayn.config import apply_overrides, parse_override
 from aiayn.data import (
@@ -152,19 +154,22 @@ def run_stats(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.from_file(args.tokenizer) if args.tokenizer else train_tokenizer_for(cfg)
     fitted = time.perf_counter()
     if cfg.task == "lm":
-        train, valid = prepare_lm(cfg, tokenizer)
+        train_ids, valid_ids = prepare_lm(cfg, tokenizer)
         print(
-            f"{cfg.task}: {len(train)} training and {len(valid)} validation tokens "
+            f"{cfg.task}: {len(train_ids)} training and {len(valid_ids)} validation tokens "
             f"({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
         )
         return 0
+    train: Sequence[Any]
+    valid: Sequence[Any]
+    lengths: tuple[list[int], list[int] | None]
     if cfg.task == "translation":
         train, valid = prepare_translation(cfg, tokenizer)
         lengths = pair_lengths(train)
     else:
         train, valid = prepare_classification(cfg, tokenizer)
         lengths = ([len(ids) for ids, _ in train], None)
-    sampler = TokenBatchSampler(*lengths, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    sampler = TokenBatchSampler(lengths[0], lengths[1], max_tokens=cfg.max_tokens, seed=cfg.seed)
     batches = sampler.batches()
     done = time.perf_counter()
     n_tokens = sum(sum(x) for x in lengths if x is not None)

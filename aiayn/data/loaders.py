@@ -230,7 +230,8 @@ def prepare_classification(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[
 
 def prepare_lm(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """The training and validation text as 1-D LongTensors of token ids."""
-    return tuple(
+    train, valid = (
         torch.tensor(tokenizer.encode(load_lm_text(cfg, split)), dtype=torch.long)
         for split in (cfg.train_split, cfg.valid_split)
     )
+    return train, valid

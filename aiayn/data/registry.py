@@ -128,7 +128,10 @@ def imdb_tarball_to_tsv(folder: Path) -> None:
                 if not match or not member.isfile():
                     continue
                 split, polarity, review_id = match.groups()
-                raw = tar.extractfile(member).read()
+                handle = tar.extractfile(member)
+                if handle is None:  # not a regular file after all
+                    continue
+                raw = handle.read()
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError:

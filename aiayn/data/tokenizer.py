@@ -279,7 +279,7 @@ def train_tokenizer(
     if kind == "char":
         if lowercase:
             raise DataError("lower-casing needs a subword tokenizer (bpe or unigram), not char")
-        counts = Counter()
+        counts: Counter[str] = Counter()
         for text in texts:
             counts.update(text)
         keep = max(vocab_size - len(SPECIAL_TOKENS), 1)
@@ -293,6 +293,7 @@ def train_tokenizer(
     if kind not in ("bpe", "unigram"):
         raise DataError(f"unknown tokenizer kind '{kind}'; choose bpe, unigram or char")
     alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer: trainers.BpeTrainer | trainers.UnigramTrainer
     if kind == "bpe":
         hf = HFTokenizer(models.BPE(unk_token="<unk>"))
         trainer = trainers.BpeTrainer(

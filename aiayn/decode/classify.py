@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from aiayn.data.batching import TokenBatchSampler, pad_sequences
 from aiayn.data.clean import clean_text
+from aiayn.model.classifier import TransformerClassifier
 
 __all__ = [
     "LABEL_NAMES",
@@ -41,7 +42,7 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 
 @torch.no_grad()
 def predict_ids(
-    model: nn.Module,
+    model: TransformerClassifier,
     items: Sequence[Sequence[int]],
     max_tokens: int | None = None,
     device: torch.device | str = "cpu",
@@ -64,7 +65,7 @@ def predict_ids(
 
 
 def evaluate_classifier(
-    model: nn.Module,
+    model: TransformerClassifier,
     tokenizer: Any,
     texts: Sequence[str],
     labels: Sequence[int],

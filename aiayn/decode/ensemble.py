@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.model import Transformer
+
 __all__ = ["Ensemble", "EnsembleCache"]
 
 
@@ -55,7 +57,7 @@ class Ensemble(nn.Module):
     table every model can read); the special ids and output size are the same in all (checked).
     """
 
-    def __init__(self, models: Sequence[nn.Module]) -> None:
+    def __init__(self, models: Sequence[Transformer]) -> None:
         super().__init__()
         if not models:
             raise ValueError("an ensemble needs at least one model")
@@ -68,24 +70,25 @@ class Ensemble(nn.Module):
                         f"{getattr(first, name)}: ensembled models must share "
                         "their vocabulary"
                     )
-        self.models = nn.ModuleList(models)
+        self.models = nn.ModuleList(models)  # registered: .to(), .eval() and parameters reach them
+        self.members = list(models)  # the same models, typed
         self.cfg = dataclasses.replace(first, max_len=min(m.cfg.max_len for m in models))
 
     def encode(self, src: Tensor) -> list[Tensor]:
         """Shape: src (B, S) -> one memory (B, S, D_i) per model."""
-        return [model.encode(src) for model in self.models]
+        return [model.encode(src) for model in self.members]
 
     def init_cache(self, memory: list[Tensor], src: Tensor | None = None) -> EnsembleCache:
         return EnsembleCache(
-            [model.init_cache(m, src=src) for model, m in zip(self.models, memory)]
+            [model.init_cache(m, src=src) for model, m in zip(self.members, memory)]
         )
 
     def log_probs(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
         """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
         distribution. Incremental only (a cache from :meth:`init_cache`)."""
         total: Tensor | None = None  # log Σ_i p_i so far, (N, T, V); one logaddexp per model
-        for model, m, c in zip(self.models, memory, cache.caches):
+        for model, m, c in zip(self.members, memory, cache.caches):
             log_probs = model.log_probs(tgt, m, c)
             total = log_probs if total is None else torch.logaddexp(total, log_probs)
         assert total is not None  # at least one model (checked in __init__)
-        return total - math.log(len(self.models))
+        return total - math.log(len(self.members))

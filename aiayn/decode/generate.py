@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from aiayn.decode.search import StepFn, sample
 from aiayn.model.cache import DecoderCache
+from aiayn.model.lm import TransformerLM
 
 __all__ = ["LMState", "lm_step", "generate", "TextStream"]
 
@@ -38,13 +39,13 @@ class LMState:
         return self
 
 
-def _banned(model: nn.Module) -> list[int]:
+def _banned(model: TransformerLM) -> list[int]:
     """Special ids a running-text model never predicts (it never saw them as targets)."""
     cfg = model.cfg
     return sorted({cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id})
 
 
-def lm_step(model: nn.Module, window: int, use_cache: bool = True) -> StepFn:
+def lm_step(model: TransformerLM, window: int, use_cache: bool = True) -> StepFn:
     """A step function over ``model``; its first call takes ``state=None``.
 
     Shape: tokens (N, t) -> log_probs (N, V), special tokens at -inf, renormalised.
@@ -72,7 +73,7 @@ def lm_step(model: nn.Module, window: int, use_cache: bool = True) -> StepFn:
 
 @torch.no_grad()
 def generate(
-    model: nn.Module,
+    model: TransformerLM,
     prompt_ids: list[int],
     max_new_tokens: int,
     window: int,

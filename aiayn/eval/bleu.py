@@ -27,11 +27,11 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
     """
     if len(hyps) != len(refs):
         raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references: they must pair up")
-    hyps, refs = list(hyps), [list(refs)]
+    hyps, ref_streams = list(hyps), [list(refs)]
     out: dict[str, Any] = {"n": len(hyps)}
     metrics = {"bleu": BLEU(), "bleu_lc": BLEU(lowercase=True), "chrf": CHRF()}
     for name, metric in metrics.items():
-        result = metric.corpus_score(hyps, refs)
+        result = metric.corpus_score(hyps, ref_streams)
         out[name] = round(float(result.score), 4)
         out[f"{name}_signature"] = str(metric.get_signature())
         out[f"{name}_text"] = result.format()

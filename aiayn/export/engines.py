@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from aiayn.export import FORMATS, normalise_kind, require
 from aiayn.export.onnx import state_names
 from aiayn.model.cache import DecoderCache, LayerCache
 
+if TYPE_CHECKING:
+    from aiayn.folder import ModelFolder
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "Ct2Translator",
     "load_exported",
     "translate_hypotheses",
+    "load_exported_folder",
 ]
 
 
@@ -448,3 +452,28 @@ def load_translation(
         return Ensemble([m for m, _, _ in loaded]), tokenizer, meta
     except ValueError as err:
         raise CheckpointError(str(err)) from None
+
+
+def load_exported_folder(
+    paths: Sequence[str | Path], engine: str | None = None, workers: int = 1
+) -> ModelFolder:
+    """Folders written by `aiayn export` as the loader's :class:`~aiayn.folder.ModelFolder`:
+    translation (one folder, or an ONNX ensemble), classification and generation (ONNX); on the
+    CPU. ``engine`` None: whatever the folders hold."""
+    from aiayn.folder import ModelFolder, read_folder_config
+
+    if read_folder_config(paths[0]).kind == "translation":
+        model, tokenizer, meta = load_translation(paths, "cpu", engine, workers)
+    else:
+        if len(paths) > 1:
+            raise CheckpointError("several model folders make an ensemble of translation models")
+        model, tokenizer, meta = load_exported(paths[0], engine=engine, workers=workers)
+    ct2 = isinstance(model, Ct2Translator)
+    return ModelFolder.from_engine(
+        paths,
+        model,
+        tokenizer,
+        meta,
+        engine or ("ctranslate2" if ct2 else "onnx"),
+        translate_hypotheses if ct2 else None,
+    )

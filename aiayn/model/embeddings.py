@@ -26,6 +26,8 @@ def sinusoidal_table(length: int, d_model: int) -> Tensor:
 class SinusoidalPositionalEncoding(nn.Module):
     """The paper's fixed sinusoids, looked up from a precomputed table (§3.5)."""
 
+    table: Tensor  # a buffer, not saved with the weights
+
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
         self.max_len = max_len

@@ -140,28 +140,30 @@ class DecoderLayer(nn.Module):
             if cache is not None:
                 k, v = cache.append_self(k, v)  # (B, H, t + T, K)
             out, w = self.self_attn.attend(q, k, v, tgt_mask, need_weights=need)
-            if need:
+            if attn_record is not None:
                 attn_record.append(("self", w))
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
-            if cache is not None and cache.cross_k is not None:
+            assert cross_attn is not None and memory is not None  # called only when both are
+            if cache is not None and cache.cross_k is not None and cache.cross_v is not None:
                 k, v = cache.cross_k, cache.cross_v
             else:
-                k, v = self.cross_attn.project_kv(memory, memory)  # (B, H, S, K)
+                k, v = cross_attn.project_kv(memory, memory)  # (B, H, S, K)
                 if cache is not None:
                     # Contiguous once, so that every later step's attention matmul reads them
                     # as they are (split heads of the stacked K/V projection are not).
                     k, v = k.contiguous(), v.contiguous()
                     cache.cross_k, cache.cross_v = k, v
             out, w = attend_shared_memory(
-                self.cross_attn, self.cross_attn.project_q(h), k, v, memory_mask, need
+                cross_attn, cross_attn.project_q(h), k, v, memory_mask, need
             )
-            if need:
+            if attn_record is not None:
                 attn_record.append(("cross", w))
             return out
 
         x = self.self_block(x, self_attention)
-        if self.cross_attn is not None:
-            x = self.cross_block(x, cross_attention)
+        cross_attn, cross_block = self.cross_attn, self.cross_block
+        if cross_block is not None:
+            x = cross_block(x, cross_attention)
         return self.ff_block(x, self.feed_forward)

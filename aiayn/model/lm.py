@@ -46,6 +46,7 @@ class TransformerLM(nn.Module):
         With ``cache`` (from :meth:`init_cache`), ``ids`` holds only the tokens after the
         ``cache.length`` already seen; the cache is extended in place.
         """
+        mask: Tensor | None
         if cache is None:
             offset, mask = 0, target_mask(ids, self.cfg.pad_id)
         else:

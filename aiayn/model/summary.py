@@ -7,6 +7,7 @@ and marked where they reappear.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -63,7 +64,7 @@ def summarize(model: nn.Module, run_forward, depth: int = 1) -> tuple[list[Summa
         for h in hooks:
             h.remove()
     seen: set[int] = set()
-    rows = []
+    rows: list[Any] = []
     for name, module in modules:
         params = list(module.parameters())
         ids = {id(p) for p in params}

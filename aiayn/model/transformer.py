@@ -92,6 +92,8 @@ class Transformer(nn.Module):
     and causality unless given explicitly.
     """
 
+    output_mask: Tensor | None  # a buffer (see __init__)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         if cfg.n_encoder_layers == 0:

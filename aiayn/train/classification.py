@@ -181,7 +181,7 @@ class ClassificationTask(Task):
         net = getattr(model, "module", model)  # the model inside a DDP wrapper
         tokens, labels = batch.tokens, batch.labels  # (B, S), (B,)
         delta = torch.zeros(
-            *tokens.shape, net.cfg.d_model, device=tokens.device, requires_grad=True
+            *tokens.shape, self.cfg.model.d_model, device=tokens.device, requires_grad=True
         )  # (B, S, D)
         probe, _ = label_smoothed_nll_loss(net(tokens, delta=delta), labels, ls, ignore_index=-1)
         (grad,) = torch.autograd.grad(probe, delta)  # (B, S, D), zero at padding
@@ -199,6 +199,7 @@ class ClassificationTask(Task):
         items = self.items["valid"]
         if not items:
             return {}
+        assert isinstance(model, TransformerClassifier)  # the shape's model, unwrapped
         device = next(model.parameters()).device
         probs = predict_ids(model, [ids for ids, _ in items], self.cfg.data.max_tokens, device)
         labels = torch.tensor([label for _, label in items])

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import tomllib
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -303,7 +304,7 @@ def check_run_config(cfg: RunConfig) -> None:
 
 
 def load_run_config(
-    path: str | Path | None, overrides: list[str] = ()
+    path: str | Path | None, overrides: Sequence[str] = ()
 ) -> tuple[RunConfig, dict[str, Any]]:
     """Read a TOML run config and apply ``--set section.key=value`` overrides.
 
@@ -324,7 +325,7 @@ def load_run_config(
     return build_run_config(values), values
 
 
-def parse_sets(overrides: list[str]) -> dict[str, str]:
+def parse_sets(overrides: Sequence[str]) -> dict[str, str]:
     """``["train.lr=1e-3", …]`` -> ``{"train.lr": "1e-3", …}``; every key names its section."""
     values = {}
     for text in overrides:

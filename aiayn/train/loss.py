@@ -152,8 +152,10 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
         # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
         # BASE step here, in page faults and a mixed-dtype add).
-        dw_part = w.new_empty(w.shape) if need_dw else None
-        dw_wide = (dw_part if dw.dtype == dtype else torch.empty_like(dw)) if need_dw else None
+        dw_part = dw_wide = None
+        if dw is not None:
+            dw_part = w.new_empty(w.shape)
+            dw_wide = dw_part if dw.dtype == dtype else torch.empty_like(dw)
         sub = max(1, CHUNK_BYTES // (4 * V))  # rows per float32 pass, kept in cache
         for a in range(0, N, PROJECT_ROWS):
             rows = hc[a : a + PROJECT_ROWS]
@@ -169,9 +171,9 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
                     e.div_(total).sub_(epsilon / V)
                     e[torch.arange(e.size(0), device=e.device), g] += epsilon - 1.0
                     z[b : b + sub] = e
-            if need_dh:
+            if dh is not None:
                 dh[a : a + z.size(0)] = torch.mm(z, w)
-            if need_dw:
+            if dw is not None and dw_part is not None and dw_wide is not None:
                 torch.mm(z.t(), rows, out=dw_part)
                 if a == 0:
                     dw.copy_(dw_part)

@@ -63,18 +63,20 @@ def time_cosine_lr(
 def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:
     """The schedule ``cfg.lr_schedule`` names, as ``(step, time_used) -> lr``; only cosine with
     ``cfg.schedule_clock = "time"`` reads ``time_used``."""
-    if cfg.lr_schedule == "noam":
-        return lambda step, _=0.0: noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_scale)
-    if cfg.lr_schedule == "inverse_sqrt":
-        return lambda step, _=0.0: inverse_sqrt_lr(
-            step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr
-        )
-    if cfg.lr_schedule == "cosine" and cfg.schedule_clock == "time":
-        return lambda step, used=0.0: time_cosine_lr(
-            step, used, cfg.lr, cfg.warmup_steps, cfg.min_lr, cfg.warmup_init_lr
-        )
-    if cfg.lr_schedule == "cosine":
-        return lambda step, _=0.0: cosine_lr(
-            step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr, cfg.warmup_init_lr
-        )
-    return lambda step, _=0.0: cfg.lr
+
+    def schedule(step: int, used: float = 0.0) -> float:
+        if cfg.lr_schedule == "noam":
+            return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_scale)
+        if cfg.lr_schedule == "inverse_sqrt":
+            return inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr)
+        if cfg.lr_schedule == "cosine" and cfg.schedule_clock == "time":
+            return time_cosine_lr(
+                step, used, cfg.lr, cfg.warmup_steps, cfg.min_lr, cfg.warmup_init_lr
+            )
+        if cfg.lr_schedule == "cosine":
+            return cosine_lr(
+                step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr, cfg.warmup_init_lr
+            )
+        return cfg.lr
+
+    return schedule

@@ -41,7 +41,9 @@ __all__ = [
 
 def output_weight(model: nn.Module) -> Tensor:
     """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
-    return getattr(model, "module", model).generator.weight
+    generator = getattr(model, "module", model).generator
+    assert isinstance(generator, nn.Linear)  # every shape's output projection
+    return generator.weight
 
 
 @dataclass

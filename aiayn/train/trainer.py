@@ -83,7 +83,7 @@ class _Interval:
 
 
 def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple
     state = {
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
@@ -177,7 +177,7 @@ class Trainer:
         return opt(
             self.model.parameters(),
             lr=0.0,
-            betas=tuple(train.adam_betas),
+            betas=(train.adam_betas[0], train.adam_betas[1]),
             eps=train.adam_eps,
             weight_decay=train.weight_decay,
             fused=self.fused_optimizer,
@@ -323,9 +323,13 @@ class Trainer:
         # The summed loss and NLL stay on the device until one copy to the host after the
         # gradient norm: one host-device sync per update, not two per micro-batch (docs/gpu.md).
         sums, tokens = torch.zeros(2, dtype=torch.float64, device=self.device), 0
+        ddp = self.ddp
         for i, batch in enumerate(batches):
-            sync = self.ddp is None or i == len(batches) - 1
-            with contextlib.nullcontext() if sync else self.ddp.no_sync(), self._autocast():
+            sync = ddp is None or i == len(batches) - 1
+            with (
+                contextlib.nullcontext() if ddp is None or sync else ddp.no_sync(),
+                self._autocast(),
+            ):
                 stats = self.task.loss(net, batch, self.device)
             (stats.loss * scale).backward()
             sums += torch.stack([stats.loss.detach(), stats.nll.detach()]).double()

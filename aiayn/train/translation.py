@@ -35,7 +35,8 @@ def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor,
     the training targets (a validation sentence's), so that neither is predicted nor counted.
     """
     weight = output_weight(model)
-    mask = getattr(model, "module", model).output_mask
+    inner = getattr(model, "module", model)  # the model inside a DDP wrapper
+    mask = inner.output_mask if isinstance(inner, Transformer) else None
     if mask is None:
         return weight, target, pad_id
     ids = mask.nonzero().squeeze(1)  # (V',)
@@ -52,7 +53,12 @@ class TranslationTask(Task):
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, prepare_translation_texts, train_tokenizer_for
+        from aiayn.data import (
+            SubwordTokenizer,
+            Tokenizer,
+            prepare_translation_texts,
+            train_tokenizer_for,
+        )
 
         data = self.cfg.data
         if tokenizer_json is None:
@@ -70,9 +76,11 @@ class TranslationTask(Task):
         if not self.train_pairs:
             raise ConfigError("no training pairs left after filtering by data.max_len")
         # BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at random.
-        self.noisy_tokenizer = (
-            self.tokenizer.with_dropout(data.bpe_dropout) if data.bpe_dropout else None
-        )
+        self.noisy_tokenizer = None
+        if data.bpe_dropout:
+            if not isinstance(self.tokenizer, SubwordTokenizer):
+                raise ConfigError("data.bpe_dropout needs a subword tokenizer (bpe or unigram)")
+            self.noisy_tokenizer = self.tokenizer.with_dropout(data.bpe_dropout)
         self._samplers: dict[tuple, Any] = {}
         log.info(
             "%d training pairs, %d validation pairs, vocabulary %d",
@@ -90,6 +98,7 @@ class TranslationTask(Task):
         """The Transformer; with ``model.output_vocab = "targets"`` its ``output_mask`` marks the
         tokens of the training targets and EOS."""
         net = super().build_model(model)
+        assert isinstance(net, Transformer)  # the shape's model class
         if net.output_mask is not None:
             seen: set[int] = set()
             for _, tgt in self.train_pairs:

@@ -276,4 +276,5 @@ def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> Tra
     from aiayn.folder import load_model_folder
 
     folder = load_model_folder(model_dir, expect_kind="translation")
+    assert isinstance(folder.model, Transformer)  # one translation folder
     return attention_of_translation(folder.model, folder.tokenizer, text, beam)
