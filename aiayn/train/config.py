@@ -252,7 +252,7 @@ def check_run_config(cfg: RunConfig) -> None:
             "train.max_steps, max_epochs and max_time are all 0: the run would never stop; "
             "set one of them"
         )
-    if t.patience and not t.valid_every and not t.bleu_every:
+    if t.patience and not t.valid_every and not t.metrics_every:
         raise ConfigError(
             "train.patience counts validations, but train.valid_every = 0 validates only at "
             "the end; set train.valid_every"
@@ -282,7 +282,7 @@ def check_run_config(cfg: RunConfig) -> None:
             t.warmup_steps,
             t.max_steps,
         )
-    if t.bleu_every and t.bleu_beam > 1 and d.task != "translation":
+    if t.metrics_every and t.bleu_beam > 1 and d.task != "translation":
         raise ConfigError(f"train.bleu_beam applies to translation, not data.task = '{d.task}'")
     if t.adversarial_eps and d.task != "classification":
         raise ConfigError(
