@@ -179,9 +179,10 @@ class ClassificationTask(Task):
         """
         ls = self.cfg.train.label_smoothing
         net = getattr(model, "module", model)  # the model inside a DDP wrapper
+        assert isinstance(net, TransformerClassifier)  # the shape's model
         tokens, labels = batch.tokens, batch.labels  # (B, S), (B,)
         delta = torch.zeros(
-            *tokens.shape, self.cfg.model.d_model, device=tokens.device, requires_grad=True
+            *tokens.shape, net.cfg.d_model, device=tokens.device, requires_grad=True
         )  # (B, S, D)
         probe, _ = label_smoothed_nll_loss(net(tokens, delta=delta), labels, ls, ignore_index=-1)
         (grad,) = torch.autograd.grad(probe, delta)  # (B, S, D), zero at padding
