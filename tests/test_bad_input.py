@@ -104,8 +104,8 @@ CONFIG_CASES = {
     "no stop condition": ({"train__max_steps": 0}, "the run would never stop"),
     "patience without validation": (
         {"train__patience": 2, "train__valid_every": 0}, "train.patience counts validations"),
-    "valid_bleu without bleu_every": (
-        {"train__best_metric": "valid_bleu"}, "needs train.bleu_every > 0"),
+    "valid_bleu without metrics_every": (
+        {"train__best_metric": "valid_bleu"}, "needs train.metrics_every > 0"),
     "long_examples for translation": (
         {"data__long_examples": "truncate"}, "applies to classification texts"),
     "cosine min_lr above lr": (
