@@ -216,6 +216,38 @@ class ModelFolder:
     config: RunConfig  # the first folder's config.json, typed
     device: torch.device
     has_data: bool = True  # config.json records the training data (data.* are not defaults)
+    engine: str = "torch"  # what runs the model: torch, or an `aiayn export` engine (onnx, …)
+    # A search of the engine's own (CTranslate2), in translate_hypotheses's signature; None:
+    # aiayn's search over the model (aiayn.decode.translate.translate_hypotheses).
+    translator: Callable[..., list[list[tuple[str, Hypothesis]]]] | None = None
+
+    @classmethod
+    def from_engine(
+        cls,
+        paths: Sequence[str | Path],
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        meta: dict[str, Any],
+        engine: str,
+        translator: Callable[..., list[list[tuple[str, Hypothesis]]]] | None = None,
+    ) -> ModelFolder:
+        """A folder written by ``aiayn export``, whose engine (ONNX Runtime, CTranslate2) runs on
+        the CPU; ``meta`` its config.json, parsed here like any other."""
+        folders = [Path(p) for p in paths]
+        parsed = parse_folder_config(meta, folders[0])
+        device = torch.device("cpu")
+        return cls(
+            folders[0],
+            folders,
+            parsed.kind,
+            model,
+            tokenizer,
+            parsed.config,
+            device,
+            parsed.has_data,
+            engine,
+            translator,
+        )
 
     @property
     def decode(self) -> DecodeConfig:
@@ -257,8 +289,14 @@ class ModelFolder:
 
         self._need("translation", "translate")
         cfg = self.decode_config(decode, **overrides)
+        if cfg.bf16 and self.engine != "torch":
+            raise ConfigError(
+                f"--bf16 applies to PyTorch models; {self.path} holds a '{self.engine}' export "
+                "(export with --quantization instead)"
+            )
+        search = self.translator or translate_hypotheses
         with precision(self.device, cfg.bf16):
-            return translate_hypotheses(self.model, self.tokenizer, texts, cfg, progress)
+            return search(self.model, self.tokenizer, texts, cfg, progress)
 
     def translate(
         self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides: Any
@@ -370,7 +408,7 @@ class ModelFolder:
             test_set=name,
             seconds=round(seconds, 3),
             sentences_per_s=round(len(sources) / max(seconds, 1e-9), 2),
-            decoding={**vars(cfg), "device": str(self.device)},
+            decoding={**vars(cfg), "device": str(self.device), "engine": self.engine},
             model=self._model_name(),
             hyps=hyps,
         )

@@ -19,6 +19,7 @@ from aiayn.commands.options import (
     add_model_dirs,
     decode_overrides,
     inference_device,
+    open_models,
 )
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,11 @@ def report(scores: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.folder import load_model_folder
     from aiayn.io import check_output_file, write_json, write_text
 
     if not args.output:  # the default output, in the model folder: checked before any work
         check_output_file(Path(args.model[0]) / f"eval_{args.split or 'test'}.json", "--output")
-    model = load_model_folder(args.model, inference_device(args.device))
+    model = open_models(args, inference_device(args.device))
     scores = model.score(args.split, args.src, args.ref, args.limit, **decode_overrides(args))
     hyps = scores.pop("hyps", None)
     suffix = f"_ensemble{len(model.paths)}" if len(model.paths) > 1 else ""

@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from aiayn.folder import ModelFolder
 
 DEFAULTS = DecodeConfig()
 
@@ -61,6 +64,12 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
         f"default: {d.workers})",
     )
     p.add_argument(
+        "--engine",
+        choices=("torch", "onnx", "ctranslate2"),
+        help="what runs the model: torch (a model folder), onnx or ctranslate2 (a folder "
+        "written by `aiayn export`; docs/export.md); default: what MODEL_DIR holds",
+    )
+    p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
         help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
@@ -68,6 +77,30 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.description = (p.description or "") + (
         " Decoding flags left out take the model folder's settings (config.json 'decode', "
         "from the recipe's [decode] section), else the defaults shown."
+    )
+
+
+def open_models(
+    args: argparse.Namespace, device: torch.device, expect_kind: str | None = None
+) -> ModelFolder:
+    """MODEL_DIR(s) through the one loader (:func:`aiayn.folder.load_model_folder`); folders
+    written by `aiayn export`, or ``--engine onnx|ctranslate2``, through their engine."""
+    from aiayn.export.engines import is_exported
+    from aiayn.folder import ModelFolder, load_model_folder
+
+    if args.engine in (None, "torch") and not any(is_exported(f) for f in args.model):
+        return load_model_folder(args.model, device, expect_kind)
+    from aiayn.export.engines import Ct2Translator, load_translation, translate_hypotheses
+
+    model, tokenizer, meta = load_translation(args.model, device, args.engine, args.workers or 1)
+    ct2 = isinstance(model, Ct2Translator)
+    return ModelFolder.from_engine(
+        args.model,
+        model,
+        tokenizer,
+        meta,
+        args.engine or ("ctranslate2" if ct2 else "onnx"),
+        translate_hypotheses if ct2 else None,
     )
 
 

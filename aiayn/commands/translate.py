@@ -17,6 +17,7 @@ from aiayn.commands.options import (
     add_model_dirs,
     decode_overrides,
     inference_device,
+    open_models,
     read_input_lines,
 )
 
@@ -86,10 +87,9 @@ def interactive(model: ModelFolder, cfg: DecodeConfig) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.folder import load_model_folder
     from aiayn.io import write_text
 
-    model = load_model_folder(args.model, inference_device(args.device), "translation")
+    model = open_models(args, inference_device(args.device), "translation")
     cfg = model.decode_config(**decode_overrides(args))
     if args.input == "-" and sys.stdin.isatty():
         return interactive(model, cfg)

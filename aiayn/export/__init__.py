@@ -41,9 +41,8 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
 
 def _load_source(folder: Path) -> tuple[Any, str, Any, dict[str, Any]]:
     """(model, kind, tokenizer, meta) of a plain model folder, with the loader's own errors."""
-    from aiayn.checkpoint import TOKENIZER_FILE, load_model_dir, read_config
-    from aiayn.data import Tokenizer
-    from aiayn.errors import DataError
+    from aiayn.checkpoint import read_config
+    from aiayn.folder import load_model_folder
 
     meta = read_config(folder)
     if "format" in meta:
@@ -51,16 +50,8 @@ def _load_source(folder: Path) -> tuple[Any, str, Any, dict[str, Any]]:
             f"{folder}: already an exported '{meta['format']}' model; export the model "
             "folder it was written from"
         )
-    if not (folder / TOKENIZER_FILE).is_file():
-        raise CheckpointError(
-            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
-        )
-    model, _, meta = load_model_dir(folder)
-    try:
-        tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
-    except DataError as err:
-        raise CheckpointError(str(err)) from None
-    return model, normalise_kind(meta["kind"]), tokenizer, meta
+    loaded = load_model_folder(folder)  # the one loader: its checks and messages
+    return loaded.model, loaded.kind, loaded.tokenizer, meta
 
 
 def export_model(

@@ -135,6 +135,11 @@ class OnnxTranslator(_Engine):
         ]
         return DecoderCache(layers, memory.mask)
 
+    def log_probs(self, tgt: Tensor, memory: OnnxMemory, cache: DecoderCache) -> Tensor:
+        """The :class:`~aiayn.decode.step.Seq2SeqModel` step: (N, T, V) float32 normalised
+        log-probabilities of :meth:`decode`'s logits."""
+        return torch.log_softmax(self.decode(tgt, memory, cache).float(), dim=-1)
+
     def decode(self, tgt: Tensor, memory: OnnxMemory, cache: DecoderCache) -> Tensor:
         """Shape: tgt (N, T) tokens after the cache's ``length`` -> logits (N, T, V); the cache
         is extended (in place) by the step's present keys/values."""
@@ -409,15 +414,18 @@ def load_translation(
     folders: Sequence[str | Path], device: Any = "cpu", engine: str | None = None, workers: int = 1
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, meta) for `translate` and `evaluate`: plain model folders through
-    :func:`aiayn.decode.load_ensemble` (engine 'torch'), exported folders through
+    :func:`aiayn.folder.load_model_folder` (engine 'torch'), exported folders through
     :func:`load_exported`. ``engine`` None means whatever the folders hold."""
-    from aiayn.decode import Ensemble, load_ensemble
+    from aiayn.checkpoint import read_config
+    from aiayn.decode import Ensemble
+    from aiayn.folder import load_model_folder
 
     exported = [is_exported(f) for f in folders]
     if engine not in (None, *FORMATS):
         raise ConfigError(f"--engine must be one of {', '.join(FORMATS)}, got '{engine}'")
     if not any(exported) and engine in (None, "torch"):
-        return load_ensemble(folders, device)
+        opened = load_model_folder(folders, device, "translation")
+        return opened.model, opened.tokenizer, read_config(folders[0])
     for folder, done in zip(folders, exported):
         if engine == "torch" and done:
             raise ConfigError(
