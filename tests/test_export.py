@@ -23,7 +23,8 @@ from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer
-from aiayn.decode import DecodeConfig, Ensemble, load_translator, translate_ids
+from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.folder import load_model_folder
 from aiayn.decode.generate import generate
 from aiayn.errors import ConfigError
 from aiayn.export import export_model
@@ -248,7 +249,8 @@ def test_trained_model_onnx_and_ctranslate2_tokens_equal_native(trained, tmp_pat
     from aiayn.export.engines import load_exported
 
     folder, texts = trained
-    model, tokenizer, _ = load_translator(folder)
+    opened = load_model_folder(folder)
+    model, tokenizer = opened.model, opened.tokenizer
     sources = [tokenizer.encode(t) for t in texts]
     onnx, _, _ = load_exported(export_model(folder, "onnx", tmp_path / "onnx"))
     ct2, _, _ = load_exported(export_model(folder, "ctranslate2", tmp_path / "ct2"))
