@@ -322,7 +322,8 @@ class Trainer:
         scale = self.dist.world_size / n_targets  # DDP averages gradients over processes
         # The summed loss and NLL stay on the device until one copy to the host after the
         # gradient norm: one host-device sync per update, not two per micro-batch (docs/gpu.md).
-        sums, tokens = torch.zeros(2, dtype=torch.float64, device=self.device), 0
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        tokens = 0.0
         ddp = self.ddp
         for i, batch in enumerate(batches):
             sync = ddp is None or i == len(batches) - 1
