@@ -4,9 +4,11 @@ Every ``import`` statement counts, at module level or inside a function (a funct
 only hides a cycle until that function runs). Two kinds of edge are left out, on purpose:
 
 - imports under ``if TYPE_CHECKING:``, which never run;
-- the implicit import of a parent package: ``from aiayn.train.task import Task`` is an edge to
-  ``aiayn.train.task``, not to ``aiayn/train/__init__.py`` (which Python also runs first).
-  Counting it would make every package that re-exports its own modules a cycle.
+- the import of a module's own parent package: ``from aiayn.train.task import Task`` is an edge to
+  ``aiayn.train.task``, not to ``aiayn/train/__init__.py``, and ``from aiayn.export import
+  require`` inside ``aiayn.export.onnx`` is no edge at all: Python runs a package's ``__init__``
+  before any of its modules anyway, so such an edge orders nothing. Counting it would make every
+  package that re-exports its own modules a cycle.
 
 ``from aiayn.train import classification`` is an edge to the module ``aiayn.train.classification``;
 ``from aiayn.train import SHAPES`` one to ``aiayn.train`` (its ``__init__``).
@@ -72,7 +74,8 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                 targets = [
                     f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
                 ]
-            graph[name] |= {t for t in targets if t in files and t != name}
+            ancestors = {name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1)}
+            graph[name] |= {t for t in targets if t in files and t != name and t not in ancestors}
     return graph
 
 
