@@ -128,7 +128,7 @@ def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2, 
     from aiayn.train.config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
-    from aiayn.train.tasks import TranslationTask
+    from aiayn.train.translation import TranslationTask
     from aiayn.train.trainer import Trainer
 
     cfg = RunConfig(model=config(layers), data=DataConfig(),

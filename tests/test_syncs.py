@@ -121,7 +121,7 @@ def _update_syncs(tmp_path, layers: int, output_vocab: str) -> Counter:
     from aiayn.train.config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
-    from aiayn.train.tasks import TranslationTask
+    from aiayn.train.translation import TranslationTask
     from aiayn.train.trainer import Trainer
 
     cfg = RunConfig(model=tiny_config(layers, output_vocab=output_vocab), data=DataConfig(),
