@@ -85,23 +85,19 @@ def open_models(
 ) -> ModelFolder:
     """MODEL_DIR(s) through the one loader (:func:`aiayn.folder.load_model_folder`); folders
     written by `aiayn export`, or ``--engine onnx|ctranslate2``, through their engine."""
-    from aiayn.export.engines import is_exported
-    from aiayn.folder import ModelFolder, load_model_folder
+    from aiayn.export.engines import is_exported, load_exported_folder
+    from aiayn.folder import load_model_folder
 
     if args.engine in (None, "torch") and not any(is_exported(f) for f in args.model):
         return load_model_folder(args.model, device, expect_kind)
-    from aiayn.export.engines import Ct2Translator, load_translation, translate_hypotheses
-
-    model, tokenizer, meta = load_translation(args.model, device, args.engine, args.workers or 1)
-    ct2 = isinstance(model, Ct2Translator)
-    return ModelFolder.from_engine(
-        args.model,
-        model,
-        tokenizer,
-        meta,
-        args.engine or ("ctranslate2" if ct2 else "onnx"),
-        translate_hypotheses if ct2 else None,
-    )
+    if device.type != "cpu":
+        raise ConfigError(f"--engine {args.engine or 'onnx/ctranslate2'}: exports run on the CPU")
+    folder = load_exported_folder(args.model, args.engine, args.workers or 1)
+    if expect_kind is not None and folder.kind != expect_kind:
+        raise ConfigError(
+            f"{folder.path}: holds a '{folder.kind}' model, this command needs '{expect_kind}'"
+        )
+    return folder
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     require_extra()
     import uvicorn
 
-    from aiayn.commands.translate import inference_device
-    from aiayn.serve._folder import ExportedFolder, load_folder
+    from aiayn.commands.options import inference_device
+    from aiayn.serve._folder import load_folder
     from aiayn.serve.app import create_app
     from aiayn.serve.limits import Limits
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)
     folder = load_folder(args.model, str(device), args.engine)
-    engine = folder.engine if isinstance(folder, ExportedFolder) else "torch"
+    engine = folder.engine
     check_port(args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning(
