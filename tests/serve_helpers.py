@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 from pathlib import Path
 
 import torch
@@ -97,3 +98,9 @@ def make_trained_folder(path: Path, steps: int = 60) -> Path:
         tokenizer_json=tok.to_str(),
         extra={"decode": {"beam": 4, "alpha": 0.6}},
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -22,11 +22,11 @@ pytest.importorskip("fastapi", reason="the 'serve' extra (fastapi) is not instal
 pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not installed")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from serve_helpers import make_folder, sentences  # noqa: E402
+from serve_helpers import free_port, make_folder, sentences  # noqa: E402
 
 from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
+from aiayn.folder import load_model_folder as load_folder  # noqa: E402
 from aiayn.serve import Limits, create_app  # noqa: E402
-from aiayn.serve._folder import load_folder  # noqa: E402
 from aiayn.serve.batching import DynamicBatcher, QueueFull  # noqa: E402
 from aiayn.viz.attention import attention_of_translation  # noqa: E402
 
@@ -474,7 +474,7 @@ def test_generation_past_its_time_limit_ends_with_an_error_event(tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["onnx", "ctranslate2"])
-def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine):
+def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsys):
     """`aiayn serve EXPORTED --engine onnx|ctranslate2`: the engine's own translations (as
     `aiayn translate --engine` gives them), no attention route, the engine in /v1/model."""
     pytest.importorskip(
@@ -482,13 +482,13 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine):
         reason=f"the '{'export' if engine == 'onnx' else 'ctranslate2'}' extra is not installed",
     )
     from aiayn.export import export_model
-    from aiayn.export.engines import load_exported
+    from aiayn.export.engines import load_exported, load_exported_folder
     from aiayn.export.engines import translate_hypotheses as engine_translate
 
     out = export_model(folder_dir, engine, tmp_path / engine)
-    served = load_folder([out], engine=engine)
+    served = load_exported_folder([out], engine)
     texts = ["the cat sits on the mat", "a red dog"]
-    with TestClient(create_app(served, Limits(), engine=engine)) as c:
+    with TestClient(create_app(served, Limits())) as c:
         r = c.post("/v1/translate", json={"texts": texts, "beam": 2, "nbest": 2})
         assert r.status_code == 200, r.text
         model, tok, _ = load_exported(out)
@@ -501,8 +501,9 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine):
         assert att.status_code == 404 and "--engine torch" in att.json()["error"]
         info = c.get("/v1/model").json()
         assert info["engine"] == engine and info["routes"] == ["/v1/translate"]
-    with pytest.raises(Exception, match="--engine torch needs the model folder"):
-        load_folder([out], engine="torch")
+    from aiayn.cli import main
+
+    assert main(["serve", str(out), "--engine", "torch", "--port", str(free_port())]) == 2
 
 
 def test_an_ensemble_is_served_and_its_attention_is_its_first_models(folder_dir, client):

@@ -9,7 +9,6 @@ Skipped, with the reason, when /usr/bin/chromium or the playwright package is mi
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -31,19 +30,14 @@ CHROMIUM_ARGS = [
 SENTENCE = "a dog runs in the park"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serving(model_dirs: list[Path]):
     """uvicorn in a thread on a free port; yields the base URL."""
     import uvicorn
+    from serve_helpers import free_port
 
+    from aiayn.folder import load_model_folder as load_folder
     from aiayn.serve import Limits, create_app
-    from aiayn.serve._folder import load_folder
 
     app = create_app(load_folder(model_dirs), Limits())
     port = free_port()

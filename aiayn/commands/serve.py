@@ -67,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_false",
         help="run every request alone (no dynamic batching; for comparison)",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, workers=1)  # one worker thread decodes (the batcher's)
     return p
 
 
@@ -77,15 +77,14 @@ def run(args: argparse.Namespace) -> int:
     require_extra()
     import uvicorn
 
-    from aiayn.commands.options import inference_device
-    from aiayn.serve._folder import load_folder
+    from aiayn.commands.options import inference_device, open_models
     from aiayn.serve.app import create_app
     from aiayn.serve.limits import Limits
 
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)
-    folder = load_folder(args.model, str(device), args.engine)
+    folder = open_models(args, device)  # the loader of translate/evaluate, engines included
     engine = folder.engine
     check_port(args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             KEY_ENV,
         )
-    app = create_app(folder, limits, api_key, engine=engine)
+    app = create_app(folder, limits, api_key)
     log.info(
         "serving %s model %s (%s) on http://%s:%d/ (API docs at /docs)",
         folder.kind,

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
+from aiayn.folder import ModelFolder
 from aiayn.serve.batching import BatchResult, QueueFull
 from aiayn.serve.limits import Limits
 from aiayn.serve.service import GenerationStopped, ModelService, RequestError
@@ -52,12 +53,12 @@ __all__ = ["create_app"]
 
 
 def create_app(
-    folder: Any, limits: Limits | None = None, api_key: str | None = None, engine: str = "torch"
+    folder: ModelFolder, limits: Limits | None = None, api_key: str | None = None
 ) -> FastAPI:
-    """The app serving ``folder`` (a loaded model folder, PLAN.md's ModelFolder) within
-    ``limits``; with ``api_key`` every route but /health asks for it."""
+    """The app serving ``folder`` (:func:`aiayn.folder.load_model_folder`, or an exported
+    folder) within ``limits``; with ``api_key`` every route but /health asks for it."""
     limits = limits or Limits()
-    service = ModelService(folder, limits, engine)
+    service = ModelService(folder, limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -20,7 +20,10 @@ from typing import Any
 import torch
 from torch.nn import Module
 
-from aiayn.decode import DecodeConfig
+from aiayn.config import to_dict
+from aiayn.decode import DecodeConfig, Ensemble
+from aiayn.folder import ModelFolder
+from aiayn.model import Transformer
 from aiayn.serve.batching import DynamicBatcher
 from aiayn.serve.limits import Limits
 
@@ -50,16 +53,18 @@ class GenerationStopped(Exception):
 
 
 class ModelService:
-    """One model folder behind a batcher. ``folder`` follows the PLAN.md ModelFolder contract."""
+    """One model folder (:class:`~aiayn.folder.ModelFolder`, any engine) behind a batcher."""
 
-    def __init__(self, folder: Any, limits: Limits, engine: str = "torch") -> None:
-        self.folder, self.limits, self.engine = folder, limits, engine
+    def __init__(self, folder: ModelFolder, limits: Limits) -> None:
+        self.folder, self.limits, self.engine = folder, limits, folder.engine
         self.kind: str = folder.kind
         # An exported model (ONNX, CTranslate2) has no PyTorch weights to record attention from.
         self.routes = [
-            r for r in ROUTES_OF_KIND.get(self.kind, ()) if engine == "torch" or r != "attention"
+            r
+            for r in ROUTES_OF_KIND.get(self.kind, ())
+            if self.engine == "torch" or r != "attention"
         ]
-        self.max_text_tokens = min(limits.max_text_tokens, folder.model.cfg.max_len)
+        self.max_text_tokens = min(limits.max_text_tokens, folder.config.model.max_len)
         self.batcher = DynamicBatcher(
             self._run,
             max_batch_cost=limits.batch_tokens,
@@ -151,10 +156,12 @@ class ModelService:
         self.check_texts([text])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
-        folder = self.folder
+        model, tokenizer = self.folder.model, self.folder.tokenizer
+        if not isinstance(model, (Transformer, Ensemble)):  # an engine without weights
+            raise RequestError(404, f"no /v1/attention with the {self.engine} engine")
         return self.batcher.call(
             lambda: attention_of_translation(
-                folder.model, folder.tokenizer, text, decode=decode, rank=rank
+                model, tokenizer, text, decode=decode, rank=rank
             ).to_dict()
         )
 
@@ -197,7 +204,7 @@ class ModelService:
     def info(self) -> dict[str, Any]:
         """Kind, config, parameters, vocabulary, data, decoding, measured scores, limits."""
         folder = self.folder
-        config = _config_dict(folder)
+        config = to_dict(folder.config)
         model = folder.model  # CTranslate2's translator is no torch module
         params = {id(p): p.numel() for p in model.parameters()} if isinstance(model, Module) else {}
         return {
@@ -208,23 +215,13 @@ class ModelService:
             "parameters": sum(params.values()) or None,  # None: an exported model's
             "vocab_size": folder.tokenizer.vocab_size,
             "config": config,
-            "data": config.get("data"),
+            "data": config.get("data") if folder.has_data else None,  # else only defaults
             "decode": dataclasses.asdict(folder.decode),
             "scores": measured_scores(folder.paths),
             "card": _card(folder.path),
             "routes": [f"/v1/{r}" for r in self.routes],
             "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
         }
-
-
-def _config_dict(folder: Any) -> dict[str, Any]:
-    """config.json as a plain dict, whether the folder holds it typed or raw."""
-    config = folder.config
-    if dataclasses.is_dataclass(config):
-        from aiayn.config import to_dict
-
-        return to_dict(config)
-    return dict(config)
 
 
 def measured_scores(paths: Sequence[Path]) -> dict[str, Any]:
