@@ -33,6 +33,7 @@ TASKS = {  # config.json "kind" (old and new names) -> what the card calls it
 }
 # DecodeConfig's, quoted when a folder sets none
 DECODE_DEFAULTS = {"beam": DecodeConfig.beam, "alpha": DecodeConfig.alpha}
+FORMATS = {"onnx": "ONNX", "ctranslate2": "CTranslate2"}  # config.json "format" of `aiayn export`
 
 
 def write_model_card(folder: str | Path, shown_as: str | Path | None = None) -> Path | None:
@@ -57,12 +58,14 @@ def model_card(folder: str | Path, shown_as: str | Path | None = None) -> str:
     name = Path(shown_as) if shown_as is not None else folder
     meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     kind = TASKS.get(meta.get("kind", ""), meta.get("kind", "unknown"))
+    fmt = meta.get("format")
+    title = f"# {name.name}: {kind} model" + (f" ({FORMATS.get(fmt, fmt)} export)" if fmt else "")
     sections = [
-        f"# {name.name}: {kind} model\n\n{_summary(meta, kind)}",
+        f"{title}\n\n{_summary(meta, kind)}",
         "## Facts\n\n" + _facts_table(folder, meta, kind),
         "## Scores\n\n" + _scores(folder),
         "## Decoding settings\n\n" + _decoding(meta, kind),
-        "## Use it\n\n" + _usage(name, kind),
+        "## Use it\n\n" + _usage(name, kind, exported=bool(fmt)),
     ]
     footer = (
         "*Written by aiayn from this folder's `config.json`, `eval_*.json` and its run's "
@@ -100,6 +103,11 @@ def _facts_table(folder: Path, meta: dict[str, Any], kind: str) -> str:
         ("training", _training(folder, meta, train)),
         ("hardware", meta.get("hardware") or "not recorded"),
     ]
+    if meta.get("format"):
+        fmt = FORMATS.get(meta["format"], meta["format"])
+        quantization = f", {meta['quantization']}" if meta.get("quantization") else ""
+        source = meta.get("exported_from", "?")
+        rows.append(("format", f"{fmt}{quantization}, exported from `{source}`"))
     lines = ["| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in rows]
     return "\n".join(lines)
 
@@ -137,7 +145,7 @@ def _parameters(folder: Path) -> str:
     loading the weights; integer and bool tensors (masks, buffers) are not parameters."""
     path = folder / "model.safetensors"
     if not path.is_file():
-        return "not recorded"
+        return "as in the folder it was exported from"
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
@@ -227,6 +235,8 @@ def _score_row(path: Path, s: dict[str, Any]) -> str:
         )
         d = s.get("decoding", {})
         decoding = f"beam {d.get('beam', '?')}, α {d.get('alpha', '?')}" if d else ""
+        if d.get("engine") not in (None, "torch"):
+            decoding += f", engine {d['engine']}"
         models = s.get("model")
         if isinstance(models, list) and len(models) > 1:
             decoding += f"; ensemble of {len(models)}"
@@ -247,8 +257,15 @@ def _decoding(meta: dict[str, Any], kind: str) -> str:
     return f"Stored in `config.json` (`decode`) and used by every command unless a flag overrides it: {settings}."
 
 
-def _usage(folder: Path, kind: str) -> str:
+def _usage(folder: Path, kind: str, exported: bool = False) -> str:
     f = str(folder)
+    if kind == "translation" and exported:  # runs through its engine: the CLI and the server
+        shell = [
+            f'echo "A man rides a bike." | aiayn translate {f}',
+            f"aiayn evaluate {f} --split test_2016_flickr   # or --src FILE --ref FILE",
+            f"aiayn serve {f}",
+        ]
+        return "```bash\n" + "\n".join(shell) + "\n```"
     if kind == "translation":
         shell = [
             f'echo "A man rides a bike." | aiayn translate {f}',

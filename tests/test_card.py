@@ -121,6 +121,10 @@ def test_train_and_average_write_cards(tmp_path):
     try:
         assert main(["train", str(cfg), "--out", str(run)]) == 0
         assert main(["average", str(run), "--last", "2", "-o", str(avg)]) == 0
+        assert "None measured on this folder yet" in (avg / "README.md").read_text()
+        data = tmp_path / "data"
+        assert main(["evaluate", str(avg), "--src", str(data / "valid.src"),
+                     "--ref", str(data / "valid.tgt"), "--beam", "2"]) == 0
     finally:
         torch.set_num_threads(threads)
     for folder in (run, run / "best", avg):
@@ -128,5 +132,22 @@ def test_train_and_average_write_cards(tmp_path):
         assert card.startswith(f"# {folder.name}: translation model"), folder
         assert "4 updates in" in card and "| hardware | not recorded |" not in card
         assert f"aiayn translate {folder}" in card
-    assert "the average of 2 checkpoints (updates 3, 4)" in (avg / "README.md").read_text()
+    avg_card = (avg / "README.md").read_text()
+    assert "the average of 2 checkpoints (updates 3, 4)" in avg_card
+    assert "| `eval_valid.json` | valid |" in avg_card and "beam 2" in avg_card  # evaluate refreshed it
     assert json.loads((run / "config.json").read_text())["hardware"]
+
+
+def test_exported_folder_card(run):
+    """`aiayn export` writes a folder whose config.json says its format: the card names it, and
+    offers the commands that run it through its engine (not another export)."""
+    run, _ = run
+    folder = run / "ct2"
+    folder.mkdir()
+    meta = json.loads((run / "avg2" / "config.json").read_text())
+    meta.update(format="ctranslate2", quantization="int8", exported_from=str(run / "avg2"))
+    (folder / "config.json").write_text(json.dumps(meta))
+    card = model_card(folder)
+    assert card.startswith("# ct2: translation model (CTranslate2 export)")
+    assert "| format | CTranslate2, int8, exported from" in card
+    assert "aiayn translate" in card and "aiayn serve" in card and "aiayn export" not in card

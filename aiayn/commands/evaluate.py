@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     name = f"eval_{scores['test_set']}{suffix}.json"
     out = Path(args.output) if args.output else model.path / name
     write_json(out, scores)
+    if out.parent.resolve() == model.path.resolve():  # the folder's own scores: refresh its card
+        from aiayn.card import write_model_card
+
+        write_model_card(model.path)
     if args.hyps and hyps is not None:
         write_text(args.hyps, "".join(h + "\n" for h in hyps))
     print(report(scores))

@@ -66,6 +66,7 @@ def export_model(
     ``quantization`` (CTranslate2 only) is one of :data:`QUANTIZATIONS` (default float32). An
     option the format cannot express is a ConfigError that names it. Returns ``out``.
     """
+    from aiayn.card import write_model_card
     from aiayn.io import check_output_folder, new_folder, write_json
 
     source, out = Path(source), Path(out)
@@ -105,4 +106,5 @@ def export_model(
                 "exported_from": str(source),
             },
         )
+        write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
     return out
