@@ -172,8 +172,12 @@ def _weights(meta: dict[str, Any]) -> str:
 
 
 def _run_folder(folder: Path, meta: dict[str, Any]) -> Path:
-    """Where the run's metrics.jsonl is: the folder, its parent (best/, avgN/), or the averaged run."""
-    for candidate in (folder, Path(meta.get("averaged", {}).get("run", folder)), folder.parent):
+    """Where the run's metrics.jsonl is: the folder, the averaged run, its parent (best/, avgN/),
+    or those of the folder an export was made from."""
+    source = Path(meta.get("exported_from", folder))
+    candidates = [folder, Path(meta.get("averaged", {}).get("run", folder)), folder.parent]
+    candidates += [source, source.parent]
+    for candidate in candidates:
         if (candidate / "metrics.jsonl").is_file():
             return candidate
     return folder
