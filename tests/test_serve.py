@@ -523,3 +523,20 @@ def test_an_ensemble_is_served_and_its_attention_is_its_first_models(folder_dir,
     assert info["ensemble"] == 2
     alone = client.post("/v1/attention", json={"text": texts[0]}).json()
     assert att["tgt_tokens"] == alone["tgt_tokens"] and att["cross"] == alone["cross"]
+
+
+def test_a_chunked_body_past_the_limit_is_413(folder):
+    """No Content-Length to trust: the body is counted as it arrives and cut off at the limit."""
+
+    def chunks():
+        yield b'{"texts": ["'
+        for _ in range(100):
+            yield b"a" * 1000
+        yield b'"]}'
+
+    with TestClient(create_app(folder, Limits(max_body_bytes=4096))) as c:
+        r = c.post("/v1/translate", content=chunks(), headers={"Content-Type": "application/json"})
+        assert "content-length" not in {k.lower() for k in r.request.headers}
+        assert r.status_code == 413 and "limit is 4096" in r.json()["error"]
+        ok = c.post("/v1/translate", json={"texts": ["the cat"]})
+        assert ok.status_code == 200
