@@ -143,17 +143,33 @@ def load_model_folder(
     paths: str | Path | Sequence[str | Path],
     device: str | torch.device = "cpu",
     expect_kind: str | None = None,
+    engine: str | None = None,
+    workers: int = 1,
 ) -> ModelFolder:
     """Open one model folder, or several translation folders as an ensemble (their next-token
     probabilities averaged; one shared tokenizer). Every folder's config.json is checked (kind
-    included) before any weights are read. CheckpointError names the folder and what is wrong."""
+    included) before any weights are read. CheckpointError names the folder and what is wrong.
+
+    Folders written by ``aiayn export`` open the same way, run by their engine (ONNX Runtime,
+    CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
+    what the folders hold; ``workers`` is the number of batches an engine decodes at once."""
     from aiayn.decode.ensemble import Ensemble
+    from aiayn.export.engines import is_exported, open_exported
 
     folders = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not folders:
         raise ConfigError("no model folder given")
     if expect_kind is not None:
         expect_kind = shape_name(expect_kind)
+    if engine not in (None, "torch") or any(is_exported(f) for f in folders):
+        if torch.device(device).type != "cpu":
+            raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
+        model, tokenizer, meta, name, translator = open_exported(folders, engine, workers)
+        opened = ModelFolder.from_engine(folders, model, tokenizer, meta, name, translator)
+        _check_kind(
+            opened.path, FolderConfig(opened.kind, opened.config, opened.has_data), expect_kind
+        )
+        return opened
     parsed = [read_folder_config(f, expect_kind) for f in folders]
     if len(folders) > 1:
         for folder, p in zip(folders, parsed):

@@ -78,13 +78,11 @@ def run_one(args: argparse.Namespace) -> dict:
     import torch
 
     from aiayn.checkpoint import read_config
-    from aiayn.commands.translate import precision
     from aiayn.config import from_dict
     from aiayn.data import DataConfig, load_translation
     from aiayn.decode import DecodeConfig
     from aiayn.eval import corpus_scores
-    from aiayn.export.engines import load_translation as load_engine
-    from aiayn.export.engines import translate_hypotheses
+    from aiayn.folder import load_model_folder
     from aiayn.train.allocator import keep_freed_memory
 
     torch.set_num_threads(args.threads)
@@ -93,14 +91,18 @@ def run_one(args: argparse.Namespace) -> dict:
     src, ref = load_translation(from_dict(DataConfig, meta["data"]), args.split)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
-    cfg = DecodeConfig(beam=args.beam, length_penalty=args.length_penalty, workers=args.workers)
+    cfg = DecodeConfig(
+        beam=args.beam,
+        length_penalty=args.length_penalty,
+        workers=args.workers,
+        bf16=args.worker == "native bf16",
+    )
     start = time.perf_counter()
-    model, tokenizer, _ = load_engine([args.folder], "cpu", workers=args.workers)
+    folder = load_model_folder([args.folder], "cpu", workers=args.workers)  # any engine
     loaded = time.perf_counter() - start
-    translate_hypotheses(model, tokenizer, src[:16], cfg)  # warm-up (allocations, kernels)
+    folder.translate_hypotheses(src[:16], cfg)  # warm-up (allocations, kernels)
     start = time.perf_counter()
-    with precision(torch.device("cpu"), args.worker == "native bf16"):
-        hyps = translate_hypotheses(model, tokenizer, src, cfg)
+    hyps = folder.translate_hypotheses(src, cfg)
     seconds = time.perf_counter() - start
     scores = corpus_scores([h[0][0] if h else "" for h in hyps], ref)
     return {

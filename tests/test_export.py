@@ -24,10 +24,10 @@ from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
-from aiayn.folder import load_model_folder
 from aiayn.decode.generate import generate
 from aiayn.errors import ConfigError
 from aiayn.export import export_model
+from aiayn.folder import load_model_folder
 from aiayn.model import Transformer, TransformerClassifier, TransformerLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,20 +36,31 @@ CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMN")  # 50 + 4 spe
 
 
 def needs(module: str, extra: str):
-    return pytest.importorskip(module, reason=f"the '{extra}' extra is not installed: "
-                               f"pip install 'aiayn[{extra}]'")
+    return pytest.importorskip(
+        module, reason=f"the '{extra}' extra is not installed: pip install 'aiayn[{extra}]'"
+    )
 
 
 def small_cfg(**over) -> ModelConfig:
-    values = dict(src_vocab_size=54, tgt_vocab_size=54, d_model=32, n_heads=4, d_ff=64,
-                  n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=64)
+    values = dict(
+        src_vocab_size=54,
+        tgt_vocab_size=54,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_len=64,
+    )
     return ModelConfig(**{**values, **over})
 
 
 def save(folder: Path, model, kind: str, **extra) -> Path:
     tok = CharTokenizer(CHARS)
-    return save_model_dir(folder, model.eval(), model.cfg, kind=kind, tokenizer_json=tok.to_str(),
-                          extra=extra)
+    return save_model_dir(
+        folder, model.eval(), model.cfg, kind=kind, tokenizer_json=tok.to_str(), extra=extra
+    )
 
 
 def exported(tmp_path: Path, model, kind: str, fmt: str = "onnx", **options):
@@ -70,9 +81,16 @@ def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 TRANSLATION_CONFIGS = {
     "post-ln-tied": {},
-    "pre-ln-untied": dict(norm_first=True, share_embeddings=False, tie_output=False, tgt_vocab_size=60),
-    "pre-ln-tied-output": dict(norm_first=True, share_embeddings=False, tie_output=True,
-                               positional="learned", activation="gelu"),
+    "pre-ln-untied": dict(
+        norm_first=True, share_embeddings=False, tie_output=False, tgt_vocab_size=60
+    ),
+    "pre-ln-tied-output": dict(
+        norm_first=True,
+        share_embeddings=False,
+        tie_output=True,
+        positional="learned",
+        activation="gelu",
+    ),
     "targets-no-scale": dict(output_vocab="targets", scale_embeddings=False, bias=False),
 }
 
@@ -99,9 +117,17 @@ def test_onnx_translation_logits_equal_torch(tmp_path, name):
             assert torch.equal(torch.isinf(a), torch.isinf(b))
             finite = torch.isfinite(a)
             assert (a[finite] - b[finite]).abs().max() < 1e-4, (name, step)
-            rows = torch.arange(3).repeat_interleave(2) if step == 0 else torch.tensor([1, 0, 2, 2, 5, 4])
+            rows = (
+                torch.arange(3).repeat_interleave(2)
+                if step == 0
+                else torch.tensor([1, 0, 2, 2, 5, 4])
+            )
             ours.reorder(rows), theirs.reorder(rows)  # beams move, as in beam search
-            tgt = a[rows, -1].argmax(-1, keepdim=True) if step == 0 else a[:, -1].argmax(-1, keepdim=True)[rows]
+            tgt = (
+                a[rows, -1].argmax(-1, keepdim=True)
+                if step == 0
+                else a[:, -1].argmax(-1, keepdim=True)[rows]
+            )
         assert theirs.length == ours.length == 4
     if model.output_mask is not None:
         assert torch.isinf(b[:, :, 10:20]).all()
@@ -134,16 +160,21 @@ def test_onnx_search_tokens_equal_torch_greedy_beam_nbest_ensemble(tmp_path):
         native = translate_ids(model, sources, cfg)
         for runner in (engine, Ensemble([engine])):
             onnx = translate_ids(runner, sources, cfg)
-            assert [[h.tokens for h in line] for line in onnx] == [[h.tokens for h in line] for line in native]
-            assert [[round(h.score, 3) for h in line] for line in onnx] == [[round(h.score, 3) for h in line] for line in native]
+            assert [[h.tokens for h in line] for line in onnx] == [
+                [h.tokens for h in line] for line in native
+            ]
+            assert [[round(h.score, 3) for h in line] for line in onnx] == [
+                [round(h.score, 3) for h in line] for line in native
+            ]
 
 
 @pytest.mark.parametrize("pooling,buckets", [("mean", 0), ("max", 0), ("cls", 0), ("mean", 16)])
 def test_onnx_classifier_logits_equal_torch(tmp_path, pooling, buckets):
     needs("onnxruntime", "export")
     torch.manual_seed(4)
-    model = TransformerClassifier(small_cfg(n_decoder_layers=0, n_classes=3, pooling=pooling,
-                                            bigram_buckets=buckets)).eval()
+    model = TransformerClassifier(
+        small_cfg(n_decoder_layers=0, n_classes=3, pooling=pooling, bigram_buckets=buckets)
+    ).eval()
     if model.bigrams is not None:
         torch.nn.init.normal_(model.bigrams.weight)  # not the zeros of initialisation
     engine, meta = exported(tmp_path, model, "classifier")
@@ -170,6 +201,7 @@ def test_onnx_lm_logits_and_sampling_equal_torch(tmp_path):
 
 
 # ---- CTranslate2: the spec computes what the model computes ---------------------------------------
+
 
 @pytest.mark.parametrize("name", list(TRANSLATION_CONFIGS))
 def test_ctranslate2_log_probs_equal_torch(tmp_path, name):
@@ -209,8 +241,11 @@ def test_ctranslate2_lm_logits_equal_torch(tmp_path):
 def test_ctranslate2_cannot_express_a_classifier_or_unequal_heads(tmp_path, capsys):
     needs("ctranslate2", "ctranslate2")
     clf = save(tmp_path / "clf", TransformerClassifier(small_cfg(n_decoder_layers=0)), "classifier")
-    fails(capsys, ["export", str(clf), "--format", "ctranslate2", "-o", str(tmp_path / "o")],
-          "pooling head")
+    fails(
+        capsys,
+        ["export", str(clf), "--format", "ctranslate2", "-o", str(tmp_path / "o")],
+        "pooling head",
+    )
     dv = save(tmp_path / "dv", Transformer(small_cfg(d_k=8, d_v=4)), "seq2seq")
     with pytest.raises(ConfigError, match="d_v=4"):
         export_model(dv, "ctranslate2", tmp_path / "o")
@@ -219,14 +254,30 @@ def test_ctranslate2_cannot_express_a_classifier_or_unequal_heads(tmp_path, caps
 
 # ---- a trained model: the same tokens as native decoding, through the CLI too ---------------------
 
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, list[str]]:
     """A tiny model trained to reverse letter sequences (~25 s on one thread)."""
     tmp = tmp_path_factory.mktemp("reverse")
-    values = base_values(tmp / "data", max_steps=400, valid_every=400, save_every=400, lr=5e-3,
-                         warmup_steps=40, log_every=100)
-    values.update({"model.dropout": 0.0, "model.d_model": 32, "model.d_ff": 64,
-                   "model.n_heads": 4, "model.n_encoder_layers": 2, "model.n_decoder_layers": 2})
+    values = base_values(
+        tmp / "data",
+        max_steps=400,
+        valid_every=400,
+        save_every=400,
+        lr=5e-3,
+        warmup_steps=40,
+        log_every=100,
+    )
+    values.update(
+        {
+            "model.dropout": 0.0,
+            "model.d_model": 32,
+            "model.d_ff": 64,
+            "model.n_heads": 4,
+            "model.n_encoder_layers": 2,
+            "model.n_decoder_layers": 2,
+        }
+    )
     toml = write_toml(tmp / "run.toml", values)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -261,9 +312,13 @@ def test_trained_model_onnx_and_ctranslate2_tokens_equal_native(trained, tmp_pat
         if beam == 5:  # CTranslate2's beam search ranks as aiayn's with length penalty "average"
             theirs = ct2.translate_ids(sources, cfg)
             assert _tokens(theirs) == _tokens(native)
-            assert [round(line[0].score, 3) for line in theirs] == [round(line[0].score, 3) for line in native]
-    reversed_ok = sum(tokenizer.decode(line[0].tokens) == " ".join(reversed(t.split()))
-                      for t, line in zip(texts, native))
+            assert [round(line[0].score, 3) for line in theirs] == [
+                round(line[0].score, 3) for line in native
+            ]
+    reversed_ok = sum(
+        tokenizer.decode(line[0].tokens) == " ".join(reversed(t.split()))
+        for t, line in zip(texts, native)
+    )
     assert reversed_ok >= len(texts) * 0.5  # the model learned the task: the test is not vacuous
 
 
@@ -280,11 +335,41 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
         if engine != "torch":
             assert main(["export", str(folder), "--format", engine, "-o", str(target), *extra]) == 0
         capsys.readouterr()
-        assert main(["translate", str(target), "--engine", engine, "--beam", "5", "-i", str(src),
-                     "--length-penalty", "average"]) == 0
+        assert (
+            main(
+                [
+                    "translate",
+                    str(target),
+                    "--engine",
+                    engine,
+                    "--beam",
+                    "5",
+                    "-i",
+                    str(src),
+                    "--length-penalty",
+                    "average",
+                ]
+            )
+            == 0
+        )
         outputs[engine] = capsys.readouterr().out.splitlines()
-        assert main(["evaluate", str(target), "--src", str(src), "--ref", str(ref),
-                     "-o", str(tmp_path / f"{engine}.json"), "--length-penalty", "average"]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    str(target),
+                    "--src",
+                    str(src),
+                    "--ref",
+                    str(ref),
+                    "-o",
+                    str(tmp_path / f"{engine}.json"),
+                    "--length-penalty",
+                    "average",
+                ]
+            )
+            == 0
+        )
         scores = json.loads((tmp_path / f"{engine}.json").read_text())
         assert scores["decoding"]["engine"] == engine and scores["n"] == 16
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"]) == 16
@@ -293,9 +378,26 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
     # n-best lists, and an ensemble of two ONNX folders (the same model twice: the same output)
     for targets in ([folder], [tmp_path / "onnx"], [tmp_path / "onnx", tmp_path / "onnx"]):
         capsys.readouterr()
-        assert main(["translate", *map(str, targets), "--beam", "5", "--nbest", "3", "-i", str(src),
-                     "--length-penalty", "average"]) == 0
-        outputs[len(outputs)] = [line.split("\t")[2] for line in capsys.readouterr().out.splitlines()]
+        assert (
+            main(
+                [
+                    "translate",
+                    *map(str, targets),
+                    "--beam",
+                    "5",
+                    "--nbest",
+                    "3",
+                    "-i",
+                    str(src),
+                    "--length-penalty",
+                    "average",
+                ]
+            )
+            == 0
+        )
+        outputs[len(outputs)] = [
+            line.split("\t")[2] for line in capsys.readouterr().out.splitlines()
+        ]
     assert outputs[3] == outputs[4] == outputs[5] and len(outputs[3]) == 48
     config = json.loads((tmp_path / "ctranslate2" / "config.json").read_text())
     assert config["format"] == "ctranslate2" and config["quantization"] == "int8"
@@ -303,6 +405,7 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
 
 
 # ---- bad input: one line, exit 2 ------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
@@ -313,22 +416,37 @@ def model_dir(tmp_path_factory) -> Path:
 def test_export_bad_input(model_dir, tmp_path, capsys):
     needs("onnxruntime", "export")
     out = tmp_path / "out"
-    fails(capsys, ["export", str(tmp_path / "nowhere"), "--format", "onnx", "-o", str(out)],
-          "model folder not found")
+    fails(
+        capsys,
+        ["export", str(tmp_path / "nowhere"), "--format", "onnx", "-o", str(out)],
+        "model folder not found",
+    )
     (tmp_path / "empty").mkdir()
-    fails(capsys, ["export", str(tmp_path / "empty"), "--format", "onnx", "-o", str(out)],
-          "config.json is missing")
-    fails(capsys, ["export", str(model_dir), "--format", "onnx", "-o", str(out),
-                   "--quantization", "int8"], "--quantization applies to --format ctranslate2")
+    fails(
+        capsys,
+        ["export", str(tmp_path / "empty"), "--format", "onnx", "-o", str(out)],
+        "config.json is missing",
+    )
+    fails(
+        capsys,
+        ["export", str(model_dir), "--format", "onnx", "-o", str(out), "--quantization", "int8"],
+        "--quantization applies to --format ctranslate2",
+    )
     assert main(["export", str(model_dir), "--format", "onnx", "-o", str(out)]) == 0
     before = (out / "decoder.onnx").stat().st_mtime_ns
-    fails(capsys, ["export", str(model_dir), "--format", "onnx", "-o", str(out)],
-          "pass --overwrite to replace it")
+    fails(
+        capsys,
+        ["export", str(model_dir), "--format", "onnx", "-o", str(out)],
+        "pass --overwrite to replace it",
+    )
     assert (out / "decoder.onnx").stat().st_mtime_ns == before  # left alone
     assert main(["export", str(model_dir), "--format", "onnx", "-o", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]  # no temporaries left
-    fails(capsys, ["export", str(out), "--format", "onnx", "-o", str(tmp_path / "again")],
-          "already an exported 'onnx' model")
+    fails(
+        capsys,
+        ["export", str(out), "--format", "onnx", "-o", str(tmp_path / "again")],
+        "already an exported 'onnx' model",
+    )
 
 
 def test_engine_bad_input(model_dir, tmp_path, capsys):
@@ -336,16 +454,28 @@ def test_engine_bad_input(model_dir, tmp_path, capsys):
     out = export_model(model_dir, "onnx", tmp_path / "onnx")
     text = tmp_path / "in.txt"
     text.write_text("abc\n")
-    fails(capsys, ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
-          "holds a 'onnx' export; --engine ctranslate2 needs")
-    fails(capsys, ["translate", str(out), "--engine", "torch", "-i", str(text)],
-          "--engine torch needs the model folder")
-    fails(capsys, ["translate", str(model_dir), "--engine", "onnx", "-i", str(text)],
-          "a PyTorch model folder; --engine onnx runs")
+    fails(
+        capsys,
+        ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
+        "holds a 'onnx' export; --engine ctranslate2 needs",
+    )
+    fails(
+        capsys,
+        ["translate", str(out), "--engine", "torch", "-i", str(text)],
+        "--engine torch needs the model folder",
+    )
+    fails(
+        capsys,
+        ["translate", str(model_dir), "--engine", "onnx", "-i", str(text)],
+        "a PyTorch model folder; --engine onnx runs",
+    )
     fails(capsys, ["translate", str(out), "--bf16", "-i", str(text)], "--bf16 applies to PyTorch")
     (out / "decoder.onnx").write_bytes(b"not a graph")
-    fails(capsys, ["translate", str(out), "--engine", "onnx", "-i", str(text)],
-          "decoder.onnx: not a readable ONNX graph")
+    fails(
+        capsys,
+        ["translate", str(out), "--engine", "onnx", "-i", str(text)],
+        "decoder.onnx: not a readable ONNX graph",
+    )
     (out / "decoder.onnx").unlink()
     fails(capsys, ["translate", str(out), "-i", str(text)], "decoder.onnx: not found")
     (out / "config.json").write_text("{not json")
@@ -358,13 +488,68 @@ def test_corrupt_ctranslate2_folder(model_dir, tmp_path, capsys):
     (out / "ctranslate2" / "model.bin").write_bytes(b"\0" * 10)
     text = tmp_path / "in.txt"
     text.write_text("abc\n")
-    fails(capsys, ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
-          "not a readable CTranslate2 model")
+    fails(
+        capsys,
+        ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
+        "not a readable CTranslate2 model",
+    )
 
 
 @pytest.mark.parametrize("module,extra", [("onnx", "export"), ("ctranslate2", "ctranslate2")])
 def test_missing_extra_names_it(model_dir, tmp_path, capsys, monkeypatch, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     fmt = "onnx" if module == "onnx" else "ctranslate2"
-    fails(capsys, ["export", str(model_dir), "--format", fmt, "-o", str(tmp_path / "o")],
-          f"pip install 'aiayn[{extra}]'")
+    fails(
+        capsys,
+        ["export", str(model_dir), "--format", fmt, "-o", str(tmp_path / "o")],
+        f"pip install 'aiayn[{extra}]'",
+    )
+
+
+def test_loader_and_commands_open_exports_of_every_kind(tmp_path, capsys):
+    """aiayn.load / classify / generate open exported folders like model folders."""
+    needs("onnxruntime", "export")
+    import aiayn
+    from aiayn.folder import load_model_folder
+
+    torch.manual_seed(9)
+    clf = save(
+        tmp_path / "clf",
+        TransformerClassifier(small_cfg(n_decoder_layers=0, pooling="max")),
+        "classifier",
+    )
+    lm = save(tmp_path / "lm", TransformerLM(small_cfg(n_encoder_layers=0)), "lm")
+    texts = ["abc def", "", "ghij"]
+    exported_clf = export_model(clf, "onnx", tmp_path / "clf-onnx")
+    opened = aiayn.load(exported_clf)
+    assert (opened.engine, opened.kind) == ("onnx", "classification")
+    ours, native = opened.classify(texts), load_model_folder(clf).classify(texts)
+    assert [r["label"] for r in ours] == [r["label"] for r in native]
+    for a, b in zip(ours, native):
+        assert all(abs(a["probs"][k] - b["probs"][k]) < 1e-4 for k in b["probs"])
+    exported_lm = export_model(lm, "onnx", tmp_path / "lm-onnx")
+    kwargs = dict(max_new_tokens=12, seed=3)
+    assert aiayn.load(exported_lm).generate("abc", **kwargs) == load_model_folder(lm).generate(
+        "abc", **kwargs
+    )
+    text = tmp_path / "in.txt"
+    text.write_text("abc def\nghij\n")
+    capsys.readouterr()
+    assert main(["classify", str(exported_clf), "-i", str(text)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert (
+        main(
+            [
+                "generate",
+                str(exported_lm),
+                "--prompt",
+                "abc",
+                "--max-new-tokens",
+                "5",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
+    fails(capsys, ["classify", str(exported_lm), "-i", str(text)], "holds a 'lm' model")

@@ -482,11 +482,11 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsy
         reason=f"the '{'export' if engine == 'onnx' else 'ctranslate2'}' extra is not installed",
     )
     from aiayn.export import export_model
-    from aiayn.export.engines import load_exported, load_exported_folder
+    from aiayn.export.engines import load_exported
     from aiayn.export.engines import translate_hypotheses as engine_translate
 
     out = export_model(folder_dir, engine, tmp_path / engine)
-    served = load_exported_folder([out], engine)
+    served = load_model_folder([out], engine=engine)  # the one loader opens exports too
     texts = ["the cat sits on the mat", "a red dog"]
     with TestClient(create_app(served, Limits())) as c:
         r = c.post("/v1/translate", json={"texts": texts, "beam": 2, "nbest": 2})

@@ -83,21 +83,11 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
 def open_models(
     args: argparse.Namespace, device: torch.device, expect_kind: str | None = None
 ) -> ModelFolder:
-    """MODEL_DIR(s) through the one loader (:func:`aiayn.folder.load_model_folder`); folders
-    written by `aiayn export`, or ``--engine onnx|ctranslate2``, through their engine."""
-    from aiayn.export.engines import is_exported, load_exported_folder
+    """MODEL_DIR(s) through the one loader (:func:`aiayn.folder.load_model_folder`), with the
+    engine asked for (``--engine``; default: what the folders hold)."""
     from aiayn.folder import load_model_folder
 
-    if args.engine in (None, "torch") and not any(is_exported(f) for f in args.model):
-        return load_model_folder(args.model, device, expect_kind)
-    if device.type != "cpu":
-        raise ConfigError(f"--engine {args.engine or 'onnx/ctranslate2'}: exports run on the CPU")
-    folder = load_exported_folder(args.model, args.engine, args.workers or 1)
-    if expect_kind is not None and folder.kind != expect_kind:
-        raise ConfigError(
-            f"{folder.path}: holds a '{folder.kind}' model, this command needs '{expect_kind}'"
-        )
-    return folder
+    return load_model_folder(args.model, device, expect_kind, args.engine, args.workers or 1)
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,9 +41,6 @@ from aiayn.export import FORMATS, normalise_kind, require
 from aiayn.export.onnx import state_names
 from aiayn.model.cache import DecoderCache, LayerCache
 
-if TYPE_CHECKING:
-    from aiayn.folder import ModelFolder
-
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -52,8 +49,8 @@ __all__ = [
     "OnnxClassifier",
     "Ct2Translator",
     "load_exported",
+    "open_exported",
     "translate_hypotheses",
-    "load_exported_folder",
 ]
 
 
@@ -411,36 +408,12 @@ def is_exported(folder: str | Path) -> bool:
 
 
 def load_translation(
-    folders: Sequence[str | Path], device: Any = "cpu", engine: str | None = None, workers: int = 1
+    folders: Sequence[str | Path], engine: str | None = None, workers: int = 1
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, meta) for `translate` and `evaluate`: plain model folders through
-    :func:`aiayn.folder.load_model_folder` (engine 'torch'), exported folders through
-    :func:`load_exported`. ``engine`` None means whatever the folders hold."""
-    from aiayn.checkpoint import read_config
+    """(model, tokenizer, meta) of exported translation folders: one engine, or an
+    :class:`~aiayn.decode.ensemble.Ensemble` of ONNX engines (one shared tokenizer)."""
     from aiayn.decode import Ensemble
-    from aiayn.folder import load_model_folder
 
-    exported = [is_exported(f) for f in folders]
-    if engine not in (None, *FORMATS):
-        raise ConfigError(f"--engine must be one of {', '.join(FORMATS)}, got '{engine}'")
-    if not any(exported) and engine in (None, "torch"):
-        opened = load_model_folder(folders, device, "translation")
-        return opened.model, opened.tokenizer, read_config(folders[0])
-    for folder, done in zip(folders, exported):
-        if engine == "torch" and done:
-            raise ConfigError(
-                f"{folder}: holds an exported model; --engine torch needs the model "
-                "folder it was exported from"
-            )
-        if not done:
-            raise ConfigError(
-                f"{folder}: a PyTorch model folder; --engine {engine} runs what "
-                f"`aiayn export {folder} --format {engine} -o OUT` writes"
-            )
-    if torch.device(device).type != "cpu":
-        raise ConfigError(
-            f"--engine {engine or 'onnx/ctranslate2'}: aiayn runs exported models on the CPU"
-        )
     loaded = [load_exported(f, "translation", engine, workers=workers) for f in folders]
     if len(loaded) == 1:
         return loaded[0]
@@ -462,26 +435,36 @@ def load_translation(
         raise CheckpointError(str(err)) from None
 
 
-def load_exported_folder(
-    paths: Sequence[str | Path], engine: str | None = None, workers: int = 1
-) -> ModelFolder:
-    """Folders written by `aiayn export` as the loader's :class:`~aiayn.folder.ModelFolder`:
-    translation (one folder, or an ONNX ensemble), classification and generation (ONNX); on the
-    CPU. ``engine`` None: whatever the folders hold."""
-    from aiayn.folder import ModelFolder, read_folder_config
+def open_exported(
+    folders: Sequence[Path], engine: str | None = None, workers: int = 1
+) -> tuple[Any, Any, dict[str, Any], str, Any]:
+    """What :func:`aiayn.folder.load_model_folder` needs to open folders written by `aiayn
+    export`: (model, tokenizer, meta, engine name, the engine's own translate_hypotheses or
+    None). Translation (one folder, or an ONNX ensemble), classification and lm (ONNX); on the
+    CPU. ``engine`` None: whatever the folders hold; 'torch' or a plain model folder among
+    exports is a ConfigError that says what to do."""
+    from aiayn.checkpoint import read_config
 
-    if read_folder_config(paths[0]).kind == "translation":
-        model, tokenizer, meta = load_translation(paths, "cpu", engine, workers)
+    if engine not in (None, *FORMATS):
+        raise ConfigError(f"--engine must be one of {', '.join(FORMATS)}, got '{engine}'")
+    metas = [read_config(f) for f in folders]
+    for folder, meta in zip(folders, metas):
+        if engine == "torch" and "format" in meta:
+            raise ConfigError(
+                f"{folder}: holds an exported model; --engine torch needs the model "
+                "folder it was exported from"
+            )
+        if "format" not in meta:
+            fmt = engine or "onnx"
+            raise ConfigError(
+                f"{folder}: a PyTorch model folder; --engine {fmt} runs what "
+                f"`aiayn export {folder} --format {fmt} -o OUT` writes"
+            )
+    if normalise_kind(metas[0]["kind"]) == "translation":
+        model, tokenizer, meta = load_translation(folders, engine, workers)
     else:
-        if len(paths) > 1:
+        if len(folders) > 1:
             raise CheckpointError("several model folders make an ensemble of translation models")
-        model, tokenizer, meta = load_exported(paths[0], engine=engine, workers=workers)
+        model, tokenizer, meta = load_exported(folders[0], engine=engine, workers=workers)
     ct2 = isinstance(model, Ct2Translator)
-    return ModelFolder.from_engine(
-        paths,
-        model,
-        tokenizer,
-        meta,
-        engine or ("ctranslate2" if ct2 else "onnx"),
-        translate_hypotheses if ct2 else None,
-    )
+    return model, tokenizer, meta, meta["format"], translate_hypotheses if ct2 else None
