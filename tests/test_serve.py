@@ -484,6 +484,7 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsy
     from aiayn.export import export_model
     from aiayn.export.engines import load_exported
     from aiayn.export.engines import translate_hypotheses as engine_translate
+    from aiayn.folder import load_model_folder
 
     out = export_model(folder_dir, engine, tmp_path / engine)
     served = load_model_folder([out], engine=engine)  # the one loader opens exports too
