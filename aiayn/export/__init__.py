@@ -50,7 +50,13 @@ def _load_source(folder: Path) -> tuple[Any, str, Any, dict[str, Any]]:
             f"{folder}: already an exported '{meta['format']}' model; export the model "
             "folder it was written from"
         )
+    from aiayn.train.config import SECTIONS, run_config_to_dict
+
     loaded = load_model_folder(folder)  # the one loader: its checks and messages
+    # The sections as the loader read them (renamed keys under their new names); a section the
+    # folder did not record stays unrecorded; provenance keys (averaged, …) as they were.
+    typed = run_config_to_dict(loaded.config)
+    meta = {k: (typed[k] if k in SECTIONS else v) for k, v in meta.items()}
     return loaded.model, loaded.kind, loaded.tokenizer, meta
 
 
