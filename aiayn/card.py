@@ -17,7 +17,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from aiayn.config import to_dict
 from aiayn.decode.config import DecodeConfig
+from aiayn.folder_config import FolderConfig, read_folder_config
 from aiayn.io import write_text
 
 log = logging.getLogger(__name__)
@@ -56,9 +58,9 @@ def model_card(folder: str | Path, shown_as: str | Path | None = None) -> str:
     """The Markdown text of the model card of ``folder`` (named ``shown_as`` when given)."""
     folder = Path(folder)
     name = Path(shown_as) if shown_as is not None else folder
-    meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    kind = TASKS.get(meta.get("kind", ""), meta.get("kind", "unknown"))
-    fmt = meta.get("format")
+    meta = read_folder_config(folder)
+    kind = TASKS.get(meta.kind, meta.kind)
+    fmt = meta.format
     title = f"# {name.name}: {kind} model" + (f" ({FORMATS.get(fmt, fmt)} export)" if fmt else "")
     sections = [
         f"{title}\n\n{_summary(meta, kind)}",
@@ -74,12 +76,19 @@ def model_card(folder: str | Path, shown_as: str | Path | None = None) -> str:
     return "\n\n".join(sections) + "\n\n" + footer + "\n"
 
 
-def _summary(meta: dict[str, Any], kind: str) -> str:
-    data = meta.get("data", {})
+def _sections(meta: FolderConfig) -> dict[str, dict[str, Any]]:
+    """The sections config.json records (a missing one: empty), as plain dicts."""
+    return {
+        name: to_dict(getattr(meta.config, name)) if name in meta.sections else {}
+        for name in ("model", "data", "train")
+    }
+
+
+def _summary(meta: FolderConfig, kind: str) -> str:
+    data = _sections(meta)["data"]
     what = {
         "translation": f"translates {_langs(data)}",
-        "classification": f"classifies texts into {meta.get('model', {}).get('n_classes', '?')} "
-        "classes",
+        "classification": f"classifies texts into {meta.config.model.n_classes} classes",
         "language model": "continues a text, one token at a time",
     }.get(kind, "predicts masked tokens (for `train.init_from`)")
     dataset = data.get("dataset") or "files of your own"
@@ -91,22 +100,23 @@ def _langs(data: dict[str, Any]) -> str:
     return f"{src} → {tgt}" if src and tgt else "source → target"
 
 
-def _facts_table(folder: Path, meta: dict[str, Any], kind: str) -> str:
-    data, train = meta.get("data", {}), meta.get("train", {})
+def _facts_table(folder: Path, meta: FolderConfig, kind: str) -> str:
+    sections = _sections(meta)
+    data, train = sections["data"], sections["train"]
     rows = [
         ("task", kind + (f" ({_langs(data)})" if kind == "translation" else "")),
         ("data", _data(data)),
         ("tokenizer", _tokenizer(data)),
-        ("architecture", _architecture(meta.get("model", {}))),
+        ("architecture", _architecture(to_dict(meta.config.model))),
         ("parameters", _parameters(folder)),
         ("weights", _weights(meta)),
         ("training", _training(folder, meta, train)),
-        ("hardware", meta.get("hardware") or "not recorded"),
+        ("hardware", meta.hardware or "not recorded"),
     ]
-    if meta.get("format"):
-        fmt = FORMATS.get(meta["format"], meta["format"])
-        quantization = f", {meta['quantization']}" if meta.get("quantization") else ""
-        source = meta.get("exported_from", "?")
+    if meta.format:
+        fmt = FORMATS.get(meta.format, meta.format)
+        quantization = f", {meta.quantization}" if meta.quantization else ""
+        source = meta.exported_from or "?"
         rows.append(("format", f"{fmt}{quantization}, exported from `{source}`"))
     lines = ["| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in rows]
     return "\n".join(lines)
@@ -157,12 +167,12 @@ def _parameters(folder: Path) -> str:
     return f"{count:,}"
 
 
-def _weights(meta: dict[str, Any]) -> str:
-    if "averaged" in meta:
-        steps = meta["averaged"].get("steps", [])
+def _weights(meta: FolderConfig) -> str:
+    if meta.averaged is not None:
+        steps = meta.averaged.get("steps", [])
         return f"the average of {len(steps)} checkpoints (updates {', '.join(map(str, steps))})"
-    if "best" in meta:
-        best = dict(meta["best"])
+    if meta.best is not None:
+        best = dict(meta.best)
         step = best.pop("step", "?")
         metric = ", ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in best.items()
@@ -171,11 +181,11 @@ def _weights(meta: dict[str, Any]) -> str:
     return "the latest checkpoint of the run"
 
 
-def _run_folder(folder: Path, meta: dict[str, Any]) -> Path:
+def _run_folder(folder: Path, meta: FolderConfig) -> Path:
     """Where the run's metrics.jsonl is: the folder, the averaged run, its parent (best/, avgN/),
     or those of the folder an export was made from."""
-    source = Path(meta.get("exported_from", folder))
-    candidates = [folder, Path(meta.get("averaged", {}).get("run", folder)), folder.parent]
+    source = Path(meta.exported_from or folder)
+    candidates = [folder, Path((meta.averaged or {}).get("run", folder)), folder.parent]
     candidates += [source, source.parent]
     for candidate in candidates:
         if (candidate / "metrics.jsonl").is_file():
@@ -183,7 +193,7 @@ def _run_folder(folder: Path, meta: dict[str, Any]) -> Path:
     return folder
 
 
-def _training(folder: Path, meta: dict[str, Any], train: dict[str, Any]) -> str:
+def _training(folder: Path, meta: FolderConfig, train: dict[str, Any]) -> str:
     path = _run_folder(folder, meta) / "metrics.jsonl"
     limits = ", ".join(
         f"{k} {train[k]}" for k in ("max_steps", "max_epochs", "max_time") if train.get(k)
@@ -248,10 +258,10 @@ def _score_row(path: Path, s: dict[str, Any]) -> str:
     return f"| `{path.name}` | {s.get('test_set', '?')} | {scores} | {decoding} | {speed} |"
 
 
-def _decoding(meta: dict[str, Any], kind: str) -> str:
+def _decoding(meta: FolderConfig, kind: str) -> str:
     if kind != "translation":
         return "Not a translation model: no beam search settings."
-    decode = meta.get("decode") or {}
+    decode = meta.decode_set
     if not decode:
         return (
             f"None stored: commands use the defaults (beam {DECODE_DEFAULTS['beam']}, length "

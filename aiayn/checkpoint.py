@@ -21,10 +21,14 @@ from torch import nn
 
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.io import atomic_path, new_folder, recover_folder, write_json
+from aiayn.folder_config import (
+    CONFIG_FILE,
+    read_folder_config,
+    write_folder_config,
+)
+from aiayn.io import atomic_path, new_folder
 
 log = logging.getLogger(__name__)
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -77,7 +81,7 @@ def verify_folder_parts(
         return
     try:
         saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
-        here = to_dict(model_cfg or from_dict(ModelConfig, read_config(folder)["model"]))
+        here = to_dict(model_cfg or read_folder_config(folder).config.model)
     except (AiaynError, ValueError, TypeError):
         raise CheckpointError(f"{folder / CONFIG_FILE}: its model section is not valid") from None
     diffs = [
@@ -172,27 +176,9 @@ def save_model_dir(
         if tokenizer_json is not None:
             with atomic_path(tmp / TOKENIZER_FILE) as path:
                 path.write_text(tokenizer_json, encoding="utf-8")
-        write_json(tmp / CONFIG_FILE, {"kind": kind, "model": to_dict(cfg), **(extra or {})})
+        meta = {"kind": kind, "model": to_dict(cfg), **(extra or {})}
+        write_folder_config(tmp, meta)
     return folder
-
-
-def read_config(folder: str | Path) -> dict[str, Any]:
-    """config.json of a model folder as a raw dict, with clear errors (parsed into typed configs
-    by :func:`aiayn.folder.read_folder_config`, its only reader)."""
-    folder = Path(folder)
-    recover_folder(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: model folder not found")
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{folder}: not a model folder ({CONFIG_FILE} is missing)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(meta, dict) or "model" not in meta or "kind" not in meta:
-        raise CheckpointError(f"{path}: not an aiayn model config (needs 'kind' and 'model')")
-    return meta
 
 
 def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str], list[str]]:
@@ -203,7 +189,7 @@ def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str]
     shape, or no shared name at all, is a ConfigError: the two models do not fit together.
     """
     folder = Path(folder)
-    read_config(folder)
+    read_folder_config(folder)
     verify_folder_parts(folder)
     path = folder / WEIGHTS_FILE
     try:

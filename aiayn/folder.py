@@ -3,7 +3,7 @@
 A model folder (written by ``aiayn train``, ``aiayn average`` or
 :func:`aiayn.checkpoint.save_model_dir`) holds config.json, model.safetensors and tokenizer.json.
 :func:`load_model_folder` (``aiayn.load``) checks its parts, parses config.json once into the typed
-:class:`~aiayn.train.config.RunConfig`, builds the model of the recorded shape, loads the weights
+:class:`~aiayn.train.config.RunConfig` (through :mod:`aiayn.folder_config`, its only reader), builds the model of the recorded shape, loads the weights
 and tokenizer, and returns a :class:`ModelFolder`::
 
     import aiayn
@@ -29,21 +29,15 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from aiayn.checkpoint import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    load_weights,
-    read_config,
-    verify_folder_parts,
-)
+from aiayn.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_weights, verify_folder_parts
 from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
-from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
+from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
 from aiayn.model import Transformer, TransformerClassifier, TransformerLM
-from aiayn.train.config import RunConfig, run_config_from_dict
+from aiayn.train.config import RunConfig
 from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
 
 log = logging.getLogger(__name__)
@@ -63,40 +57,11 @@ __all__ = [
 KINDS: tuple[str, ...] = tuple(SHAPES)
 
 
-@dataclass(frozen=True)
-class FolderConfig:
-    """A model folder's config.json, parsed."""
-
-    kind: str  # one of KINDS
-    config: RunConfig  # model, data, train and decode sections (a missing section: defaults)
-    has_data: bool  # config.json records the training data (a "data" section)
-
-
-def parse_folder_config(meta: dict[str, Any], folder: Path) -> FolderConfig:
-    """The typed form of a model folder's config.json dict: the only reader of its raw keys."""
-    kind = shape_name(str(meta["kind"]))
-    if kind not in SHAPES:
-        raise CheckpointError(f"{folder}: unknown model kind '{meta['kind']}'")
-    try:
-        config = run_config_from_dict(meta, str(folder / CONFIG_FILE))
-    except AiaynError as err:
-        raise CheckpointError(f"{folder / CONFIG_FILE}: {err}") from None
-    return FolderConfig(kind, config, "data" in meta)
-
-
-def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> FolderConfig:
-    """Parse ``folder``'s config.json. CheckpointError when the folder or file is missing,
-    unreadable, of an unknown kind or of another kind than ``expect_kind``."""
-    folder = Path(folder)
-    return _check_kind(folder, parse_folder_config(read_config(folder), folder), expect_kind)
-
-
-def _check_kind(folder: Path, parsed: FolderConfig, expect_kind: str | None) -> FolderConfig:
-    if expect_kind is not None and parsed.kind != shape_name(expect_kind):
+def _check_kind(folder: Path, kind: str, expect_kind: str | None) -> None:
+    if expect_kind is not None and kind != shape_name(expect_kind):
         raise CheckpointError(
-            f"{folder}: holds a '{parsed.kind}' model, this command needs '{expect_kind}'"
+            f"{folder}: holds a '{kind}' model, this command needs '{expect_kind}'"
         )
-    return parsed
 
 
 def _build(folder: Path, parsed: FolderConfig, device: Any, weights_name: str) -> nn.Module:
@@ -113,12 +78,12 @@ def load_model_dir(
     map_location: str | torch.device = "cpu",
 ) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     """The model alone, no tokenizer needed (what ``aiayn average`` checks its output with):
-    (model in eval mode, its ModelConfig, config.json as written, for its provenance keys such
-    as ``averaged``). :func:`load_model_folder` opens the whole folder, typed."""
+    (model in eval mode, its ModelConfig, config.json as :meth:`FolderConfig.to_dict` writes it,
+    for its provenance keys such as ``averaged``). :func:`load_model_folder` opens the whole
+    folder, typed."""
     folder = Path(folder)
-    meta = read_config(folder)
-    parsed = _check_kind(folder, parse_folder_config(meta, folder), expect_kind)
-    return _build(folder, parsed, map_location, weights_name), parsed.config.model, meta
+    parsed = read_folder_config(folder, expect_kind)
+    return _build(folder, parsed, map_location, weights_name), parsed.config.model, parsed.to_dict()
 
 
 def _read_tokenizer(folder: Path, model_cfg: ModelConfig) -> Tokenizer:
@@ -154,23 +119,23 @@ def load_model_folder(
     CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
     what the folders hold; ``workers`` is the number of batches an engine decodes at once."""
     from aiayn.decode.ensemble import Ensemble
-    from aiayn.export.engines import is_exported, open_exported
+    from aiayn.export.engines import open_exported
 
     folders = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not folders:
         raise ConfigError("no model folder given")
     if expect_kind is not None:
         expect_kind = shape_name(expect_kind)
-    if engine not in (None, "torch") or any(is_exported(f) for f in folders):
+    parsed = [read_folder_config(f) for f in folders]  # once per folder
+    if engine not in (None, "torch") or any(p.format is not None for p in parsed):
         if torch.device(device).type != "cpu":
             raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
-        model, tokenizer, meta, name, translator = open_exported(folders, engine, workers)
-        opened = ModelFolder.from_engine(folders, model, tokenizer, meta, name, translator)
-        _check_kind(
-            opened.path, FolderConfig(opened.kind, opened.config, opened.has_data), expect_kind
-        )
+        model, tokenizer, parsed_cfg, name, translator = open_exported(folders, engine, workers)
+        opened = ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, translator)
+        _check_kind(opened.path, opened.kind, expect_kind)
         return opened
-    parsed = [read_folder_config(f, expect_kind) for f in folders]
+    for folder, p in zip(folders, parsed):
+        _check_kind(folder, p.kind, expect_kind)
     if len(folders) > 1:
         for folder, p in zip(folders, parsed):
             if p.kind != "translation":
@@ -243,14 +208,13 @@ class ModelFolder:
         paths: Sequence[str | Path],
         model: nn.Module,
         tokenizer: Tokenizer,
-        meta: dict[str, Any],
+        parsed: FolderConfig,
         engine: str,
         translator: Callable[..., list[list[tuple[str, Hypothesis]]]] | None = None,
     ) -> ModelFolder:
         """A folder written by ``aiayn export``, whose engine (ONNX Runtime, CTranslate2) runs on
-        the CPU; ``meta`` its config.json, parsed here like any other."""
+        the CPU; ``parsed`` its config.json (:func:`aiayn.folder_config.read_folder_config`)."""
         folders = [Path(p) for p in paths]
-        parsed = parse_folder_config(meta, folders[0])
         device = torch.device("cpu")
         return cls(
             folders[0],

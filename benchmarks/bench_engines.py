@@ -77,18 +77,16 @@ def run_one(args: argparse.Namespace) -> dict:
     """In the subprocess: load one engine, translate the test set, score it."""
     import torch
 
-    from aiayn.checkpoint import read_config
-    from aiayn.config import from_dict
-    from aiayn.data import DataConfig, load_translation
+    from aiayn.data import load_translation
     from aiayn.decode import DecodeConfig
     from aiayn.eval import corpus_scores
     from aiayn.folder import load_model_folder
+    from aiayn.folder_config import read_folder_config
     from aiayn.train.allocator import keep_freed_memory
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    meta = read_config(args.model)
-    src, ref = load_translation(from_dict(DataConfig, meta["data"]), args.split)
+    src, ref = load_translation(read_folder_config(args.model).config.data, args.split)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     cfg = DecodeConfig(

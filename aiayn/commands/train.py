@@ -59,7 +59,7 @@ def _resolve(args: argparse.Namespace):
         from aiayn.train.run_folder import RunFolder
 
         saved = flatten_keys(run_config_to_dict(resume_config(args.out)))
-        preset = RunFolder(args.out).read_meta().get("preset")
+        preset = RunFolder(args.out).read_meta().preset
         cfg = build_run_config({**saved, **parse_sets(args.overrides)})
         return cfg, {"preset": preset}, Path(args.out)
     cfg, values = load_run_config(args.config, args.overrides)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from aiayn.folder_config import FolderConfig
 
 # "torch" is a plain model folder; the others are written by `aiayn export`.
 FORMATS = ("torch", "onnx", "ctranslate2")
@@ -39,25 +42,20 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
         ) from None
 
 
-def _load_source(folder: Path) -> tuple[Any, str, Any, dict[str, Any]]:
-    """(model, kind, tokenizer, meta) of a plain model folder, with the loader's own errors."""
-    from aiayn.checkpoint import read_config
+def _load_source(folder: Path) -> tuple[Any, str, Any, FolderConfig]:
+    """(model, kind, tokenizer, parsed config.json) of a plain model folder, with the loader's
+    own errors."""
     from aiayn.folder import load_model_folder
+    from aiayn.folder_config import read_folder_config
 
-    meta = read_config(folder)
-    if "format" in meta:
+    parsed = read_folder_config(folder)
+    if parsed.format is not None:
         raise CheckpointError(
-            f"{folder}: already an exported '{meta['format']}' model; export the model "
+            f"{folder}: already an exported '{parsed.format}' model; export the model "
             "folder it was written from"
         )
-    from aiayn.train.config import SECTIONS, run_config_to_dict
-
     loaded = load_model_folder(folder)  # the one loader: its checks and messages
-    # The sections as the loader read them (renamed keys under their new names); a section the
-    # folder did not record stays unrecorded; provenance keys (averaged, …) as they were.
-    typed = run_config_to_dict(loaded.config)
-    meta = {k: (typed[k] if k in SECTIONS else v) for k, v in meta.items()}
-    return loaded.model, loaded.kind, loaded.tokenizer, meta
+    return loaded.model, loaded.kind, loaded.tokenizer, parsed
 
 
 def export_model(
@@ -73,7 +71,8 @@ def export_model(
     option the format cannot express is a ConfigError that names it. Returns ``out``.
     """
     from aiayn.card import write_model_card
-    from aiayn.io import check_output_folder, new_folder, write_json
+    from aiayn.folder_config import parse_folder_config, write_folder_config
+    from aiayn.io import check_output_folder, new_folder
 
     source, out = Path(source), Path(out)
     if fmt not in FORMATS[1:]:
@@ -100,17 +99,10 @@ def export_model(
     with new_folder(out, overwrite) as tmp:
         extra = writer.write(model, kind, tokenizer, tmp, quantization)
         tokenizer.save(tmp / "tokenizer.json")
-        config = {k: v for k, v in meta.items() if k not in ("kind", "model")}
-        write_json(
-            tmp / "config.json",
-            {
-                "format": fmt,
-                "kind": kind,
-                "model": meta["model"],
-                **config,
-                **extra,
-                "exported_from": str(source),
-            },
-        )
+        # the source's sections as the loader read them (renamed keys under their new names; a
+        # section it did not record stays unrecorded), its provenance, and what the writer says
+        written = {**meta.to_dict(), **extra, "exported_from": str(source)}
+        written = {"format": fmt, **written, "kind": kind}
+        write_folder_config(tmp, parse_folder_config(written, tmp))
         write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
     return out

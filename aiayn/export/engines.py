@@ -33,12 +33,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig, from_dict
+from aiayn.config import ModelConfig
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.export import FORMATS, normalise_kind, require
 from aiayn.export.onnx import state_names
+from aiayn.folder_config import FolderConfig, read_folder_config
 from aiayn.model.cache import DecoderCache, LayerCache
 
 log = logging.getLogger(__name__)
@@ -308,17 +309,15 @@ class Ct2Translator:
 # ---- loading ------------------------------------------------------------------------------------
 
 
-def read_exported_config(folder: Path) -> dict[str, Any]:
+def read_exported_config(folder: Path) -> FolderConfig:
     """config.json of an exported folder; CheckpointError when it is not one."""
-    from aiayn.checkpoint import read_config
-
-    meta = read_config(folder)
-    if meta.get("format") not in FORMATS[1:]:
+    parsed = read_folder_config(folder)
+    if parsed.format not in FORMATS[1:]:
         raise CheckpointError(
             f"{folder}: not an exported model (its config.json has no 'format' of "
             f"{' or '.join(FORMATS[1:])}); write one with `aiayn export`"
         )
-    return meta
+    return parsed
 
 
 def load_exported(
@@ -328,7 +327,20 @@ def load_exported(
     threads: int | None = None,
     workers: int = 1,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """(engine model, tokenizer, meta) of a folder written by ``aiayn export``.
+    """(engine model, tokenizer, config.json in its written form) of a folder written by
+    ``aiayn export``: :func:`open_export` with the config as a dict."""
+    model, tokenizer, parsed = open_export(folder, expect_kind, engine, threads, workers)
+    return model, tokenizer, parsed.to_dict()
+
+
+def open_export(
+    folder: str | Path,
+    expect_kind: str | None = None,
+    engine: str | None = None,
+    threads: int | None = None,
+    workers: int = 1,
+) -> tuple[Any, Any, FolderConfig]:
+    """(engine model, tokenizer, parsed config.json) of a folder written by ``aiayn export``.
 
     ``engine`` ('onnx' or 'ctranslate2'), when given, must be the folder's format; ``expect_kind``
     likewise its kind. Every problem is a one-line CheckpointError or ConfigError.
@@ -337,8 +349,8 @@ def load_exported(
     from aiayn.data import Tokenizer
 
     folder = Path(folder)
-    meta = read_exported_config(folder)
-    fmt, kind = meta["format"], normalise_kind(meta["kind"])
+    parsed = read_exported_config(folder)
+    fmt, kind = str(parsed.format), parsed.kind
     if engine is not None and engine != fmt:
         raise ConfigError(
             f"{folder}: holds a '{fmt}' export; --engine {engine} needs a folder "
@@ -349,8 +361,8 @@ def load_exported(
             f"{folder}: holds a '{kind}' model, this command needs '{normalise_kind(expect_kind)}'"
         )
     try:
-        cfg = from_dict(ModelConfig, meta["model"])
-        files = dict(meta.get("files", {}))
+        cfg = parsed.config.model
+        files = dict(parsed.files or {})
         tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
     except AiaynError as err:
         raise CheckpointError(f"{folder}: {err}") from None
@@ -379,7 +391,7 @@ def load_exported(
             model = engines[kind](folder, cfg, files, share)
         except KeyError as err:
             raise CheckpointError(f"{folder / 'config.json'}: 'files' lacks {err}") from None
-    return model, tokenizer, meta
+    return model, tokenizer, parsed
 
 
 def translate_hypotheses(
@@ -402,19 +414,17 @@ def translate_hypotheses(
 
 def is_exported(folder: str | Path) -> bool:
     """True when ``folder``'s config.json carries a ``format`` (written by `aiayn export`)."""
-    from aiayn.checkpoint import read_config
-
-    return "format" in read_config(folder)
+    return read_folder_config(folder).format is not None
 
 
 def load_translation(
     folders: Sequence[str | Path], engine: str | None = None, workers: int = 1
-) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, meta) of exported translation folders: one engine, or an
+) -> tuple[Any, Any, FolderConfig]:
+    """(model, tokenizer, parsed config.json) of exported translation folders: one engine, or an
     :class:`~aiayn.decode.ensemble.Ensemble` of ONNX engines (one shared tokenizer)."""
     from aiayn.decode import Ensemble
 
-    loaded = [load_exported(f, "translation", engine, workers=workers) for f in folders]
+    loaded = [open_export(f, "translation", engine, workers=workers) for f in folders]
     if len(loaded) == 1:
         return loaded[0]
     if any(isinstance(m, Ct2Translator) for m, _, _ in loaded):
@@ -422,7 +432,7 @@ def load_translation(
             "CTranslate2 models decode one at a time (aiayn ensembles run on "
             "PyTorch or ONNX models)"
         )
-    model, tokenizer, meta = loaded[0]
+    model, tokenizer, first = loaded[0]
     for folder, (_, other, _) in zip(folders[1:], loaded[1:]):
         if other.to_str() != tokenizer.to_str():
             raise CheckpointError(
@@ -430,41 +440,39 @@ def load_translation(
                 "ensemble's models must share one vocabulary"
             )
     try:
-        return Ensemble([m for m, _, _ in loaded]), tokenizer, meta
+        return Ensemble([m for m, _, _ in loaded]), tokenizer, first
     except ValueError as err:
         raise CheckpointError(str(err)) from None
 
 
 def open_exported(
     folders: Sequence[Path], engine: str | None = None, workers: int = 1
-) -> tuple[Any, Any, dict[str, Any], str, Any]:
+) -> tuple[Any, Any, FolderConfig, str, Any]:
     """What :func:`aiayn.folder.load_model_folder` needs to open folders written by `aiayn
-    export`: (model, tokenizer, meta, engine name, the engine's own translate_hypotheses or
+    export`: (model, tokenizer, parsed config.json, engine name, the engine's own translate_hypotheses or
     None). Translation (one folder, or an ONNX ensemble), classification and lm (ONNX); on the
     CPU. ``engine`` None: whatever the folders hold; 'torch' or a plain model folder among
     exports is a ConfigError that says what to do."""
-    from aiayn.checkpoint import read_config
-
     if engine not in (None, *FORMATS):
         raise ConfigError(f"--engine must be one of {', '.join(FORMATS)}, got '{engine}'")
-    metas = [read_config(f) for f in folders]
-    for folder, meta in zip(folders, metas):
-        if engine == "torch" and "format" in meta:
+    parsed = [read_folder_config(f) for f in folders]
+    for folder, p in zip(folders, parsed):
+        if engine == "torch" and p.format is not None:
             raise ConfigError(
                 f"{folder}: holds an exported model; --engine torch needs the model "
                 "folder it was exported from"
             )
-        if "format" not in meta:
+        if p.format is None:
             fmt = engine or "onnx"
             raise ConfigError(
                 f"{folder}: a PyTorch model folder; --engine {fmt} runs what "
                 f"`aiayn export {folder} --format {fmt} -o OUT` writes"
             )
-    if normalise_kind(metas[0]["kind"]) == "translation":
-        model, tokenizer, meta = load_translation(folders, engine, workers)
+    if parsed[0].kind == "translation":
+        model, tokenizer, first = load_translation(folders, engine, workers)
     else:
         if len(folders) > 1:
             raise CheckpointError("several model folders make an ensemble of translation models")
-        model, tokenizer, meta = load_exported(folders[0], engine=engine, workers=workers)
+        model, tokenizer, first = open_export(folders[0], engine=engine, workers=workers)
     ct2 = isinstance(model, Ct2Translator)
-    return model, tokenizer, meta, meta["format"], translate_hypotheses if ct2 else None
+    return model, tokenizer, first, str(first.format), translate_hypotheses if ct2 else None

@@ -6,6 +6,7 @@ loadable model folder with the run's config.json (plus which steps were averaged
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -15,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from aiayn.card import write_model_card
 from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, folder_parts
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.io import atomic_path, check_output_folder, new_folder, recover_folder, write_json
+from aiayn.folder_config import write_folder_config
+from aiayn.io import atomic_path, check_output_folder, new_folder, recover_folder
 from aiayn.train.run_folder import RunFolder
 
 __all__ = ["average_checkpoints", "average_state_dicts"]
@@ -92,16 +94,15 @@ def average_checkpoints(
     for step in steps:
         states.append(_load_snapshot(folder.snapshot_path(step), states[0] if states else None))
     averaged = average_state_dicts(states)
-    meta = folder.read_meta()
-    meta["averaged"] = {"steps": steps, "run": str(folder.path)}
+    meta = replace(folder.read_meta(), averaged={"steps": steps, "run": str(folder.path)})
     tokenizer = folder.tokenizer.read_bytes() if folder.tokenizer.is_file() else None
     with new_folder(out, overwrite=overwrite) as tmp:
         with atomic_path(tmp / WEIGHTS_FILE) as path:
-            save_file(averaged, str(path), metadata=folder_parts(meta["model"], tokenizer))
+            save_file(averaged, str(path), metadata=folder_parts(meta.config.model, tokenizer))
         if tokenizer is not None:
             with atomic_path(tmp / TOKENIZER_FILE) as path:
                 path.write_bytes(tokenizer)
-        write_json(tmp / CONFIG_FILE, meta)
+        write_folder_config(tmp, meta)
         from aiayn.folder import load_model_dir
 
         load_model_dir(tmp)  # the result must load before it replaces anything

@@ -21,7 +21,7 @@ from aiayn.config import flatten_keys
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.io import recover_folder
-from aiayn.train.config import RunConfig, run_config_from_dict, run_config_to_dict
+from aiayn.train.config import RunConfig, run_config_to_dict
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.task import Task, build_task
@@ -190,4 +190,4 @@ def resume_config(out: str | Path) -> RunConfig:
     recover_folder(folder.path)
     if not folder.config.is_file():
         raise ConfigError(f"{folder.path}: no run to resume ({folder.config.name} not found)")
-    return run_config_from_dict(folder.read_meta())
+    return folder.read_meta().config

@@ -32,7 +32,13 @@ import torch
 from torch import nn
 
 from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, folder_parts, save_weights
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.folder_config import (
+    FolderConfig,
+    parse_folder_config,
+    read_folder_config,
+    write_folder_config,
+)
 from aiayn.io import (
     check_output_folder,
     is_empty_folder,
@@ -40,7 +46,6 @@ from aiayn.io import (
     recover_folder,
     write_bytes,
     write_error,
-    write_json,
     write_text,
 )
 
@@ -129,8 +134,8 @@ class RunFolder:
         if any(p.name not in expected for p in self.path.iterdir()):
             return False
         try:
-            return "train" in json.loads(self.config.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return read_folder_config(self.path).has_train
+        except AiaynError:
             return False
 
     def start_over(self) -> None:
@@ -141,15 +146,18 @@ class RunFolder:
                 (tmp / CHECKPOINT_DIR).mkdir()
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
-    def write_meta(self, meta: dict[str, Any], tokenizer_json: str) -> None:
-        write_json(self.config, meta)
+    def write_meta(self, meta: FolderConfig | dict[str, Any], tokenizer_json: str) -> None:
+        """Write the run's config.json (``meta``: typed, or the dict train builds) and tokenizer."""
+        parsed = meta if isinstance(meta, FolderConfig) else parse_folder_config(meta, self.path)
+        write_folder_config(self.path, meta)
         write_text(self.tokenizer, tokenizer_json)
-        self.parts = folder_parts(meta["model"], tokenizer_json)
+        self.parts = folder_parts(parsed.config.model, tokenizer_json)
 
-    def read_meta(self) -> dict[str, Any]:
+    def read_meta(self) -> FolderConfig:
+        """The run's config.json, parsed."""
         try:
-            return json.loads(self.config.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
+            return read_folder_config(self.path)
+        except CheckpointError as err:
             raise CheckpointError(f"{self.config}: cannot read the run's config ({err})") from None
 
     def read_tokenizer(self) -> str:

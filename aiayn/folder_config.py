@@ -1,0 +1,184 @@
+"""config.json of a model folder (or run folder): its one reader and its one writer.
+
+Every module that needs what a folder's config.json says goes through :func:`read_folder_config`
+(or :func:`parse_folder_config` for a dict built in memory), which returns a typed
+:class:`FolderConfig`; every config.json is written by :func:`write_folder_config`. No other
+module reads the raw dict (``tests/test_folder_config.py`` holds the code to that).
+
+The file on disk: ``kind`` (older folders' "seq2seq"/"classifier" still load), the sections
+``model``, ``data``, ``train``, ``decode`` (typed into :class:`~aiayn.train.config.RunConfig`;
+renamed keys such as ``train.bleu_every`` still load), and provenance written by train, average
+and export (``task``, ``preset``, ``hardware``, ``aiayn_version``, ``best``, ``averaged``,
+``format``, ``files``, ``quantization``, ``exported_from``; any other key is kept as written).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiayn.config import to_dict
+from aiayn.errors import AiaynError, CheckpointError
+from aiayn.io import recover_folder, write_json
+
+if TYPE_CHECKING:
+    from aiayn.train.config import RunConfig
+
+# aiayn.train.* is imported inside the functions: importing it runs aiayn.train's __init__, which
+# imports modules (average, run_folder, via checkpoint and card) that import this one.
+
+__all__ = [
+    "CONFIG_FILE",
+    "FolderConfig",
+    "parse_folder_config",
+    "read_folder_config",
+    "write_folder_config",
+]
+
+CONFIG_FILE = "config.json"
+
+#: the typed sections (aiayn.train.config.SECTIONS)
+SECTIONS = ("model", "data", "train", "decode")
+
+#: the optional top-level keys, in the order they are written (after kind and the sections)
+_OPTIONAL = (
+    "task",
+    "preset",
+    "aiayn_version",
+    "hardware",
+    "best",
+    "averaged",
+    "files",
+    "quantization",
+    "exported_from",
+)
+
+
+@dataclass(frozen=True)
+class FolderConfig:
+    """A folder's config.json, parsed."""
+
+    kind: str  # one of aiayn.folder.KINDS (old names mapped)
+    config: RunConfig  # model, data, train and decode sections (a missing section: defaults)
+    sections: tuple[str, ...] = SECTIONS  # the sections config.json records
+    decode_keys: tuple[str, ...] | None = None  # the decode fields it sets (None: all)
+    format: str | None = None  # "onnx" / "ctranslate2": written by `aiayn export`
+    task: str | None = None  # data.task of the run (train)
+    preset: str | None = None  # model.preset of the recipe (train)
+    aiayn_version: str | None = None
+    hardware: str | None = None  # what trained it (train)
+    best: Mapping[str, Any] | None = None  # {"step": N, metric: value} of best/ (train)
+    averaged: Mapping[str, Any] | None = None  # {"steps": [...], "run": path} (average)
+    files: Mapping[str, str] | None = None  # the exported graphs / model folder (export)
+    quantization: str | None = None  # CTranslate2 weight type (export)
+    exported_from: str | None = None  # the model folder an export was written from
+    extra: Mapping[str, Any] = field(default_factory=dict)  # other keys, kept as written
+
+    @property
+    def has_data(self) -> bool:
+        """config.json records the training data (data.* are not defaults)."""
+        return "data" in self.sections
+
+    @property
+    def has_train(self) -> bool:
+        return "train" in self.sections
+
+    @property
+    def decode_set(self) -> dict[str, Any]:
+        """The decoding settings config.json records (the folder's recommendation), by field."""
+        if "decode" not in self.sections:
+            return {}
+        decode = to_dict(self.config.decode)
+        keys = decode if self.decode_keys is None else self.decode_keys
+        return {k: decode[k] for k in keys if k in decode}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json form (what :func:`write_folder_config` writes)."""
+        out: dict[str, Any] = {}
+        if self.format is not None:
+            out["format"] = self.format
+        out["kind"] = self.kind
+        for name in SECTIONS:
+            if name == "model" or name in self.sections:
+                out[name] = to_dict(getattr(self.config, name))
+        if "decode" in out:
+            out["decode"] = self.decode_set
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = dict(value) if isinstance(value, Mapping) else value
+        out.update(self.extra)
+        return out
+
+
+def parse_folder_config(meta: Any, folder: str | Path) -> FolderConfig:
+    """The typed form of a config.json dict: the only reader of its raw keys. CheckpointError
+    (naming ``folder``) when it is not an aiayn model config or a section is invalid."""
+    from aiayn.train.config import run_config_from_dict
+    from aiayn.train.task import SHAPES, shape_name
+
+    folder = Path(folder)
+    path = folder / CONFIG_FILE
+    if not isinstance(meta, dict) or "model" not in meta or "kind" not in meta:
+        raise CheckpointError(f"{path}: not an aiayn model config (needs 'kind' and 'model')")
+    kind = shape_name(str(meta["kind"]))
+    if kind not in SHAPES:
+        raise CheckpointError(f"{folder}: unknown model kind '{meta['kind']}'")
+    try:
+        config = run_config_from_dict(meta, str(path))
+    except AiaynError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    decode = meta.get("decode")
+    decode_keys = tuple(decode) if isinstance(decode, dict) else None
+    optional: dict[str, Any] = {name: meta.get(name) for name in _OPTIONAL}
+    for name in ("best", "averaged", "files"):
+        if optional[name] is not None and not isinstance(optional[name], dict):
+            raise CheckpointError(f"{path}: '{name}' must be a table, not {optional[name]!r}")
+    fmt = meta.get("format")
+    known = {"kind", "format", *SECTIONS, *_OPTIONAL}
+    return FolderConfig(
+        kind,
+        config,
+        tuple(name for name in SECTIONS if name in meta),
+        decode_keys,
+        None if fmt is None else str(fmt),
+        extra={k: v for k, v in meta.items() if k not in known},
+        **optional,
+    )
+
+
+def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> FolderConfig:
+    """Parse ``folder``'s config.json. CheckpointError when the folder or file is missing,
+    unreadable, of an unknown kind or of another kind than ``expect_kind``."""
+    folder = Path(folder)
+    recover_folder(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: model folder not found")
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: not a model folder ({CONFIG_FILE} is missing)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read it ({err})") from None
+    parsed = parse_folder_config(meta, folder)
+    from aiayn.train.task import shape_name
+
+    if expect_kind is not None and parsed.kind != shape_name(expect_kind):
+        raise CheckpointError(
+            f"{folder}: holds a '{parsed.kind}' model, this command needs '{expect_kind}'"
+        )
+    return parsed
+
+
+def write_folder_config(folder: str | Path, cfg: FolderConfig | Mapping[str, Any]) -> Path:
+    """Write ``cfg`` as ``folder``/config.json (atomically); returns the file's path. A mapping
+    (what train and :func:`aiayn.checkpoint.save_model_dir` build) is written as given."""
+    path = Path(folder) / CONFIG_FILE
+    write_json(path, cfg.to_dict() if isinstance(cfg, FolderConfig) else dict(cfg))
+    return path

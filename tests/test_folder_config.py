@@ -1,0 +1,108 @@
+"""config.json has one reader: aiayn/folder_config.py. Every other module gets a typed
+FolderConfig (read_folder_config / parse_folder_config) and writes through write_folder_config."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from aiayn.errors import CheckpointError
+from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config, write_folder_config
+
+ROOT = Path(__file__).resolve().parents[1] / "aiayn"
+PARSER = ROOT / "folder_config.py"
+READS = ("read_text", "read_bytes")
+
+
+def _mentions_config(node: ast.AST) -> bool:
+    """The expression names a config.json: the literal, CONFIG_FILE, or a ``.config`` path."""
+    text = ast.unparse(node)
+    return "config.json" in text or "CONFIG_FILE" in text or text.endswith(".config")
+
+
+def raw_config_reads(source: str) -> list[str]:
+    """What in ``source`` reads a config.json itself or digs into the raw dict (``meta[...]``,
+    ``meta.get(...)``): each as 'line: code'."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        bad = False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if ast.unparse(func) in ("json.loads", "json.load"):
+                bad = any("config" in ast.unparse(a).lower() for a in node.args)
+            elif func.attr in READS:
+                bad = _mentions_config(func.value)
+            elif func.attr == "get" and ast.unparse(func.value) == "meta":
+                bad = True
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "open":
+            bad = any(_mentions_config(a) for a in node.args[:1])
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "meta":
+            bad = True
+        if bad:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_checker_finds_raw_reads():
+    source = (
+        "import json\n"
+        "meta = json.loads((folder / 'config.json').read_text())\n"
+        "kind = meta['kind']\n"
+        "fmt = meta.get('format')\n"
+        "with open(folder / CONFIG_FILE) as f:\n    pass\n"
+        "x = json.loads(self.config.read_text(encoding='utf-8'))\n"
+    )
+    assert len(raw_config_reads(source)) >= 6
+    assert raw_config_reads("import json\nrow = json.loads(line)\n") == []
+
+
+def test_no_module_but_the_parser_reads_config_json():
+    offenders = {
+        str(path.relative_to(ROOT.parent)): found
+        for path in sorted(ROOT.rglob("*.py"))
+        if path != PARSER and (found := raw_config_reads(path.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}, f"read config.json through aiayn.folder_config: {offenders}"
+
+
+def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path):
+    old = {
+        "kind": "seq2seq",
+        "model": {"d_model": 16, "n_heads": 2},
+        "train": {"bleu_every": 7},
+        "decode": {"beam": 5, "alpha": 1.4},
+        "averaged": {"steps": [4, 5], "run": "runs/x"},
+        "preset": "tiny",
+        "aiayn_version": "0.1",
+        "onnx_opset": 17,
+    }
+    with pytest.warns(Warning):
+        parsed = parse_folder_config(old, tmp_path)
+    assert isinstance(parsed, FolderConfig) and parsed.kind == "translation"
+    assert parsed.config.train.metrics_every == 7 and parsed.config.model.d_model == 16
+    assert parsed.decode_set == {"beam": 5, "alpha": 1.4} and not parsed.has_data
+    assert parsed.averaged == {"steps": [4, 5], "run": "runs/x"} and parsed.preset == "tiny"
+    write_folder_config(tmp_path, parsed)
+    written = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
+    assert set(written) == {"kind", "model", "train", "decode", "averaged", "preset",
+                            "aiayn_version", "onnx_opset"}
+    assert written["train"]["metrics_every"] == 7 and written["decode"] == {"beam": 5, "alpha": 1.4}
+    again = read_folder_config(tmp_path)
+    assert again == parsed
+
+
+def test_bad_configs_are_one_line_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="model folder not found"):
+        read_folder_config(tmp_path / "none")
+    (tmp_path / "config.json").write_text("{", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_folder_config(tmp_path)
+    (tmp_path / "config.json").write_text('{"kind": "x", "model": {}}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="unknown model kind 'x'"):
+        read_folder_config(tmp_path)
+    (tmp_path / "config.json").write_text('{"kind": "lm"}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="needs 'kind' and 'model'"):
+        read_folder_config(tmp_path)
