@@ -1,15 +1,22 @@
-"""Load benchmark of `aiayn serve`: concurrent clients on 127.0.0.1, with and without dynamic
-batching, against a translation model folder (the demo model by default).
+"""Load benchmark of `aiayn serve`: concurrent clients on 127.0.0.1 against a translation model
+folder (the demo model by default), compared in the same run with `aiayn translate` (what
+`aiayn evaluate` does) on the same sentences, with the same decoding and thread settings.
 
-For each mode the server runs as its own process (`aiayn serve MODEL --port P`, plus
-`--no-batching` for the baseline); ``--clients`` threads each send one sentence per request
-(/v1/translate), the next as soon as the last is answered, for ``--seconds``. Reported: requests/s,
-sentences/s, latency p50/p95/p99, errors (must be 0), the server's peak RSS (VmHWM), the mean
-number of requests per batch (from /health). For reference, `aiayn translate` translates the same
-sentences in one process, as `aiayn evaluate` does (offline sentences/s, loading included).
+For each client count (``--clients 8 32 64``) the server runs as its own process
+(`aiayn serve MODEL --port P`); that many threads each send one sentence per request
+(/v1/translate), the next as soon as the last is answered, for ``--seconds``. Reported:
+requests/s, sentences/s, latency p50/p95/p99, errors (must be 0), the server's peak RSS (VmHWM),
+the mean number of requests per batch (from /health). ``--baseline`` adds the server with
+`--no-batching` at the first client count. `aiayn translate` translates the sentences in one
+process; its sentences/s are given with and without model loading (the loading is measured by a
+translation of one sentence), and the ratio server / translate (loading excluded) per client count.
 
-    python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 --seconds 30 \
-        --out docs/serving.json
+Both the server and `aiayn translate` run with ``--threads`` intra-op threads (AIAYN_THREADS and
+OMP_NUM_THREADS, default 1) and OMP_WAIT_POLICY=PASSIVE: on a machine shared with other busy
+processes, OpenMP's default spinning makes 2 threads many times slower than 1.
+
+    python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 32 64 --seconds 20 \
+        --out docs/experiments/serving.json
 
 Sentences: Multi30k test2016 sources from the data mirror (AIAYN_DATA_MIRROR or ../shared/data),
 else a few built-in ones.
@@ -57,14 +64,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: list[str], batching: bool, threads: int | None) -> tuple:
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment of the server and of `aiayn translate`: the same threads for both."""
+    env = dict(os.environ)
+    env["AIAYN_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def start_server(model: list[str], batching: bool, threads: int, extra: list[str]) -> tuple:
     port = free_port()
     cmd = [sys.executable, "-m", "aiayn", "serve", *model, "--port", str(port)]
     cmd += [] if batching else ["--no-batching"]
-    cmd += ["--max-queue", "4096"]
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    cmd += ["--max-queue", "4096", *extra]
+    env = thread_env(threads)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -134,9 +147,23 @@ def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
     }
 
 
-def offline(model: list[str], texts: list[str]) -> dict:
+def offline(model: list[str], texts: list[str], threads: int) -> dict:
     """The same sentences through `aiayn translate` in one process (token-bounded batches, the
-    folder's decoding settings: what `aiayn evaluate` does), model loading included."""
+    folder's decoding settings: what `aiayn evaluate` does): seconds with model loading, and
+    without it (less the seconds of a translation of one sentence, which is mostly loading)."""
+    total = translate_seconds(model, texts, threads)
+    loading = translate_seconds(model, texts[:1], threads)
+    decoding = max(total - loading, 1e-9)
+    return {
+        "sentences": len(texts),
+        "seconds": round(total, 2),
+        "sentences_per_s": round(len(texts) / total, 2),
+        "loading_s": round(loading, 2),
+        "sentences_per_s_without_loading": round(len(texts) / decoding, 2),
+    }
+
+
+def translate_seconds(model: list[str], texts: list[str], threads: int) -> float:
     tmp = Path("/tmp") / f"bench_serve_{os.getpid()}.txt"
     tmp.write_text("\n".join(texts) + "\n", encoding="utf-8")
     start = time.monotonic()
@@ -153,15 +180,12 @@ def offline(model: list[str], texts: list[str]) -> dict:
             f"{tmp}.out",
         ],
         check=True,
+        env=thread_env(threads),
     )
     seconds = time.monotonic() - start
     tmp.unlink()
     Path(f"{tmp}.out").unlink()
-    return {
-        "sentences": len(texts),
-        "seconds": round(seconds, 2),
-        "sentences_per_s": round(len(texts) / seconds, 2),
-    }
+    return seconds
 
 
 def git_commit() -> str:
@@ -180,42 +204,62 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/avg5")])
-    p.add_argument("--clients", type=int, default=8, help="concurrent clients (default: 8)")
-    p.add_argument("--seconds", type=float, default=30, help="per mode (default: 30)")
+    p.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64], help="default: 8 32 64")
+    p.add_argument("--seconds", type=float, default=20, help="per client count (default: 20)")
     p.add_argument("--sentences", type=int, default=1000, help="test sentences cycled through")
-    p.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the server")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of both (default: 1)")
+    p.add_argument("--baseline", action="store_true", help="also the server with --no-batching")
+    p.add_argument("--serve-args", default="", help="more options of `aiayn serve`, one string")
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
-    if not 1 <= args.clients <= 64 or not 0 < args.seconds <= 600:
-        p.error("--clients 1..64 and --seconds up to 600")
+    if not all(1 <= c <= 256 for c in args.clients) or not 0 < args.seconds <= 600:
+        p.error("--clients 1..256 and --seconds up to 600")
     texts = sentences(args.sentences)
-    rows = {}
-    for mode, batching in (("dynamic batching", True), ("one request at a time", False)):
-        proc, url = start_server(args.model, batching, args.threads)
+    extra = args.serve_args.split()
+    load_before = load_average()
+    rows: dict[str, dict] = {}
+    ref = offline(args.model, texts, args.threads)
+    rows["aiayn translate, one process"] = ref
+    print(f"offline: {json.dumps(ref)}", flush=True)
+    runs = [(c, True) for c in args.clients]
+    if args.baseline:
+        runs.append((args.clients[0], False))
+    for clients, batching in runs:
+        mode = f"serve, {clients} clients" + ("" if batching else ", --no-batching")
+        proc, url = start_server(args.model, batching, args.threads, extra)
         try:
-            load(url, texts[:16], min(args.clients, 4), 3)  # warm-up
-            result = load(url, texts, args.clients, args.seconds)
+            load(url, texts[:16], min(clients, 4), 3)  # warm-up
+            result = load(url, texts, clients, args.seconds)
             health = httpx.get(url + "/health").json()
             result["requests_per_batch"] = round(health["requests"] / max(health["batches"], 1), 2)
             result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 1)
+            result["vs_translate"] = round(
+                result["sentences_per_s"] / ref["sentences_per_s_without_loading"], 2
+            )
         finally:
             proc.terminate()
             proc.wait(30)
         rows[mode] = result
         print(f"{mode}: {json.dumps(result)}", flush=True)
-    rows["aiayn translate, one process"] = offline(args.model, texts)
-    print(f"offline: {json.dumps(rows['aiayn translate, one process'])}")
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
+        "load_average": {"before": load_before, "after": load_average()},
         "commit": git_commit(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "model": args.model,
-        "clients": args.clients,
+        "threads": args.threads,
         "seconds": args.seconds,
         "results": rows,
     }

@@ -103,6 +103,28 @@ def test_batcher_bounds_a_batch_by_cost_and_runs_alone_without_merge():
     assert [inputs for _, inputs in calls] == [[0], [1], [2], [3]]
 
 
+def test_batcher_window_starts_again_when_the_worker_is_free():
+    """A request that waited through a batch still waits ``wait_s`` after it, so the clients the
+    batch answered can join it (else closed-loop clients split into groups that never merge)."""
+    calls: list = []
+    slow = echo(calls)
+
+    def run(key, inputs):
+        if not calls:
+            time.sleep(0.8)  # the first batch is long
+        return slow(key, inputs)
+
+    batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=0.3)
+    first = batcher.submit("k", ["a"], cost=1)
+    time.sleep(0.35)  # the first batch is running
+    during = batcher.submit("k", ["b"], cost=1)  # its own window ends before that batch does
+    first.result(5)
+    after = batcher.submit("k", ["c"], cost=1)  # the first batch's client comes back
+    assert during.result(5).outputs == ["k:b"] and after.result(5).outputs == ["k:c"]
+    batcher.close()
+    assert [inputs for _, inputs in calls] == [["a"], ["b", "c"]]
+
+
 def test_batcher_queue_full_cancel_and_errors():
     release = threading.Event()
     calls: list = []

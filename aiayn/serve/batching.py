@@ -3,7 +3,8 @@
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
 settings). The worker thread takes the oldest request, waits a short window (``wait_s``, 5 ms by
-default) for others with the same key, then runs all of them as one call of ``run(key, inputs)``
+default, from the later of its arrival and the end of the previous batch) for others with the
+same key, or less when the batch is full, then runs all of them as one call of ``run(key, inputs)``
 whose cost stays within ``max_batch_cost`` (a request costlier than that runs alone), and hands
 each request its own slice of the outputs. Requests with other keys wait their turn, in arrival
 order. This is the "dynamic batching" of TorchServe and Triton; it pays off because one batched
@@ -87,6 +88,9 @@ class DynamicBatcher:
         self.run, self.max_batch_cost, self.wait_s = run, max_batch_cost, wait_s
         self.max_queue, self.merge = max_queue, merge
         self.batches = 0  # batches started (single jobs included)
+        # When the worker last became free: a window never ends before ``wait_s`` after it, so
+        # the clients answered by the last batch have the time to send their next requests.
+        self._free_since = time.monotonic()
         self.requests = 0  # requests started in them
         self._queue: deque[_Request] = deque()
         self._waiting = 0  # inputs in the queue
@@ -156,13 +160,20 @@ class DynamicBatcher:
                 self._wait_window(self._queue[0])
                 batch = self._take()
             if batch:
-                self._execute(batch)
+                try:
+                    self._execute(batch)
+                finally:
+                    self._free_since = time.monotonic()
 
     def _wait_window(self, first: _Request) -> None:
         """Hold the lock-owning worker until ``first``'s window has passed or its batch is full."""
         if not self.merge or first.key is None:
             return
-        deadline = first.arrived + self.wait_s
+        # From the later of its arrival and the end of the last batch: a request that waited
+        # through a batch would otherwise start the next one at once, with only the requests
+        # that came during that batch, and the clients settle into groups that never merge
+        # (8 closed-loop clients: 4 per batch, half the throughput; docs/serving.md).
+        deadline = max(first.arrived, self._free_since) + self.wait_s
         while not self._closed:
             left = deadline - time.monotonic()
             same = sum(r.cost for r in self._queue if r.key == first.key)
