@@ -412,11 +412,6 @@ def translate_hypotheses(
     return [[(tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
 
 
-def is_exported(folder: str | Path) -> bool:
-    """True when ``folder``'s config.json carries a ``format`` (written by `aiayn export`)."""
-    return read_folder_config(folder).format is not None
-
-
 def load_translation(
     folders: Sequence[str | Path], engine: str | None = None, workers: int = 1
 ) -> tuple[Any, Any, FolderConfig]:
