@@ -100,8 +100,12 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
+def load(url: str, texts: list[str], clients: int, seconds: float, beam: int | None = None) -> dict:
     """``clients`` threads, each one request in flight, for ``seconds``."""
+
+    def body(text: str) -> dict:
+        return {"texts": [text]} if beam is None else {"texts": [text], "beam": beam}
+
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -115,7 +119,7 @@ def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
                     text = texts[next(counter) % len(texts)]
                 start = time.monotonic()
                 try:
-                    r = http.post(url + "/v1/translate", json={"texts": [text]})
+                    r = http.post(url + "/v1/translate", json=body(text))
                     ok = r.status_code == 200
                     problem = "" if ok else f"{r.status_code} {r.text[:100]}"
                 except httpx.HTTPError as err:
@@ -147,12 +151,12 @@ def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
     }
 
 
-def offline(model: list[str], texts: list[str], threads: int) -> dict:
+def offline(model: list[str], texts: list[str], threads: int, beam: int | None = None) -> dict:
     """The same sentences through `aiayn translate` in one process (token-bounded batches, the
     folder's decoding settings: what `aiayn evaluate` does): seconds with model loading, and
     without it (less the seconds of a translation of one sentence, which is mostly loading)."""
-    total = translate_seconds(model, texts, threads)
-    loading = translate_seconds(model, texts[:1], threads)
+    total = translate_seconds(model, texts, threads, beam)
+    loading = translate_seconds(model, texts[:1], threads, beam)
     decoding = max(total - loading, 1e-9)
     return {
         "sentences": len(texts),
@@ -163,7 +167,9 @@ def offline(model: list[str], texts: list[str], threads: int) -> dict:
     }
 
 
-def translate_seconds(model: list[str], texts: list[str], threads: int) -> float:
+def translate_seconds(
+    model: list[str], texts: list[str], threads: int, beam: int | None = None
+) -> float:
     tmp = Path("/tmp") / f"bench_serve_{os.getpid()}.txt"
     tmp.write_text("\n".join(texts) + "\n", encoding="utf-8")
     start = time.monotonic()
@@ -178,6 +184,7 @@ def translate_seconds(model: list[str], texts: list[str], threads: int) -> float
             str(tmp),
             "-o",
             f"{tmp}.out",
+            *([] if beam is None else ["--beam", str(beam)]),
         ],
         check=True,
         env=thread_env(threads),
@@ -218,6 +225,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20, help="per client count (default: 20)")
     p.add_argument("--sentences", type=int, default=1000, help="test sentences cycled through")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of both (default: 1)")
+    p.add_argument("--beam", type=int, help="beam of both (default: the folder's); 1: overhead")
     p.add_argument("--baseline", action="store_true", help="also the server with --no-batching")
     p.add_argument("--serve-args", default="", help="more options of `aiayn serve`, one string")
     p.add_argument("--out", help="write the figures here as JSON")
@@ -228,7 +236,7 @@ def main() -> int:
     extra = args.serve_args.split()
     load_before = load_average()
     rows: dict[str, dict] = {}
-    ref = offline(args.model, texts, args.threads)
+    ref = offline(args.model, texts, args.threads, args.beam)
     rows["aiayn translate, one process"] = ref
     print(f"offline: {json.dumps(ref)}", flush=True)
     runs = [(c, True) for c in args.clients]
@@ -239,7 +247,7 @@ def main() -> int:
         proc, url = start_server(args.model, batching, args.threads, extra)
         try:
             load(url, texts[:16], min(clients, 4), 3)  # warm-up
-            result = load(url, texts, clients, args.seconds)
+            result = load(url, texts, clients, args.seconds, args.beam)
             health = httpx.get(url + "/health").json()
             result["requests_per_batch"] = round(health["requests"] / max(health["batches"], 1), 2)
             result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 1)
@@ -260,6 +268,7 @@ def main() -> int:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "model": args.model,
         "threads": args.threads,
+        "beam": args.beam,
         "seconds": args.seconds,
         "results": rows,
     }
