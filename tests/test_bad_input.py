@@ -483,3 +483,27 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(world, tmp_path):
     assert main(["train", str(world / "run.toml"), "--out", str(run)]) == 0
     assert (run / "trainer_state.pt").is_file() and temporaries(tmp_path) == []
     assert '"loss": 9.0' not in (run / "metrics.jsonl").read_text()
+
+
+# ---- the commands added later: export and serve join the suite ----------------------------------
+def test_export_and_serve_bad_input(world, tmp_path, capsys):
+    """Each refused before any work: nothing written, one line, exit 2 (the server never starts).
+    Needs the extras only where the check comes after their import (skipped with a reason)."""
+    pytest.importorskip("onnx", reason="the 'export' extra is not installed")
+    pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
+    avg, run = world / "avg", world / "run"
+    cases = [
+        (["export", world / "out", "--format", "onnx", "-o", tmp_path / "x"], "not a model folder"),
+        (["export", tmp_path / "nope", "--format", "onnx", "-o", tmp_path / "x"], "not found"),
+        (["export", avg, "--format", "onnx", "--quantization", "int8", "-o", tmp_path / "x"],
+         "--quantization applies to --format ctranslate2 only"),
+        (["export", avg, "--format", "onnx", "-o", avg], "cannot be the model folder itself"),
+        (["export", avg, "--format", "onnx", "-o", run / "best"], "holds a model folder"),
+        (["export", avg, "--format", "onnx", "-o", world / "file.txt"], "is a file"),
+        (["translate", avg, "-i", world / "in.txt", "--engine", "onnx"], "onnx"),
+        (["serve", tmp_path / "nope"], "not found"),
+        (["serve", world / "out"], "not a model folder"),
+        (["serve", avg, "--port", "70000"], "--port must be between 1 and 65535"),
+    ]
+    for argv, message in cases:
+        fails(capsys, world, argv, message)
