@@ -293,6 +293,11 @@ def check_run_config(cfg: RunConfig) -> None:
             f"model.output_vocab = '{m.output_vocab}' applies to data.task = 'translation' "
             f"only, not '{d.task}'"
         )
+    if m.output_vocab == "targets" and d.bpe_dropout:
+        raise ConfigError(
+            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
+            "a noisy segmentation produces tokens the clean targets never hold"
+        )
     if d.task in ("classification", "masked_lm") and (d.train_src or d.train_tgt):
         raise ConfigError(
             f"data.task = '{d.task}' reads data.train_file, not data.train_src/train_tgt"

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.train.config import RunConfig
+from aiayn.train.config import RunConfig, check_run_config
 
 __all__ = [
     "StepStats",
@@ -154,18 +154,5 @@ def build_task(cfg: RunConfig) -> Task:
         raise ConfigError(
             f"data.task = '{name}' has no trainer task yet (have: {', '.join(SHAPES)})"
         )
-    if cfg.train.adversarial_eps and name != "classification":
-        raise ConfigError(
-            f"train.adversarial_eps applies to data.task = 'classification' only, not '{name}'"
-        )
-    if cfg.model.output_vocab != "all" and name != "translation":
-        raise ConfigError(
-            f"model.output_vocab = '{cfg.model.output_vocab}' applies to "
-            f"data.task = 'translation' only, not '{name}'"
-        )
-    if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
-        raise ConfigError(
-            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
-            "a noisy segmentation produces tokens the clean targets never hold"
-        )
+    check_run_config(cfg)  # the cross-field checks, for a RunConfig built in Python too
     return SHAPES[name](cfg)
