@@ -125,6 +125,41 @@ def test_batcher_window_starts_again_when_the_worker_is_free():
     assert [inputs for _, inputs in calls] == [["a"], ["b", "c"]]
 
 
+def test_batcher_window_stays_open_while_requests_keep_coming_up_to_max_wait():
+    """A burst whose requests come closer together than ``wait_s`` is one batch, however long
+    the burst (the clients a batch answered come back one by one); ``max_wait_s`` ends it."""
+    calls: list = []
+    batcher = DynamicBatcher(echo(calls), max_batch_cost=1000, wait_s=0.25, max_wait_s=30)
+    burst = []
+    for i in range(6):  # 0.6 s in all: longer than wait_s, each gap shorter than it
+        burst.append(batcher.submit("k", [i], cost=1))
+        time.sleep(0.1)
+    assert [f.result(5).outputs for f in burst] == [[f"k:{i}"] for i in range(6)]
+    assert [inputs for _, inputs in calls] == [[0, 1, 2, 3, 4, 5]]
+    batcher.close()
+
+    calls.clear()
+    capped = DynamicBatcher(echo(calls), max_batch_cost=1000, wait_s=0.25, max_wait_s=0.5)
+    stream = []
+    for i in range(15):  # 1.5 s of requests 0.1 s apart: the window closes after 0.5 s
+        stream.append(capped.submit("k", [i], cost=1))
+        time.sleep(0.1)
+    [f.result(5) for f in stream]
+    capped.close()
+    first = calls[0][1]
+    assert first[0] == 0 and 3 <= len(first) <= 10, calls  # ~0.5 s of arrivals, not all 15
+    assert [x for _, inputs in calls for x in inputs] == list(range(15))
+
+
+def test_batcher_lone_request_waits_wait_s_not_max_wait():
+    calls: list = []
+    batcher = DynamicBatcher(echo(calls), wait_s=0.01, max_wait_s=20)
+    start = time.monotonic()
+    assert batcher.submit("k", ["a"], cost=1).result(10).outputs == ["k:a"]
+    assert time.monotonic() - start < 5  # the quiet gap after it, not max_wait_s
+    batcher.close()
+
+
 def test_batcher_queue_full_cancel_and_errors():
     release = threading.Event()
     calls: list = []

@@ -83,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
-    device = inference_device(args.device)
+    # One core is left to the HTTP layer (the event loop that reads requests and writes answers
+    # while a batch decodes): on 2 cores, 2 torch threads served 0.52 of `aiayn translate`'s
+    # sentences/s and 1 thread 0.79 (docs/serving.md). AIAYN_THREADS / OMP_NUM_THREADS win.
+    device = inference_device(args.device, spare_cores=1)
     folder = open_models(args, device)  # the loader of translate/evaluate, engines included
     engine = folder.engine
     check_port(args.host, args.port)

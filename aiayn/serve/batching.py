@@ -2,13 +2,21 @@
 
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
-settings). The worker thread takes the oldest request, waits a short window (``wait_s``, 5 ms by
-default, from the later of its arrival and the end of the previous batch) for others with the
-same key, or less when the batch is full, then runs all of them as one call of ``run(key, inputs)``
-whose cost stays within ``max_batch_cost`` (a request costlier than that runs alone), and hands
-each request its own slice of the outputs. Requests with other keys wait their turn, in arrival
-order. This is the "dynamic batching" of TorchServe and Triton; it pays off because one batched
-decoding of n sentences costs far less than n decodings of one (docs/serving.md has the figures).
+settings). The worker thread takes the oldest request and holds a window open for others with the
+same key: the batch starts when no new one has come for ``wait_s`` (5 ms by default: the requests
+of a burst keep it open), when ``max_wait_s`` (50 ms) has passed since the window opened, or at
+once when the batch is full. It then runs all of them as one call of ``run(key, inputs)`` whose
+cost stays within ``max_batch_cost`` (a request costlier than that runs alone), and hands each
+request its own slice of the outputs. Requests with other keys wait their turn, in arrival order.
+This is the "dynamic batching" of TorchServe and Triton; it pays off because one batched decoding
+of n sentences costs far less than n decodings of one (docs/serving.md has the figures).
+
+A window opens at the later of its first request's arrival and the end of the previous batch: the
+clients that batch answered come back over the next milliseconds (their answers are written, their
+next requests read, one by one, by the HTTP layer), and a window that ended at the first quiet
+moment, or that had already passed while the batch ran, would split closed-loop clients into
+groups that never merge again (measured in docs/serving.md: 64 clients made batches of about 46
+and 18 in turn with a fixed 5 ms window; with the quiet gap they make one batch of 64).
 
 One worker thread runs everything the model does (batches and single jobs such as a generation),
 so torch never runs two things at once and each gets all intra-op threads.
@@ -82,14 +90,17 @@ class DynamicBatcher:
         wait_s: float = 0.005,
         max_queue: int = 256,
         merge: bool = True,
+        max_wait_s: float | None = None,
     ) -> None:
-        if max_batch_cost < 1 or max_queue < 1 or wait_s < 0:
-            raise ValueError("max_batch_cost and max_queue must be >= 1, wait_s >= 0")
+        max_wait_s = max(wait_s, 0.05) if max_wait_s is None else max_wait_s
+        if max_batch_cost < 1 or max_queue < 1 or wait_s < 0 or max_wait_s < wait_s:
+            raise ValueError("max_batch_cost and max_queue must be >= 1, 0 <= wait_s <= max_wait_s")
         self.run, self.max_batch_cost, self.wait_s = run, max_batch_cost, wait_s
+        self.max_wait_s = max_wait_s
         self.max_queue, self.merge = max_queue, merge
         self.batches = 0  # batches started (single jobs included)
-        # When the worker last became free: a window never ends before ``wait_s`` after it, so
-        # the clients answered by the last batch have the time to send their next requests.
+        # When the worker last became free: a window opens no earlier, so the clients answered
+        # by the last batch have the time to send their next requests.
         self._free_since = time.monotonic()
         self.requests = 0  # requests started in them
         self._queue: deque[_Request] = deque()
@@ -166,18 +177,25 @@ class DynamicBatcher:
                     self._free_since = time.monotonic()
 
     def _wait_window(self, first: _Request) -> None:
-        """Hold the lock-owning worker until ``first``'s window has passed or its batch is full."""
+        """Hold the lock-owning worker until ``first``'s batch is full, no request with its key
+        has come for ``wait_s``, or ``max_wait_s`` has passed since its window opened."""
         if not self.merge or first.key is None:
             return
-        # From the later of its arrival and the end of the last batch: a request that waited
-        # through a batch would otherwise start the next one at once, with only the requests
-        # that came during that batch, and the clients settle into groups that never merge
-        # (8 closed-loop clients: 4 per batch, half the throughput; docs/serving.md).
-        deadline = max(first.arrived, self._free_since) + self.wait_s
+        # Opened at the later of its arrival and the end of the last batch: a request that
+        # waited through a batch would otherwise start the next one at once, with only the
+        # requests that came during that batch (module docstring).
+        opened = max(first.arrived, self._free_since)
+        deadline = opened + self.max_wait_s
         while not self._closed:
-            left = deadline - time.monotonic()
-            same = sum(r.cost for r in self._queue if r.key == first.key)
-            if left <= 0 or same >= self.max_batch_cost:
+            same = [r for r in self._queue if r.key == first.key]
+            if sum(r.cost for r in same) >= self.max_batch_cost:
+                return
+            # The quiet gap runs from the latest request to come in the window; until one has
+            # come, the window waits for the clients the last batch answered (to max_wait_s).
+            came = [r.arrived for r in same if r.arrived >= opened]
+            end = min(max(came) + self.wait_s, deadline) if came else deadline
+            left = end - time.monotonic()
+            if left <= 0:
                 return
             self._cond.wait(left)
 

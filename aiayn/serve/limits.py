@@ -32,18 +32,23 @@ class Limits:
     timeout: float = 30.0
     # Dynamic batching: source tokens of all requests merged into one batch.
     batch_tokens: int = 4096
-    # Dynamic batching: how long the oldest request waits for others to join its batch.
+    # Dynamic batching: a batch starts once no request has joined it for this long ...
     batch_wait_ms: float = 5.0
+    # ... or this long after its window opened (docs/serving.md, "Dynamic batching").
+    batch_max_wait_ms: float = 50.0
     # False: every request runs alone, in arrival order (the benchmark's baseline).
     batching: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("batching", "batch_wait_ms") and not value > 0:
+            if f.name not in ("batching", "batch_wait_ms", "batch_max_wait_ms") and not value > 0:
                 raise ConfigError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
-        if self.batch_wait_ms < 0:
-            raise ConfigError(f"--batch-wait-ms must be >= 0, got {self.batch_wait_ms}")
+        if not 0 <= self.batch_wait_ms <= self.batch_max_wait_ms:
+            raise ConfigError(
+                "--batch-wait-ms must be >= 0 and at most --batch-max-wait-ms, got "
+                f"{self.batch_wait_ms:g} and {self.batch_max_wait_ms:g}"
+            )
 
 
 # Flag help, from the comments above (one home for the wording).
@@ -57,5 +62,6 @@ LIMIT_HELP = {
     "max_queue": "inputs waiting for the model; more is 503 with Retry-After",
     "timeout": "seconds per request, arrival to answer; later is 504",
     "batch_tokens": "dynamic batching: source tokens merged into one batch",
-    "batch_wait_ms": "dynamic batching: how long a request waits for others to join it",
+    "batch_wait_ms": "dynamic batching: a batch starts once no request has joined it for this long",
+    "batch_max_wait_ms": "dynamic batching: ... or this long after its window opened",
 }

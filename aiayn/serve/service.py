@@ -69,6 +69,7 @@ class ModelService:
             self._run,
             max_batch_cost=limits.batch_tokens,
             wait_s=limits.batch_wait_ms / 1000.0,
+            max_wait_s=limits.batch_max_wait_ms / 1000.0,
             max_queue=limits.max_queue,
             merge=limits.batching,
         )
