@@ -151,6 +151,32 @@ def test_batcher_window_stays_open_while_requests_keep_coming_up_to_max_wait():
     assert [x for _, inputs in calls for x in inputs] == list(range(15))
 
 
+def test_batcher_window_stays_open_while_answers_are_handed_out():
+    """The HTTP layer writes a batch's answers one by one before it reads the next requests:
+    arrivals pause, answers do not, and each one keeps the window open ``wait_s`` longer."""
+    calls: list = []
+    slow = echo(calls)
+
+    def run(key, inputs):
+        if not calls:
+            time.sleep(0.8)
+        return slow(key, inputs)
+
+    batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=0.3, max_wait_s=30)
+    first = batcher.submit("k", ["a"], cost=1)
+    time.sleep(0.6)  # its batch starts 0.3 s after it and runs 0.8 s
+    waiting = batcher.submit("k", ["b"], cost=1)  # waits through the first batch
+    first.result(5)
+    early = batcher.submit("k", ["c"], cost=1)  # the first client to come back
+    for _ in range(6):  # 0.6 s of answers being written, no arrival
+        time.sleep(0.1)
+        batcher.answered()
+    late = batcher.submit("k", ["d"], cost=1)  # a client whose answer was written last
+    assert [f.result(5).batch_inputs for f in (waiting, early, late)] == [3, 3, 3]
+    batcher.close()
+    assert [inputs for _, inputs in calls] == [["a"], ["b", "c", "d"]]
+
+
 def test_batcher_lone_request_waits_wait_s_not_max_wait():
     calls: list = []
     batcher = DynamicBatcher(echo(calls), wait_s=0.01, max_wait_s=20)

@@ -167,7 +167,7 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
     async def translate(body: TranslateBody) -> dict[str, Any]:
         start = time.monotonic()
         decode = service.decode_config(body.beam, body.alpha, body.nbest)
-        result = await _answer(service.translate(body.texts, decode), start, limits)
+        result = await _answer(service, service.translate(body.texts, decode), start, limits)
         return {
             "translations": [{"text": hyps[0]["text"], "nbest": hyps} for hyps in result.outputs],
             "decode": {"beam": decode.beam, "alpha": decode.alpha, "nbest": decode.nbest},
@@ -177,14 +177,16 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
     @app.post("/v1/classify", summary="Label texts (probabilities per label)")
     async def classify(body: ClassifyBody) -> dict[str, Any]:
         start = time.monotonic()
-        result = await _answer(service.classify(body.texts), start, limits)
+        result = await _answer(service, service.classify(body.texts), start, limits)
         return {"results": result.outputs, "timing": _timing(result, start)}
 
     @app.post("/v1/attention", summary="Attention weights of every layer and head")
     async def attention(body: AttentionBody) -> dict[str, Any]:
         start = time.monotonic()
         decode = service.decode_config(body.beam, body.alpha, None)
-        maps = await _answer(service.attention(body.text, decode, body.rank), start, limits)
+        maps = await _answer(
+            service, service.attention(body.text, decode, body.rank), start, limits
+        )
         return {
             **maps,
             "rank": body.rank,
@@ -203,9 +205,10 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
         return _stream_generation(service, body.prompt, options, limits)
 
 
-async def _answer(future: Future, start: float, limits: Limits) -> Any:
+async def _answer(service: ModelService, future: Future, start: float, limits: Limits) -> Any:
     """The future's result within the request's time limit; 504 (and the request dropped from
-    the queue when it has not started) after it."""
+    the queue when it has not started) after it. The batcher hears of each answer handed out
+    (its window stays open while a batch's answers are written: their clients come back after)."""
     left = limits.timeout - (time.monotonic() - start)
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(left, 0.001))
@@ -216,6 +219,8 @@ async def _answer(future: Future, start: float, limits: Limits) -> Any:
         ) from None
     except AiaynError as err:
         raise RequestError(422, str(err)) from None
+    finally:
+        service.batcher.answered()
 
 
 def _ms(seconds: float) -> float:

@@ -102,6 +102,7 @@ class DynamicBatcher:
         # When the worker last became free: a window opens no earlier, so the clients answered
         # by the last batch have the time to send their next requests.
         self._free_since = time.monotonic()
+        self._answered = 0.0  # when the HTTP layer last handed an answer out
         self.requests = 0  # requests started in them
         self._queue: deque[_Request] = deque()
         self._waiting = 0  # inputs in the queue
@@ -123,6 +124,11 @@ class DynamicBatcher:
         """Queue ``job()`` to run alone on the worker thread (a generation, an attention map);
         the future's result is what it returns."""
         return self._put(_Request(None, job, 1))
+
+    def answered(self) -> None:
+        """The HTTP layer is handing an answer out: a window open now stays open ``wait_s``
+        longer, since that answer's client may come back with its next request."""
+        self._answered = time.monotonic()
 
     def _put(self, request: _Request) -> Future:
         size = len(request.inputs) if request.key is not None else 1
@@ -190,9 +196,11 @@ class DynamicBatcher:
             same = [r for r in self._queue if r.key == first.key]
             if sum(r.cost for r in same) >= self.max_batch_cost:
                 return
-            # The quiet gap runs from the latest request to come in the window; until one has
-            # come, the window waits for the clients the last batch answered (to max_wait_s).
-            came = [r.arrived for r in same if r.arrived >= opened]
+            # The quiet gap runs from the latest request to come, or answer to leave, in the
+            # window; until one has, the window waits for the clients the last batch answered.
+            # (The HTTP layer writes a batch's answers one after the other before it reads the
+            # next requests: arrivals pause while it writes, answers do not.)
+            came = [t for t in (*(r.arrived for r in same), self._answered) if t >= opened]
             end = min(max(came) + self.wait_s, deadline) if came else deadline
             left = end - time.monotonic()
             if left <= 0:
