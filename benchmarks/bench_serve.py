@@ -300,9 +300,13 @@ def main() -> int:
         proc, url = start_server(args.model, batching, args.threads, extra)
         try:
             load(url, texts[:16], min(clients, 4), 2)  # loads, first shapes
+            before = httpx.get(url + "/health").json()
             result = load(url, texts, clients, args.seconds, args.beam, warmup=args.warmup)
-            health = httpx.get(url + "/health").json()
-            result["requests_per_batch"] = round(health["requests"] / max(health["batches"], 1), 2)
+            after = httpx.get(url + "/health").json()  # batches of this load, warm-up included
+            batches = max(after["batches"] - before["batches"], 1)
+            result["requests_per_batch"] = round(
+                (after["requests"] - before["requests"]) / batches, 2
+            )
             result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 1)
             result["vs_translate"] = round(
                 result["sentences_per_s"] / ref["sentences_per_s_without_loading"], 2
