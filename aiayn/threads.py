@@ -74,25 +74,22 @@ def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
     return max(0, sorted(counts)[len(counts) // 2] - 1)
 
 
-def threads_for_load(apply: bool = True, spare: int = 0) -> int:
+def threads_for_load(apply: bool = True) -> int:
     """torch's thread count for a short job (translate, evaluate) under the load now, unless the
     user set a count: 1 when the kernel counts other runnable tasks or when a quick probe
-    (:func:`probe`, ~0.1 s) runs faster on 1 thread than on N. ``spare`` cores are left for
-    other work of this process (the HTTP layer of `aiayn serve`). Sets it with ``apply``."""
+    (:func:`probe`, ~0.1 s) runs faster on 1 thread than on N. Sets it with ``apply``."""
     asked = user_threads()
     if asked is not None:
         if apply and asked != torch.get_num_threads():
             torch.set_num_threads(asked)  # AIAYN_THREADS (OMP_NUM_THREADS torch reads itself)
         return asked
     high = torch.get_num_threads()
-    n = max(1, min(high, cores() - busy_cores() - spare))
+    n = max(1, min(high, cores() - busy_cores()))
     if n > 1:
         times = probe((n, 1))
         n = n if times[n] <= times[1] else 1
     if apply and n != high:
-        busy = n < cores() - spare
-        why = "the machine is busy with other work" if busy else "a core left to this process"
-        log.info("threads: %d of %d (%s)", n, high, why)
+        log.info("threads: %d of %d (the machine is busy with other work)", n, high)
         torch.set_num_threads(n)
     return n
 

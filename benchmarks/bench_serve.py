@@ -73,7 +73,7 @@ def free_port() -> int:
 
 def thread_env(threads: int) -> dict[str, str]:
     """The environment of the server and of `aiayn translate`: the same threads for both; 0:
-    none set, each chooses its own (`aiayn serve` leaves a core to its HTTP layer)."""
+    none set, each chooses its own."""
     env = dict(os.environ)
     if threads == 0:
         for name in ("AIAYN_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY"):

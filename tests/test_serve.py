@@ -186,6 +186,39 @@ def test_batcher_lone_request_waits_wait_s_not_max_wait():
     batcher.close()
 
 
+def test_serve_runs_the_model_on_the_main_thread_and_stops_with_the_http_server():
+    """`aiayn serve` decodes on the main thread (torch's parallel regions start several times
+    faster there) with uvicorn on another; when uvicorn stops, so does the worker."""
+    from aiayn.commands.serve import run_on_main_thread
+
+    threads_seen: list = []
+
+    def run(key, inputs):
+        threads_seen.append(threading.current_thread())
+        return list(inputs)
+
+    batcher = DynamicBatcher(run, wait_s=0.0, thread=False)
+
+    class Server:  # uvicorn.Server's part that run_on_main_thread uses
+        started = should_exit = False
+        answers: list = []
+
+        def run(self):
+            self.started = True
+            self.answers.append(batcher.submit("k", ["x"], cost=1).result(10).outputs)
+
+    server = Server()
+    assert run_on_main_thread(server, batcher) == 0
+    assert server.answers == [["x"]] and threads_seen == [threading.main_thread()]
+    assert server.should_exit
+
+    class Failed(Server):
+        def run(self):  # uvicorn could not bind its port: it returns without starting
+            pass
+
+    assert run_on_main_thread(Failed(), DynamicBatcher(run, thread=False)) == 1
+
+
 def test_batcher_queue_full_cancel_and_errors():
     release = threading.Event()
     calls: list = []

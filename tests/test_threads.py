@@ -70,24 +70,6 @@ def test_threads_for_load_counts_other_processes(monkeypatch):
     assert threads_for_load(apply=False) == 1
 
 
-def test_threads_for_load_leaves_spare_cores_but_never_below_one_or_over_the_user(monkeypatch):
-    """`aiayn serve` keeps a core for its HTTP layer: 2 torch threads on 2 cores served 0.52 of
-    `aiayn translate`'s sentences/s, 1 thread 0.79 (docs/serving.md)."""
-    monkeypatch.delenv("AIAYN_THREADS", raising=False)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 8)
-    monkeypatch.setattr(threads, "_running", lambda: 1)  # idle
-    monkeypatch.setattr(threads, "probe", lambda settings: {settings[0]: 0.01, 1: 0.05})
-    monkeypatch.setattr(threads, "cores", lambda: 8)
-    assert threads_for_load(apply=False, spare=1) == 7
-    monkeypatch.setattr(threads, "cores", lambda: 2)
-    assert threads_for_load(apply=False, spare=1) == 1
-    monkeypatch.setattr(threads, "cores", lambda: 1)
-    assert threads_for_load(apply=False, spare=1) == 1
-    monkeypatch.setenv("AIAYN_THREADS", "2")
-    assert threads_for_load(apply=False, spare=1) == 2  # the user's count wins
-
-
 def test_the_trials_cost_little(monkeypatch):
     """Measured on the loaded 2-core machine: 2 threads ran at 323 tokens/s, 1 thread at 3,346
     (a trial of the slow setting is expensive); idle, 18.1k against 12.9k."""

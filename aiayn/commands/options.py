@@ -100,11 +100,10 @@ def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
 
 
-def inference_device(name: str, spare_cores: int = 0) -> torch.device:
+def inference_device(name: str) -> torch.device:
     """The device an inference command runs on; a clear error for an unknown or unavailable one.
     On the CPU it also sets glibc to keep freed memory (``keep_freed_memory``): every decoding
-    step frees and reallocates the same large buffers; and torch's threads for the load now,
-    leaving ``spare_cores`` to the command's other work (``threads_for_load``)."""
+    step frees and reallocates the same large buffers."""
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -116,7 +115,7 @@ def inference_device(name: str, spare_cores: int = 0) -> torch.device:
         from aiayn.train.allocator import keep_freed_memory
 
         keep_freed_memory()
-        threads_for_load(spare=spare_cores)  # 1 thread when another process keeps a core busy
+        threads_for_load()  # 1 thread when another process keeps a core of 2 busy
     return device
 
 

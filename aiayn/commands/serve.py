@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import os
+from typing import Any
 
 from aiayn.errors import ConfigError
 
@@ -83,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
-    # One core is left to the HTTP layer (the event loop that reads requests and writes answers
-    # while a batch decodes): on 2 cores, 2 torch threads served 0.52 of `aiayn translate`'s
-    # sentences/s and 1 thread 0.79 (docs/serving.md). AIAYN_THREADS / OMP_NUM_THREADS win.
-    device = inference_device(args.device, spare_cores=1)
+    device = inference_device(args.device)
     folder = open_models(args, device)  # the loader of translate/evaluate, engines included
     engine = folder.engine
     check_port(args.host, args.port)
@@ -97,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             KEY_ENV,
         )
-    app = create_app(folder, limits, api_key)
+    app = create_app(folder, limits, api_key, worker_thread=False)
     log.info(
         "serving %s model %s (%s) on http://%s:%d/ (API docs at /docs)",
         folder.kind,
@@ -106,7 +104,44 @@ def run(args: argparse.Namespace) -> int:
         args.host,
         args.port,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3
+        )
+    )
+    return run_on_main_thread(server, app.state.service.batcher)
+
+
+def run_on_main_thread(server: Any, batcher: Any) -> int:
+    """uvicorn on a thread of its own, the model on the main thread (``batcher.work()``: torch
+    starts its parallel regions several times faster there, docs/serving.md) until Ctrl+C or
+    SIGTERM, or until uvicorn stops; 1 when uvicorn could not start."""
+    import signal
+    import threading
+
+    def http() -> None:
+        try:
+            server.run()
+        finally:
+            batcher.close()  # work() returns once the queue is drained
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    thread = threading.Thread(target=http, name="aiayn-http", daemon=True)
+    thread.start()
+    try:
+        batcher.work()
+    except KeyboardInterrupt:
+        log.info("stopping")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.should_exit = True
+        thread.join(10)
+    if not server.started:
+        log.error("the HTTP server did not start (see above)")
+        return 1
     return 0
 
 

@@ -53,12 +53,17 @@ __all__ = ["create_app"]
 
 
 def create_app(
-    folder: ModelFolder, limits: Limits | None = None, api_key: str | None = None
+    folder: ModelFolder,
+    limits: Limits | None = None,
+    api_key: str | None = None,
+    worker_thread: bool = True,
 ) -> FastAPI:
     """The app serving ``folder`` (:func:`aiayn.folder.load_model_folder`, or an exported
-    folder) within ``limits``; with ``api_key`` every route but /health asks for it."""
+    folder) within ``limits``; with ``api_key`` every route but /health asks for it. With
+    ``worker_thread=False`` the model runs where the caller runs ``app.state.service.batcher
+    .work()`` (`aiayn serve`: the main thread, with uvicorn on another)."""
     limits = limits or Limits()
-    service = ModelService(folder, limits)
+    service = ModelService(folder, limits, worker_thread)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

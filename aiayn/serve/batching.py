@@ -18,8 +18,9 @@ moment, or that had already passed while the batch ran, would split closed-loop 
 groups that never merge again (measured in docs/serving.md: 64 clients made batches of about 46
 and 18 in turn with a fixed 5 ms window; with the quiet gap they make one batch of 64).
 
-One worker thread runs everything the model does (batches and single jobs such as a generation),
-so torch never runs two things at once and each gets all intra-op threads.
+One worker runs everything the model does (batches and single jobs such as a generation), so
+torch never runs two things at once and each gets all intra-op threads. It is the batcher's own
+thread, or (``thread=False``) whichever thread calls :meth:`DynamicBatcher.work`.
 
 Bounds: at most ``max_queue`` inputs wait (:class:`QueueFull` beyond, the server's 503); a
 request cancelled before its batch starts (its time limit passed) is dropped from the queue. A
@@ -91,6 +92,7 @@ class DynamicBatcher:
         max_queue: int = 256,
         merge: bool = True,
         max_wait_s: float | None = None,
+        thread: bool = True,
     ) -> None:
         max_wait_s = max(wait_s, 0.05) if max_wait_s is None else max_wait_s
         if max_batch_cost < 1 or max_queue < 1 or wait_s < 0 or max_wait_s < wait_s:
@@ -108,8 +110,10 @@ class DynamicBatcher:
         self._waiting = 0  # inputs in the queue
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="aiayn-batcher", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if thread:  # else the caller runs work() on a thread of its own (`aiayn serve`: main)
+            self._thread = threading.Thread(target=self.work, name="aiayn-batcher", daemon=True)
+            self._thread.start()
 
     # ---- the callers' side ---------------------------------------------------------------
 
@@ -163,11 +167,17 @@ class DynamicBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify()
-        self._thread.join(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     # ---- the worker's side ---------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def work(self) -> None:
+        """Run batches until :meth:`close` and the queue is drained: on the batcher's own thread,
+        or, made with ``thread=False``, on the caller's. `aiayn serve` runs it on the process's
+        main thread: torch's OpenMP threads start a parallel region there several times faster
+        than from any other thread (2 threads, a 64 × 256 by 256 × 256 product: 28 µs on the
+        main thread, 88 µs on another, 50 µs with 1 thread; docs/serving.md)."""
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
@@ -246,11 +256,16 @@ class DynamicBatcher:
                 live[0].future.set_result(live[0].inputs())
             else:
                 self._run_batch(live, start)
-        except BaseException as err:  # handed to every waiting request, the worker goes on
+        except Exception as err:  # handed to every waiting request, the worker goes on
             log.debug("batch failed: %s", err, exc_info=True)
             for r in live:
                 if not r.future.done():
                     r.future.set_exception(err)
+        except BaseException:  # Ctrl+C on the main thread: the requests fail, the worker stops
+            for r in live:
+                if not r.future.done():
+                    r.future.set_exception(RuntimeError("the server is stopping"))
+            raise
 
     def _run_batch(self, live: list[_Request], start: float) -> None:
         inputs = [x for r in live for x in r.inputs]

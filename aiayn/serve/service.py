@@ -55,7 +55,7 @@ class GenerationStopped(Exception):
 class ModelService:
     """One model folder (:class:`~aiayn.folder.ModelFolder`, any engine) behind a batcher."""
 
-    def __init__(self, folder: ModelFolder, limits: Limits) -> None:
+    def __init__(self, folder: ModelFolder, limits: Limits, worker_thread: bool = True) -> None:
         self.folder, self.limits, self.engine = folder, limits, folder.engine
         self.kind: str = folder.kind
         # An exported model (ONNX, CTranslate2) has no PyTorch weights to record attention from.
@@ -72,6 +72,7 @@ class ModelService:
             max_wait_s=limits.batch_max_wait_ms / 1000.0,
             max_queue=limits.max_queue,
             merge=limits.batching,
+            thread=worker_thread,  # False: the caller runs self.batcher.work()
         )
         # The worker decodes with the intra-op threads of the caller (a per-thread setting).
         threads = torch.get_num_threads()
