@@ -163,10 +163,10 @@ def test_batcher_window_stays_open_while_answers_are_handed_out():
         return slow(key, inputs)
 
     batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=0.3, max_wait_s=30)
-    first = batcher.submit("k", ["a"], cost=1)
-    time.sleep(0.6)  # its batch starts 0.3 s after it and runs 0.8 s
+    first = [batcher.submit("k", [x], cost=1) for x in ("a1", "a2")]
+    time.sleep(0.6)  # their batch starts 0.3 s after them and runs 0.8 s
     waiting = batcher.submit("k", ["b"], cost=1)  # waits through the first batch
-    first.result(5)
+    [f.result(5) for f in first]
     early = batcher.submit("k", ["c"], cost=1)  # the first client to come back
     for _ in range(6):  # 0.6 s of answers being written, no arrival
         time.sleep(0.1)
@@ -174,7 +174,33 @@ def test_batcher_window_stays_open_while_answers_are_handed_out():
     late = batcher.submit("k", ["d"], cost=1)  # a client whose answer was written last
     assert [f.result(5).batch_inputs for f in (waiting, early, late)] == [3, 3, 3]
     batcher.close()
-    assert [inputs for _, inputs in calls] == [["a"], ["b", "c", "d"]]
+    assert [inputs for _, inputs in calls] == [["a1", "a2"], ["b", "c", "d"]]
+
+
+def test_batcher_window_closes_when_the_last_batchs_clients_are_back():
+    """As many new requests as the last batch held close the window at once (no quiet gap);
+    requests that waited through that batch do not count, so two groups of clients merge."""
+    calls: list = []
+    slow = echo(calls)
+
+    def run(key, inputs):
+        if not calls:
+            time.sleep(0.8)
+        return slow(key, inputs)
+
+    batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=1.5, max_wait_s=30)
+    first = [batcher.submit("k", [x], cost=1) for x in ("a1", "a2")]
+    while not calls and batcher.waiting:  # the window of a1, a2 holds for 1.5 s: ...
+        time.sleep(0.01)
+    time.sleep(0.1)  # ... their batch has started (as many came as the last batch: 0, none)
+    waiting = batcher.submit("k", ["b"], cost=1)
+    [f.result(10) for f in first]
+    start = time.monotonic()
+    back = [batcher.submit("k", [x], cost=1) for x in ("c1", "c2")]
+    assert all(f.result(10).batch_inputs == 3 for f in (waiting, *back))
+    assert time.monotonic() - start < 1.2  # not the 1.5 s quiet gap
+    batcher.close()
+    assert [inputs for _, inputs in calls] == [["a1", "a2"], ["b", "c1", "c2"]]
 
 
 def test_batcher_lone_request_waits_wait_s_not_max_wait():

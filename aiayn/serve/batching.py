@@ -105,6 +105,7 @@ class DynamicBatcher:
         # by the last batch have the time to send their next requests.
         self._free_since = time.monotonic()
         self._answered = 0.0  # when the HTTP layer last handed an answer out
+        self._last_requests = 0  # requests merged into the last batch
         self.requests = 0  # requests started in them
         self._queue: deque[_Request] = deque()
         self._waiting = 0  # inputs in the queue
@@ -193,8 +194,9 @@ class DynamicBatcher:
                     self._free_since = time.monotonic()
 
     def _wait_window(self, first: _Request) -> None:
-        """Hold the lock-owning worker until ``first``'s batch is full, no request with its key
-        has come for ``wait_s``, or ``max_wait_s`` has passed since its window opened."""
+        """Hold the lock-owning worker until ``first``'s batch is full, as many requests have come
+        in its window as the last batch held, none has come (nor an answer left) for ``wait_s``,
+        or ``max_wait_s`` has passed since its window opened."""
         if not self.merge or first.key is None:
             return
         # Opened at the later of its arrival and the end of the last batch: a request that
@@ -205,6 +207,12 @@ class DynamicBatcher:
         while not self._closed:
             same = [r for r in self._queue if r.key == first.key]
             if sum(r.cost for r in same) >= self.max_batch_cost:
+                return
+            # As many new requests as the last batch answered: its clients are back (requests
+            # that waited through that batch are not counted, or two groups of clients would
+            # take turns for ever, each in half-size batches).
+            fresh = sum(1 for r in same if r.arrived >= opened)
+            if self._last_requests and fresh >= self._last_requests:
                 return
             # The quiet gap runs from the latest request to come, or answer to leave, in the
             # window; until one has, the window waits for the clients the last batch answered.
@@ -250,6 +258,8 @@ class DynamicBatcher:
             return
         self.batches += 1
         self.requests += len(live)
+        if live[0].key is not None:
+            self._last_requests = len(live)
         start = time.monotonic()
         try:
             if live[0].key is None:
