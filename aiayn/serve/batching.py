@@ -2,21 +2,29 @@
 
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
-settings). The worker thread takes the oldest request and holds a window open for others with the
-same key: the batch starts when no new one has come for ``wait_s`` (5 ms by default: the requests
-of a burst keep it open), when ``max_wait_s`` (50 ms) has passed since the window opened, or at
-once when the batch is full. It then runs all of them as one call of ``run(key, inputs)`` whose
-cost stays within ``max_batch_cost`` (a request costlier than that runs alone), and hands each
-request its own slice of the outputs. Requests with other keys wait their turn, in arrival order.
-This is the "dynamic batching" of TorchServe and Triton; it pays off because one batched decoding
-of n sentences costs far less than n decodings of one (docs/serving.md has the figures).
+settings). The worker takes the oldest request and holds a window open for others with the same
+key. The batch starts as soon as
 
-A window opens at the later of its first request's arrival and the end of the previous batch: the
-clients that batch answered come back over the next milliseconds (their answers are written, their
-next requests read, one by one, by the HTTP layer), and a window that ended at the first quiet
-moment, or that had already passed while the batch ran, would split closed-loop clients into
-groups that never merge again (measured in docs/serving.md: 64 clients made batches of about 46
-and 18 in turn with a fixed 5 ms window; with the quiet gap they make one batch of 64).
+- it is full (``max_batch_cost``), or
+- as many new requests have come in the window as the last batch held (its clients are back), or
+- nothing has happened for ``wait_s`` (5 ms by default): no request has come and the HTTP layer
+  has handed no answer out (:meth:`DynamicBatcher.answered`), or
+- ``max_wait_s`` (100 ms) has passed since the window opened.
+
+It then runs all of them as one call of ``run(key, inputs)`` whose cost stays within
+``max_batch_cost`` (a request costlier than that runs alone), and hands each request its own slice
+of the outputs. Requests with other keys wait their turn, in arrival order. This is the "dynamic
+batching" of TorchServe and Triton; it pays off because one batched decoding of n sentences costs
+far less than n decodings of one (docs/serving.md has the figures).
+
+A window opens at the later of its first request's arrival and the end of the previous batch.
+The clients that batch answered come back over the next tens of milliseconds: the HTTP layer
+writes their answers one after the other, then reads their next requests one after the other.
+A window that had already passed while the batch ran, or that ended at the first pause in
+arrivals, split closed-loop clients into groups that never merged again (64 clients: batches of
+about 46 and 18 in turn with a fixed 5 ms window; docs/serving.md); with these rules they make
+one batch of 64. Requests that waited through the last batch are not counted as "back", or two
+groups of clients could take turns for ever, each in half-size batches.
 
 One worker runs everything the model does (batches and single jobs such as a generation), so
 torch never runs two things at once and each gets all intra-op threads. It is the batcher's own
@@ -94,7 +102,7 @@ class DynamicBatcher:
         max_wait_s: float | None = None,
         thread: bool = True,
     ) -> None:
-        max_wait_s = max(wait_s, 0.05) if max_wait_s is None else max_wait_s
+        max_wait_s = max(wait_s, 0.1) if max_wait_s is None else max_wait_s
         if max_batch_cost < 1 or max_queue < 1 or wait_s < 0 or max_wait_s < wait_s:
             raise ValueError("max_batch_cost and max_queue must be >= 1, 0 <= wait_s <= max_wait_s")
         self.run, self.max_batch_cost, self.wait_s = run, max_batch_cost, wait_s
@@ -194,9 +202,7 @@ class DynamicBatcher:
                     self._free_since = time.monotonic()
 
     def _wait_window(self, first: _Request) -> None:
-        """Hold the lock-owning worker until ``first``'s batch is full, as many requests have come
-        in its window as the last batch held, none has come (nor an answer left) for ``wait_s``,
-        or ``max_wait_s`` has passed since its window opened."""
+        """Hold the lock-owning worker until ``first``'s window closes (module docstring)."""
         if not self.merge or first.key is None:
             return
         # Opened at the later of its arrival and the end of the last batch: a request that

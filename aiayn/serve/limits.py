@@ -35,7 +35,7 @@ class Limits:
     # Dynamic batching: a batch starts once no request has joined it for this long ...
     batch_wait_ms: float = 5.0
     # ... or this long after its window opened (docs/serving.md, "Dynamic batching").
-    batch_max_wait_ms: float = 50.0
+    batch_max_wait_ms: float = 100.0
     # False: every request runs alone, in arrival order (the benchmark's baseline).
     batching: bool = True
 
