@@ -119,23 +119,32 @@ def load(
     seconds: float,
     beam: int | None = None,
     warmup: float = 0.0,
+    per_request: int = 1,
 ) -> dict:
-    """``clients`` connections, each with one request in flight (the next sent as soon as the
-    last is answered), for ``warmup + seconds``; counted: the requests answered in the last
-    ``seconds`` (after the clients have settled into the server's batches)."""
-    return asyncio.run(_load(url, texts, clients, seconds, beam, warmup))
+    """``clients`` connections, each with one request of ``per_request`` sentences in flight
+    (the next sent as soon as the last is answered), for ``warmup + seconds``; counted: the
+    requests answered in the last ``seconds`` (after the clients have settled into the server's
+    batches)."""
+    return asyncio.run(_load(url, texts, clients, seconds, beam, warmup, per_request))
 
 
 async def _load(
-    url: str, texts: list[str], clients: int, seconds: float, beam: int | None, warmup: float
+    url: str,
+    texts: list[str],
+    clients: int,
+    seconds: float,
+    beam: int | None,
+    warmup: float,
+    per_request: int,
 ) -> dict:
     # The clients share the machine's cores with the server, so they are made cheap: one asyncio
     # loop, keep-alive HTTP/1.1 connections, request bytes encoded before the run. Each answer is
-    # still parsed and checked (status 200, one translation).
+    # still parsed and checked (status 200, one translation per sentence).
     host, port = url.removeprefix("http://").split(":")
     requests = []
-    for text in texts:
-        body = json.dumps({"texts": [text]} if beam is None else {"texts": [text], "beam": beam})
+    for i in range(0, len(texts), per_request):
+        some = (texts[i:] + texts)[:per_request]
+        body = json.dumps({"texts": some} if beam is None else {"texts": some, "beam": beam})
         data = body.encode()
         head = (
             f"POST /v1/translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -157,7 +166,7 @@ async def _load(
                 writer.write(request)
                 try:
                     status, body = await _response(reader)
-                    ok = status == 200 and len(json.loads(body)["translations"]) == 1
+                    ok = status == 200 and len(json.loads(body)["translations"]) == per_request
                     problem = "" if ok else f"{status} {body[:100]!r}"
                 except (OSError, ValueError, KeyError, asyncio.IncompleteReadError) as err:
                     ok, problem = False, repr(err)
@@ -176,7 +185,7 @@ async def _load(
         "requests": len(latencies),
         "seconds": seconds,
         "requests_per_s": round(len(latencies) / seconds, 2),
-        "sentences_per_s": round(len(latencies) / seconds, 2),  # one sentence per request
+        "sentences_per_s": round(len(latencies) * per_request / seconds, 2),
         "p50_ms": round(1000 * q[49], 1),
         "p95_ms": round(1000 * q[94], 1),
         "p99_ms": round(1000 * q[98], 1),
@@ -240,6 +249,44 @@ def translate_seconds(
     return seconds
 
 
+def ceiling(model: list[str], texts: list[str], threads: int, sizes: list[int]) -> dict:
+    """The decoding alone, no HTTP: sentences/s of ``aiayn.load(model).translate`` on consecutive
+    slices of ``sizes[i]`` sentences (what the server gets from that many one-sentence clients),
+    on the main thread and on another thread (where the server's batcher ran before), in a
+    process of its own with the benchmark's thread settings."""
+    code = (
+        "import json, sys, threading, time\n"
+        "import aiayn\n"
+        "model, sizes, texts = json.loads(sys.stdin.read())\n"
+        "folder = aiayn.load(model)\n"
+        "def rate(n):\n"
+        "    folder.translate(texts[:n])\n"  # the shapes of this size, once
+        "    start = time.perf_counter()\n"
+        "    for i in range(0, len(texts), n):\n"
+        "        folder.translate(texts[i:i + n])\n"
+        "    return round(len(texts) / (time.perf_counter() - start), 2)\n"
+        "out = {f'batches of {n}, main thread': rate(n) for n in sizes}\n"
+        "other = {}\n"
+        "import torch\n"
+        "threads = torch.get_num_threads()\n"  # torch.set_num_threads is per thread
+        "def elsewhere():\n"
+        "    torch.set_num_threads(threads)\n"
+        "    other['r'] = rate(sizes[-1])\n"
+        "t = threading.Thread(target=elsewhere); t.start(); t.join()\n"
+        "out[f'batches of {sizes[-1]}, another thread'] = other['r']\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([model, sizes, texts]),
+        env=thread_env(threads),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(
@@ -281,10 +328,26 @@ def main() -> int:
     p.add_argument("--beam", type=int, help="beam of both (default: the folder's); 1: overhead")
     p.add_argument("--baseline", action="store_true", help="also the server with --no-batching")
     p.add_argument("--serve-args", default="", help="more options of `aiayn serve`, one string")
+    p.add_argument(
+        "--per-request",
+        type=int,
+        default=1,
+        metavar="K",
+        help="sentences in each request (default: 1)",
+    )
+    p.add_argument(
+        "--ceiling",
+        type=int,
+        nargs="*",
+        metavar="N",
+        help="also the decoding alone (no HTTP) in batches of N sentences, e.g. 8 64 128",
+    )
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args()
     if not all(1 <= c <= 256 for c in args.clients) or not 0 < args.seconds <= 600:
         p.error("--clients 1..256 and --seconds up to 600")
+    if not 1 <= args.per_request <= 32:
+        p.error("--per-request 1..32 (the server's --max-texts)")
     texts = sentences(args.sentences)
     extra = args.serve_args.split()
     load_before = load_average()
@@ -292,6 +355,9 @@ def main() -> int:
     ref = offline(args.model, texts, args.threads, args.beam)
     rows["aiayn translate, one process"] = ref
     print(f"offline: {json.dumps(ref)}", flush=True)
+    if args.ceiling:
+        rows["decoding alone"] = ceiling(args.model, texts, args.threads, args.ceiling)
+        print(f"decoding alone: {json.dumps(rows['decoding alone'])}", flush=True)
     runs = [(c, True) for c in args.clients]
     if args.baseline:
         runs.append((args.clients[0], False))
@@ -301,7 +367,9 @@ def main() -> int:
         try:
             load(url, texts[:16], min(clients, 4), 2)  # loads, first shapes
             before = httpx.get(url + "/health").json()
-            result = load(url, texts, clients, args.seconds, args.beam, warmup=args.warmup)
+            result = load(
+                url, texts, clients, args.seconds, args.beam, args.warmup, args.per_request
+            )
             after = httpx.get(url + "/health").json()  # batches of this load, warm-up included
             batches = max(after["batches"] - before["batches"], 1)
             result["requests_per_batch"] = round(
@@ -325,6 +393,7 @@ def main() -> int:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "model": args.model,
         "threads": args.threads,
+        "per_request": args.per_request,
         "beam": args.beam,
         "seconds": args.seconds,
         "results": rows,
