@@ -41,6 +41,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,12 +91,14 @@ def start_server(model: list[str], batching: bool, threads: int, extra: list[str
     cmd += [] if batching else ["--no-batching"]
     cmd += ["--max-queue", "4096", *extra]
     env = thread_env(threads)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the server runs
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server stopped: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise SystemExit(f"the server stopped: {log.read().decode()[-2000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
@@ -168,14 +171,24 @@ async def _load(
                     status, body = await _response(reader)
                     ok = status == 200 and len(json.loads(body)["translations"]) == per_request
                     problem = "" if ok else f"{status} {body[:100]!r}"
-                except (OSError, ValueError, KeyError, asyncio.IncompleteReadError) as err:
+                except (
+                    OSError,
+                    ValueError,
+                    KeyError,
+                    IndexError,
+                    asyncio.IncompleteReadError,
+                ) as err:
                     ok, problem = False, repr(err)
                 end = time.monotonic()
                 if count_from <= end <= stop:
                     (latencies if ok else errors).append(end - start if ok else problem)  # type: ignore[arg-type]
                 if not ok:  # the connection may be in any state: open a new one
                     writer.close()
-                    reader, writer = await asyncio.open_connection(host, int(port))
+                    try:
+                        reader, writer = await asyncio.open_connection(host, int(port))
+                    except OSError as err:  # the server is gone
+                        errors.append(repr(err))
+                        return
         finally:
             writer.close()
 

@@ -27,7 +27,7 @@ from serve_helpers import free_port, make_folder, sentences  # noqa: E402
 from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
 from aiayn.folder import load_model_folder as load_folder  # noqa: E402
 from aiayn.serve import Limits, create_app  # noqa: E402
-from aiayn.serve.batching import DynamicBatcher, QueueFull  # noqa: E402
+from aiayn.serve.batching import DynamicBatcher, QueueFull, Stopping  # noqa: E402
 from aiayn.viz.attention import attention_of_translation  # noqa: E402
 
 KEY = "s3cret-key"
@@ -243,6 +243,29 @@ def test_serve_runs_the_model_on_the_main_thread_and_stops_with_the_http_server(
             pass
 
     assert run_on_main_thread(Failed(), DynamicBatcher(run, thread=False)) == 1
+
+
+def test_stopping_fails_queued_requests_at_once_with_a_503(folder):
+    """Ctrl+C or SIGTERM: `aiayn serve` closes its batcher with drop=True; the requests still
+    queued, and any that come after, fail at once with one line (503), not after their timeout."""
+    release = threading.Event()
+    batcher = DynamicBatcher(echo([]), wait_s=0.0)
+    blocker = batcher.call(release.wait)  # holds the worker
+    time.sleep(0.05)
+    queued = batcher.submit("k", ["a"], cost=1)
+    batcher.close(timeout=0.1, drop=True)
+    with pytest.raises(Stopping):
+        queued.result(1)
+    with pytest.raises(Stopping):
+        batcher.submit("k", ["b"], cost=1)
+    release.set()
+    assert blocker.result(5) is True
+
+    with TestClient(create_app(folder, Limits())) as c:
+        c.app.state.service.batcher.close()
+        r = c.post("/v1/translate", json={"texts": ["a b c"]})
+        assert r.status_code == 503
+        assert r.json() == {"error": "the server is stopping; retry on another server or later"}
 
 
 def test_batcher_queue_full_cancel_and_errors():

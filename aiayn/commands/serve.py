@@ -144,6 +144,7 @@ def run_on_main_thread(server: Any, batcher: Any) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.should_exit = True
+        batcher.close(drop=True)  # the requests still queued get a 503 at once
         thread.join(10)
     if not server.started:
         log.error("the HTTP server did not start (see above)")

@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
 from aiayn.folder import ModelFolder
-from aiayn.serve.batching import BatchResult, QueueFull
+from aiayn.serve.batching import BatchResult, QueueFull, Stopping
 from aiayn.serve.limits import Limits
 from aiayn.serve.service import GenerationStopped, ModelService, RequestError
 
@@ -348,6 +348,10 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueueFull)
     async def busy(request: Request, err: QueueFull) -> JSONResponse:
         return _error(503, str(err), {"Retry-After": str(err.retry_after)})
+
+    @app.exception_handler(Stopping)
+    async def stopping(request: Request, err: Stopping) -> JSONResponse:
+        return _error(503, str(err))
 
     @app.exception_handler(StarletteHTTPException)
     async def http(request: Request, err: StarletteHTTPException) -> JSONResponse:

@@ -53,7 +53,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchResult", "DynamicBatcher", "QueueFull"]
+__all__ = ["BatchResult", "DynamicBatcher", "QueueFull", "Stopping"]
+
+
+class Stopping(Exception):
+    """The server is stopping: the request was dropped from the queue, or its batch cut short."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is stopping; retry on another server or later")
 
 
 class QueueFull(Exception):
@@ -147,7 +154,7 @@ class DynamicBatcher:
         size = len(request.inputs) if request.key is not None else 1
         with self._cond:
             if self._closed:
-                raise RuntimeError("the batcher is closed")
+                raise Stopping()
             self._purge()
             if self._waiting + size > self.max_queue:
                 raise QueueFull(self._waiting)
@@ -171,10 +178,17 @@ class DynamicBatcher:
                     self._drop(r)
             self._queue = deque(r for r in self._queue if not r.future.cancelled())
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop after the queued requests; wait up to ``timeout`` seconds for the worker."""
+    def close(self, timeout: float = 5.0, drop: bool = False) -> None:
+        """Stop after the queued requests (``drop``: at once, the queued requests failing with
+        :class:`Stopping`); wait up to ``timeout`` seconds for the worker."""
         with self._cond:
             self._closed = True
+            if drop:
+                for r in self._queue:
+                    if not r.future.done():
+                        r.future.set_exception(Stopping())
+                self._queue.clear()
+                self._waiting = 0
             self._cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -280,7 +294,7 @@ class DynamicBatcher:
         except BaseException:  # Ctrl+C on the main thread: the requests fail, the worker stops
             for r in live:
                 if not r.future.done():
-                    r.future.set_exception(RuntimeError("the server is stopping"))
+                    r.future.set_exception(Stopping())
             raise
 
     def _run_batch(self, live: list[_Request], start: float) -> None:
