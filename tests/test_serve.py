@@ -74,6 +74,18 @@ def echo(calls):
     return run
 
 
+def slow_first(calls, seconds):
+    """``echo``, with a first batch that takes ``seconds``."""
+    fast = echo(calls)
+
+    def run(key, inputs):
+        if not calls:
+            time.sleep(seconds)
+        return fast(key, inputs)
+
+    return run
+
+
 def test_batcher_merges_requests_of_one_key_and_keeps_each_answer():
     calls: list = []
     batcher = DynamicBatcher(echo(calls), max_batch_cost=100, wait_s=0.2)
@@ -107,13 +119,7 @@ def test_batcher_window_starts_again_when_the_worker_is_free():
     """A request that waited through a batch still waits ``wait_s`` after it, so the clients the
     batch answered can join it (else closed-loop clients split into groups that never merge)."""
     calls: list = []
-    slow = echo(calls)
-
-    def run(key, inputs):
-        if not calls:
-            time.sleep(0.8)  # the first batch is long
-        return slow(key, inputs)
-
+    run = slow_first(calls, 0.8)
     batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=0.3)
     first = batcher.submit("k", ["a"], cost=1)
     time.sleep(0.35)  # the first batch is running
@@ -155,13 +161,7 @@ def test_batcher_window_stays_open_while_answers_are_handed_out():
     """The HTTP layer writes a batch's answers one by one before it reads the next requests:
     arrivals pause, answers do not, and each one keeps the window open ``wait_s`` longer."""
     calls: list = []
-    slow = echo(calls)
-
-    def run(key, inputs):
-        if not calls:
-            time.sleep(0.8)
-        return slow(key, inputs)
-
+    run = slow_first(calls, 0.8)
     batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=0.3, max_wait_s=30)
     first = [batcher.submit("k", [x], cost=1) for x in ("a1", "a2")]
     time.sleep(0.6)  # their batch starts 0.3 s after them and runs 0.8 s
@@ -181,13 +181,7 @@ def test_batcher_window_closes_when_the_last_batchs_clients_are_back():
     """As many new requests as the last batch held close the window at once (no quiet gap);
     requests that waited through that batch do not count, so two groups of clients merge."""
     calls: list = []
-    slow = echo(calls)
-
-    def run(key, inputs):
-        if not calls:
-            time.sleep(0.8)
-        return slow(key, inputs)
-
+    run = slow_first(calls, 0.8)
     batcher = DynamicBatcher(run, max_batch_cost=100, wait_s=1.5, max_wait_s=30)
     first = [batcher.submit("k", [x], cost=1) for x in ("a1", "a2")]
     while not calls and batcher.waiting:  # the window of a1, a2 holds for 1.5 s: ...
