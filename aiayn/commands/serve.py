@@ -12,9 +12,12 @@ import dataclasses
 import gc
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from aiayn.serve.batching import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +121,11 @@ def run(args: argparse.Namespace) -> int:
     return run_on_main_thread(server, app.state.service.batcher)
 
 
-def run_on_main_thread(server: Any, batcher: Any) -> int:
+def run_on_main_thread(server: Any, batcher: DynamicBatcher) -> int:
     """uvicorn on a thread of its own, the model on the main thread (``batcher.work()``: torch
     starts its parallel regions several times faster there, docs/serving.md) until Ctrl+C or
-    SIGTERM, or until uvicorn stops; 1 when uvicorn could not start."""
+    SIGTERM, or until uvicorn stops; 1 when uvicorn could not start. ``server`` is a
+    ``uvicorn.Server`` (its ``run()``, ``started`` and ``should_exit``)."""
     import signal
     import threading
 
