@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["user_threads", "cores", "busy_cores", "threads_for_load", "probe", "ThreadGovernor"]
 
+# torch's own thread count, before aiayn changed it: the most a later choice may go back up to.
+DEFAULT_THREADS = torch.get_num_threads()
+
 
 def user_threads() -> int | None:
     """The thread count the user asked for (``AIAYN_THREADS``, else ``OMP_NUM_THREADS``)."""
@@ -74,22 +77,24 @@ def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
     return max(0, sorted(counts)[len(counts) // 2] - 1)
 
 
-def threads_for_load(apply: bool = True) -> int:
+def threads_for_load(apply: bool = True, most: int | None = None) -> int:
     """torch's thread count for a short job (translate, evaluate) under the load now, unless the
     user set a count: 1 when the kernel counts other runnable tasks or when a quick probe
-    (:func:`probe`, ~0.1 s) runs faster on 1 thread than on N. Sets it with ``apply``."""
+    (:func:`probe`, ~0.1 s) runs faster on 1 thread than on N, where N is ``most`` (default:
+    the count now). Sets it with ``apply``."""
     asked = user_threads()
     if asked is not None:
         if apply and asked != torch.get_num_threads():
             torch.set_num_threads(asked)  # AIAYN_THREADS (OMP_NUM_THREADS torch reads itself)
         return asked
-    high = torch.get_num_threads()
+    high = most or torch.get_num_threads()
     n = max(1, min(high, cores() - busy_cores()))
     if n > 1:
         times = probe((n, 1))
         n = n if times[n] <= times[1] else 1
-    if apply and n != high:
-        log.info("threads: %d of %d (the machine is busy with other work)", n, high)
+    if apply and n != torch.get_num_threads():
+        why = "the machine is busy with other work" if n < high else "the machine is less busy"
+        log.info("threads: %d of %d (%s)", n, high, why)
         torch.set_num_threads(n)
     return n
 

@@ -262,6 +262,37 @@ def test_stopping_fails_queued_requests_at_once_with_a_503(folder):
         assert r.json() == {"error": "the server is stopping; retry on another server or later"}
 
 
+def test_batcher_runs_its_idle_job_when_free_and_never_during_a_batch():
+    """`aiayn serve` chooses torch's threads again when idle (on_idle): the job runs once the
+    worker has been free ``idle_s``, at most once per ``idle_every_s``, between batches only."""
+    calls: list = []
+    idle_runs: list = []
+    batcher = DynamicBatcher(slow_first(calls, 0.5), wait_s=0.0)
+    batcher.idle_s, batcher.idle_every_s = 0.2, 0.3
+    batcher.on_idle = lambda: idle_runs.append(len(calls))  # batches done when it ran
+    batcher._idle_done = 0.0  # due as soon as the worker is free idle_s
+    first = batcher.submit("k", ["a"], cost=1)
+    assert first.result(5).outputs == ["k:a"]
+    time.sleep(1.0)
+    batcher.close()
+    assert idle_runs and idle_runs[0] == 1  # after the batch, not before or during it
+    assert 1 <= len(idle_runs) <= 4  # 1 s free: at most about one per 0.3 s
+
+
+def test_service_chooses_threads_again_when_idle_unless_the_user_fixed_them(folder, monkeypatch):
+    from aiayn.serve.service import ModelService
+
+    monkeypatch.delenv("AIAYN_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    service = ModelService(folder, Limits())
+    assert service.batcher.on_idle is not None
+    service.close()
+    monkeypatch.setenv("AIAYN_THREADS", "1")
+    service = ModelService(folder, Limits())
+    assert service.batcher.on_idle is None
+    service.close()
+
+
 def test_batcher_queue_full_cancel_and_errors():
     release = threading.Event()
     calls: list = []

@@ -120,6 +120,11 @@ class DynamicBatcher:
         # by the last batch have the time to send their next requests.
         self._free_since = time.monotonic()
         self._answered = 0.0  # when the HTTP layer last handed an answer out
+        # A job run on the worker when it has been free ``idle_s`` seconds, at most once every
+        # ``idle_every_s`` (`aiayn serve`: choose torch's threads again for the load then).
+        self.on_idle: Callable[[], object] | None = None
+        self.idle_s, self.idle_every_s = 1.0, 60.0
+        self._idle_done = time.monotonic()
         self._last_requests = 0  # requests merged into the last batch
         self.requests = 0  # requests started in them
         self._queue: deque[_Request] = deque()
@@ -203,17 +208,47 @@ class DynamicBatcher:
         main thread, 88 µs on another, 50 µs with 1 thread; docs/serving.md)."""
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
+                while not self._queue and not self._closed and not self._idle_job_due():
+                    self._cond.wait(self._until_idle_job())
+                if not self._queue and self._closed:
                     return  # closed and drained
-                self._wait_window(self._queue[0])
-                batch = self._take()
-            if batch:
+                idle, batch = not self._queue, []
+                if not idle:
+                    self._wait_window(self._queue[0])
+                    batch = self._take()
+            if idle:  # out of the lock: requests may queue meanwhile
+                self._run_idle_job()
+            elif batch:
                 try:
                     self._execute(batch)
                 finally:
                     self._free_since = time.monotonic()
+
+    def _idle_job_due(self) -> bool:
+        """``on_idle`` is set, the worker has been free ``idle_s`` and has not run it for
+        ``idle_every_s``."""
+        now = time.monotonic()
+        return (
+            self.on_idle is not None
+            and now - self._free_since >= self.idle_s
+            and now - self._idle_done >= self.idle_every_s
+        )
+
+    def _until_idle_job(self) -> float | None:
+        """Seconds until the idle job may be due (None: never, wait for a request)."""
+        if self.on_idle is None:
+            return None
+        due = max(self._free_since + self.idle_s, self._idle_done + self.idle_every_s)
+        return max(due - time.monotonic(), 0.01)
+
+    def _run_idle_job(self) -> None:
+        try:
+            if self.on_idle is not None:
+                self.on_idle()
+        except Exception as err:  # the worker goes on
+            log.warning("the idle job failed: %s", err)
+        finally:
+            self._idle_done = time.monotonic()
 
     def _wait_window(self, first: _Request) -> None:
         """Hold the lock-owning worker until ``first``'s window closes (module docstring)."""

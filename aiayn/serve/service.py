@@ -26,6 +26,7 @@ from aiayn.folder import ModelFolder
 from aiayn.model import Transformer
 from aiayn.serve.batching import DynamicBatcher
 from aiayn.serve.limits import Limits
+from aiayn.threads import DEFAULT_THREADS, threads_for_load, user_threads
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,10 @@ class ModelService:
         # The worker decodes with the intra-op threads of the caller (a per-thread setting).
         threads = torch.get_num_threads()
         self.batcher.call(lambda: torch.set_num_threads(threads))
+        if folder.device.type == "cpu" and user_threads() is None:
+            # A server runs for days, and the count chosen at start fits the load of that
+            # moment: idle for a second, at most once a minute, the worker chooses again.
+            self.batcher.on_idle = lambda: threads_for_load(most=DEFAULT_THREADS)
 
     def close(self) -> None:
         self.batcher.close()
