@@ -21,7 +21,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError, DataError
 from aiayn.model import TransformerClassifier
 from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.task import StepStats, Task, register_shape
+from aiayn.train.task import StepStats, TokenBatchedTask, register_shape
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def limit_lengths(items: list[Item], max_len: int, mode: str, split: str, drop: 
 
 
 @register_shape("classification", TransformerClassifier)
-class ClassificationTask(Task):
+class ClassificationTask(TokenBatchedTask):
     """Cross-entropy over (text, label) pairs with a :class:`TransformerClassifier`."""
 
     def setup(self, tokenizer_json: str | None) -> str:
@@ -92,7 +92,6 @@ class ClassificationTask(Task):
                 items, data.max_len, data.long_examples, split, drop=split == "train"
             )
         self._check_labels()
-        self._samplers: dict[tuple, Any] = {}
         log.info(
             "%d training texts, %d validation texts, vocabulary %d",
             len(self.items["train"]),
@@ -122,30 +121,9 @@ class ClassificationTask(Task):
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
 
-    def _sampler(self, split: str, rank: int, world_size: int) -> Any:
-        from aiayn.data import TokenBatchSampler
-
-        key = (split, rank, world_size)
-        if key not in self._samplers:
-            extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends
-            lengths = [len(ids) + extra for ids, _ in self.items[split]]
-            self._samplers[key] = TokenBatchSampler(
-                lengths,
-                max_tokens=self.cfg.data.max_tokens,
-                shuffle=split == "train",
-                seed=self.cfg.data.seed,
-                rank=rank,
-                world_size=world_size,
-            )
-        return self._samplers[key]
-
-    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
-        return self._sampler("train", rank, world_size).batches(epoch)
-
-    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
-        if not self.items["valid"]:
-            return []
-        return self._sampler("valid", 0, 1).batches(0)[rank::world_size]
+    def example_lengths(self, split: str) -> tuple[list[int], list[int] | None]:
+        extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends
+        return [len(ids) + extra for ids, _ in self.items[split]], None
 
     def collate(self, split: str, indices: list[int]) -> Any:
         from aiayn.data import collate_classification

@@ -29,6 +29,7 @@ from aiayn.train.config import RunConfig, check_run_config
 __all__ = [
     "StepStats",
     "Task",
+    "TokenBatchedTask",
     "SHAPES",
     "OLD_NAMES",
     "register_shape",
@@ -117,6 +118,52 @@ class Task(ABC):
 SHAPES: dict[str, type[Task]] = {}
 #: names older model folders wrote in config.json "kind"
 OLD_NAMES = {"seq2seq": "translation", "classifier": "classification"}
+
+
+class TokenBatchedTask(Task):
+    """A shape whose examples are batched by token count (:class:`~aiayn.data.TokenBatchSampler`),
+    one sampler per split and process, made on first use. Subclasses give
+    :meth:`example_lengths`."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self._samplers: dict[tuple[str, int, int], Any] = {}
+
+    @abstractmethod
+    def example_lengths(self, split: str) -> tuple[list[int], list[int] | None]:
+        """Per example of ``split``, its batch-tensor lengths: source, and target (or None)."""
+
+    def _sampler(self, split: str, rank: int, world_size: int) -> Any:
+        """``split``'s sampler for this process; None when the split has no examples."""
+        from aiayn.data import TokenBatchSampler
+
+        key = (split, rank, world_size)
+        if key not in self._samplers:
+            lengths, target_lengths = self.example_lengths(split)
+            self._samplers[key] = (
+                TokenBatchSampler(
+                    lengths,
+                    target_lengths,
+                    max_tokens=self.cfg.data.max_tokens,
+                    shuffle=split == "train",
+                    seed=self.cfg.data.seed,
+                    rank=rank,
+                    world_size=world_size,
+                )
+                if lengths
+                else None
+            )
+        return self._samplers[key]
+
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+        return self._sampler("train", rank, world_size).batches(epoch)
+
+    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+        sampler = self._sampler("valid", 0, 1)
+        if sampler is None:
+            return []
+        # Every batch on some rank (none dropped, unlike training): the loss sums are all-reduced.
+        return sampler.batches(0)[rank::world_size]
 
 
 def register_shape(

@@ -19,7 +19,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.task import StepStats, Task, output_weight, register_shape
+from aiayn.train.task import StepStats, TokenBatchedTask, output_weight, register_shape
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor,
 
 
 @register_shape("translation", Transformer)
-class TranslationTask(Task):
+class TranslationTask(TokenBatchedTask):
     """Teacher-forced encoder–decoder training on (source, target) token-id pairs."""
 
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
@@ -81,7 +81,6 @@ class TranslationTask(Task):
             if not isinstance(self.tokenizer, SubwordTokenizer):
                 raise ConfigError("data.bpe_dropout needs a subword tokenizer (bpe or unigram)")
             self.noisy_tokenizer = self.tokenizer.with_dropout(data.bpe_dropout)
-        self._samplers: dict[tuple, Any] = {}
         log.info(
             "%d training pairs, %d validation pairs, vocabulary %d",
             len(self.train_pairs),
@@ -113,30 +112,10 @@ class TranslationTask(Task):
             )
         return net
 
-    def _sampler(self, split: str, rank: int, world_size: int) -> Any:
-        from aiayn.data import TokenBatchSampler, pair_lengths
+    def example_lengths(self, split: str) -> tuple[list[int], list[int] | None]:
+        from aiayn.data import pair_lengths
 
-        key = (split, rank, world_size)
-        if key not in self._samplers:
-            pairs = self.train_pairs if split == "train" else self.valid_pairs
-            self._samplers[key] = TokenBatchSampler(
-                *pair_lengths(pairs),
-                max_tokens=self.cfg.data.max_tokens,
-                shuffle=split == "train",
-                seed=self.cfg.data.seed,
-                rank=rank,
-                world_size=world_size,
-            )
-        return self._samplers[key]
-
-    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
-        return self._sampler("train", rank, world_size).batches(epoch)
-
-    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
-        if not self.valid_pairs:
-            return []
-        # Every batch on some rank (none dropped, unlike training): the loss sums are all-reduced.
-        return self._sampler("valid", 0, 1).batches(0)[rank::world_size]
+        return pair_lengths(self.train_pairs if split == "train" else self.valid_pairs)
 
     def collate(self, split: str, indices: list[int]) -> Any:
         from aiayn.data import collate_translation
