@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import torch
+from trainutil import tiny_model_config
 
 from aiayn.checkpoint import save_model_dir
 from aiayn.config import ModelConfig
@@ -22,18 +23,7 @@ def sentences(n: int, seed: int) -> list[str]:
 
 
 def tiny_cfg(**kw) -> ModelConfig:
-    base = dict(
-        src_vocab_size=304,
-        tgt_vocab_size=304,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_len=32,
-    )
-    return ModelConfig(**{**base, **kw})
+    return tiny_model_config(vocab=304, max_len=32, **kw)
 
 
 def make_folder(path: Path, kind: str = "seq2seq", **extra) -> Path:

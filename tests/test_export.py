@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from trainutil import base_values, fails, write_toml  # noqa: E402
+from trainutil import base_values, fails, tiny_model_config, write_toml  # noqa: E402
 
 from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
@@ -42,18 +42,7 @@ def needs(module: str, extra: str):
 
 
 def small_cfg(**over) -> ModelConfig:
-    values = dict(
-        src_vocab_size=54,
-        tgt_vocab_size=54,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_len=64,
-    )
-    return ModelConfig(**{**values, **over})
+    return tiny_model_config(vocab=54, max_len=64, **over)
 
 
 def save(folder: Path, model, kind: str, **extra) -> Path:

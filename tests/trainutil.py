@@ -13,8 +13,25 @@ import pytest
 import torch
 
 from aiayn.cli import main
+from aiayn.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+
+def tiny_model_config(vocab: int, max_len: int, **over) -> ModelConfig:
+    """A 2-layer, d_model 32 model (no dropout) for tests that build models in memory."""
+    values = dict(
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_len=max_len,
+    )
+    return ModelConfig(**{**values, **over})
+
 
 TINY_MODEL = {
     "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 32, "model.n_encoder_layers": 1,
