@@ -22,18 +22,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from safetensors import safe_open
 
 import aiayn.io
 from aiayn.checkpoint import save_model_dir
-from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.errors import AiaynError
+from aiayn.folder import load_model_dir
 from aiayn.train.run_folder import RunFolder
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainutil import ROOT, base_values, write_toml  # noqa: E402
+from trainutil import ROOT, base_values, torch_threads, write_toml  # noqa: E402
 
 OPS = [
     (os, "replace"),
@@ -56,12 +55,8 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("atomic")
     values = base_values(tmp / "data", max_steps=6, save_every=1, keep_last=10, valid_every=2)
     cfg = write_toml(tmp / "run.toml", values)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
-    finally:
-        torch.set_num_threads(threads)
     return tmp / "run"
 
 

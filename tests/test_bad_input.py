@@ -25,7 +25,7 @@ import aiayn.io
 from aiayn.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainutil import base_values, write_toml  # noqa: E402
+from trainutil import base_values, torch_threads, write_toml  # noqa: E402
 
 
 # ---- fixtures: one tiny trained run for the module ---------------------------------------------
@@ -36,13 +36,9 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     values = base_values(root / "data", max_steps=6, save_every=1, keep_last=10, valid_every=3)
     write_toml(root / "run.toml", values)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         assert main(["train", str(root / "run.toml"), "--out", str(root / "run")]) == 0
         assert main(["average", str(root / "run"), "--last", "2", "-o", str(root / "avg")]) == 0
-    finally:
-        torch.set_num_threads(threads)
     (root / "file.txt").write_text("a plain file\n")
     (root / "in.txt").write_text("a b c\nd e\n")
     (root / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
@@ -52,10 +48,8 @@ def world(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def files(root: Path) -> dict[Path, bytes]:

@@ -108,25 +108,21 @@ def test_write_is_atomic_and_never_raises(run, tmp_path, caplog):
 def test_train_and_average_write_cards(tmp_path):
     """End to end: `aiayn train` leaves a card in the run folder and best/, `aiayn average` in its
     output, each naming the folder by its final path and the training the run logged."""
-    import torch
+
+    from trainutil import base_values, torch_threads, write_toml
 
     from aiayn.cli import main
-    from trainutil import base_values, write_toml
 
     values = base_values(tmp_path / "data", max_steps=4, save_every=1, keep_last=4, valid_every=2)
     cfg = write_toml(tmp_path / "run.toml", values)
     run, avg = tmp_path / "run", tmp_path / "avg"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         assert main(["train", str(cfg), "--out", str(run)]) == 0
         assert main(["average", str(run), "--last", "2", "-o", str(avg)]) == 0
         assert "None measured on this folder yet" in (avg / "README.md").read_text()
         data = tmp_path / "data"
         assert main(["evaluate", str(avg), "--src", str(data / "valid.src"),
                      "--ref", str(data / "valid.tgt"), "--beam", "2"]) == 0
-    finally:
-        torch.set_num_threads(threads)
     for folder in (run, run / "best", avg):
         card = (folder / "README.md").read_text()
         assert card.startswith(f"# {folder.name}: translation model"), folder

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from trainutil import base_values, fails, tiny_model_config, write_toml  # noqa: E402
+from trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml  # noqa: E402
 
 from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
@@ -268,12 +268,8 @@ def trained(tmp_path_factory) -> tuple[Path, list[str]]:
         }
     )
     toml = write_toml(tmp / "run.toml", values)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         assert main(["train", str(toml), "--out", str(tmp / "run")]) == 0
-    finally:
-        torch.set_num_threads(threads)
     sources = (tmp / "data" / "valid.src").read_text().splitlines()
     sources += (tmp / "data" / "train.src").read_text().splitlines()[:24]
     return tmp / "run", sources

@@ -23,6 +23,7 @@ pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not install
 
 from fastapi.testclient import TestClient  # noqa: E402
 from serve_helpers import free_port, make_folder, sentences  # noqa: E402
+from trainutil import torch_threads  # noqa: E402
 
 from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
 from aiayn.folder import load_model_folder as load_folder  # noqa: E402
@@ -35,10 +36,8 @@ KEY = "s3cret-key"
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread_module():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared machine: threads only contend
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):  # tiny models on a shared machine: threads only contend
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from trainutil import base_values, one_thread, torch_threads, write_toml  # noqa: F401
 
-from aiayn.folder import load_model_dir
 from aiayn.cli import main
-from aiayn.train.average import average_checkpoints
-from trainutil import base_values, one_thread, write_toml  # noqa: F401
+from aiayn.folder import load_model_dir
 
 
 def _fails(capsys, argv: list[str], message: str) -> str:
@@ -31,12 +30,8 @@ def trained(tmp_path_factory):
                          metrics_every=3, bleu_max_sentences=4)
     values["model.preset"] = "tiny"
     cfg = write_toml(tmp / "run.toml", values)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
-    finally:
-        torch.set_num_threads(threads)
     return cfg, tmp / "run"
 
 

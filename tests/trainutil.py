@@ -7,6 +7,8 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,18 @@ from aiayn.cli import main
 from aiayn.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+
+@contextmanager
+def torch_threads(n: int = 1) -> Iterator[None]:
+    """torch on ``n`` threads inside the block (tiny models: one thread is faster, and far faster
+    on a loaded machine), the count before it restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
 
 def tiny_model_config(vocab: int, max_len: int, **over) -> ModelConfig:
     """A 2-layer, d_model 32 model (no dropout) for tests that build models in memory."""
@@ -42,10 +56,8 @@ TINY_MODEL = {
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny models on a shared 2-core machine: one thread avoids oversubscription stalls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def write_reverse_data(folder: Path, n_train: int = 120, n_valid: int = 16, seed: int = 0) -> dict:
