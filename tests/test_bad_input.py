@@ -501,3 +501,7 @@ def test_export_and_serve_bad_input(world, tmp_path, capsys):
     ]
     for argv, message in cases:
         fails(capsys, world, argv, message)
+    # An exported folder has no PyTorch weights to record attention from.
+    assert main(["export", str(avg), "--format", "onnx", "-o", str(tmp_path / "onnx")]) == 0
+    fails(capsys, tmp_path, ["plot", "attention", tmp_path / "onnx", "--text", "a b"],
+          "--engine torch needs the model folder it was exported from")

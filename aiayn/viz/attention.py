@@ -275,6 +275,7 @@ def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> Tra
     """:func:`attention_of_translation` for a model folder (config.json, weights, tokenizer.json)."""
     from aiayn.folder import load_model_folder
 
-    folder = load_model_folder(model_dir, expect_kind="translation")
+    # An exported folder has no PyTorch weights: engine="torch" refuses it with one line.
+    folder = load_model_folder(model_dir, expect_kind="translation", engine="torch")
     assert isinstance(folder.model, Transformer)  # one translation folder
     return attention_of_translation(folder.model, folder.tokenizer, text, beam)
