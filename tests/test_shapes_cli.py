@@ -103,6 +103,9 @@ def test_evaluate_reports_accuracy_for_a_classifier(classifier_run, capsys):
     scores = json.loads(out.read_text())
     assert scores["accuracy"] == 1.0 and scores["n"] == 64 and scores["max_len"] == 90
     fails(capsys, ["evaluate", str(run / "best")], "give either --split NAME or --src FILE")
+    for command in (["evaluate", str(run / "best"), "--src", str(tmp / "train.tsv")],
+                    ["classify", str(run / "best"), "-i", str(tmp / "train.tsv")]):
+        fails(capsys, [*command, "--max-tokens", "-1"], "--max-tokens must be >= 1, got -1")
 
 
 def _random_classifier(pooling: str) -> TransformerClassifier:

@@ -11,7 +11,6 @@ import argparse
 
 from aiayn.commands.options import add_device, inference_device, read_input_lines
 from aiayn.decode.classify import MAX_TOKENS
-from aiayn.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,8 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from aiayn.folder import load_model_folder
 
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     model = load_model_folder(args.model, inference_device(args.device), "classification")
     out = []
     for result in model.classify(read_input_lines(args.input), args.max_tokens):

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from aiayn.data.batching import TokenBatchSampler, pad_sequences
 from aiayn.data.clean import clean_text
+from aiayn.errors import ConfigError
 from aiayn.model.classifier import TransformerClassifier
 
 __all__ = [
@@ -52,6 +53,8 @@ def predict_ids(
     Batches hold texts of similar length, at most ``max_tokens`` (default :data:`MAX_TOKENS`)
     padded tokens each.
     """
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
     model.eval()
     probs = torch.empty(len(items), model.cfg.n_classes)
     if not items:
