@@ -66,6 +66,17 @@ def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(4, vocab) for _ in range(rng.randint(1, 9))] for _ in range(n)]
 
 
+
+def test_an_export_drops_the_sources_bf16_decoding(tmp_path):
+    """A recipe's [decode] bf16 = true is PyTorch autocast: the exported folder does not keep it
+    (else every translation would be refused with "--bf16 applies to PyTorch models")."""
+    needs("onnxruntime", "export")
+    src = save(tmp_path / "model", Transformer(small_cfg()), "translation", decode={"bf16": True})
+    assert load_model_folder(src).decode.bf16 is True
+    folder = load_model_folder(export_model(src, "onnx", tmp_path / "onnx"))
+    assert folder.decode.bf16 is False
+    assert len(folder.translate(["abc", "de"])) == 2
+
 # ---- ONNX: the graphs compute what the model computes --------------------------------------------
 
 TRANSLATION_CONFIGS = {

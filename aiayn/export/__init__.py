@@ -103,6 +103,8 @@ def export_model(
         # section it did not record stays unrecorded), its provenance, and what the writer says
         written = {**meta.to_dict(), **extra, "exported_from": str(source)}
         written = {"format": fmt, **written, "kind": kind}
+        if written.get("decode"):  # bf16 is PyTorch's autocast; an engine runs as exported
+            written["decode"] = {**written["decode"], "bf16": False}
         write_folder_config(tmp, parse_folder_config(written, tmp))
         write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
     return out
