@@ -109,7 +109,7 @@ def load_model_folder(
     device: str | torch.device = "cpu",
     expect_kind: str | None = None,
     engine: str | None = None,
-    workers: int = 1,
+    workers: int | None = None,
 ) -> ModelFolder:
     """Open one model folder, or several translation folders as an ensemble (their next-token
     probabilities averaged; one shared tokenizer). Every folder's config.json is checked (kind
@@ -117,7 +117,8 @@ def load_model_folder(
 
     Folders written by ``aiayn export`` open the same way, run by their engine (ONNX Runtime,
     CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
-    what the folders hold; ``workers`` is the number of batches an engine decodes at once."""
+    what the folders hold; ``workers`` is the number of batches an engine decodes at once
+    (default: the folder's decoding settings, as translate uses them)."""
     from aiayn.decode.ensemble import Ensemble
     from aiayn.export.engines import open_exported
 
@@ -130,6 +131,8 @@ def load_model_folder(
     if engine not in (None, "torch") or any(p.format is not None for p in parsed):
         if torch.device(device).type != "cpu":
             raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
+        if workers is None:  # an engine's threads are split between its workers when opened
+            workers = parsed[0].config.decode.workers
         model, tokenizer, parsed_cfg, name, translator = open_exported(folders, engine, workers)
         opened = ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, translator)
         _check_kind(opened.path, opened.kind, expect_kind)

@@ -77,6 +77,16 @@ def test_an_export_drops_the_sources_bf16_decoding(tmp_path):
     assert folder.decode.bf16 is False
     assert len(folder.translate(["abc", "de"])) == 2
 
+
+def test_an_engine_is_opened_with_the_folders_workers_unless_told(tmp_path):
+    """The threads of a CTranslate2 translator are split between its workers when it is opened:
+    the folder's [decode] workers, as translate decodes with them, or the --workers flag."""
+    needs("ctranslate2", "ctranslate2")
+    src = save(tmp_path / "model", Transformer(small_cfg()), "translation", decode={"workers": 2})
+    out = export_model(src, "ctranslate2", tmp_path / "ct2")
+    assert load_model_folder(out).model.translator.num_translators == 2
+    assert load_model_folder(out, workers=1).model.translator.num_translators == 1
+
 # ---- ONNX: the graphs compute what the model computes --------------------------------------------
 
 TRANSLATION_CONFIGS = {

@@ -87,7 +87,7 @@ def open_models(
     engine asked for (``--engine``; default: what the folders hold)."""
     from aiayn.folder import load_model_folder
 
-    return load_model_folder(args.model, device, expect_kind, args.engine, args.workers or 1)
+    return load_model_folder(args.model, device, expect_kind, args.engine, args.workers)
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
