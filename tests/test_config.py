@@ -120,3 +120,19 @@ def test_cli_bad_input_is_one_line_error_no_traceback(args, message):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_warm_up_advice_is_logged_once_per_run_not_per_read(caplog):
+    """A config is checked when read and again when its task is built; advice that is not an
+    error (warm-up longer than the run) is logged once, when the run starts."""
+    from aiayn.train.config import build_run_config
+    from aiayn.train.task import build_task
+
+    values = {"train.max_steps": 10, "train.warmup_steps": 20, "train.lr_schedule": "inverse_sqrt"}
+    with caplog.at_level("WARNING"):
+        cfg = build_run_config(values)
+        build_task(cfg)
+    assert [r.getMessage() for r in caplog.records].count(
+        "train.warmup_steps (20) >= train.max_steps (10): the run ends before its learning rate "
+        "has warmed up"
+    ) == 1

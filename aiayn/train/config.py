@@ -30,6 +30,7 @@ __all__ = [
     "load_run_config",
     "build_run_config",
     "check_run_config",
+    "warn_run_config",
     "parse_sets",
     "run_config_from_dict",
     "run_config_to_dict",
@@ -232,6 +233,19 @@ def build_run_config(values: dict[str, Any]) -> RunConfig:
     return cfg
 
 
+def warn_run_config(cfg: RunConfig) -> None:
+    """Advice on a config that is valid but probably not meant: logged once, when a run starts
+    (:func:`aiayn.train.task.build_task`), not at every read as :func:`check_run_config` is."""
+    t = cfg.train
+    if t.max_steps and t.warmup_steps >= t.max_steps and t.lr_schedule != "constant":
+        log.warning(
+            "train.warmup_steps (%d) >= train.max_steps (%d): the run ends before its learning "
+            "rate has warmed up",
+            t.warmup_steps,
+            t.max_steps,
+        )
+
+
 def check_run_config(cfg: RunConfig) -> None:
     """Settings of different sections that contradict each other: a ConfigError naming both,
     when the config is read (before a tokenizer is trained or a folder written)."""
@@ -274,13 +288,6 @@ def check_run_config(cfg: RunConfig) -> None:
         raise ConfigError(
             f"train.warmup_init_lr ({t.warmup_init_lr}) is above train.lr ({t.lr}): the "
             "warm-up rises from warmup_init_lr to lr"
-        )
-    if t.max_steps and t.warmup_steps >= t.max_steps and t.lr_schedule != "constant":
-        log.warning(
-            "train.warmup_steps (%d) >= train.max_steps (%d): the run ends before its learning "
-            "rate has warmed up",
-            t.warmup_steps,
-            t.max_steps,
         )
     if t.metrics_every and t.bleu_beam > 1 and d.task != "translation":
         raise ConfigError(f"train.bleu_beam applies to translation, not data.task = '{d.task}'")

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.train.config import RunConfig, check_run_config
+from aiayn.train.config import RunConfig, check_run_config, warn_run_config
 
 __all__ = [
     "StepStats",
@@ -202,4 +202,5 @@ def build_task(cfg: RunConfig) -> Task:
             f"data.task = '{name}' has no trainer task yet (have: {', '.join(SHAPES)})"
         )
     check_run_config(cfg)  # the cross-field checks, for a RunConfig built in Python too
+    warn_run_config(cfg)
     return SHAPES[name](cfg)
