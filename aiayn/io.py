@@ -146,10 +146,15 @@ def _leftovers(folder: Path, name: str | None = None) -> list[tuple[Path, str]]:
 
 
 def _remove(path: Path) -> None:
+    """Remove a leftover; a failure (a read-only copy of a folder) is logged, never raised: the
+    readers that tidy up on the way must still read."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
-    else:
+        return
+    try:
         path.unlink(missing_ok=True)
+    except OSError as err:
+        log.warning("%s: left in place (%s)", path, err.strerror or err)
 
 
 def recover_folder(path: str | os.PathLike) -> None:
@@ -160,8 +165,14 @@ def recover_folder(path: str | os.PathLike) -> None:
     left = _leftovers(path.parent, path.name)
     olds = sorted((p for p, what in left if what == "old"), key=lambda p: p.stat().st_mtime)
     if olds and not path.exists():
-        os.rename(olds[-1], path)
-        log.warning("%s: restored from %s (a writer was killed while replacing it)", path, olds[-1])
+        try:
+            os.rename(olds[-1], path)
+            log.warning(
+                "%s: restored from %s (a writer was killed while replacing it)", path, olds[-1]
+            )
+        except OSError as err:  # another reader restored it first, or a read-only file system
+            if not path.exists():
+                log.warning("%s: could not restore it from %s (%s)", path, olds[-1], err)
         olds = olds[:-1]
     for leftover in olds + [p for p, what in left if what == "tmp"]:
         _remove(leftover)

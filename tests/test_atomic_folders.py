@@ -229,6 +229,28 @@ def test_sigkill_between_the_two_renames_keeps_the_old_folder(run, tmp_path):
     assert digest(out) == before and leftovers(work) == []
 
 
+def test_a_reader_still_reads_when_it_cannot_tidy_up(run, tmp_path, monkeypatch):
+    """Readers tidy what dead writers left on the way; on a read-only copy (or when another
+    reader was first) that fails, and the folder is still read."""
+    work = tmp_path / "avg"
+    assert main(["average", str(run), "--last", "2", "-o", str(work)]) == 0
+    dead = 2**22 + 12345  # no such process
+    leftover = work / f".model.safetensors.tmp-{dead}-abc"
+    leftover.write_bytes(b"half written")
+    moved_aside = tmp_path / f".gone.old-{dead}-abc"
+    shutil.copytree(work, moved_aside)  # a swap killed between its renames
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    monkeypatch.setattr(aiayn.io.os, "rename", read_only)
+    load_model_dir(work)  # the leftover stays, with a warning
+    assert leftover.exists()
+    with pytest.raises(AiaynError, match="model folder not found"):
+        load_model_dir(tmp_path / "gone")  # could not be restored: one line, no OSError
+
+
 def test_refused_folders_are_untouched(run, tmp_path, capsys):
     work = tmp_path / "run"
     shutil.copytree(run, work)
