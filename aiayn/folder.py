@@ -133,8 +133,8 @@ def load_model_folder(
             raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
         if workers is None:  # an engine's threads are split between its workers when opened
             workers = parsed[0].config.decode.workers
-        model, tokenizer, parsed_cfg, name, translator = open_exported(folders, engine, workers)
-        opened = ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, translator)
+        model, tokenizer, parsed_cfg, name, search = open_exported(folders, engine, workers)
+        opened = ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, search)
         _check_kind(opened.path, opened.kind, expect_kind)
         return opened
     for folder, p in zip(folders, parsed):
@@ -201,9 +201,9 @@ class ModelFolder:
     device: torch.device
     has_data: bool = True  # config.json records the training data (data.* are not defaults)
     engine: str = "torch"  # what runs the model: torch, or an `aiayn export` engine (onnx, …)
-    # A search of the engine's own (CTranslate2), in translate_hypotheses's signature; None:
-    # aiayn's search over the model (aiayn.decode.translate.translate_hypotheses).
-    translator: Callable[..., list[list[tuple[str, Hypothesis]]]] | None = None
+    # An engine's own search (CTranslate2's), in translate_ids's signature; None: aiayn's search
+    # over the model (aiayn.decode.translate.translate_ids).
+    search: Callable[..., list[list[Hypothesis]]] | None = None
 
     @classmethod
     def from_engine(
@@ -213,7 +213,7 @@ class ModelFolder:
         tokenizer: Tokenizer,
         parsed: FolderConfig,
         engine: str,
-        translator: Callable[..., list[list[tuple[str, Hypothesis]]]] | None = None,
+        search: Callable[..., list[list[Hypothesis]]] | None = None,
     ) -> ModelFolder:
         """A folder written by ``aiayn export``, whose engine (ONNX Runtime, CTranslate2) runs on
         the CPU; ``parsed`` its config.json (:func:`aiayn.folder_config.read_folder_config`)."""
@@ -229,7 +229,7 @@ class ModelFolder:
             device,
             parsed.has_data,
             engine,
-            translator,
+            search,
         )
 
     @property
@@ -277,9 +277,10 @@ class ModelFolder:
                 f"--bf16 applies to PyTorch models; {self.path} holds a '{self.engine}' export "
                 "(export with --quantization instead)"
             )
-        search = self.translator or translate_hypotheses
         with precision(self.device, cfg.bf16):
-            return search(self.model, self.tokenizer, texts, cfg, progress)
+            return translate_hypotheses(
+                self.model, self.tokenizer, texts, cfg, progress, search=self.search
+            )
 
     def translate(
         self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides: Any

@@ -671,8 +671,7 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsy
         reason=f"the '{'export' if engine == 'onnx' else 'ctranslate2'}' extra is not installed",
     )
     from aiayn.export import export_model
-    from aiayn.export.engines import load_exported
-    from aiayn.export.engines import translate_hypotheses as engine_translate
+    from aiayn.export.engines import Ct2Translator, load_exported
     from aiayn.folder import load_model_folder
 
     out = export_model(folder_dir, engine, tmp_path / engine)
@@ -683,7 +682,8 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsy
         assert r.status_code == 200, r.text
         model, tok, _ = load_exported(out)
         decode = DecodeConfig(beam=2, alpha=1.0, max_len_a=0.0, max_len_b=8, nbest=2)
-        expected = engine_translate(model, tok, texts, decode)
+        search = Ct2Translator.translate_ids if engine == "ctranslate2" else None
+        expected = translate_hypotheses(model, tok, texts, decode, search=search)
         assert [[h["text"] for h in t["nbest"]] for t in r.json()["translations"]] == [
             [text for text, _ in line] for line in expected
         ]

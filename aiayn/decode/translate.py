@@ -193,11 +193,13 @@ def translate_hypotheses(
     texts: Sequence[str],
     cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
+    search: Callable[..., list[list[Hypothesis]]] | None = None,
 ) -> list[list[tuple[str, Hypothesis]]]:
     """Translate raw text lines; per line its ``cfg.nbest`` (detokenised text, hypothesis) pairs,
-    best first ([] for a blank line)."""
+    best first ([] for a blank line). ``search(model, sources, cfg, progress)``: an engine's own
+    search (CTranslate2's), else :func:`translate_ids`."""
     sources = encode_sources(tokenizer, texts, model.cfg.max_len)
-    hyps = translate_ids(model, sources, cfg, progress)
+    hyps = (search or translate_ids)(model, sources, cfg, progress)
     return [[(tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
 
 

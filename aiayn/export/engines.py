@@ -17,8 +17,8 @@ calls on a model, so that greedy search, beam search, n-best lists, ensembles
   :class:`~aiayn.model.TransformerClassifier`.
 
 :class:`Ct2Translator` wraps ``ctranslate2.Translator``, which runs its own beam search over token
-strings: :func:`translate_hypotheses` sends text there and everything else to
-:mod:`aiayn.decode.translate`.
+strings: :meth:`Ct2Translator.translate_ids` is the ``search`` that
+:func:`aiayn.decode.translate.translate_hypotheses` is given for it.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ __all__ = [
     "Ct2Translator",
     "load_exported",
     "open_exported",
-    "translate_hypotheses",
 ]
 
 
@@ -394,24 +393,6 @@ def open_export(
     return model, tokenizer, parsed
 
 
-def translate_hypotheses(
-    model: Any,
-    tokenizer: Any,
-    texts: Sequence[str],
-    cfg: DecodeConfig = DecodeConfig(),
-    progress: Callable[[int], None] | None = None,
-) -> list[list[tuple[str, Hypothesis]]]:
-    """:func:`aiayn.decode.translate.translate_hypotheses` for any engine: a CTranslate2 model
-    decodes with its own search, every other (PyTorch, ONNX, an ensemble) with aiayn's."""
-    from aiayn.decode import translate
-
-    if not isinstance(model, Ct2Translator):
-        return translate.translate_hypotheses(model, tokenizer, texts, cfg, progress)
-    sources = translate.encode_sources(tokenizer, texts, model.cfg.max_len)
-    hyps = model.translate_ids(sources, cfg, progress)
-    return [[(tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
-
-
 def load_translation(
     folders: Sequence[str | Path], engine: str | None = None, workers: int = 1
 ) -> tuple[Any, Any, FolderConfig]:
@@ -444,8 +425,8 @@ def open_exported(
     folders: Sequence[Path], engine: str | None = None, workers: int = 1
 ) -> tuple[Any, Any, FolderConfig, str, Any]:
     """What :func:`aiayn.folder.load_model_folder` needs to open folders written by `aiayn
-    export`: (model, tokenizer, parsed config.json, engine name, the engine's own translate_hypotheses or
-    None). Translation (one folder, or an ONNX ensemble), classification and lm (ONNX); on the
+    export`: (model, tokenizer, parsed config.json, engine name, the engine's own search in
+    translate_ids's signature, or None). Translation (one folder, or an ONNX ensemble), classification and lm (ONNX); on the
     CPU. ``engine`` None: whatever the folders hold; 'torch' or a plain model folder among
     exports is a ConfigError that says what to do."""
     if engine not in (None, *FORMATS):
@@ -470,4 +451,4 @@ def open_exported(
             raise CheckpointError("several model folders make an ensemble of translation models")
         model, tokenizer, first = open_export(folders[0], engine=engine, workers=workers)
     ct2 = isinstance(model, Ct2Translator)
-    return model, tokenizer, first, str(first.format), translate_hypotheses if ct2 else None
+    return model, tokenizer, first, str(first.format), Ct2Translator.translate_ids if ct2 else None
