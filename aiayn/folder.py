@@ -36,7 +36,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
-from aiayn.model import Transformer, TransformerClassifier, TransformerLM
+from aiayn.model import TransformerClassifier, TransformerLM
 from aiayn.train.config import RunConfig
 from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
 
@@ -119,7 +119,7 @@ def load_model_folder(
     CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
     what the folders hold; ``workers`` is the number of batches an engine decodes at once
     (default: the folder's decoding settings, as translate uses them)."""
-    from aiayn.decode.ensemble import Ensemble
+    from aiayn.decode.ensemble import ensemble_of
     from aiayn.export.engines import open_exported
 
     folders = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
@@ -149,18 +149,7 @@ def load_model_folder(
     device = torch.device(device)
     models = [_build(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
     tokenizers = [_read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
-    for folder, other in zip(folders[1:], tokenizers[1:]):
-        if other.to_str() != tokenizers[0].to_str():
-            raise CheckpointError(
-                f"{folder}: its tokenizer differs from {folders[0]}'s; an ensemble's models "
-                "must share one vocabulary"
-            )
-    model = models[0]
-    if len(models) > 1:
-        try:
-            model = Ensemble([m for m in models if isinstance(m, Transformer)])
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
+    model = ensemble_of(folders, models, tokenizers)
     first = parsed[0]
     return ModelFolder(
         folders[0], folders, first.kind, model, tokenizers[0], first.config, device, first.has_data

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import CheckpointError
 from aiayn.model import Transformer
 
-__all__ = ["Ensemble", "EnsembleCache"]
+__all__ = ["Ensemble", "EnsembleCache", "ensemble_of"]
 
 
 class EnsembleCache:
@@ -92,3 +93,21 @@ class Ensemble(nn.Module):
             total = log_probs if total is None else torch.logaddexp(total, log_probs)
         assert total is not None  # at least one model (checked in __init__)
         return total - math.log(len(self.members))
+
+
+def ensemble_of(folders: Sequence[Any], models: Sequence[Any], tokenizers: Sequence[Any]) -> Any:
+    """The models read from translation ``folders`` as one model: the only one, or an
+    :class:`Ensemble` (PyTorch or ONNX models alike). CheckpointError naming the folder when a
+    tokenizer differs from the first folder's, or when the models cannot be averaged."""
+    if len(models) == 1:
+        return models[0]
+    for folder, other in zip(folders[1:], tokenizers[1:]):
+        if other.to_str() != tokenizers[0].to_str():
+            raise CheckpointError(
+                f"{folder}: its tokenizer differs from {folders[0]}'s; an ensemble's models "
+                "must share one vocabulary"
+            )
+    try:
+        return Ensemble(models)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None

@@ -398,27 +398,16 @@ def load_translation(
 ) -> tuple[Any, Any, FolderConfig]:
     """(model, tokenizer, parsed config.json) of exported translation folders: one engine, or an
     :class:`~aiayn.decode.ensemble.Ensemble` of ONNX engines (one shared tokenizer)."""
-    from aiayn.decode import Ensemble
+    from aiayn.decode.ensemble import ensemble_of
 
     loaded = [open_export(f, "translation", engine, workers=workers) for f in folders]
-    if len(loaded) == 1:
-        return loaded[0]
-    if any(isinstance(m, Ct2Translator) for m, _, _ in loaded):
+    if len(loaded) > 1 and any(isinstance(m, Ct2Translator) for m, _, _ in loaded):
         raise ConfigError(
             "CTranslate2 models decode one at a time (aiayn ensembles run on "
             "PyTorch or ONNX models)"
         )
-    model, tokenizer, first = loaded[0]
-    for folder, (_, other, _) in zip(folders[1:], loaded[1:]):
-        if other.to_str() != tokenizer.to_str():
-            raise CheckpointError(
-                f"{folder}: its tokenizer differs from {folders[0]}'s; an "
-                "ensemble's models must share one vocabulary"
-            )
-    try:
-        return Ensemble([m for m, _, _ in loaded]), tokenizer, first
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
+    models, tokenizers, parsed = zip(*loaded)
+    return ensemble_of(folders, models, tokenizers), tokenizers[0], parsed[0]
 
 
 def open_exported(
