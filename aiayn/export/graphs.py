@@ -36,20 +36,14 @@ from aiayn.model.embeddings import SinusoidalPositionalEncoding
 
 
 def attend(attn: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """softmax(Q Kᵀ / √d_k) V, then W^O (§3.2.1-3.2.2), with no data-dependent branch.
+    """The model's own attention (``MultiHeadAttention.attend``) on its explicit path: softmax(Q Kᵀ
+    / √d_k) V, then W^O (§3.2.1-3.2.2), with no branch on the device or the key length (the
+    weights asked for choose that path; the graph leaves them unused).
 
     Shape: q (B, H, Tq, K), k (B, H, Tk, K), v (B, H, Tk, Kv), mask bool broadcastable to
-    (B, H, Tq, Tk), True = may attend -> (B, Tq, D). A query that may attend nothing outputs
-    zeros before W^O, as in :func:`aiayn.model.attention.attention_weights`.
+    (B, H, Tq, Tk), True = may attend -> (B, Tq, D).
     """
-    scores = (q * q.size(-1) ** -0.5) @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-    heads = weights @ v  # (B, H, Tq, Kv)
-    return attn.out_proj(heads.transpose(1, 2).flatten(2))  # (B, Tq, H·Kv) -> (B, Tq, D)
+    return attn.attend(q, k, v, mask, need_weights=True)[0]
 
 
 def attend_shared(attn: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
