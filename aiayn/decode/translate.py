@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -113,11 +113,9 @@ def translate_ids(
     With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
     each batch's result does not depend on it. ``cfg.bf16`` runs it under bfloat16 autocast.
     """
-    module = model if isinstance(model, nn.Module) else None  # an exported engine is not one
-    device = next(module.parameters()).device if module is not None else torch.device("cpu")
-    was_training = module is not None and module.training
-    if module is not None:
-        module.eval()
+    module = cast(nn.Module, model)  # a Transformer, an Ensemble, or an exported engine's module
+    device, was_training = next(module.parameters()).device, module.training
+    module.eval()
     results: list[list[Hypothesis]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lock = threading.Lock()
@@ -141,8 +139,7 @@ def translate_ids(
                 decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
             )
     finally:
-        if module is not None:
-            module.train(was_training)
+        module.train(was_training)
     return results
 
 
