@@ -374,19 +374,17 @@ def _cut(
     state: _Beams, cut: list[int], beam: int, alpha: float, penalty: str
 ) -> list[list[Hypothesis]]:
     """The live beams of the sentences ``cut`` (they reached max_len) as hypotheses without EOS.
-    All beams come to the host in one copy of tokens and one of scores, whatever their number."""
+    Their beams come to the host in one copy of tokens and one of scores, whatever their number;
+    the other sentences' stay on the device."""
     if not cut:
         return []
-    divisor = float(length_penalty(state.tokens.size(1) - 1, alpha, penalty))
-    rows = state.tokens[:, 1:].tolist()  # (b·k, t - 1)
-    scores = state.scores.tolist()  # (b, k)
+    t = state.tokens.size(1)
+    divisor = float(length_penalty(t - 1, alpha, penalty))
+    rows = state.tokens.reshape(-1, beam, t)[cut, :, 1:].tolist()  # (c, k, t - 1)
+    scores = state.scores[cut].tolist()  # (c, k)
     return [
-        [
-            Hypothesis(r, s / divisor, s, False)
-            for r, s in zip(rows[i * beam : (i + 1) * beam], scores[i])
-            if s > float("-inf")
-        ]
-        for i in cut
+        [Hypothesis(r, s / divisor, s, False) for r, s in zip(beams, row) if s > float("-inf")]
+        for beams, row in zip(rows, scores)
     ]
 
 
