@@ -25,10 +25,8 @@ from aiayn.io import write_text
 log = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
-TASKS = {  # config.json "kind" (old and new names) -> what the card calls it
-    "seq2seq": "translation",
+TASKS = {  # config.json "kind" (old names are mapped when it is read) -> what the card calls it
     "translation": "translation",
-    "classifier": "classification",
     "classification": "classification",
     "lm": "language model",
     "masked_lm": "masked language model (pre-training)",

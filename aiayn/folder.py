@@ -57,13 +57,6 @@ __all__ = [
 KINDS: tuple[str, ...] = tuple(SHAPES)
 
 
-def _check_kind(folder: Path, kind: str, expect_kind: str | None) -> None:
-    if expect_kind is not None and kind != shape_name(expect_kind):
-        raise CheckpointError(
-            f"{folder}: holds a '{kind}' model, this command needs '{expect_kind}'"
-        )
-
-
 def _build(folder: Path, parsed: FolderConfig, device: Any, weights_name: str) -> nn.Module:
     verify_folder_parts(folder, weights_name, parsed.config.model)
     model = SHAPES[parsed.kind].model_class(parsed.config.model)
@@ -127,18 +120,14 @@ def load_model_folder(
         raise ConfigError("no model folder given")
     if expect_kind is not None:
         expect_kind = shape_name(expect_kind)
-    parsed = [read_folder_config(f) for f in folders]  # once per folder
+    parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
     if engine not in (None, "torch") or any(p.format is not None for p in parsed):
         if torch.device(device).type != "cpu":
             raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
         if workers is None:  # an engine's threads are split between its workers when opened
             workers = parsed[0].config.decode.workers
         model, tokenizer, parsed_cfg, name, search = open_exported(folders, engine, workers)
-        opened = ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, search)
-        _check_kind(opened.path, opened.kind, expect_kind)
-        return opened
-    for folder, p in zip(folders, parsed):
-        _check_kind(folder, p.kind, expect_kind)
+        return ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, search)
     if len(folders) > 1:
         for folder, p in zip(folders, parsed):
             if p.kind != "translation":

@@ -23,15 +23,6 @@ if TYPE_CHECKING:
 FORMATS = ("torch", "onnx", "ctranslate2")
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
-# config.json "kind": the names before the task registry, and now.
-_KINDS = {"seq2seq": "translation", "classifier": "classification"}
-
-
-def normalise_kind(kind: str) -> str:
-    """'seq2seq' -> 'translation', 'classifier' -> 'classification', others unchanged."""
-    return _KINDS.get(kind, kind)
-
-
 def require(module: str, extra: str, purpose: str) -> ModuleType:
     """Import an optional dependency, or a one-line ConfigError naming the extra to install."""
     try:

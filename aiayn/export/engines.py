@@ -37,7 +37,7 @@ from aiayn.config import ModelConfig
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.export import FORMATS, normalise_kind, require
+from aiayn.export import FORMATS, require
 from aiayn.export.onnx import state_names
 from aiayn.folder_config import FolderConfig, read_folder_config
 from aiayn.model.cache import DecoderCache, LayerCache
@@ -308,9 +308,10 @@ class Ct2Translator:
 # ---- loading ------------------------------------------------------------------------------------
 
 
-def read_exported_config(folder: Path) -> FolderConfig:
-    """config.json of an exported folder; CheckpointError when it is not one."""
-    parsed = read_folder_config(folder)
+def read_exported_config(folder: Path, expect_kind: str | None = None) -> FolderConfig:
+    """config.json of an exported folder; CheckpointError when it is not one, or not of
+    ``expect_kind`` (:func:`aiayn.folder_config.read_folder_config`)."""
+    parsed = read_folder_config(folder, expect_kind)
     if parsed.format not in FORMATS[1:]:
         raise CheckpointError(
             f"{folder}: not an exported model (its config.json has no 'format' of "
@@ -348,16 +349,12 @@ def open_export(
     from aiayn.data import Tokenizer
 
     folder = Path(folder)
-    parsed = read_exported_config(folder)
+    parsed = read_exported_config(folder, expect_kind)
     fmt, kind = str(parsed.format), parsed.kind
     if engine is not None and engine != fmt:
         raise ConfigError(
             f"{folder}: holds a '{fmt}' export; --engine {engine} needs a folder "
             f"written by `aiayn export --format {engine}`"
-        )
-    if expect_kind is not None and kind != normalise_kind(expect_kind):
-        raise CheckpointError(
-            f"{folder}: holds a '{kind}' model, this command needs '{normalise_kind(expect_kind)}'"
         )
     try:
         cfg = parsed.config.model
