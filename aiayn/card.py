@@ -19,8 +19,10 @@ from typing import Any
 
 from aiayn.config import to_dict
 from aiayn.decode.config import DecodeConfig
+from aiayn.errors import DataError
 from aiayn.folder_config import FolderConfig, read_folder_config
 from aiayn.io import write_text
+from aiayn.viz.curves import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -198,11 +200,10 @@ def _training(folder: Path, meta: FolderConfig, train: dict[str, Any]) -> str:
     )
     if not path.is_file():
         return f"not recorded here (limits: {limits or 'none'})"
-    lines = [
-        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
-    ]
-    if not lines:
-        return f"no metrics logged (limits: {limits or 'none'})"
+    try:
+        lines = read_metrics(path)  # a last line cut by a kill is skipped
+    except DataError as err:  # empty, or a malformed line
+        return f"no readable metrics ({err}; limits: {limits or 'none'})"
     last = lines[-1]
     speeds = [m["tokens_per_s"] for m in lines if isinstance(m.get("tokens_per_s"), (int, float))]
     text = f"{last.get('step', '?'):,} updates in {last.get('wall', 0) / 60:.1f} min (validation included)"

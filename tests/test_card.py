@@ -55,6 +55,13 @@ def test_card_says_what_the_model_is_and_how_it_was_trained(run):
         assert command in card
 
 
+def test_a_metrics_line_cut_by_a_kill_still_gives_the_training(run):
+    run, _ = run
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 300, "wa')  # a run killed while it wrote (and not resumed)
+    assert "200 updates in 2.1 min" in model_card(run / "avg2")
+
+
 def test_best_folder_names_its_checkpoint(run):
     run, _ = run
     card = model_card(run / "best")

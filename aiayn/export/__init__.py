@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 FORMATS = ("torch", "onnx", "ctranslate2")
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
+
+
 def require(module: str, extra: str, purpose: str) -> ModuleType:
     """Import an optional dependency, or a one-line ConfigError naming the extra to install."""
     try:
