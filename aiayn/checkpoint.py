@@ -62,7 +62,7 @@ _UNCHECKED_NOTED: set[str] = set()
 
 
 def verify_folder_parts(
-    folder: str | Path, weights_name: str = WEIGHTS_FILE, model_cfg: ModelConfig | None = None
+    folder: str | Path, weights_name: str, model_cfg: ModelConfig
 ) -> None:
     """Check that a folder's config.json (model section) and tokenizer.json are those its weights
     were written with (recorded in the weights' metadata); CheckpointError naming what differs.
@@ -81,7 +81,7 @@ def verify_folder_parts(
         return
     try:
         saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
-        here = to_dict(model_cfg or read_folder_config(folder).config.model)
+        here = to_dict(model_cfg)
     except (AiaynError, ValueError, TypeError):
         raise CheckpointError(f"{folder / CONFIG_FILE}: its model section is not valid") from None
     diffs = [
@@ -189,8 +189,7 @@ def init_from_model_dir(model: nn.Module, folder: str | Path) -> tuple[list[str]
     shape, or no shared name at all, is a ConfigError: the two models do not fit together.
     """
     folder = Path(folder)
-    read_folder_config(folder)
-    verify_folder_parts(folder)
+    verify_folder_parts(folder, WEIGHTS_FILE, read_folder_config(folder).config.model)
     path = folder / WEIGHTS_FILE
     try:
         state = load_file(str(path))
