@@ -6,7 +6,7 @@ with the other process. On the 2-core machine of docs/reliability.md, training w
 busy process ran at 6.3k tokens/s with 2 threads and 12.9k with 1.
 
 - :func:`threads_for_load` (translate, evaluate, the start of training): the cores that are not
-  busy, from the kernel's count of runnable tasks, then a probe of ~0.1 s that times a small
+  busy, from the kernel's count of runnable tasks, then a probe of ~0.04 s that times a small
   matrix product with N threads and with 1 (a count read at one instant misses bursty load).
 - :class:`ThreadGovernor` (training): now and then runs a few updates with the other setting (1
   or N threads) and keeps the faster; a trial stops after one update when that one is far
@@ -80,7 +80,7 @@ def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
 def threads_for_load(apply: bool = True, most: int | None = None) -> int:
     """torch's thread count for a short job (translate, evaluate) under the load now, unless the
     user set a count: 1 when the kernel counts other runnable tasks or when a quick probe
-    (:func:`probe`, ~0.1 s) runs faster on 1 thread than on N, where N is ``most`` (default:
+    (:func:`probe`, ~0.04 s) runs faster on 1 thread than on N, where N is ``most`` (default:
     the count now). Sets it with ``apply``."""
     asked = user_threads()
     if asked is not None:

@@ -7,8 +7,8 @@ For each client count (``--clients 8 32 64``) the server runs as its own process
 (/v1/translate), the next as soon as the last is answered. After ``--warmup`` seconds of that
 load (the clients settle into the server's batches) the answers of the next ``--seconds`` are
 counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be 0), the server's
-peak RSS (VmHWM), the mean number of requests per batch (from /health). ``--baseline`` adds the
-server with `--no-batching` at the first client count. `aiayn translate` translates the sentences
+peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per batch (from
+/health). ``--baseline`` adds the server with `--no-batching` at the first client count. `aiayn translate` translates the sentences
 in one process; its sentences/s are given with and without model loading (the loading is
 measured by a translation of one sentence), and the ratio server / translate (loading excluded)
 per client count.
