@@ -88,7 +88,11 @@ def threads_for_load(apply: bool = True, most: int | None = None) -> int:
             torch.set_num_threads(asked)  # AIAYN_THREADS (OMP_NUM_THREADS torch reads itself)
         return asked
     high = most or torch.get_num_threads()
-    n = max(1, min(high, cores() - busy_cores()))
+    # The kernel's count of runnable tasks is machine-wide: for a process pinned to some of the
+    # cores (taskset, a container's cpuset, Slurm) it says nothing of its own, and the probe alone
+    # decides.
+    pinned = cores() < (os.cpu_count() or 1)
+    n = max(1, min(high, cores() - (0 if pinned else busy_cores())))
     if n > 1:
         times = probe((n, 1))
         n = n if times[n] <= times[1] else 1

@@ -58,6 +58,7 @@ def test_threads_for_load_counts_other_processes(monkeypatch):
     monkeypatch.delenv("AIAYN_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)  # all the machine's cores: not pinned
     monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(threads, "_running", lambda: 2)  # this process and one other
     assert threads_for_load(apply=False) == 1
@@ -87,3 +88,18 @@ def test_the_trials_cost_little(monkeypatch):
 def test_probe_times_each_setting():
     times = threads.probe((2, 1), rounds=1, reps=2)
     assert set(times) == {1, 2} and all(0 < t < 5 for t in times.values())
+
+
+def test_a_pinned_process_lets_the_probe_decide(monkeypatch):
+    """Pinned to 2 of 16 cores on a busy host: the machine-wide count of runnable tasks is not
+    about its cores, so it does not force 1 thread; the probe decides."""
+    monkeypatch.delenv("AIAYN_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(threads, "_running", lambda: 12)  # other jobs on the other cores
+    monkeypatch.setattr(threads, "probe", lambda settings: {2: 0.01, 1: 0.02})
+    assert threads_for_load(apply=False) == 2
+    monkeypatch.setattr(threads, "probe", lambda settings: {2: 0.05, 1: 0.02})
+    assert threads_for_load(apply=False) == 1
