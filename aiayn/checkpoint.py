@@ -61,9 +61,7 @@ def tokenizer_digest(tokenizer: str | bytes) -> str | None:
 _UNCHECKED_NOTED: set[str] = set()
 
 
-def verify_folder_parts(
-    folder: str | Path, weights_name: str, model_cfg: ModelConfig
-) -> None:
+def verify_folder_parts(folder: str | Path, weights_name: str, model_cfg: ModelConfig) -> None:
     """Check that a folder's config.json (model section) and tokenizer.json are those its weights
     were written with (recorded in the weights' metadata); CheckpointError naming what differs.
     Folders written before the record existed load unchecked (said once per folder)."""
