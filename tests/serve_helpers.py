@@ -58,17 +58,7 @@ def make_trained_folder(path: Path, steps: int = 60) -> Path:
     from aiayn.data.batching import collate_translation
 
     tok = train_tokenizer([s for pair in PAIRS for s in pair] * 5, "bpe", vocab_size=300)
-    cfg = ModelConfig(
-        src_vocab_size=tok.vocab_size,
-        tgt_vocab_size=tok.vocab_size,
-        d_model=32,
-        n_heads=2,
-        d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_len=48,
-    )
+    cfg = tiny_model_config(vocab=tok.vocab_size, max_len=48, n_heads=2)
     torch.manual_seed(1)
     model = Transformer(cfg)
     batch = collate_translation([(tok.encode(s), tok.encode(t)) for s, t in PAIRS])
