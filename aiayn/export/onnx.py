@@ -111,12 +111,9 @@ def export_translation(model: Any, folder: Path) -> dict[str, str]:
         *_example_state(model, 4, 3),
     )
     axes = {
-        "tokens": {0: "rows", 1: "new"},
+        **_step_axes(past, present),
         "src_mask": {0: "batch", 1: "src_len"},
-        "logits": {0: "rows", 1: "new"},
         **{name: {0: "batch", 2: "src_len"} for name in cross},
-        **{name: {0: "rows", 2: "past"} for name in past},
-        **{name: {0: "rows", 2: "total"} for name in present},
     }
     _export(
         DecoderStepGraph(model),
@@ -129,6 +126,17 @@ def export_translation(model: Any, folder: Path) -> dict[str, str]:
     return {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}
 
 
+def _step_axes(past: list[str], present: list[str]) -> dict[str, dict[int, str]]:
+    """The dynamic axes of a cached decoder step: rows, new tokens, and the cache's length before
+    (past) and after (present) the step."""
+    return {
+        "tokens": {0: "rows", 1: "new"},
+        "logits": {0: "rows", 1: "new"},
+        **{name: {0: "rows", 2: "past"} for name in past},
+        **{name: {0: "rows", 2: "total"} for name in present},
+    }
+
+
 def export_lm(model: Any, folder: Path) -> dict[str, str]:
     """decoder.onnx (one cached step) of a :class:`~aiayn.model.TransformerLM` into ``folder``."""
     n = len(model.decoder.layers)
@@ -137,19 +145,13 @@ def export_lm(model: Any, folder: Path) -> dict[str, str]:
         _example_ids(model.cfg, model.cfg.tgt_vocab_size)[:1, :2].repeat(2, 1),
         *_example_state(model, 2, 3),
     )
-    axes = {
-        "tokens": {0: "rows", 1: "new"},
-        "logits": {0: "rows", 1: "new"},
-        **{name: {0: "rows", 2: "past"} for name in past},
-        **{name: {0: "rows", 2: "total"} for name in present},
-    }
     _export(
         LMStepGraph(model),
         args,
         folder / DECODER_FILE,
         ["tokens", *past],
         ["logits", *present],
-        axes,
+        _step_axes(past, present),
     )
     return {"decoder": DECODER_FILE}
 
