@@ -140,19 +140,29 @@ class OnnxTranslator(_Engine):
     def decode(self, tgt: Tensor, memory: OnnxMemory, cache: DecoderCache) -> Tensor:
         """Shape: tgt (N, T) tokens after the cache's ``length`` -> logits (N, T, V); the cache
         is extended (in place) by the step's present keys/values."""
-        heads, d_k, d_v = self.cfg.n_heads, self.cfg.head_dim_k, self.cfg.head_dim_v
         mask: Any = cache.memory_mask  # (B, 1, 1, S), set by init_cache
         feeds = {"tokens": _numpy(tgt.long()), "src_mask": _numpy(mask[:, 0, 0, :])}
         for i, layer in enumerate(cache.layers):
             feeds[self._cross_names[2 * i]] = _numpy(layer.cross_k)
             feeds[self._cross_names[2 * i + 1]] = _numpy(layer.cross_v)
-            past = _past(layer, tgt.size(0), heads, d_k, d_v)
-            feeds[self._past_names[2 * i]], feeds[self._past_names[2 * i + 1]] = past
-        logits, *present = _run(self.decoder, feeds)
-        for i, layer in enumerate(cache.layers):
-            layer.self_k, layer.self_v = present[2 * i], present[2 * i + 1]
-        cache.length += tgt.size(1)
-        return logits
+        return _cached_step(self, self.decoder, feeds, tgt, cache)
+
+
+def _cached_step(
+    engine: Any, session: Any, feeds: dict[str, Any], tokens: Tensor, cache: DecoderCache
+) -> Tensor:
+    """One decoder step of an ONNX graph whose self-attention cache is explicit: ``feeds`` with
+    every layer's past keys/values added, run, the present ones stored back in ``cache``.
+    Shape: tokens (N, T) -> logits (N, T, V)."""
+    heads, d_k, d_v = engine.cfg.n_heads, engine.cfg.head_dim_k, engine.cfg.head_dim_v
+    for i, layer in enumerate(cache.layers):
+        past = _past(layer, tokens.size(0), heads, d_k, d_v)
+        feeds[engine._past_names[2 * i]], feeds[engine._past_names[2 * i + 1]] = past
+    logits, *present = _run(session, feeds)
+    for i, layer in enumerate(cache.layers):
+        layer.self_k, layer.self_v = present[2 * i], present[2 * i + 1]
+    cache.length += tokens.size(1)
+    return logits
 
 
 class OnnxLM(_Engine):
@@ -172,16 +182,7 @@ class OnnxLM(_Engine):
         """Shape: ids (N, T) -> logits (N, T, V). Without a cache the sequence starts at position 0
         (no padding mask: a generated text has none)."""
         cache = self.init_cache() if cache is None else cache
-        heads, d_k, d_v = self.cfg.n_heads, self.cfg.head_dim_k, self.cfg.head_dim_v
-        feeds = {"tokens": _numpy(ids.long())}
-        for i, layer in enumerate(cache.layers):
-            past = _past(layer, ids.size(0), heads, d_k, d_v)
-            feeds[self._past_names[2 * i]], feeds[self._past_names[2 * i + 1]] = past
-        logits, *present = _run(self.decoder, feeds)
-        for i, layer in enumerate(cache.layers):
-            layer.self_k, layer.self_v = present[2 * i], present[2 * i + 1]
-        cache.length += ids.size(1)
-        return logits
+        return _cached_step(self, self.decoder, {"tokens": _numpy(ids.long())}, ids, cache)
 
 
 class OnnxClassifier(_Engine):
