@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
+import statistics
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,267 @@ def test_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines (at most 250)"
     assert "docs/index.md" in "\n".join(lines)
+
+
+# --- Published figures: one results file, every page checked against it -----------------------
+#
+# docs/results.json holds each published figure once, with its unit, protocol, date, CPU, commit,
+# command and the raw file it comes from. A page states a figure followed by its mark,
+# `41.08<!-- result:en_de.bleu_lc -->` (in a TOML comment `41.08 [result:en_de.bleu_lc]`); a
+# transcript in a code block is marked after the block, `<!-- results-in-block: ID ID -->`. A
+# figure of someone else's (an anchor, not measured here) is marked `<!-- anchor -->`.
+
+RESULTS_FILE = ROOT / "docs" / "results.json"
+# The pages whose figures are checked: the guide, the experiments log and the config headers. The
+# per-run records under docs/experiments/ are written by the scripts from the raw files.
+FIGURE_PAGES = [*GUIDE, *sorted((ROOT / "configs").glob("*.toml"))]
+RESULT_MARK = re.compile(r"<!--\s*result:\s*([\w.-]+)\s*-->|\[result:([\w.-]+)\]")
+ANCHOR_MARK = re.compile(r"<!--\s*anchor\b[^>]*-->|\[anchor\b[^\]]*\]")
+BLOCK_MARK = re.compile(r"<!--\s*results-in-block:([\w.\s-]+?)\s*-->")
+# Sections that a script writes from a raw file (scripts/make_results.py, benchmarks/*.py).
+GENERATED = re.compile(
+    r"<!-- ?(results|make_results|engines|bench_train|bench_scaling|bench-load):begin[^>]*-->"
+    r".*?<!-- ?\1:end ?-->", re.S)
+# Where every figure must carry a mark: a marked zone of a page, a config header's Expected line.
+ZONE = re.compile(r"<!-- results-zone:begin -->(.*?)<!-- results-zone:end -->|^#[^\n]*?Expected:([^\n]*)",
+                  re.S | re.M)
+FIGURE_BEFORE = re.compile(r"(?<![\d.,])(\d[\d,]*(?:\.\d+)?)[%×k*\s]*$")
+DECIMAL = re.compile(r"(?<![\w.,=])\d[\d,]*\.\d+(?![\d.])")
+MARK_AFTER = re.compile(r"[%×k*\s]*(?:" + RESULT_MARK.pattern + "|" + ANCHOR_MARK.pattern + ")")
+REDUCE = {"mean": statistics.mean, "max": max, "min": min}
+FIELDS = ("figure", "decimals", "unit", "protocol", "date", "cpu", "commit", "command", "raw",
+          "record")
+
+
+def load_results(path: Path = RESULTS_FILE) -> dict[str, dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["results"]
+
+
+def shown(entry: dict) -> str:
+    """The figure as pages write it: rounded to the entry's decimals."""
+    return f"{entry['figure']:.{entry['decimals']}f}"
+
+
+def dig(data, keys: list) -> list:
+    """The values at a list of keys; `*` takes every item of a list or object."""
+    items = [data]
+    for key in keys:
+        if key == "*":
+            items = [x for it in items for x in (it.values() if isinstance(it, dict) else it)]
+        else:
+            items = [it[key] for it in items]
+    return items
+
+
+def raw_value(entry: dict, root: Path = ROOT) -> float:
+    """The entry's figure computed from its raw file: raw_key, reduce, per, scale."""
+    data = json.loads((root / entry["raw"]).read_text(encoding="utf-8"))
+    values = dig(data, entry["raw_key"])
+    if "reduce" in entry:
+        value = REDUCE[entry["reduce"]](values)
+    else:
+        (value,) = values
+    per = entry.get("per")
+    if per is not None:
+        value /= per if isinstance(per, (int, float)) else dig(data, per)[0]
+    return value * entry.get("scale", 1)
+
+
+def entry_errors(rid: str, entry: dict, root: Path = ROOT) -> list[str]:
+    """What is wrong with one entry of the results file: a field missing, a raw file missing, or a
+    figure that is not its raw file's value (or, without one, not in the record that states it)."""
+    errors = [f"{rid}: no {f}" for f in FIELDS if f not in entry]
+    if errors:
+        return errors
+    if None in (entry["raw"], entry.get("raw_key"), entry["date"], entry["commit"]):
+        if not entry.get("raw_reason"):
+            errors.append(f"{rid}: raw, raw_key, date or commit is null without a raw_reason")
+    if entry["raw"] is not None and not (root / entry["raw"]).is_file():
+        return errors + [f"{rid}: raw file {entry['raw']} does not exist"]
+    if entry["raw"] is not None and entry.get("raw_key") is not None:
+        value = f"{raw_value(entry, root):.{entry['decimals']}f}"
+        if value != shown(entry):
+            errors.append(f"{rid}: figure {shown(entry)}, but {entry['raw']} gives {value}")
+    else:  # no raw value to compare with: the record that states the figure must state this one
+        record = (root / entry["record"].partition("#")[0]).read_text(encoding="utf-8")
+        if not re.search(rf"(?<![\d.]){re.escape(shown(entry))}(?![\d]|\.\d)", record):
+            errors.append(f"{rid}: {shown(entry)} is not in its record {entry['record']}")
+    return errors
+
+
+def line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def block_before(text: str, pos: int) -> tuple[int, int] | None:
+    """The span of the fenced block that ends right before pos, if one does."""
+    before = text[:pos].rstrip()
+    for match in FENCE.finditer(text):
+        if match.end() == len(before) or match.end() == len(before) + 1:
+            return match.span()
+    return None
+
+
+def mark_errors(text: str, results: dict) -> tuple[list[str], list[tuple[str, int, int]]]:
+    """Each mark checked against the results file; returns the errors and the spans (id, start,
+    end) of the figures the marks cover."""
+    errors, covered = [], []
+    for mark in RESULT_MARK.finditer(text):
+        rid = mark.group(1) or mark.group(2)
+        where = f"line {line_of(text, mark.start())}"
+        if rid not in results:
+            errors.append(f"{where}: no result {rid!r} in docs/results.json")
+            continue
+        figure = FIGURE_BEFORE.search(text, max(0, mark.start() - 80), mark.start())
+        if figure is None:
+            errors.append(f"{where}: the mark {rid} follows no figure")
+        elif figure.group(1).replace(",", "") != shown(results[rid]):
+            errors.append(f"{where}: {figure.group(1)} marked {rid}, whose figure is "
+                          f"{shown(results[rid])} (docs/results.json)")
+        else:
+            covered.append((rid, figure.start(1), figure.end(1)))
+    for mark in BLOCK_MARK.finditer(text):
+        span = block_before(text, mark.start())
+        where = f"line {line_of(text, mark.start())}"
+        if span is None:
+            errors.append(f"{where}: results-in-block follows no code block")
+            continue
+        for rid in mark.group(1).split():
+            if rid not in results:
+                errors.append(f"{where}: no result {rid!r} in docs/results.json")
+            elif not re.search(rf"(?<![\d.]){re.escape(shown(results[rid]))}(?![\d]|\.\d)",
+                               text[span[0]:span[1]]):
+                errors.append(f"{where}: the block above does not show {rid} = "
+                              f"{shown(results[rid])} (docs/results.json)")
+            else:
+                covered.append((rid, *span))
+    return errors, covered
+
+
+def unmarked_headlines(text: str, results: dict, covered: list[tuple[str, int, int]]) -> list[str]:
+    """A headline figure written anywhere but in a marked place or a generated section."""
+    generated = [m.span() for m in GENERATED.finditer(text)]
+    errors = []
+    for rid, entry in results.items():
+        if not entry.get("headline"):
+            continue
+        for hit in re.finditer(rf"(?<![\d.]){re.escape(shown(entry))}(?![\d]|\.\d)", text):
+            spans = generated + [(s, e) for r, s, e in covered if r == rid]
+            if not any(s <= hit.start() < e for s, e in spans):
+                errors.append(f"line {line_of(text, hit.start())}: {shown(entry)} ({rid}) "
+                              "without its mark <!-- result:" + rid + " -->")
+    return errors
+
+
+def unmarked_in_zones(text: str) -> list[str]:
+    """In a results zone every decimal figure carries a result or anchor mark."""
+    errors = []
+    for zone in ZONE.finditer(text):
+        start = zone.start(1) if zone.group(1) is not None else zone.start(2)
+        body = zone.group(1) if zone.group(1) is not None else zone.group(2)
+        for number in DECIMAL.finditer(body):
+            if not MARK_AFTER.match(body, number.end()):
+                errors.append(f"line {line_of(text, start + number.start())}: {number.group()} "
+                              "in a results zone has no mark")
+    return errors
+
+
+def figure_errors(text: str, results: dict) -> list[str]:
+    """Everything on one page (its text) that disagrees with the results file."""
+    errors, covered = mark_errors(text, results)
+    return errors + unmarked_headlines(text, results, covered) + unmarked_in_zones(text)
+
+
+def test_every_result_agrees_with_its_raw_file():
+    results = load_results()
+    errors = [e for rid, entry in results.items() for e in entry_errors(rid, entry)]
+    assert not errors, "docs/results.json:\n" + "\n".join(errors)
+
+
+@pytest.mark.parametrize("page", FIGURE_PAGES, ids=rel)
+def test_published_figures_agree_with_the_results_file(page):
+    errors = figure_errors(page.read_text(encoding="utf-8"), load_results())
+    assert not errors, f"{rel(page)}:\n" + "\n".join(errors)
+
+
+def test_every_result_is_published_somewhere():
+    text = "\n".join(p.read_text(encoding="utf-8") for p in FIGURE_PAGES)
+    marked = {m.group(1) or m.group(2) for m in RESULT_MARK.finditer(text)}
+    marked |= {rid for m in BLOCK_MARK.finditer(text) for rid in m.group(1).split()}
+    assert not set(load_results()) - marked, "results no page states: " + str(
+        sorted(set(load_results()) - marked))
+
+
+# The checker itself, on pages made up here: each check fails on a wrong page.
+
+FAKE = {"x.bleu": {"figure": 41.08, "decimals": 2, "headline": True},
+        "x.acc": {"figure": 89.5, "decimals": 1},
+        "x.rate": {"figure": 2.50, "decimals": 2}}
+
+
+def test_a_marked_figure_that_is_not_the_results_file_value_fails():
+    assert figure_errors("BLEU **41.08**<!-- result:x.bleu --> and 2.50×<!-- result:x.rate -->.",
+                         FAKE) == []
+    (error,) = figure_errors("BLEU **41.07**<!-- result:x.bleu -->", FAKE)
+    assert "41.07 marked x.bleu, whose figure is 41.08" in error
+    (error,) = figure_errors("accuracy 89.5%<!-- result:x.bleu -->", FAKE)  # the wrong id
+    assert "89.5 marked x.bleu" in error
+    assert "no result 'x.nope'" in figure_errors("1.0<!-- result:x.nope -->", FAKE)[0]
+    assert "follows no figure" in figure_errors("see <!-- result:x.acc -->", FAKE)[0]
+    assert figure_errors("# Expected: 89.5% [result:x.acc]", FAKE) == []
+    assert "89.4 marked x.acc" in figure_errors("# Expected: 89.4% [result:x.acc]", FAKE)[0]
+
+
+def test_a_headline_figure_outside_a_marked_place_fails():
+    (error,) = figure_errors("Line one.\nWe got 41.08 on test2016.\n", FAKE)
+    assert error.startswith("line 2: 41.08 (x.bleu) without its mark")
+    # marked for another result, it is still unmarked as this one
+    assert figure_errors("41.08<!-- result:x.rate -->", FAKE)[-1].endswith(
+        "without its mark <!-- result:x.bleu -->")
+    # 141.08 or 41.085 are other numbers; a generated section is written from the raw file
+    page = ("141.08 and 41.085\n<!-- results:begin -->\n| 41.08 |\n<!-- results:end -->\n"
+            "41.08<!-- result:x.bleu -->")
+    assert figure_errors(page, FAKE) == []
+
+
+def test_a_transcript_is_marked_after_its_block():
+    block = "```text\nBLEU-lc = 41.08 69.1/44.4\n```\n"
+    assert figure_errors(block + "<!-- results-in-block: x.bleu -->\n", FAKE) == []
+    assert figure_errors(block, FAKE)[0].startswith("line 2: 41.08 (x.bleu) without its mark")
+    wrong = block.replace("41.08", "41.80") + "<!-- results-in-block: x.bleu -->\n"
+    assert "does not show x.bleu = 41.08" in figure_errors(wrong, FAKE)[0]
+    assert "follows no code block" in figure_errors("text\n<!-- results-in-block: x.bleu -->",
+                                                    FAKE)[0]
+
+
+def test_every_figure_of_a_results_zone_carries_a_mark():
+    zone = ("<!-- results-zone:begin -->\n| 41.08<!-- result:x.bleu --> | {} | α=1.4 | "
+            "2021 | 36.5<!-- anchor: Wu et al. --> |\n<!-- results-zone:end -->\n99.9%")
+    assert figure_errors(zone.format("89.5%<!-- result:x.acc -->"), FAKE) == []
+    (error,) = figure_errors(zone.format("89.5%"), FAKE)
+    assert error == "line 2: 89.5 in a results zone has no mark"
+    assert figure_errors("# Expected: test2016 41.08 sacreBLEU", FAKE)[-1] == (
+        "line 1: 41.08 in a results zone has no mark")
+
+
+def test_an_entry_that_is_not_its_raw_files_value_fails(tmp_path):
+    raw = tmp_path / "docs" / "experiments" / "run.json"
+    raw.parent.mkdir(parents=True)
+    raw.write_text(json.dumps({"pairs": [{"b": 41.0}, {"b": 41.17}], "n": {"s": 2.0}}))
+    (tmp_path / "docs" / "log.md").write_text("the recipe scored 89.79% (22,447 / 25,000)\n")
+    entry = {"figure": 41.09, "decimals": 2, "unit": "BLEU", "protocol": "p", "date": "d",
+             "cpu": "c", "commit": "abc1234", "command": "x", "raw": "docs/experiments/run.json",
+             "raw_key": ["pairs", "*", "b"], "reduce": "mean", "record": "docs/log.md"}
+    assert entry_errors("e", entry, tmp_path) == []
+    assert entry_errors("e", dict(entry, figure=41.08), tmp_path) == [
+        "e: figure 41.08, but docs/experiments/run.json gives 41.09"]
+    ratio = dict(entry, raw_key=["pairs", 1, "b"], per=["n", "s"], figure=20.59)
+    assert entry_errors("e", dict(ratio, scale=1), tmp_path) == []
+    assert "does not exist" in entry_errors("e", dict(entry, raw="docs/none.json"), tmp_path)[0]
+    assert entry_errors("e", {k: v for k, v in entry.items() if k != "cpu"}, tmp_path) == [
+        "e: no cpu"]
+    unraw = dict(entry, raw=None, raw_key=None, figure=89.79, raw_reason="not kept")
+    assert entry_errors("e", unraw, tmp_path) == []
+    assert entry_errors("e", dict(unraw, figure=89.97), tmp_path) == [
+        "e: 89.97 is not in its record docs/log.md"]
+    assert "without a raw_reason" in entry_errors("e", dict(unraw, raw_reason=""), tmp_path)[0]
