@@ -349,8 +349,8 @@ def test_every_result_is_published_somewhere():
     text = "\n".join(p.read_text(encoding="utf-8") for p in FIGURE_PAGES)
     marked = {m.group(1) or m.group(2) for m in RESULT_MARK.finditer(text)}
     marked |= {rid for m in BLOCK_MARK.finditer(text) for rid in m.group(1).split()}
-    assert not set(load_results()) - marked, "results no page states: " + str(
-        sorted(set(load_results()) - marked))
+    unpublished = sorted(set(load_results()) - marked)
+    assert not unpublished, f"docs/results.json entries no page states: {unpublished}"
 
 
 # The checker itself, on pages made up here: each check fails on a wrong page.
