@@ -1,5 +1,7 @@
 """README.md and docs/ stay true: every relative link and every repository path they name exists,
-and every `aiayn …` command in their code blocks is one the CLI parser accepts.
+every `aiayn …` command in their code blocks is one the CLI parser accepts, and every published
+figure (README, guide pages, the log, config headers) is the one docs/results.json holds, which
+in turn is its raw file's.
 
 Placeholders are handled as a reader would: `[--top-k K]` is an optional part (checked with it),
 `…` stands for arguments left out, and an upper-case word (`MODEL_DIR`, `N`) stands for a value.
@@ -258,7 +260,7 @@ def block_before(text: str, pos: int) -> tuple[int, int] | None:
     """The span of the fenced block that ends right before pos, if one does."""
     before = text[:pos].rstrip()
     for match in FENCE.finditer(text):
-        if match.end() == len(before) or match.end() == len(before) + 1:
+        if match.end() == len(before):
             return match.span()
     return None
 
@@ -333,6 +335,10 @@ def figure_errors(text: str, results: dict) -> list[str]:
     return errors + unmarked_headlines(text, results, covered) + unmarked_in_zones(text)
 
 
+def page_errors(page: Path, results: dict) -> list[str]:
+    return figure_errors(page.read_text(encoding="utf-8"), results)
+
+
 def test_every_result_agrees_with_its_raw_file():
     results = load_results()
     errors = [e for rid, entry in results.items() for e in entry_errors(rid, entry)]
@@ -341,7 +347,7 @@ def test_every_result_agrees_with_its_raw_file():
 
 @pytest.mark.parametrize("page", FIGURE_PAGES, ids=rel)
 def test_published_figures_agree_with_the_results_file(page):
-    errors = figure_errors(page.read_text(encoding="utf-8"), load_results())
+    errors = page_errors(page, load_results())
     assert not errors, f"{rel(page)}:\n" + "\n".join(errors)
 
 
@@ -426,3 +432,22 @@ def test_an_entry_that_is_not_its_raw_files_value_fails(tmp_path):
     assert entry_errors("e", dict(unraw, figure=89.97), tmp_path) == [
         "e: 89.97 is not in its record docs/log.md"]
     assert "without a raw_reason" in entry_errors("e", dict(unraw, raw_reason=""), tmp_path)[0]
+
+
+def test_a_page_or_a_results_file_that_disagree_fail(tmp_path):
+    """The real pages against a results file with one figure changed, and a wrong page against the
+    real results file."""
+    results = load_results()
+    changed = dict(results, **{"en_de.bleu_lc": dict(results["en_de.bleu_lc"], figure=41.07)})
+    for page in (ROOT / "README.md", ROOT / "configs" / "multi30k_en_de.toml"):
+        assert page_errors(page, results) == []
+        assert any("marked en_de.bleu_lc, whose figure is 41.07" in e
+                   for e in page_errors(page, changed)), page
+    wrong = tmp_path / "README.md"
+    wrong.write_text((ROOT / "README.md").read_text(encoding="utf-8").replace(
+        "**89.79%**<!-- result:imdb.accuracy -->", "**89.97%**<!-- result:imdb.accuracy -->"))
+    assert page_errors(wrong, results) == [
+        f"line {line_of(wrong.read_text(), wrong.read_text().index('89.97'))}: 89.97 marked "
+        "imdb.accuracy, whose figure is 89.79 (docs/results.json)"]
+    wrong.write_text("Our headline: 41.08 sacreBLEU.\n")
+    assert "without its mark" in page_errors(wrong, results)[0]
