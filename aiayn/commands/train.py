@@ -71,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.train.run import train_run
 
     cfg, extra, out = _resolve(args)
-    result = train_run(cfg, out, resume=args.resume, extra_meta=extra, overwrite=args.overwrite)
+    inputs = (args.config,) if args.config else ()
+    result = train_run(
+        cfg, out, resume=args.resume, extra_meta=extra, overwrite=args.overwrite, inputs=inputs
+    )
     best = f", best {cfg.train.best_metric} {result.best:.4f}" if result.best is not None else ""
     log.info("trained to step %d (%s)%s; run folder %s", result.step, result.stop_reason, best, out)
     return 0
