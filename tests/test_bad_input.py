@@ -354,7 +354,8 @@ def test_resume_with_another_model_is_refused(world, tmp_path, capsys):
           "differs from the run")
 
 
-def test_outputs_never_replace_what_the_command_reads(world, tmp_path, capsys):
+def test_outputs_never_replace_what_the_command_reads(world, tmp_path, capsys,
+                                                       monkeypatch):
     """-o/--out may not be, hold or lie inside what the command reads (model and run folders,
     data and config files), --overwrite or not: one line, every input byte-identical."""
     run, avg, cfg, data = world / "run", world / "avg", world / "run.toml", world / "data"
@@ -381,6 +382,11 @@ def test_outputs_never_replace_what_the_command_reads(world, tmp_path, capsys):
     for argv, message in cases:
         fails(capsys, world, argv, message)
     fails(capsys, own, ["train", own_cfg, "--out", own, "--overwrite"], f"holds {own_cfg}")
+    monkeypatch.setenv("AIAYN_CACHE", str(own))  # a registered dataset: the downloads are read
+    mine = {f"data__{k}": "" for k in ("train_src", "train_tgt", "valid_src", "valid_tgt")}
+    registered = toml(tmp_path, world, data__dataset="multi30k", **mine)
+    fails(capsys, own, ["train", registered, "--out", own, "--overwrite"],
+          f"holds {own / 'datasets'}, which this command reads")
 
 
 def test_resume_after_config_json_was_edited_is_refused(world, tmp_path, capsys):
