@@ -326,6 +326,8 @@ def test_existing_folders_are_refused(world, tmp_path, capsys):
         (["average", run, "--last", "2", "-o", world], f"holds {run / 'checkpoints'}, which"),
         (["average", run, "--last", "2", "-o", world / "out", "--overwrite"], ""),  # see below
         (["train", cfg, "--out", run / "best"], model),
+        (["export", world / "avg", "--format", "onnx", "-o", run],
+         "holds a training run with 6 checkpoints (steps 1, 2, 3, 4, 5, 6); pass --overwrite"),
         (["train", cfg, "--out", run],
          "already holds a training run with 6 checkpoints (steps 1, 2, 3, 4, 5, 6); pass --resume"),
         (["train", cfg, "--out", world / "out2"], "holds a folder of 2 entries (a.txt, b)"),
