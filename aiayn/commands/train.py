@@ -36,13 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its last checkpoint, exactly",
+        help="continue the run in --out from its last checkpoint, exactly (a run stopped "
+        "before its first checkpoint starts again from step 0 with its config)",
     )
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace what --out holds (another run, a model folder) once the new run is "
-        "ready to start; without it such a folder is refused",
+        "ready to start; without it such a folder is refused (a folder holding the run's "
+        "data, config or train.init_from is refused always)",
     )
     p.set_defaults(run=run)
     return p
