@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from torch import nn
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.folder_config import (
-    CONFIG_FILE,
+    CONFIG_FILE,  # noqa: F401 (re-exported: the model folder's file names live here)
     read_folder_config,
     write_folder_config,
 )
@@ -66,40 +68,53 @@ def verify_folder_parts(folder: str | Path, weights_name: str, model_cfg: ModelC
     were written with (recorded in the weights' metadata); CheckpointError naming what differs.
     Folders written before the record existed load unchecked (said once per folder)."""
     folder = Path(folder)
-    path = folder / weights_name
-    try:
-        with safe_open(str(path), "pt") as f:
-            recorded = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError, RuntimeError):
-        return  # unreadable weights: the loader says so, with its own message
-    if META_MODEL not in recorded:
+    found = parts_differences(folder / weights_name, model_cfg, folder / TOKENIZER_FILE)
+    if found is None:
         if str(folder) not in _UNCHECKED_NOTED:
             _UNCHECKED_NOTED.add(str(folder))
             log.info("%s: written before aiayn recorded a folder's parts; not checked", folder)
         return
-    try:
-        saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
-        here = to_dict(model_cfg)
-    except (AiaynError, ValueError, TypeError):
-        raise CheckpointError(f"{folder / CONFIG_FILE}: its model section is not valid") from None
-    diffs = [
-        f"{k} is {here.get(k)!r}, the weights' is {saved.get(k)!r}"
-        for k in sorted(set(saved) | set(here))
-        if saved.get(k) != here.get(k)
-    ]
+    diffs, tokenizer_differs = found
     if diffs:
         raise CheckpointError(
             f"{folder}: config.json does not describe these weights ({'; '.join(diffs[:3])}): "
             "the folder's parts come from different models"
         )
-    tokenizer = folder / TOKENIZER_FILE
+    if tokenizer_differs:
+        raise CheckpointError(
+            f"{folder}: tokenizer.json is not the tokenizer these weights were trained with "
+            "(the folder's parts come from different models)"
+        )
+
+
+def parts_differences(
+    weights: Path, model_cfg: ModelConfig, tokenizer: Path
+) -> tuple[list[str], bool] | None:
+    """How ``model_cfg`` and the tokenizer file differ from what the weights file records:
+    (``"n_heads is 4, the weights' is 2"`` for each model key that differs, whether the tokenizer
+    differs). None when the weights record nothing (written before the record) or cannot be read
+    (their loader says why)."""
+    try:
+        with safe_open(str(weights), "pt") as f:
+            recorded = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError):
+        return None
+    if META_MODEL not in recorded:
+        return None
+    try:
+        saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
+        here = to_dict(model_cfg)
+    except (AiaynError, ValueError, TypeError):
+        raise CheckpointError(f"{weights}: its recorded model config is not valid") from None
+    diffs = [
+        f"{k} is {here.get(k)!r}, the weights' is {saved.get(k)!r}"
+        for k in sorted(set(saved) | set(here))
+        if saved.get(k) != here.get(k)
+    ]
+    digest = None  # None: the tokenizer loader says why it cannot be read
     if META_TOKENIZER in recorded and tokenizer.is_file():
-        digest = tokenizer_digest(tokenizer.read_bytes())  # None: the tokenizer loader says why
-        if digest is not None and digest != recorded[META_TOKENIZER]:
-            raise CheckpointError(
-                f"{folder}: tokenizer.json is not the tokenizer these weights were trained with "
-                "(the folder's parts come from different models)"
-            )
+        digest = tokenizer_digest(tokenizer.read_bytes())
+    return diffs, digest is not None and digest != recorded[META_TOKENIZER]
 
 
 def save_weights(
@@ -115,8 +130,33 @@ def save_weights(
             continue  # a tied weight (shared embedding / output projection)
         seen[key] = name
         state[name] = tensor.detach().contiguous().cpu()
+    write_safetensors(state, path, metadata)
+
+
+def write_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """Atomically write ``tensors`` as a safetensors file: a failed write (a full disk) is an
+    OutputError naming ``path``, as every write (:func:`aiayn.io.atomic_path`)."""
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata=metadata)
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+        except SafetensorError as err:
+            raise _os_error(err) from None
+
+
+# safetensors reports a failed write as SafetensorError("Error while serializing: I/O error: No
+# space left on device (os error 28)"), which is no OSError.
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _os_error(err: SafetensorError) -> Exception:
+    """The OSError a SafetensorError of a failed write stands for (any other: itself)."""
+    found = _OS_ERROR.search(str(err))
+    if found is None:
+        return err
+    code = int(found[1])
+    return OSError(code, os.strerror(code))
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,9 +301,75 @@ def check_output_folder(
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{path}: is a file, not a folder")
     if path.is_dir() and not overwrite and not is_empty_folder(path):
-        what = "a model folder" if (path / "config.json").exists() else "a folder"
         raise ConfigError(
-            f"{path}: already exists and holds {what}; pass {flag} to replace it, "
-            "or choose another folder"
+            f"{path}: already exists and holds {describe_folder(path)}; pass {flag} to replace "
+            "it, or choose another folder"
         )
     _probe_writable(path, path if path.is_dir() else _existing_ancestor(path))
+
+
+def check_not_input(
+    out: str | os.PathLike, inputs: Iterable[str | os.PathLike], flag: str = "-o"
+) -> None:
+    """Refuse an output folder that is, holds or lies inside one of the command's ``inputs``
+    (model folders, run folders, data and config files it reads): writing it, and above all
+    replacing it with ``--overwrite``, would destroy what the command is reading. The one check of
+    every command with an output folder (export, average, train)."""
+    target = Path(out).resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if target == source:
+            relation, given = "is", f"{given} itself"
+        elif target in source.parents:
+            relation = "holds"
+        elif source in target.parents:
+            relation = "lies inside"
+        else:
+            continue
+        raise ConfigError(
+            f"{flag} {out}: {relation} {given}, which this command reads; choose another folder"
+        )
+
+
+# ---- what a folder holds, in the words of what replacing it would lose -------------------------
+# The run folder's layout (aiayn.train.run_folder reads these names from here).
+STATE_FILE = "trainer_state.pt"
+CHECKPOINT_DIR = "checkpoints"
+SNAPSHOT = re.compile(r"^step_(\d+)\.safetensors$")
+
+
+def snapshot_steps(run: Path) -> list[int]:
+    """Steps of the weight snapshots in the run folder ``run``, oldest first."""
+    try:
+        names = [p.name for p in (run / CHECKPOINT_DIR).iterdir()]
+    except OSError:
+        return []
+    return sorted(int(m[1]) for name in names if (m := SNAPSHOT.match(name)))
+
+
+def list_steps(steps: list[int]) -> str:
+    """``4, 5, 6`` (or ``1000, 2000, …, 9000, 10000`` for a long list)."""
+    shown = (
+        [str(s) for s in steps]
+        if len(steps) <= 6
+        else [*map(str, steps[:2]), "…", *map(str, steps[-2:])]
+    )
+    return ", ".join(shown)
+
+
+def describe_folder(path: Path) -> str:
+    """What the folder ``path`` holds: a training run (its checkpoints), a model folder (its
+    files) or other files, for the messages that refuse to replace it."""
+    entries = sorted(p.name for p in path.iterdir())
+    if not entries:
+        return "nothing (an empty folder)"
+    steps = snapshot_steps(path)
+    if (path / STATE_FILE).is_file() or steps:
+        n = len(steps)
+        what = f"a training run with {n} checkpoint{'s' if n != 1 else ''}"
+        what += f" (step{'s' if n != 1 else ''} {list_steps(steps)})" if steps else ""
+        return what if (path / STATE_FILE).is_file() else f"{what} and no {STATE_FILE}"
+    shown = ", ".join(entries[:4]) + (", …" if len(entries) > 4 else "")
+    if (path / "config.json").is_file():
+        return f"a model folder ({shown})"
+    return f"a folder of {len(entries)} entr{'ies' if len(entries) != 1 else 'y'} ({shown})"

@@ -32,7 +32,7 @@ from trainutil import base_values, torch_threads, write_toml  # noqa: E402
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A folder holding: data/ (reverse-task text), run.toml, run/ (6 updates, every snapshot
-    kept, best/), avg/ (an average of run), and assorted user files."""
+    kept, best/), avg/ (an average of run), and assorted user files and folders."""
     root = tmp_path_factory.mktemp("bad")
     values = base_values(root / "data", max_steps=6, save_every=1, keep_last=10, valid_every=3)
     write_toml(root / "run.toml", values)
@@ -43,6 +43,8 @@ def world(tmp_path_factory):
     (root / "in.txt").write_text("a b c\nd e\n")
     (root / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     (root / "out").mkdir()
+    (root / "out2" / "b").mkdir(parents=True)  # a folder of the user's
+    (root / "out2" / "a.txt").write_text("a user's file\n")
     return root
 
 
@@ -275,9 +277,14 @@ def test_bad_flags(world, tmp_path, capsys):
         (["summary", "tiny", "--batch", "0"], "--batch must be positive"),
         (["average", world / "run", "--last", "0", "-o", tmp_path / "a"], "--last must be >= 1"),
         (["average", world / "run", "--last", "99", "-o", tmp_path / "a"], "only 6"),
+        (["average", world / "run", "--last", "5", "--until", "3", "-o", tmp_path / "a"],
+         "only 3 are at step 3 or before (steps 1, 2, 3)"),
     ]
     for argv, message in cases:
         fails(capsys, world, argv, message)
+    err = fails(capsys, world, ["average", world / "run", "--until", "0", "-o", tmp_path / "a"],
+                "no checkpoint at step 0 or before; its checkpoints are at steps 1, 2, 3, 4, 5, 6")
+    assert "keep_last" not in err  # no checkpoint was removed: keeping more would not help
 
 
 def test_outputs_checked_before_any_work(world, tmp_path, capsys):
@@ -311,17 +318,22 @@ def test_outputs_checked_before_any_work(world, tmp_path, capsys):
 # ---- folders that are not to be overwritten -----------------------------------------------------
 def test_existing_folders_are_refused(world, tmp_path, capsys):
     run, cfg = world / "run", world / "run.toml"
+    model = "holds a model folder (README.md, config.json, model.safetensors, tokenizer.json)"
     cases = [
-        (["average", run, "--last", "2", "-o", run / "best"], "holds a model folder; pass --overwrite"),
-        (["average", run, "--last", "2", "-o", world / "avg"], "holds a model folder"),
-        (["average", run, "--last", "2", "-o", run], "not the run folder"),
-        (["average", run, "--last", "2", "-o", world], "holds the run folder"),
+        (["average", run, "--last", "2", "-o", run / "best"], f"{model}; pass --overwrite"),
+        (["average", run, "--last", "2", "-o", world / "avg"], model),
+        (["average", run, "--last", "2", "-o", run], f"holds {run / 'checkpoints'}, which"),
+        (["average", run, "--last", "2", "-o", world], f"holds {run / 'checkpoints'}, which"),
         (["average", run, "--last", "2", "-o", world / "out", "--overwrite"], ""),  # see below
-        (["train", cfg, "--out", run / "best"], "holds a model folder"),
-        (["train", cfg, "--out", run], "already holds a training run"),
-        (["train", cfg, "--out", world / "data"], "holds a folder"),
+        (["train", cfg, "--out", run / "best"], model),
+        (["export", world / "avg", "--format", "onnx", "-o", run],
+         "holds a training run with 6 checkpoints (steps 1, 2, 3, 4, 5, 6); pass --overwrite"),
+        (["train", cfg, "--out", run],
+         "already holds a training run with 6 checkpoints (steps 1, 2, 3, 4, 5, 6); pass --resume"),
+        (["train", cfg, "--out", world / "out2"], "holds a folder of 2 entries (a.txt, b)"),
         (["train", cfg, "--out", run, "--resume", "--overwrite"], "--overwrite replaces it"),
-        (["train", cfg, "--out", world / "avg", "--resume"], "nothing to resume"),
+        (["train", cfg, "--out", world / "avg", "--resume"],
+         f"nothing to resume (trainer_state.pt not found; it {model})"),
     ]
     for argv, message in cases:
         if "--overwrite" in argv and "--resume" not in argv:
@@ -344,12 +356,77 @@ def test_resume_with_another_model_is_refused(world, tmp_path, capsys):
           "differs from the run")
 
 
+def test_outputs_never_replace_what_the_command_reads(world, tmp_path, capsys,
+                                                       monkeypatch):
+    """-o/--out may not be, hold or lie inside what the command reads (model and run folders,
+    data and config files), --overwrite or not: one line, every input byte-identical."""
+    run, avg, cfg, data = world / "run", world / "avg", world / "run.toml", world / "data"
+    own = tmp_path / "own"  # a config file inside the folder it would train into
+    own.mkdir()
+    own_cfg = toml(own, world)
+    cases = [
+        (["export", run / "best", "--format", "onnx", "-o", run, "--overwrite"],
+         f"-o {run}: holds {run / 'best'}, which this command reads"),
+        (["export", avg, "--format", "onnx", "-o", avg, "--overwrite"],
+         f"-o {avg}: is {avg} itself, which this command reads"),
+        (["export", avg, "--format", "onnx", "-o", avg / "onnx", "--overwrite"],
+         f"lies inside {avg}"),
+        (["average", run, "--last", "2", "-o", run, "--overwrite"],
+         f"-o {run}: holds {run / 'checkpoints'}"),
+        (["average", run, "--last", "2", "-o", run / "checkpoints", "--overwrite"],
+         f"is {run / 'checkpoints'} itself"),
+        (["train", cfg, "--out", data, "--overwrite"],
+         f"--out {data}: holds {data / 'train.src'}, which this command reads"),
+        (["train", cfg, "--out", data], f"holds {data / 'train.src'}"),
+        (["train", cfg, "--out", avg / "ft", "--set", f"train.init_from={avg}"],
+         f"lies inside {avg}"),
+    ]
+    for argv, message in cases:
+        fails(capsys, world, argv, message)
+    fails(capsys, own, ["train", own_cfg, "--out", own, "--overwrite"], f"holds {own_cfg}")
+    monkeypatch.setenv("AIAYN_CACHE", str(own))  # a registered dataset: the downloads are read
+    mine = {f"data__{k}": "" for k in ("train_src", "train_tgt", "valid_src", "valid_tgt")}
+    registered = toml(tmp_path, world, data__dataset="multi30k", **mine)
+    fails(capsys, own, ["train", registered, "--out", own, "--overwrite"],
+          f"holds {own / 'datasets'}, which this command reads")
+
+
+def test_resume_after_config_json_was_edited_is_refused(world, tmp_path, capsys):
+    """config.json edited in a way that keeps every shape (n_heads 2 -> 4), or another tokenizer
+    of the same size: the checkpoint's record says so, before anything is loaded or written."""
+    run = copy_of(world, tmp_path, "run")
+    meta = json.loads((run / "config.json").read_text())
+    meta["model"]["n_heads"] = 4
+    (run / "config.json").write_text(json.dumps(meta))
+    resume = ["train", "--resume", "--out", run, "--set", "train.max_steps=9"]
+    fails(capsys, tmp_path, resume, "does not describe the weights of the checkpoint to resume "
+          "(step_00000006.safetensors: n_heads is 4, the weights' is 2)")
+    shutil.rmtree(run)
+    run = copy_of(world, tmp_path, "run")
+    tok = json.loads((run / "tokenizer.json").read_text())
+    tok["chars"] = tok["chars"][::-1]
+    (run / "tokenizer.json").write_text(json.dumps(tok))
+    fails(capsys, tmp_path, resume, "is not the tokenizer the checkpoint to resume "
+          "(step_00000006.safetensors) was trained with")
+
+
 # ---- trainer states -----------------------------------------------------------------------------
 class Foreign:
     pass
 
 
+class RunsCode:
+    """What a tampered state holds: unpickling it would run a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
 STATE_CASES = {
+    "code-running pickle": "refused to unpickle it: it names a Python object (posix.system)",
     "foreign pickle": "not an aiayn trainer state; refused to unpickle it",
     "plain pickle": "not an aiayn trainer state; refused to unpickle it",
     "truncated": "corrupt or truncated trainer state",
@@ -364,7 +441,9 @@ def test_bad_trainer_state(what, world, tmp_path, capsys):
 
     run = copy_of(world, tmp_path, "run")
     state = run / "trainer_state.pt"
-    if what == "foreign pickle":
+    if what == "code-running pickle":
+        torch.save({"step": 3, "x": RunsCode(tmp_path / "ran")}, state)
+    elif what == "foreign pickle":
         torch.save({"step": 3, "x": Foreign()}, state)
     elif what == "plain pickle":
         state.write_bytes(pickle.dumps({"step": 3, "x": Foreign()}))
@@ -376,6 +455,8 @@ def test_bad_trainer_state(what, world, tmp_path, capsys):
         torch.save({"weights": torch.zeros(2)}, state)
     err = fails(capsys, tmp_path, ["train", "--resume", "--out", run], STATE_CASES[what])
     assert "weights_only" not in err and "miniz" not in err
+    assert ("truncated" in err) == (what in ("truncated", "empty"))
+    assert not (tmp_path / "ran").exists()
 
 
 # ---- kills: what a killed writer leaves is resolved at the next start ---------------------------
@@ -467,6 +548,105 @@ def test_full_disk_train_and_resume(world, tmp_path, capsys, full_disk):
     assert temporaries(tmp_path) == [] and not (tmp_path / "new").exists()
 
 
+# What safetensors raises when its own write fails: no OSError (found by limiting the file size,
+# tests below: 'Error while serializing: I/O error: File too large (os error 27)').
+ENOSPC_FROM_SAFETENSORS = (
+    "Error while serializing: I/O error: No space left on device (os error 28)"
+)
+
+
+@pytest.fixture
+def safetensors_full_disk(monkeypatch):
+    """``arm(match)``: from then on, every safetensors file written to a path that holds
+    ``match`` fails as safetensors fails on a full disk; ``arm(None)`` frees the disk."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    state = {"match": None}
+    real = safetensors.torch.serialize_file
+
+    def serialize_file(tensors, filename, *args, **kwargs):
+        if state["match"] is not None and state["match"] in str(filename):
+            raise SafetensorError(ENOSPC_FROM_SAFETENSORS)
+        return real(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "serialize_file", serialize_file)
+    return lambda match="": state.update(match=match)
+
+
+def test_full_disk_in_the_safetensors_writer(world, tmp_path, capsys, safetensors_full_disk):
+    """average, a resumed run and a new run's first checkpoint: one line, nothing lost, no
+    uncommitted snapshot left, no half-made folder."""
+    from aiayn.train.run_folder import RunFolder
+
+    run = copy_of(world, tmp_path, "run")
+    state, steps = RunFolder(run).load_state()["step"], RunFolder(run).snapshot_steps()
+    safetensors_full_disk()
+    fails(capsys, tmp_path, ["average", run, "--last", "2", "-o", tmp_path / "a"],
+          f"{tmp_path / 'a' / 'model.safetensors'}: cannot write (No space left on device) (the "
+          "disk is full)")
+    assert not (tmp_path / "a").exists()
+    fails(capsys, tmp_path, ["train", "--resume", "--out", run, "--set", "train.max_steps=9"],
+          "step_00000007.safetensors: cannot write (No space left on device) (the disk is full)",
+          may_change=[run / "config.json"])
+    assert RunFolder(run).load_state()["step"] == state and RunFolder(run).snapshot_steps() == steps
+    fails(capsys, tmp_path, ["train", world / "run.toml", "--out", tmp_path / "new"],
+          "the disk is full")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_run_whose_first_checkpoint_failed_starts_again(
+    world, tmp_path, capsys, caplog, safetensors_full_disk
+):
+    """The disk fills after best/ was written, at the first snapshot: the folder (the user's,
+    so it stays) is left as a run stopped before its first checkpoint, which --resume (or
+    train) starts again from step 0 with the same config once there is room."""
+    from aiayn.train.run_folder import RunFolder
+
+    out = tmp_path / "run"
+    out.mkdir()
+    safetensors_full_disk("step_")
+    fails(capsys, tmp_path, ["train", world / "run.toml", "--out", out, "--set",
+                             "train.valid_every=1"], "the disk is full")
+    assert RunFolder(out).unstarted() and not (out / "best").exists()
+    safetensors_full_disk(None)
+    with caplog.at_level("WARNING"):
+        assert main(["train", "--resume", "--out", str(out)]) == 0
+    assert "nothing to resume; starting it again from step 0" in caplog.text
+    assert RunFolder(out).load_state()["step"] == 6 and temporaries(tmp_path) == []
+
+
+def test_a_real_safetensors_write_error_is_one_line(world, tmp_path):
+    """Not simulated: a file size limit (RLIMIT_FSIZE; a write past it fails with EFBIG as one
+    on a full disk fails with ENOSPC) stops safetensors' own writer in the middle of the file,
+    in average and at a new run's first checkpoint."""
+    import resource
+    import subprocess
+
+    from trainutil import ROOT, aiayn_command, subprocess_env
+
+    limit = 8000  # above config.json and tokenizer.json, below the weights (28 kB)
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    def error_line(*argv) -> str:
+        proc = subprocess.run(aiayn_command(*map(str, argv)), cwd=ROOT, env=subprocess_env(),
+                              capture_output=True, text=True, timeout=120,
+                              preexec_fn=limit_file_size)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("aiayn: error:")]
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stderr.rstrip().endswith(errors[0])
+        return errors[0]
+
+    assert error_line("average", world / "run", "--last", "2", "-o", tmp_path / "a") == (
+        f"aiayn: error: {tmp_path / 'a' / 'model.safetensors'}: cannot write (File too large)")
+    snapshot = tmp_path / "new" / "checkpoints" / "step_00000001.safetensors"
+    assert error_line("train", world / "run.toml", "--out", tmp_path / "new") == (
+        f"aiayn: error: {snapshot}: cannot write (File too large)")
+    assert list(tmp_path.iterdir()) == []  # no folder, no temporary
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_again(world, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -477,6 +657,27 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(world, tmp_path):
     assert main(["train", str(world / "run.toml"), "--out", str(run)]) == 0
     assert (run / "trainer_state.pt").is_file() and temporaries(tmp_path) == []
     assert '"loss": 9.0' not in (run / "metrics.jsonl").read_text()
+    early = tmp_path / "early"  # killed before config.json: only the checkpoints/ train made
+    (early / "checkpoints").mkdir(parents=True)
+    assert main(["train", str(world / "run.toml"), "--out", str(early)]) == 0
+    assert (early / "trainer_state.pt").is_file()
+
+
+def test_a_run_stopped_inside_its_first_checkpoint_says_what_it_holds(world, tmp_path, capsys):
+    """Weights but no trainer state (killed between the first snapshot and the state that
+    commits it, or trainer_state.pt deleted by hand): nothing to resume, and not started again
+    without --overwrite, since the weights may be what someone kept."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "checkpoints/step_00000003.safetensors"):
+        shutil.copy(world / "run" / name, run / name)
+    shutil.copytree(world / "run" / "best", run / "best")
+    held = "a training run with 1 checkpoint (step 3) and no trainer_state.pt"
+    fails(capsys, tmp_path, ["train", world / "run.toml", "--out", run],
+          f"already exists and holds {held}; pass --overwrite")
+    fails(capsys, tmp_path, ["train", "--resume", "--out", run],
+          f"nothing to resume (trainer_state.pt not found; it holds {held})")
+    assert main(["train", str(world / "run.toml"), "--out", str(run), "--overwrite"]) == 0
 
 
 # ---- the commands added later: export and serve join the suite ----------------------------------
@@ -491,7 +692,7 @@ def test_export_and_serve_bad_input(world, tmp_path, capsys):
         (["export", tmp_path / "nope", "--format", "onnx", "-o", tmp_path / "x"], "not found"),
         (["export", avg, "--format", "onnx", "--quantization", "int8", "-o", tmp_path / "x"],
          "--quantization applies to --format ctranslate2 only"),
-        (["export", avg, "--format", "onnx", "-o", avg], "cannot be the model folder itself"),
+        (["export", avg, "--format", "onnx", "-o", avg], f"is {avg} itself, which this command"),
         (["export", avg, "--format", "onnx", "-o", run / "best"], "holds a model folder"),
         (["export", avg, "--format", "onnx", "-o", world / "file.txt"], "is a file"),
         (["translate", avg, "-i", world / "in.txt", "--engine", "onnx"], "onnx"),

@@ -1,6 +1,10 @@
-"""aiayn.io: the marked-section rewrite that keeps generated tables inside hand-written docs."""
+"""aiayn.io: the marked-section rewrite that keeps generated tables inside hand-written docs; what
+a folder holds, said in the words of what replacing it would lose; outputs that are inputs."""
 
-from aiayn.io import write_section
+import pytest
+
+from aiayn.errors import ConfigError
+from aiayn.io import check_not_input, describe_folder, list_steps, write_section
 
 B, E = "<!-- t:begin -->", "<!-- t:end -->"
 
@@ -22,3 +26,41 @@ def test_write_section_appends_or_creates(tmp_path):
     other.write_text("text without markers\n")
     write_section(other, B, E, "t2")
     assert other.read_text() == f"text without markers\n\n{B}\nt2\n{E}\n"
+
+
+def test_describe_folder_says_what_would_be_lost(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for step in range(1000, 11000, 1000):
+        (run / "checkpoints" / f"step_{step:08d}.safetensors").write_bytes(b"")
+    (run / "checkpoints" / "notes.txt").write_text("not a snapshot")
+    assert describe_folder(run) == (
+        "a training run with 10 checkpoints (steps 1000, 2000, …, 9000, 10000) and no "
+        "trainer_state.pt")
+    (run / "trainer_state.pt").write_bytes(b"")
+    assert describe_folder(run).endswith("(steps 1000, 2000, …, 9000, 10000)")
+    assert list_steps([3]) == "3" and list_steps([]) == ""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "x.txt"):
+        (model / name).write_text("{}")
+    assert describe_folder(model) == (
+        "a model folder (README.md, config.json, model.safetensors, tokenizer.json, …)")
+    (tmp_path / "empty").mkdir()
+    assert describe_folder(tmp_path / "empty") == "nothing (an empty folder)"
+
+
+def test_check_not_input(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.src").write_text("a\n")
+    check_not_input(tmp_path / "out", [data / "train.src", data])  # beside: fine
+    check_not_input(data / "x" / "..", [tmp_path / "other"])
+    for out, inputs, words in [
+        (data, [data / "train.src"], f"--out {data}: holds {data / 'train.src'}, which"),
+        (data / "sub", [data], f"lies inside {data}, which"),
+        (data / "sub" / "..", [data], f"is {data} itself, which"),  # the same folder, spelled apart
+    ]:
+        with pytest.raises(ConfigError, match="which this command reads") as err:
+            check_not_input(out, inputs, "--out")
+        assert words in str(err.value)

@@ -74,8 +74,9 @@ def test_average_errors(trained, tmp_path, capsys):
     _fails(capsys, ["average", str(run), "--last", "50", "-o", str(tmp_path / "a")],
            "only 6 are kept")
     _fails(capsys, ["average", str(run), "--last", "3", "--until", "2", "-o", str(tmp_path / "a")],
-           "only 2 are kept up to step 2")
-    _fails(capsys, ["average", str(run), "--last", "2", "-o", str(run)], "not the run folder")
+           "only 2 are at step 2 or before (steps 1, 2)")
+    _fails(capsys, ["average", str(run), "--last", "2", "-o", str(run)],
+           f"holds {run / 'checkpoints'}, which this command reads")
     _fails(capsys, ["average", str(tmp_path / "none"), "-o", str(tmp_path / "b")],
            "not a training run folder")
     _fails(capsys, ["average", str(run), "--last", "0", "-o", str(tmp_path / "c")], "--last must be")

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.cli import main
+from aiayn.io import describe_folder
 from trainutil import ROOT, aiayn_command, base_values, one_thread, run_aiayn, subprocess_env, write_toml  # noqa: F401
 
 
@@ -135,7 +136,9 @@ def test_resume_refuses_a_different_model_and_keeps_files(finished_run, capsys):
 def test_training_into_an_existing_run_needs_resume(finished_run, capsys):
     cfg, run = finished_run
     before = _snapshot(run)
-    _fails(capsys, ["train", str(cfg), "--out", str(run)], "already holds a training run; pass --resume")
+    _fails(capsys, ["train", str(cfg), "--out", str(run)],
+           f"already holds {describe_folder(run)}; pass --resume")
+    assert describe_folder(run).startswith("a training run with ")
     assert _snapshot(run) == before
 
 

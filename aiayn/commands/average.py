@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the folder -o names when it exists (swapped in whole, once written)",
+        help="replace the folder -o names when it exists (swapped in whole, once written); "
+        "never the run's checkpoints/ or a folder holding them",
     )
     p.set_defaults(run=run)
     return p

@@ -36,7 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=QUANTIZATIONS,
         help="CTranslate2 weight type (default: float32); int8 is the fast one on CPUs",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT_DIR if it exists (never MODEL_DIR or a folder holding it)",
+    )
     p.set_defaults(run=run)
     return p
 

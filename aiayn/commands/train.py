@@ -36,13 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its last checkpoint, exactly",
+        help="continue the run in --out from its last checkpoint, exactly (a run stopped "
+        "before its first checkpoint starts again from step 0 with its config)",
     )
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace what --out holds (another run, a model folder) once the new run is "
-        "ready to start; without it such a folder is refused",
+        "ready to start; without it such a folder is refused (a folder holding the run's "
+        "data, config or train.init_from is refused always)",
     )
     p.set_defaults(run=run)
     return p
@@ -71,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.train.run import train_run
 
     cfg, extra, out = _resolve(args)
-    result = train_run(cfg, out, resume=args.resume, extra_meta=extra, overwrite=args.overwrite)
+    inputs = (args.config,) if args.config else ()
+    result = train_run(
+        cfg, out, resume=args.resume, extra_meta=extra, overwrite=args.overwrite, inputs=inputs
+    )
     best = f", best {cfg.train.best_metric} {result.best:.4f}" if result.best is not None else ""
     log.info("trained to step %d (%s)%s; run folder %s", result.step, result.stop_reason, best, out)
     return 0

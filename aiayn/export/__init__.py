@@ -65,7 +65,7 @@ def export_model(
     """
     from aiayn.card import write_model_card
     from aiayn.folder_config import parse_folder_config, write_folder_config
-    from aiayn.io import check_output_folder, new_folder
+    from aiayn.io import check_not_input, check_output_folder, new_folder
 
     source, out = Path(source), Path(out)
     if fmt not in FORMATS[1:]:
@@ -76,8 +76,7 @@ def export_model(
         raise ConfigError(
             f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got '{quantization}'"
         )
-    if out.resolve() == source.resolve():
-        raise ConfigError(f"{out}: the output folder cannot be the model folder itself")
+    check_not_input(out, [source], "-o")  # --overwrite would delete the model being exported
     check_output_folder(out, overwrite)  # before any work
     if fmt == "onnx":
         require("onnx", "export", "--format onnx")

@@ -11,13 +11,27 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from aiayn.card import write_model_card
-from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, folder_parts
+from aiayn.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    folder_parts,
+    write_safetensors,
+)
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.folder_config import write_folder_config
-from aiayn.io import atomic_path, check_output_folder, new_folder, recover_folder
+from aiayn.io import (
+    CHECKPOINT_DIR,
+    atomic_path,
+    check_not_input,
+    check_output_folder,
+    list_steps,
+    new_folder,
+    recover_folder,
+)
 from aiayn.train.run_folder import RunFolder
 
 __all__ = ["average_checkpoints", "average_state_dicts"]
@@ -53,6 +67,28 @@ def _load_snapshot(
     return state
 
 
+def _chosen_steps(folder: RunFolder, last: int, until: int | None) -> list[int]:
+    """The last ``last`` snapshot steps (at ``until`` or before); CheckpointError saying which
+    steps there are when there are too few."""
+    kept = folder.snapshot_steps()
+    steps = [step for step in kept if until is None or step <= until]
+    if len(steps) >= last:
+        return steps[-last:]
+    if not kept:
+        raise CheckpointError(f"{folder.path}: has no checkpoint to average ({CHECKPOINT_DIR}/)")
+    if not steps:
+        raise CheckpointError(
+            f"{folder.path}: no checkpoint at step {until} or before; its checkpoints are at "
+            f"steps {list_steps(kept)}"
+        )
+    where = "are kept" if until is None else f"are at step {until} or before"
+    raise CheckpointError(
+        f"{folder.path}: asked to average the last {last} checkpoints but only {len(steps)} "
+        f"{where} (steps {list_steps(steps)}); give --last {len(steps)} or fewer (a run keeps "
+        "its last train.keep_last snapshots)"
+    )
+
+
 def average_checkpoints(
     run_dir: str | Path,
     last: int,
@@ -63,8 +99,9 @@ def average_checkpoints(
     """Average the last ``last`` snapshots of ``run_dir`` (of those at step ``until`` or before,
     when given) into the model folder ``out``, written whole (built beside ``out``, swapped in).
 
-    Returns the averaged steps. ``out`` must not be the run folder itself nor hold it; an existing
-    non-empty ``out`` is refused unless ``overwrite``.
+    Returns the averaged steps. ``out`` may not be, hold or lie inside what the average reads
+    (the run's checkpoints/, config.json, tokenizer.json); an existing non-empty ``out`` is
+    refused unless ``overwrite``.
     """
     folder = RunFolder(run_dir)
     out = Path(out)
@@ -73,23 +110,9 @@ def average_checkpoints(
     recover_folder(folder.path)
     if not folder.config.is_file():
         raise CheckpointError(f"{folder.path}: not a training run folder ({CONFIG_FILE} not found)")
-    if out.resolve() == folder.path.resolve():
-        raise ConfigError(
-            "-o must be a new folder, not the run folder (it would replace its weights)"
-        )
-    if out.resolve() in folder.path.resolve().parents:
-        raise ConfigError(f"-o {out}: holds the run folder {folder.path}; choose another folder")
+    check_not_input(out, [folder.checkpoints, folder.config, folder.tokenizer], "-o")
     check_output_folder(out, overwrite=overwrite)
-    steps = folder.snapshot_steps()
-    if until is not None:
-        steps = [step for step in steps if step <= until]
-    if len(steps) < last:
-        where = "are kept" if until is None else f"are kept up to step {until}"
-        raise CheckpointError(
-            f"{folder.path}: asked to average the last {last} checkpoints but only {len(steps)} "
-            f"{where} ({', '.join(map(str, steps)) or 'none'}); raise train.keep_last"
-        )
-    steps = steps[-last:]
+    steps = _chosen_steps(folder, last, until)
     states: list[dict[str, torch.Tensor]] = []
     for step in steps:
         states.append(_load_snapshot(folder.snapshot_path(step), states[0] if states else None))
@@ -97,8 +120,7 @@ def average_checkpoints(
     meta = replace(folder.read_meta(), averaged={"steps": steps, "run": str(folder.path)})
     tokenizer = folder.tokenizer.read_bytes() if folder.tokenizer.is_file() else None
     with new_folder(out, overwrite=overwrite) as tmp:
-        with atomic_path(tmp / WEIGHTS_FILE) as path:
-            save_file(averaged, str(path), metadata=folder_parts(meta.config.model, tokenizer))
+        write_safetensors(averaged, tmp / WEIGHTS_FILE, folder_parts(meta.config.model, tokenizer))
         if tokenizer is not None:
             with atomic_path(tmp / TOKENIZER_FILE) as path:
                 path.write_bytes(tokenizer)

@@ -357,3 +357,19 @@ def run_config_from_dict(data: dict[str, Any], where: str = "config.json") -> Ru
 
 def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:
     return {name: to_dict(getattr(cfg, name)) for name in SECTIONS}
+
+
+def run_inputs(cfg: RunConfig) -> list[Path]:
+    """What a run reads besides its config file: its own data files (``data.train_src``, …,
+    ``data.valid_file``), the downloaded datasets (``$AIAYN_CACHE/datasets``) when it reads a
+    registered one, ``train.init_from``."""
+    data = cfg.data
+    names = [f.name for f in dataclasses.fields(data) if f.name.endswith(("_src", "_tgt", "_file"))]
+    paths = [Path(getattr(data, name)) for name in names if getattr(data, name)]
+    if not data.uses_own_files:
+        from aiayn.data.registry import cache_dir
+
+        paths.append(cache_dir() / "datasets")
+    if cfg.train.init_from:
+        paths.append(Path(cfg.train.init_from))
+    return paths

@@ -20,8 +20,8 @@ from aiayn.card import write_model_card
 from aiayn.config import flatten_keys
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.io import recover_folder
-from aiayn.train.config import RunConfig, run_config_to_dict
+from aiayn.io import check_not_input, recover_folder
+from aiayn.train.config import RunConfig, run_config_to_dict, run_inputs
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.task import Task, build_task
@@ -130,16 +130,22 @@ def train_run(
     extra_meta: dict[str, Any] | None = None,
     task: Task | None = None,
     overwrite: bool = False,
+    inputs: tuple[str | Path, ...] = (),
 ) -> TrainResult:
     """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``; replace what it
-    holds with ``overwrite``, once everything before the first update has succeeded)."""
+    holds with ``overwrite``, once everything before the first update has succeeded). ``out`` may
+    not be, hold or lie inside what the run reads: its data files, ``train.init_from`` and
+    ``inputs`` (the config file)."""
     dist = init_distributed(cfg.train.device)
     folder = RunFolder(out)
     new = not folder.path.exists()
+    owned = False  # whether what the folder holds is this run's own (to tidy after a failure)
     try:
-        replace_folder = _on_main(dist, lambda: folder.prepare(resume, overwrite))
+        check_not_input(folder.path, [*run_inputs(cfg), *inputs], "--out")
+        start = _on_main(dist, lambda: folder.prepare(resume, overwrite))
+        owned = not start.replace
         task = task or build_task(cfg)
-        if resume:
+        if start.resume:
             saved_tok = _on_main(dist, folder.read_tokenizer)
         elif cfg.train.init_from:
             saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg))
@@ -151,30 +157,39 @@ def train_run(
             task.setup(tokenizer_json)
         cfg = replace(cfg, model=task.model_config(cfg.model))
         task.cfg = cfg
-        meta = {
-            "kind": task.kind,
-            **run_config_to_dict(cfg),
-            "task": cfg.data.task,
-            "aiayn_version": __version__,
-            "hardware": hardware_name(cfg.train.device),
-            **(extra_meta or {}),
-        }
-        if resume:
+        meta = _run_meta(cfg, task, extra_meta)
+        if resume and folder.config.is_file():  # also when it starts again: the same config
             _on_main(dist, lambda: _check_resume(folder, meta))
-        trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, resume)  # loads the state
-        if replace_folder:
+        trainer = Trainer(cfg, task, folder, dist, meta, tokenizer_json, start.resume)
+        if start.replace:
             _on_main(dist, folder.start_over)
+            owned = True
         _on_main(dist, lambda: folder.write_meta(meta, tokenizer_json))
         result = trainer.fit()
         _on_main(dist, lambda: write_run_cards(folder.path))
         dist.barrier()
         return result
     except AiaynError:
-        if new and dist.is_main and not folder.state.is_file():
-            shutil.rmtree(folder.path, ignore_errors=True)  # nothing trained: leave no folder
+        if dist.is_main and owned and not folder.state.is_file():
+            if new:
+                shutil.rmtree(folder.path, ignore_errors=True)  # nothing trained: leave no folder
+            else:
+                folder.discard_uncommitted()  # a run folder that the next train starts again
         raise
     finally:
         shutdown_distributed()
+
+
+def _run_meta(cfg: RunConfig, task: Task, extra_meta: dict[str, Any] | None) -> dict[str, Any]:
+    """What the run's config.json records."""
+    return {
+        "kind": task.kind,
+        **run_config_to_dict(cfg),
+        "task": cfg.data.task,
+        "aiayn_version": __version__,
+        "hardware": hardware_name(cfg.train.device),
+        **(extra_meta or {}),
+    }
 
 
 def write_run_cards(run: Path) -> None:

@@ -11,8 +11,10 @@ Layout::
     RUN/metrics.jsonl        one JSON object per logged update
 
 Every file is written atomically (temporary file, fsync, rename). A checkpoint is committed by
-writing ``trainer_state.pt`` last; it names its weight snapshot, which is written first, so a kill
-at any moment leaves a consistent pair to resume from. The state holds only tensors, numbers,
+writing ``trainer_state.pt``; it names its weight snapshot, which is written first, so a kill at
+any moment leaves a consistent pair to resume from; ``model.safetensors`` is written after the
+commit. A folder without ``trainer_state.pt`` has no checkpoint: ``train`` starts it again from
+step 0 (:meth:`RunFolder.unstarted`). The state holds only tensors, numbers,
 strings, lists and dicts: it loads with ``torch.load(..., weights_only=True)``.
 """
 
@@ -24,14 +26,23 @@ import logging
 import os
 import pickle
 import re
+import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, folder_parts, save_weights
+from aiayn.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    folder_parts,
+    parts_differences,
+    save_weights,
+)
+from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.folder_config import (
     FolderConfig,
@@ -40,10 +51,14 @@ from aiayn.folder_config import (
     write_folder_config,
 )
 from aiayn.io import (
+    CHECKPOINT_DIR,
+    STATE_FILE,
     check_output_folder,
+    describe_folder,
     is_empty_folder,
     new_folder,
     recover_folder,
+    snapshot_steps,
     write_bytes,
     write_error,
     write_text,
@@ -51,25 +66,45 @@ from aiayn.io import (
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.pt"
 METRICS_FILE = "metrics.jsonl"
 BEST_DIR = "best"
-CHECKPOINT_DIR = "checkpoints"
 STATE_VERSION = 1
-_SNAPSHOT = re.compile(r"^step_(\d+)\.safetensors$")
+_WRITE_TEST = ".write_test"
+
+
+class Start(NamedTuple):
+    """How :meth:`RunFolder.prepare` found the folder."""
+
+    replace: bool  # swap the folder for an empty one (start_over) once the run is ready to write
+    resume: bool  # restore the committed checkpoint (False: start from step 0)
+
+
+# What torch's weights_only unpickler says when a state names a Python object it will not build:
+# "Unsupported global: GLOBAL __main__.Foreign …", "Trying to load unsupported GLOBAL posix.system
+# whose module posix is blocked", "… allowlist this global …".
+_REFUSED_GLOBAL = re.compile(r"unsupported global:? (?:GLOBAL )?([\w.]+)|allowlist", re.IGNORECASE)
 
 
 def _state_error(err: Exception, head: bytes) -> str:
     """What a failed ``torch.load`` of a trainer state (starting with bytes ``head``) means, in the
     user's terms (never torch's advice to lower ``weights_only``, never the zip reader's
-    internals alone)."""
+    internals alone): a refused Python object (a tampered or foreign file) is not a truncated
+    one."""
     text = str(err)
-    pickled = "Unsupported global" in text or head.startswith(b"\x80")  # a pickle's first byte
-    if isinstance(err, pickle.UnpicklingError) and pickled:
-        return (
-            "not an aiayn trainer state; refused to unpickle it (it holds Python objects, "
-            "which could run code; aiayn's states hold only tensors, numbers and strings)"
-        )
+    if isinstance(err, pickle.UnpicklingError):
+        refused = _REFUSED_GLOBAL.search(text)
+        if refused:
+            name = f" ({refused[1]})" if refused[1] else ""
+            return (
+                "not an aiayn trainer state; refused to unpickle it: it names a Python "
+                f"object{name} that loading would build or call, which could run code (aiayn's "
+                "states hold only tensors, numbers and strings)"
+            )
+        if head.startswith(b"\x80"):  # a bare pickle's first byte: not a file torch.save wrote
+            return (
+                "not an aiayn trainer state; refused to unpickle it (a bare pickle, not a "
+                "torch.save archive of tensors, numbers and strings)"
+            )
     if isinstance(err, EOFError) or "zip archive" in text or "central directory" in text:
         return "corrupt or truncated trainer state (the file ends early or is not a whole archive)"
     return f"corrupt or truncated trainer state (not a file torch.save wrote: {type(err).__name__})"
@@ -89,54 +124,78 @@ class RunFolder:
         self.checkpoints = self.path / CHECKPOINT_DIR
 
     # ---- setup -----------------------------------------------------------------------------
-    def prepare(self, resume: bool, overwrite: bool = False) -> bool:
-        """Check the folder can be used: writable, and holding a run exactly when resuming. A
-        folder that holds anything else (a model folder, other files) is refused unless
-        ``overwrite``, or unless it holds a run killed before its first checkpoint (nothing to
-        lose). Returns True when the folder is to be replaced by :meth:`start_over` once the run
-        is ready to write. Leftovers of a killed writer are resolved first."""
+    def prepare(self, resume: bool, overwrite: bool = False) -> Start:
+        """Check the folder can be used: writable, and holding a committed checkpoint when
+        resuming. A folder that holds anything else (a model folder, other files) is refused
+        unless ``overwrite``. A run stopped before its first checkpoint (:meth:`unstarted`) is
+        started again from step 0, with or without ``resume``. Leftovers of a killed writer are
+        resolved first."""
         recover_folder(self.best)
         recover_folder(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"{self.path}: run folder is a file")
         if resume and overwrite:
             raise ConfigError("--resume continues the run in --out; --overwrite replaces it")
-        if resume and not self.state.is_file():
-            raise CheckpointError(f"{self.path}: nothing to resume ({STATE_FILE} not found)")
-        if not resume and not overwrite and self.state.is_file():
+        committed = self.state.is_file()
+        if committed and not resume and not overwrite:
             raise ConfigError(
-                f"{self.path}: already holds a training run; pass --resume to continue it, "
-                "--overwrite to replace it, or choose another --out"
+                f"{self.path}: already holds {describe_folder(self.path)}; pass --resume to "
+                "continue it, --overwrite to replace it, or choose another --out"
             )
-        if not resume and not overwrite and self.unstarted():
-            log.info("%s: a run stopped before its first checkpoint; starting it again", self.path)
-            overwrite = True
+        if not committed and not overwrite and self.unstarted():
+            log.warning(
+                "%s: the run in it stopped before its first checkpoint (no %s)%s; starting it "
+                "again from step 0",
+                self.path,
+                STATE_FILE,
+                ": nothing to resume" if resume else "",
+            )
+            resume, overwrite = False, True
+        elif resume and not committed:
+            what = f"it holds {describe_folder(self.path)}" if self.path.is_dir() else "no folder"
+            raise CheckpointError(
+                f"{self.path}: nothing to resume ({STATE_FILE} not found; {what})"
+            )
         if not resume:
             check_output_folder(self.path, overwrite=overwrite)
         if overwrite and not is_empty_folder(self.path):
-            return True  # nothing written into the old folder until start_over
+            return Start(replace=True, resume=False)  # nothing written there until start_over
         try:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
-            write_text(self.path / ".write_test", "ok\n")
-            (self.path / ".write_test").unlink()
+            write_text(self.path / _WRITE_TEST, "ok\n")
+            (self.path / _WRITE_TEST).unlink()
         except OSError as err:
             raise ConfigError(f"{self.path}: run folder is not writable ({err})") from None
-        return False
+        return Start(replace=False, resume=resume)
 
     def unstarted(self) -> bool:
-        """True for a run folder that a run killed before its first checkpoint left: its
-        config.json (with a train section) and nothing trained."""
-        if not self.config.is_file() or self.state.exists() or self.weights.exists():
+        """True for what a run stopped before its first checkpoint (killed, or failed) leaves:
+        only the files a run writes before it, nothing trained, and a config.json with a train
+        section (or only the empty checkpoints/ that train makes first)."""
+        if not self.path.is_dir() or self.state.exists() or self.weights.exists():
             return False
         if self.best.exists() or self.snapshot_steps():
             return False
-        expected = {CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CHECKPOINT_DIR, "README.md"}
-        if any(p.name not in expected for p in self.path.iterdir()):
+        names = {p.name for p in self.path.iterdir()}
+        written = {CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CHECKPOINT_DIR, "README.md"}
+        if not names <= written | {_WRITE_TEST}:
             return False
+        if CONFIG_FILE not in names:
+            return names == {CHECKPOINT_DIR} and not any(self.checkpoints.iterdir())
         try:
             return read_folder_config(self.path).has_train
         except AiaynError:
             return False
+
+    def discard_uncommitted(self) -> None:
+        """Remove the weights a run that failed before its first checkpoint wrote (``best/``, a
+        snapshot): what is left is a run folder that :meth:`unstarted` recognises."""
+        if self.state.exists():
+            return  # a committed checkpoint: everything beside it is kept
+        shutil.rmtree(self.best, ignore_errors=True)
+        for step in self.snapshot_steps():
+            self.snapshot_path(step).unlink(missing_ok=True)
+        self.weights.unlink(missing_ok=True)
 
     def start_over(self) -> None:
         """Replace the folder (``--overwrite``) by an empty run folder, with a swap: a kill
@@ -174,26 +233,45 @@ class RunFolder:
 
     def snapshot_steps(self) -> list[int]:
         """Steps of the weight snapshots present, oldest first."""
-        if not self.checkpoints.is_dir():
-            return []
-        steps = [
-            int(m.group(1)) for p in self.checkpoints.iterdir() if (m := _SNAPSHOT.match(p.name))
-        ]
-        return sorted(steps)
+        return snapshot_steps(self.path)
 
     def save_checkpoint(self, model: nn.Module, state: dict[str, Any], keep_last: int) -> None:
-        """Snapshot, last weights, then the state that commits them; prune old snapshots."""
+        """The weight snapshot, then the state that commits it, then ``model.safetensors`` (until
+        that is written the folder loads the previous checkpoint's weights); prune old
+        snapshots. A failed write (a full disk) removes the uncommitted snapshot: the folder is
+        left as the last checkpoint left it."""
         step = state["step"]
         parts = getattr(self, "parts", None)
-        save_weights(model, self.snapshot_path(step), parts)
-        save_weights(model, self.weights, parts)
+        snapshot = self.snapshot_path(step)
         buffer = io.BytesIO()
-        torch.save(
-            {**state, "version": STATE_VERSION, "snapshot": self.snapshot_path(step).name}, buffer
-        )
-        write_bytes(self.state, buffer.getvalue())
+        torch.save({**state, "version": STATE_VERSION, "snapshot": snapshot.name}, buffer)
+        try:
+            save_weights(model, snapshot, parts)
+            write_bytes(self.state, buffer.getvalue())
+        except AiaynError:
+            snapshot.unlink(missing_ok=True)
+            raise
+        save_weights(model, self.weights, parts)
         for old in self.snapshot_steps()[:-keep_last]:
             self.snapshot_path(old).unlink(missing_ok=True)
+
+    def check_parts(self, snapshot: Path, model_cfg: ModelConfig) -> None:
+        """Refuse to resume from ``snapshot`` when the run's config.json (model section) or
+        tokenizer.json is not what it was trained with (edited since: same shapes, another
+        model); what was recorded is in the snapshot's metadata."""
+        found = parts_differences(snapshot, model_cfg, self.tokenizer)
+        diffs, tokenizer_differs = found if found is not None else ([], False)
+        if diffs:
+            raise CheckpointError(
+                f"{self.config}: does not describe the weights of the checkpoint to resume "
+                f"({snapshot.name}: {'; '.join(diffs[:3])}); it was edited after they were "
+                "written: put back the model section the run was trained with"
+            )
+        if tokenizer_differs:
+            raise CheckpointError(
+                f"{self.tokenizer}: is not the tokenizer the checkpoint to resume "
+                f"({snapshot.name}) was trained with; put back the run's own tokenizer.json"
+            )
 
     def load_state(self) -> dict[str, Any]:
         """The trainer state, checked; CheckpointError when missing, truncated or foreign."""

@@ -210,6 +210,7 @@ class Trainer:
 
         state = self.folder.load_state()
         snapshot = self.folder.checkpoints / state["snapshot"]
+        self.folder.check_parts(snapshot, self.cfg.model)  # config.json edited since?
         load_weights(self.model, snapshot)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
