@@ -29,13 +29,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from aiayn.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_weights, verify_folder_parts
+from aiayn.checkpoint import WEIGHTS_FILE, load_weights, verify_folder_parts
 from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
-from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
+from aiayn.folder_parts import read_tokenizer
 from aiayn.model import TransformerClassifier, TransformerLM
 from aiayn.train.config import RunConfig
 from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
@@ -79,24 +80,6 @@ def load_model_dir(
     return _build(folder, parsed, map_location, weights_name), parsed.config.model, parsed.to_dict()
 
 
-def _read_tokenizer(folder: Path, model_cfg: ModelConfig) -> Tokenizer:
-    path = folder / TOKENIZER_FILE
-    if not path.is_file():
-        raise CheckpointError(
-            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
-        )
-    try:
-        tokenizer = Tokenizer.from_file(path)
-    except DataError as err:
-        raise CheckpointError(str(err)) from None
-    vocab = min(model_cfg.src_vocab_size, model_cfg.tgt_vocab_size)
-    if tokenizer.vocab_size > vocab:
-        raise CheckpointError(
-            f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model only {vocab}"
-        )
-    return tokenizer
-
-
 def load_model_folder(
     paths: str | Path | Sequence[str | Path],
     device: str | torch.device = "cpu",
@@ -137,7 +120,7 @@ def load_model_folder(
                 )
     device = torch.device(device)
     models = [_build(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
-    tokenizers = [_read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
+    tokenizers = [read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
     model = ensemble_of(folders, models, tokenizers)
     first = parsed[0]
     return ModelFolder(
