@@ -254,7 +254,10 @@ def _score_row(path: Path, s: dict[str, Any]) -> str:
         if isinstance(models, list) and len(models) > 1:
             decoding += f"; ensemble of {len(models)}"
         speed = f"{s['sentences_per_s']:.1f} sentences/s" if "sentences_per_s" in s else ""
-    return f"| `{path.name}` | {s.get('test_set', '?')} | {scores} | {decoding} | {speed} |"
+    test_set = str(s.get("test_set", "?"))
+    if isinstance(s.get("limit"), int):  # `evaluate --limit N`: part of the set, said as such
+        test_set += f" (first {s['limit']} only: not the set's score)"
+    return f"| `{path.name}` | {test_set} | {scores} | {decoding} | {speed} |"
 
 
 def _decoding(meta: FolderConfig, kind: str) -> str:

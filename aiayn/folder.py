@@ -333,15 +333,16 @@ class ModelFolder:
         """Score the model on a split of its dataset or on files: sacreBLEU (cased, -lc) and chrF
         of its translations, or a classifier's accuracy (``src`` a label<TAB>text .tsv or
         .jsonl). One evaluator for all kinds; the result says what it measured (``test_set``,
-        counts, timing, settings)."""
+        counts, timing, settings). ``limit`` N scores the first N examples only; the result then
+        says so (``"limit": N``), as a score of part of the test set, not of the set."""
         if limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {limit}")
         if self.kind == "classification":
             return self._score_classifier(split, src, limit, overrides.get("max_tokens"))
         self._need("translation", "score")
         sources, refs, name = self._test_set(split, src, ref)
-        if limit:
-            sources, refs = sources[:limit], refs[:limit]
+        limited = 0 < limit < len(sources)
+        sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
         cfg = self.decode_config(decode, **overrides)
         from aiayn.eval import corpus_scores
 
@@ -356,6 +357,7 @@ class ModelFolder:
             decoding={**vars(cfg), "device": str(self.device), "engine": self.engine},
             model=self._model_name(),
             hyps=hyps,
+            **({"limit": limit} if limited else {}),
         )
         return scores
 
@@ -401,8 +403,8 @@ class ModelFolder:
             assert split is not None
             texts, labels = load_classification(self._dataset(), split)
             name = split
-        if limit:
-            texts, labels = texts[:limit], labels[:limit]
+        limited = 0 < limit < len(texts)
+        texts, labels = (texts[:limit], labels[:limit]) if limited else (texts, labels)
         self._need("classification", "score")
         scores = evaluate_classifier(
             cast(TransformerClassifier, self.model),
@@ -414,4 +416,6 @@ class ModelFolder:
             self.device,
         )
         scores.update(test_set=name, model=self._model_name(), device=str(self.device))
+        if limited:
+            scores["limit"] = limit
         return scores
