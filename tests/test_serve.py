@@ -339,6 +339,21 @@ def test_a_request_larger_than_the_queue_is_refused_at_once(folder):
         assert "can never fit this server's queue of 1" in r.json()["error"]
 
 
+def test_a_seed_outside_torchs_range_is_422_before_any_token(tmp_path):
+    """It was 200 with an error event: the seed is checked (aiayn.decode.generate.check_seed,
+    as `aiayn generate` does) before the generation is queued."""
+    lm = load_folder([make_folder(tmp_path / "lm", kind="lm")])
+    with TestClient(create_app(lm, Limits())) as c:
+        body = {"prompt": "the cat", "max_new_tokens": 2}
+        for seed in (99999999999999999999999, 2**64, -(2**63) - 1):
+            r = c.post("/v1/generate", json={**body, "seed": seed})
+            assert r.status_code == 422, r.text
+            assert r.headers["content-type"].startswith("application/json")
+            assert "seed must be an integer from -2**63 to 2**64-1" in r.json()["error"]
+        ok = c.post("/v1/generate", json={**body, "seed": 2**64 - 1})
+        assert ok.status_code == 200 and "event: done" in ok.text
+
+
 # ---- the API ----------------------------------------------------------------------------------
 
 
