@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -89,7 +90,8 @@ def load_model_folder(
 ) -> ModelFolder:
     """Open one model folder, or several translation folders as an ensemble (their next-token
     probabilities averaged; one shared tokenizer). Every folder's config.json is checked (kind
-    included) before any weights are read. CheckpointError names the folder and what is wrong.
+    included) before any weights are read. CheckpointError names the folder and what is wrong;
+    ``paths`` that are not a path or a list of paths (None, say) are a TypeError that says so.
 
     Folders written by ``aiayn export`` open the same way, run by their engine (ONNX Runtime,
     CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
@@ -98,9 +100,7 @@ def load_model_folder(
     from aiayn.decode.ensemble import ensemble_of
     from aiayn.export.engines import open_exported
 
-    folders = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
-    if not folders:
-        raise ConfigError("no model folder given")
+    folders = _folder_paths(paths)
     if expect_kind is not None:
         expect_kind = shape_name(expect_kind)
     parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
@@ -126,6 +126,23 @@ def load_model_folder(
     return ModelFolder(
         folders[0], folders, first.kind, model, tokenizers[0], first.config, device, first.has_data
     )
+
+
+def _folder_paths(paths: Any) -> list[Path]:
+    """``paths`` (one path, or a list of them) as a list of Paths. TypeError that says what
+    ``aiayn.load`` takes for anything else (None, a number, a list holding one); ConfigError
+    for an empty list."""
+    taken = "aiayn.load takes a model folder (a str or os.PathLike path) or a list of them"
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    elif not isinstance(paths, (list, tuple)):
+        raise TypeError(f"{taken}, got {type(paths).__name__}")
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"{taken}, got a list holding {type(p).__name__}")
+    if not paths:
+        raise ConfigError("no model folder given")
+    return [Path(p) for p in paths]
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""Edges of the inference commands that a new user meets: a seed outside torch's range. Each is
-handled, or one clear line."""
+"""Edges of the inference commands and of ``aiayn.load`` that a new user meets: empty input, a
+seed outside torch's range, a load of nothing. Each is handled, or one clear line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from serve_helpers import make_folder
 from trainutil import fails
 
+from aiayn.cli import main
 from aiayn.decode.generate import SEED_RANGE, check_seed
 from aiayn.errors import ConfigError
 from aiayn.folder import load_model_folder
@@ -20,6 +21,21 @@ TOO_BIG = 99999999999999999999999  # the probe's seed: a ValueError traceback fr
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("edges")
     return {kind: make_folder(root / kind, kind=kind) for kind in ("seq2seq", "classifier", "lm")}
+
+
+@pytest.mark.parametrize("command,kind", [("translate", "seq2seq"), ("classify", "classifier")])
+def test_empty_input_gives_no_output_lines(folders, tmp_path, capsys, command, kind):
+    """Every command that reads lines: no input line, no output line, exit 0 (classify printed
+    a blank line, translate nothing)."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    capsys.readouterr()
+    assert main([command, str(folders[kind]), "-i", str(empty)]) == 0
+    assert capsys.readouterr().out == ""
+    one = tmp_path / "one.txt"
+    one.write_text("the cat\n")
+    assert main([command, str(folders[kind]), "-i", str(one)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # one line in, one line out
 
 
 def test_a_seed_outside_torchs_range_is_one_line(folders, capsys):
@@ -41,3 +57,15 @@ def test_a_seed_outside_torchs_range_is_one_line(folders, capsys):
     for bad in (True, 1.5, "7"):
         with pytest.raises(ConfigError):
             check_seed(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad,words", [(None, "got NoneType"), (3, "got int"),
+                                       ([None], "a list holding NoneType")])
+def test_load_of_something_not_a_path_says_what_it_takes(bad, words):
+    import aiayn
+
+    with pytest.raises(TypeError, match="aiayn.load takes a model folder") as caught:
+        aiayn.load(bad)
+    assert words in str(caught.value)
+    with pytest.raises(ConfigError, match="no model folder given"):
+        aiayn.load([])
