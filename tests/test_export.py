@@ -526,10 +526,14 @@ ENGINES = [("onnx", "onnxruntime", "export"), ("ctranslate2", "ctranslate2", "ct
 
 def refused_everywhere(capsys, folder: Path, tmp_path: Path, message: str) -> None:
     """translate, evaluate and serve (at start-up, before listening) each end in one line with
-    ``message`` and exit 2; aiayn.load raises it."""
+    ``message`` and exit 2; aiayn.load raises it. A server that starts fails the test (instead of
+    serving for ever)."""
     from serve_helpers import free_port
 
     from aiayn.errors import CheckpointError
+
+    def never_serve(server, batcher):
+        raise AssertionError(f"{folder}: the server started; it should have been refused")
 
     text = tmp_path / "in.txt"
     text.write_text("abc\nde\n")
@@ -537,7 +541,9 @@ def refused_everywhere(capsys, folder: Path, tmp_path: Path, message: str) -> No
         load_model_folder(folder)
     fails(capsys, ["translate", str(folder), "-i", str(text)], message)
     fails(capsys, ["evaluate", str(folder), "--src", str(text), "--ref", str(text)], message)
-    fails(capsys, ["serve", str(folder), "--port", str(free_port())], message)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("aiayn.commands.serve.run_on_main_thread", never_serve)
+        fails(capsys, ["serve", str(folder), "--port", str(free_port())], message)
     assert not list(folder.glob("eval_*.json"))  # nothing was scored
 
 

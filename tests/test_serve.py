@@ -648,6 +648,10 @@ def test_full_queue_is_503_and_time_limit_is_504(folder):
 # ---- the command ------------------------------------------------------------------------------
 
 
+def never_serve(server, batcher):
+    raise AssertionError("the server started: it should have been refused at start")
+
+
 def test_serve_command_errors(folder_dir, monkeypatch, capsys):
     import builtins
     import socket
@@ -680,7 +684,9 @@ def test_serve_command_errors(folder_dir, monkeypatch, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["serve", str(folder_dir), "--max-texts", "0"]) == 2
     assert "--max-texts must be > 0" in capsys.readouterr().err
-    # a request of --max-texts texts could never be queued: refused at start, in one line
+    # a request of --max-texts texts could never be queued: refused at start, in one line (a
+    # server that started anyway fails the test instead of serving for ever)
+    monkeypatch.setattr("aiayn.commands.serve.run_on_main_thread", never_serve)
     assert main(["serve", str(folder_dir), "--max-texts", "64", "--max-queue", "32"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--max-texts (64) is more than --max-queue (32)" in err and "\n" not in err
