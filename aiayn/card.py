@@ -67,7 +67,7 @@ def model_card(folder: str | Path, shown_as: str | Path | None = None) -> str:
         "## Facts\n\n" + _facts_table(folder, meta, kind),
         "## Scores\n\n" + _scores(folder),
         "## Decoding settings\n\n" + _decoding(meta, kind),
-        "## Use it\n\n" + _usage(name, kind, exported=bool(fmt)),
+        "## Use it\n\n" + _usage(name, meta, kind),
     ]
     footer = (
         "*Written by aiayn from this folder's `config.json`, `eval_*.json` and its run's "
@@ -254,7 +254,10 @@ def _score_row(path: Path, s: dict[str, Any]) -> str:
         if isinstance(models, list) and len(models) > 1:
             decoding += f"; ensemble of {len(models)}"
         speed = f"{s['sentences_per_s']:.1f} sentences/s" if "sentences_per_s" in s else ""
-    return f"| `{path.name}` | {s.get('test_set', '?')} | {scores} | {decoding} | {speed} |"
+    test_set = str(s.get("test_set", "?"))
+    if isinstance(s.get("limit"), int):  # `evaluate --limit N`: part of the set, said as such
+        test_set += f" (first {s['limit']} only: not the set's score)"
+    return f"| `{path.name}` | {test_set} | {scores} | {decoding} | {speed} |"
 
 
 def _decoding(meta: FolderConfig, kind: str) -> str:
@@ -270,38 +273,59 @@ def _decoding(meta: FolderConfig, kind: str) -> str:
     return f"Stored in `config.json` (`decode`) and used by every command unless a flag overrides it: {settings}."
 
 
-def _usage(folder: Path, kind: str, exported: bool = False) -> str:
+def _usage(folder: Path, meta: FolderConfig, kind: str) -> str:
+    """The commands that fit this folder: its kind's, scored on its own dataset's test splits (or
+    on files, for a model trained on files of its own), run by its engine when exported."""
     f = str(folder)
-    if kind == "translation" and exported:  # runs through its engine: the CLI and the server
-        shell = [
-            f'echo "A man rides a bike." | aiayn translate {f}',
-            f"aiayn evaluate {f} --split test_2016_flickr   # or --src FILE --ref FILE",
-            f"aiayn serve {f}",
-        ]
-        return "```bash\n" + "\n".join(shell) + "\n```"
+    engine = f" --engine {meta.format}" if meta.format else ""  # what the export runs on
+    load = f'aiayn.load("{f}"' + (f', engine="{meta.format}")' if meta.format else ")")
     if kind == "translation":
         shell = [
-            f'echo "A man rides a bike." | aiayn translate {f}',
-            f"aiayn evaluate {f} --split test_2016_flickr   # or --src FILE --ref FILE",
-            f"aiayn serve {f}",
-            f"aiayn export {f} --format onnx -o {f}-onnx",
+            f'echo "A man rides a bike." | aiayn translate {f}{engine}',
+            *_evaluate_lines(f, meta, kind, engine),
+            f"aiayn serve {f}{engine}",
         ]
-        python = f'aiayn.load("{f}").translate(["A man rides a bike."])'
+        if not meta.format:
+            shell.append(f"aiayn export {f} --format onnx -o {f}-onnx")
+        python = f'{load}.translate(["A man rides a bike."])'
     elif kind == "classification":
         shell = [
             f'echo "A wonderful, moving film." | aiayn classify {f}',
-            f"aiayn evaluate {f} --split test",
-            f"aiayn serve {f}",
+            *_evaluate_lines(f, meta, kind, engine),
+            f"aiayn serve {f}{engine}",
         ]
-        python = f'aiayn.load("{f}").classify(["A wonderful, moving film."])'
+        python = f'{load}.classify(["A wonderful, moving film."])'
     elif kind == "language model":
         shell = [
             f'aiayn generate {f} --prompt "ROMEO:" --max-new-tokens 200 --seed 1',
-            f"aiayn serve {f}",
+            f"aiayn serve {f}{engine}",
         ]
-        python = f'aiayn.load("{f}").generate("ROMEO:", max_new_tokens=200, seed=1)'
+        python = f'{load}.generate("ROMEO:", max_new_tokens=200, seed=1)'
     else:
         return (
             f"Start a classifier from it: `aiayn train CONFIG --set train.init_from={f} --out RUN`."
         )
     return "```bash\n" + "\n".join(shell) + "\n```\n\n```python\nimport aiayn\n" + python + "\n```"
+
+
+def _evaluate_lines(model: str, meta: FolderConfig, kind: str, engine: str) -> list[str]:
+    """`aiayn evaluate` on each test split of the folder's registered dataset (the registry's
+    splits other than its training and validation ones), else on files of one's own."""
+    from aiayn.data.registry import DATASETS
+
+    dataset = meta.config.data.dataset if meta.has_data else None
+    spec = DATASETS.get(dataset) if dataset else None
+    splits = [s for s in spec.splits if not s.startswith(("train", "val"))] if spec else []
+    if splits:
+        return [f"aiayn evaluate {model} --split {split}{engine}" for split in splits]
+    if kind == "classification":
+        return [
+            f"aiayn evaluate {model} --src test.tsv{engine}   # label<TAB>text lines, or .jsonl"
+        ]
+    data = _sections(meta)["data"]
+    src, tgt = data.get("src_lang") or "src", data.get("tgt_lang") or "tgt"
+    if src == tgt:
+        src, tgt = "src", "tgt"
+    return [
+        f"aiayn evaluate {model} --src test.{src} --ref test.{tgt}{engine}   # your own test files"
+    ]

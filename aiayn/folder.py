@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -29,13 +30,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from aiayn.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, load_weights, verify_folder_parts
+from aiayn.checkpoint import WEIGHTS_FILE, load_weights, verify_folder_parts
 from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
-from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
+from aiayn.folder_parts import read_tokenizer
 from aiayn.model import TransformerClassifier, TransformerLM
 from aiayn.train.config import RunConfig
 from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
@@ -79,24 +81,6 @@ def load_model_dir(
     return _build(folder, parsed, map_location, weights_name), parsed.config.model, parsed.to_dict()
 
 
-def _read_tokenizer(folder: Path, model_cfg: ModelConfig) -> Tokenizer:
-    path = folder / TOKENIZER_FILE
-    if not path.is_file():
-        raise CheckpointError(
-            f"{folder}: not a complete model folder ({TOKENIZER_FILE} is missing)"
-        )
-    try:
-        tokenizer = Tokenizer.from_file(path)
-    except DataError as err:
-        raise CheckpointError(str(err)) from None
-    vocab = min(model_cfg.src_vocab_size, model_cfg.tgt_vocab_size)
-    if tokenizer.vocab_size > vocab:
-        raise CheckpointError(
-            f"{folder}: tokenizer has {tokenizer.vocab_size} tokens, the model only {vocab}"
-        )
-    return tokenizer
-
-
 def load_model_folder(
     paths: str | Path | Sequence[str | Path],
     device: str | torch.device = "cpu",
@@ -106,7 +90,8 @@ def load_model_folder(
 ) -> ModelFolder:
     """Open one model folder, or several translation folders as an ensemble (their next-token
     probabilities averaged; one shared tokenizer). Every folder's config.json is checked (kind
-    included) before any weights are read. CheckpointError names the folder and what is wrong.
+    included) before any weights are read. CheckpointError names the folder and what is wrong;
+    ``paths`` that are not a path or a list of paths (None, say) are a TypeError that says so.
 
     Folders written by ``aiayn export`` open the same way, run by their engine (ONNX Runtime,
     CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
@@ -115,9 +100,7 @@ def load_model_folder(
     from aiayn.decode.ensemble import ensemble_of
     from aiayn.export.engines import open_exported
 
-    folders = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
-    if not folders:
-        raise ConfigError("no model folder given")
+    folders = _folder_paths(paths)
     if expect_kind is not None:
         expect_kind = shape_name(expect_kind)
     parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
@@ -137,12 +120,29 @@ def load_model_folder(
                 )
     device = torch.device(device)
     models = [_build(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
-    tokenizers = [_read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
+    tokenizers = [read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
     model = ensemble_of(folders, models, tokenizers)
     first = parsed[0]
     return ModelFolder(
         folders[0], folders, first.kind, model, tokenizers[0], first.config, device, first.has_data
     )
+
+
+def _folder_paths(paths: Any) -> list[Path]:
+    """``paths`` (one path, or a list of them) as a list of Paths. TypeError that says what
+    ``aiayn.load`` takes for anything else (None, a number, a list holding one); ConfigError
+    for an empty list."""
+    taken = "aiayn.load takes a model folder (a str or os.PathLike path) or a list of them"
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    elif not isinstance(paths, (list, tuple)):
+        raise TypeError(f"{taken}, got {type(paths).__name__}")
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"{taken}, got a list holding {type(p).__name__}")
+    if not paths:
+        raise ConfigError("no model folder given")
+    return [Path(p) for p in paths]
 
 
 @contextlib.contextmanager
@@ -350,15 +350,16 @@ class ModelFolder:
         """Score the model on a split of its dataset or on files: sacreBLEU (cased, -lc) and chrF
         of its translations, or a classifier's accuracy (``src`` a label<TAB>text .tsv or
         .jsonl). One evaluator for all kinds; the result says what it measured (``test_set``,
-        counts, timing, settings)."""
+        counts, timing, settings). ``limit`` N scores the first N examples only; the result then
+        says so (``"limit": N``), as a score of part of the test set, not of the set."""
         if limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {limit}")
         if self.kind == "classification":
             return self._score_classifier(split, src, limit, overrides.get("max_tokens"))
         self._need("translation", "score")
         sources, refs, name = self._test_set(split, src, ref)
-        if limit:
-            sources, refs = sources[:limit], refs[:limit]
+        limited = 0 < limit < len(sources)
+        sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
         cfg = self.decode_config(decode, **overrides)
         from aiayn.eval import corpus_scores
 
@@ -373,6 +374,7 @@ class ModelFolder:
             decoding={**vars(cfg), "device": str(self.device), "engine": self.engine},
             model=self._model_name(),
             hyps=hyps,
+            **({"limit": limit} if limited else {}),
         )
         return scores
 
@@ -418,8 +420,8 @@ class ModelFolder:
             assert split is not None
             texts, labels = load_classification(self._dataset(), split)
             name = split
-        if limit:
-            texts, labels = texts[:limit], labels[:limit]
+        limited = 0 < limit < len(texts)
+        texts, labels = (texts[:limit], labels[:limit]) if limited else (texts, labels)
         self._need("classification", "score")
         scores = evaluate_classifier(
             cast(TransformerClassifier, self.model),
@@ -431,4 +433,6 @@ class ModelFolder:
             self.device,
         )
         scores.update(test_set=name, model=self._model_name(), device=str(self.device))
+        if limited:
+            scores["limit"] = limit
         return scores

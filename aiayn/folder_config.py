@@ -9,7 +9,8 @@ The file on disk: ``kind`` (older folders' "seq2seq"/"classifier" still load), t
 ``model``, ``data``, ``train``, ``decode`` (typed into :class:`~aiayn.train.config.RunConfig`;
 renamed keys such as ``train.bleu_every`` still load), and provenance written by train, average
 and export (``task``, ``preset``, ``hardware``, ``aiayn_version``, ``best``, ``averaged``,
-``format``, ``files``, ``quantization``, ``exported_from``; any other key is kept as written).
+``format``, ``files``, ``quantization``, ``exported_from``, ``parts``; any other key is kept as
+written).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ _OPTIONAL = (
     "files",
     "quantization",
     "exported_from",
+    "parts",
 )
 
 
@@ -75,6 +77,7 @@ class FolderConfig:
     files: Mapping[str, str] | None = None  # the exported graphs / model folder (export)
     quantization: str | None = None  # CTranslate2 weight type (export)
     exported_from: str | None = None  # the model folder an export was written from
+    parts: Mapping[str, str] | None = None  # sha256 of an export's files and model section
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys, kept as written
 
     @property
@@ -134,7 +137,7 @@ def parse_folder_config(meta: Any, folder: str | Path) -> FolderConfig:
     decode = meta.get("decode")
     decode_keys = tuple(decode) if isinstance(decode, dict) else None
     optional: dict[str, Any] = {name: meta.get(name) for name in _OPTIONAL}
-    for name in ("best", "averaged", "files"):
+    for name in ("best", "averaged", "files", "parts"):
         if optional[name] is not None and not isinstance(optional[name], dict):
             raise CheckpointError(f"{path}: '{name}' must be a table, not {optional[name]!r}")
     fmt = meta.get("format")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -154,3 +155,72 @@ def test_exported_folder_card(run):
     assert card.startswith("# ct2: translation model (CTranslate2 export)")
     assert "| format | CTranslate2, int8, exported from" in card
     assert "aiayn translate" in card and "aiayn serve" in card and "aiayn export" not in card
+
+
+def _translation_folder(tmp_path, name: str, **extra):
+    cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
+                      n_encoder_layers=1, n_decoder_layers=1)
+    return save_model_dir(tmp_path / name, Transformer(cfg), cfg, extra=extra)
+
+
+def _shell(card: str) -> list[str]:
+    """The lines of the card's shell block."""
+    return card.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+
+
+def test_a_model_of_own_files_is_evaluated_on_files(tmp_path):
+    """Trained on files of one's own (no registered dataset), or with no data recorded: the card
+    suggests --src/--ref (named after its languages), never a Multi30k split it cannot read."""
+    own = _translation_folder(tmp_path, "own", data={
+        "dataset": "", "train_src": "train.en", "train_tgt": "train.fr", "valid_src": "val.en",
+        "valid_tgt": "val.fr", "src_lang": "en", "tgt_lang": "fr", "tokenizer": "char"})
+    bare = _translation_folder(tmp_path, "bare")  # config.json without a data section
+    for folder, files in ((own, "--src test.en --ref test.fr"), (bare, "--src test.src --ref test.tgt")):
+        card = model_card(folder)
+        evaluate = [line for line in _shell(card) if line.startswith("aiayn evaluate")]
+        assert evaluate == [f"aiayn evaluate {folder} {files}   # your own test files"], card
+        assert "--split" not in card
+
+
+def test_registered_datasets_suggest_their_own_test_splits(tmp_path, monkeypatch):
+    """The test splits come from the dataset registry: Multi30k's two, IMDB's one, and those of
+    a dataset the registry gains (here a WMT-like one), never a hard-coded Multi30k split."""
+    from aiayn.data import registry
+    from aiayn.model import TransformerClassifier
+
+    m30k = model_card(_translation_folder(tmp_path, "m30k", data={"dataset": "multi30k"}))
+    assert [line for line in _shell(m30k) if line.startswith("aiayn evaluate")] == [
+        f"aiayn evaluate {tmp_path / 'm30k'} --split test_2016_flickr",
+        f"aiayn evaluate {tmp_path / 'm30k'} --split test_2017_flickr",
+    ]
+    toy = dataclasses.replace(registry.DATASETS["multi30k"], name="wmt_toy",
+                              splits=("train", "val", "newstest2013", "newstest2014"))
+    monkeypatch.setitem(registry.DATASETS, "wmt_toy", toy)
+    wmt = model_card(_translation_folder(tmp_path, "wmt", data={"dataset": "wmt_toy"}))
+    assert "--split newstest2013" in wmt and "--split newstest2014" in wmt
+    assert "test_2016_flickr" not in wmt and "--split val" not in wmt
+    cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
+                      n_encoder_layers=1, n_decoder_layers=0, n_classes=2)
+    own_clf = save_model_dir(tmp_path / "clf", TransformerClassifier(cfg), cfg, kind="classifier",
+                             extra={"data": {"dataset": "", "train_file": "reviews.tsv"}})
+    assert f"aiayn evaluate {own_clf} --src test.tsv" in model_card(own_clf)
+    assert "--split" not in model_card(own_clf)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "ctranslate2"])
+def test_exported_folders_suggest_commands_that_run_their_engine(tmp_path, fmt):
+    """An export's card runs the export: every command and aiayn.load name its engine, the test
+    splits are still its dataset's, and it offers no second export."""
+    source = _translation_folder(tmp_path, "model", data={"dataset": "multi30k"})
+    folder = tmp_path / fmt
+    folder.mkdir()
+    meta = json.loads((source / "config.json").read_text())
+    meta.update(format=fmt, exported_from=str(source))
+    (folder / "config.json").write_text(json.dumps(meta))
+    card = model_card(folder)
+    shell = _shell(card)
+    assert [line for line in shell if not line.endswith(f"--engine {fmt}")] == []
+    assert f"aiayn evaluate {folder} --engine {fmt} --split test_2016_flickr" not in shell
+    assert f"aiayn evaluate {folder} --split test_2016_flickr --engine {fmt}" in shell
+    assert f'aiayn.load("{folder}", engine="{fmt}").translate(' in card
+    assert "aiayn export" not in card

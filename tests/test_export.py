@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -413,6 +414,13 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
 # ---- bad input: one line, exit 2 ------------------------------------------------------------------
 
 
+def forget_parts(folder: Path) -> None:
+    """Drop config.json's record of the export's parts (what an older aiayn wrote)."""
+    meta = json.loads((folder / "config.json").read_text())
+    del meta["parts"]
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     torch.manual_seed(8)
@@ -480,6 +488,12 @@ def test_engine_bad_input(model_dir, tmp_path, capsys):
     fails(
         capsys,
         ["translate", str(out), "--engine", "onnx", "-i", str(text)],
+        "decoder.onnx is not the file this export wrote (changed, corrupted",
+    )
+    forget_parts(out)  # as exported before the record existed: ONNX Runtime's reader says it
+    fails(
+        capsys,
+        ["translate", str(out), "--engine", "onnx", "-i", str(text)],
         "decoder.onnx: not a readable ONNX graph",
     )
     (out / "decoder.onnx").unlink()
@@ -497,8 +511,89 @@ def test_corrupt_ctranslate2_folder(model_dir, tmp_path, capsys):
     fails(
         capsys,
         ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
+        "ctranslate2/model.bin is not the file this export wrote",
+    )
+    forget_parts(out)  # as exported before the record existed: CTranslate2's reader says it
+    fails(
+        capsys,
+        ["translate", str(out), "--engine", "ctranslate2", "-i", str(text)],
         "not a readable CTranslate2 model",
     )
+
+
+ENGINES = [("onnx", "onnxruntime", "export"), ("ctranslate2", "ctranslate2", "ctranslate2")]
+
+
+def refused_everywhere(capsys, folder: Path, tmp_path: Path, message: str) -> None:
+    """translate, evaluate and serve (at start-up, before listening) each end in one line with
+    ``message`` and exit 2; aiayn.load raises it. A server that starts fails the test (instead of
+    serving for ever)."""
+    from serve_helpers import free_port
+
+    from aiayn.errors import CheckpointError
+
+    def never_serve(server, batcher):
+        raise AssertionError(f"{folder}: the server started; it should have been refused")
+
+    text = tmp_path / "in.txt"
+    text.write_text("abc\nde\n")
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model_folder(folder)
+    fails(capsys, ["translate", str(folder), "-i", str(text)], message)
+    fails(capsys, ["evaluate", str(folder), "--src", str(text), "--ref", str(text)], message)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("aiayn.commands.serve.run_on_main_thread", never_serve)
+        fails(capsys, ["serve", str(folder), "--port", str(free_port())], message)
+    assert not list(folder.glob("eval_*.json"))  # nothing was scored
+
+
+@pytest.mark.parametrize("fmt,module,extra", ENGINES)
+def test_a_tokenizer_from_another_run_is_refused(model_dir, tmp_path, capsys, fmt, module, extra):
+    """A same-size tokenizer.json of another run copied into an export changed its output
+    silently: the parts recorded at export refuse it; CTranslate2's own vocabulary refuses it
+    even in an export written before the record."""
+    needs(module, extra)
+    out = export_model(model_dir, fmt, tmp_path / fmt)
+    (out / "tokenizer.json").write_text(CharTokenizer(CHARS[::-1]).to_str())
+    refused_everywhere(capsys, out, tmp_path, "tokenizer.json is not the file this export wrote")
+    if fmt == "ctranslate2":
+        forget_parts(out)
+        refused_everywhere(
+            capsys, out, tmp_path, "tokenizer.json is not the tokenizer the CTranslate2 model"
+        )
+
+
+@pytest.mark.parametrize("fmt,module,extra", ENGINES)
+def test_an_edited_model_section_is_refused(model_dir, tmp_path, capsys, fmt, module, extra):
+    """n_heads edited in an exported folder's config.json: ONNX Runtime's traceback from
+    translate and a 500 from a server that had started; now one line, and serve does not start.
+    ONNX graphs name the field from their own shapes, record or not."""
+    needs(module, extra)
+    out = export_model(model_dir, fmt, tmp_path / fmt)
+    meta = json.loads((out / "config.json").read_text())
+    meta["model"]["n_heads"] = 2
+    (out / "config.json").write_text(json.dumps(meta))
+    if fmt == "onnx":
+        message = "config.json says n_heads = 2, encoder.onnx was exported with 4"
+        refused_everywhere(capsys, out, tmp_path, message)
+        forget_parts(out)
+        refused_everywhere(capsys, out, tmp_path, message)
+        meta["model"].update(n_heads=4, src_vocab_size=60, tgt_vocab_size=60)
+        (out / "config.json").write_text(json.dumps(meta))
+        message = "config.json says tgt_vocab_size = 60, decoder.onnx was exported with 54"
+    else:  # CTranslate2 reads its own copy of the shape: the recorded digest says it
+        message = "config.json's model section was changed after export"
+    refused_everywhere(capsys, out, tmp_path, message)
+
+
+def test_an_export_records_its_parts(model_dir, tmp_path):
+    needs("onnxruntime", "export")
+    from aiayn.folder_parts import MODEL_PART
+
+    out = export_model(model_dir, "onnx", tmp_path / "onnx")
+    parts = json.loads((out / "config.json").read_text())["parts"]
+    assert sorted(parts) == [MODEL_PART, "decoder.onnx", "encoder.onnx", "tokenizer.json"]
+    assert all(len(digest) == 64 for digest in parts.values())
 
 
 @pytest.mark.parametrize("module,extra", [("onnx", "export"), ("ctranslate2", "ctranslate2")])

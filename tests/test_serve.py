@@ -28,7 +28,8 @@ from trainutil import torch_threads  # noqa: E402
 from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
 from aiayn.folder import load_model_folder as load_folder  # noqa: E402
 from aiayn.serve import Limits, create_app  # noqa: E402
-from aiayn.serve.batching import DynamicBatcher, QueueFull, Stopping  # noqa: E402
+from aiayn.errors import ConfigError  # noqa: E402
+from aiayn.serve.batching import DynamicBatcher, QueueFull, Stopping, TooLarge  # noqa: E402
 from aiayn.viz.attention import attention_of_translation  # noqa: E402
 
 KEY = "s3cret-key"
@@ -319,6 +320,40 @@ def test_batcher_queue_full_cancel_and_errors():
     batcher.close()
 
 
+def test_a_request_larger_than_the_queue_is_refused_at_once(folder):
+    """More inputs than the whole queue holds could never be queued: TooLarge at once, a 422
+    that says why (it was a 503 with Retry-After, for ever), whether the queue is empty or not;
+    Limits refuse --max-texts above --max-queue, so the server meets this only through the
+    batcher itself."""
+    batcher = DynamicBatcher(echo([]), max_queue=3, wait_s=0.0)
+    with pytest.raises(TooLarge, match="4 inputs in one request can never fit"):
+        batcher.submit("k", ["a", "b", "c", "d"], cost=4)
+    assert batcher.submit("k", ["a", "b", "c"], cost=3).result(5).outputs == ["k:a", "k:b", "k:c"]
+    batcher.close()
+    with pytest.raises(ConfigError, match="--max-texts .5. is more than --max-queue .4."):
+        Limits(max_texts=5, max_queue=4)
+    with TestClient(create_app(folder, Limits(max_texts=2, max_queue=2))) as c:
+        c.app.state.service.batcher.max_queue = 1  # as if the limits had let it through
+        r = c.post("/v1/translate", json={"texts": ["a cat", "a dog"]})
+        assert r.status_code == 422 and "Retry-After" not in r.headers
+        assert "can never fit this server's queue of 1" in r.json()["error"]
+
+
+def test_a_seed_outside_torchs_range_is_422_before_any_token(tmp_path):
+    """It was 200 with an error event: the seed is checked (aiayn.decode.generate.check_seed,
+    as `aiayn generate` does) before the generation is queued."""
+    lm = load_folder([make_folder(tmp_path / "lm", kind="lm")])
+    with TestClient(create_app(lm, Limits())) as c:
+        body = {"prompt": "the cat", "max_new_tokens": 2}
+        for seed in (99999999999999999999999, 2**64, -(2**63) - 1):
+            r = c.post("/v1/generate", json={**body, "seed": seed})
+            assert r.status_code == 422, r.text
+            assert r.headers["content-type"].startswith("application/json")
+            assert "seed must be an integer from -2**63 to 2**64-1" in r.json()["error"]
+        ok = c.post("/v1/generate", json={**body, "seed": 2**64 - 1})
+        assert ok.status_code == 200 and "event: done" in ok.text
+
+
 # ---- the API ----------------------------------------------------------------------------------
 
 
@@ -585,7 +620,7 @@ def test_twenty_kinds_of_bad_request_then_a_good_one(folder):
 
 
 def test_full_queue_is_503_and_time_limit_is_504(folder):
-    limits = Limits(max_queue=2, timeout=0.3)
+    limits = Limits(max_queue=2, max_texts=2, timeout=0.3)
     with TestClient(create_app(folder, limits)) as c:
         batcher = c.app.state.service.batcher
         release = threading.Event()
@@ -611,6 +646,10 @@ def test_full_queue_is_503_and_time_limit_is_504(folder):
 
 
 # ---- the command ------------------------------------------------------------------------------
+
+
+def never_serve(server, batcher):
+    raise AssertionError("the server started: it should have been refused at start")
 
 
 def test_serve_command_errors(folder_dir, monkeypatch, capsys):
@@ -645,6 +684,12 @@ def test_serve_command_errors(folder_dir, monkeypatch, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["serve", str(folder_dir), "--max-texts", "0"]) == 2
     assert "--max-texts must be > 0" in capsys.readouterr().err
+    # a request of --max-texts texts could never be queued: refused at start, in one line (a
+    # server that started anyway fails the test instead of serving for ever)
+    monkeypatch.setattr("aiayn.commands.serve.run_on_main_thread", never_serve)
+    assert main(["serve", str(folder_dir), "--max-texts", "64", "--max-queue", "32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--max-texts (64) is more than --max-queue (32)" in err and "\n" not in err
 
 
 def test_generation_past_its_time_limit_ends_with_an_error_event(tmp_path):

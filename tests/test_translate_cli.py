@@ -254,3 +254,29 @@ def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, caplog, native):
         assert not torch.is_autocast_enabled("cpu")
     warned = [r.getMessage() for r in caplog.records if "no native bf16" in r.getMessage()]
     assert len(warned) == (0 if native else 1)
+
+
+def test_a_limited_evaluation_never_stands_for_the_whole_set(tmp_path, capsys):
+    """`evaluate --limit N` overwrote eval_<split>.json, and the card then showed the N-sentence
+    score as the split's. It is saved beside it, named and marked as a part, and the card says so;
+    a limit that covers the whole set is the set's score."""
+    lines = sentences(6, 3)
+    src = write_lines(tmp_path / "valid.en", lines)
+    tgt = write_lines(tmp_path / "valid.de", lines)
+    data = {"dataset": "", "valid_src": str(src), "valid_tgt": str(tgt)}
+    folder, _ = make_model_dir(tmp_path / "m", sentences(200, 0), data=data)
+    decode = ("--beam", 1, "--max-len-b", 6)
+    assert cli("evaluate", folder, "--split", "valid", *decode) == 0
+    whole = (folder / "eval_valid.json").read_text()
+    capsys.readouterr()
+    assert cli("evaluate", folder, "--split", "valid", "--limit", 2, *decode) == 0
+    assert "2 sentences (the first 2 of valid only) in" in capsys.readouterr().out
+    assert (folder / "eval_valid.json").read_text() == whole  # the whole set's record stays
+    part = json.loads((folder / "eval_valid_first2.json").read_text())
+    assert (part["n"], part["limit"], part["test_set"]) == (2, 2, "valid")
+    card = (folder / "README.md").read_text()
+    assert "| `eval_valid.json` | valid |" in card
+    assert "| `eval_valid_first2.json` | valid (first 2 only: not the set's score) |" in card
+    assert cli("evaluate", folder, "--split", "valid", "--limit", 6, *decode) == 0
+    assert "limit" not in json.loads((folder / "eval_valid.json").read_text())
+    assert not (folder / "eval_valid_first6.json").exists()

@@ -8,6 +8,7 @@ test set: `aiayn evaluate`.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from aiayn.commands.options import add_device, inference_device, read_input_lines
 from aiayn.decode.classify import MAX_TOKENS
@@ -46,5 +47,6 @@ def run(args: argparse.Namespace) -> int:
     for result in model.classify(read_input_lines(args.input), args.max_tokens):
         label = result["label"]
         out.append(f"{label}\t{result['probs'][label]:.4f}" if label else "")
-    print("\n".join(out), flush=True)
+    sys.stdout.write("".join(line + "\n" for line in out))  # no input line: no output line
+    sys.stdout.flush()
     return 0

@@ -44,7 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(label<TAB>text .tsv or .jsonl)",
     )
     p.add_argument("--ref", metavar="FILE", help="reference translations, line by line with --src")
-    p.add_argument("--limit", type=int, default=0, help="score only the first N examples")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="score only the first N examples (saved as eval_<name>_first<N>.json, beside "
+        "the whole set's scores, never in their place)",
+    )
     p.add_argument(
         "--output",
         "-o",
@@ -58,10 +64,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def report(scores: dict[str, Any]) -> str:
     """The human-readable summary printed by `aiayn evaluate`."""
+    test_set, part = scores["test_set"], ""
+    if "limit" in scores:  # --limit: a part of the set, said as such
+        test_set = f"the first {scores['limit']} of {test_set} only"
+        part = f" ({test_set})"
     if "accuracy" in scores:
         return (
             f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) "
-            f"on {scores['test_set']}; {scores['cut_to_max_len']} texts cut to "
+            f"on {test_set}; {scores['cut_to_max_len']} texts cut to "
             f"{scores['max_len']} tokens; {scores['seconds']:.1f} s = "
             f"{scores['texts_per_s']:.0f} texts/s ({scores['device']})"
         )
@@ -75,10 +85,19 @@ def report(scores: dict[str, Any]) -> str:
             f"{scores['bleu_text']}  {scores['bleu_signature']}",
             f"{scores['bleu_lc_text'].replace('BLEU', 'BLEU-lc', 1)}  {scores['bleu_lc_signature']}",
             f"{scores['chrf_text']}  {scores['chrf_signature']}",
-            f"{scores['n']} sentences in {scores['seconds']:.1f} s = {scores['sentences_per_s']:.1f} "
-            f"sentences/s ({how})",
+            f"{scores['n']} sentences{part} in {scores['seconds']:.1f} s = "
+            f"{scores['sentences_per_s']:.1f} sentences/s ({how})",
         ]
     )
+
+
+def score_file_name(scores: dict[str, Any], paths: list[Path]) -> str:
+    """``eval_<test set>.json`` in the model folder; ``_first<N>`` when ``--limit`` scored part
+    of the set (so that it never replaces, nor reads as, the whole set's score), ``_ensemble<K>``
+    for an ensemble of K folders."""
+    part = f"_first{scores['limit']}" if "limit" in scores else ""
+    ensemble = f"_ensemble{len(paths)}" if len(paths) > 1 else ""
+    return f"eval_{scores['test_set']}{part}{ensemble}.json"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,9 +108,7 @@ def run(args: argparse.Namespace) -> int:
     model = open_models(args, inference_device(args.device))
     scores = model.score(args.split, args.src, args.ref, args.limit, **decode_overrides(args))
     hyps = scores.pop("hyps", None)
-    suffix = f"_ensemble{len(model.paths)}" if len(model.paths) > 1 else ""
-    name = f"eval_{scores['test_set']}{suffix}.json"
-    out = Path(args.output) if args.output else model.path / name
+    out = Path(args.output) if args.output else model.path / score_file_name(scores, model.paths)
     write_json(out, scores)
     if out.parent.resolve() == model.path.resolve():  # the folder's own scores: refresh its card
         from aiayn.card import write_model_card

@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=1.0,
         help="sample from the smallest set with this much probability (default: 1.0)",
     )
-    p.add_argument("--seed", type=int, help="random seed, for reproducible output")
+    p.add_argument(
+        "--seed", type=int, help="random seed (-2**63 to 2**64-1), for reproducible output"
+    )
     p.add_argument(
         "--no-cache",
         action="store_true",
@@ -53,6 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from aiayn.decode.generate import check_seed
+
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.temperature > 0:
@@ -61,6 +65,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--top-k must be >= 0, got {args.top_k}")
     if not 0 < args.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
+    check_seed(args.seed)
     if not args.prompt:
         raise ConfigError("--prompt is empty; give at least one character to continue")
 

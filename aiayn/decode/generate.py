@@ -21,10 +21,24 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.search import StepFn, sample
+from aiayn.errors import ConfigError
 from aiayn.model.cache import DecoderCache
 from aiayn.model.lm import TransformerLM
 
-__all__ = ["LMState", "lm_step", "generate", "TextStream"]
+__all__ = ["LMState", "SEED_RANGE", "check_seed", "lm_step", "generate", "TextStream"]
+
+#: the seeds ``torch.Generator.manual_seed`` takes (a 64-bit integer, signed or unsigned)
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_seed(seed: int | None) -> None:
+    """ConfigError when ``seed`` is outside :data:`SEED_RANGE` or not an integer (None: no seed).
+    `aiayn generate`, the server's /v1/generate and :func:`generate` all check it here."""
+    if seed is None:
+        return
+    low, high = SEED_RANGE
+    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
+        raise ConfigError(f"seed must be an integer from -2**63 to 2**64-1, got {seed!r}")
 
 
 @dataclass
@@ -92,6 +106,7 @@ def generate(
         raise ValueError("the prompt must have at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_seed(seed)
     model.eval()
     device = next(model.parameters()).device
     prefix = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, t0)

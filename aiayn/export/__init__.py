@@ -3,8 +3,10 @@
 ``aiayn export MODEL_DIR --format onnx|ctranslate2 -o OUT_DIR`` writes a folder that holds the
 graphs (or the CTranslate2 model), ``tokenizer.json`` and ``config.json``: the model's kind,
 config and decoding settings, plus ``"format"`` (what wrote it). ``aiayn translate OUT_DIR`` and
-``aiayn evaluate OUT_DIR`` then run it (:mod:`aiayn.export.engines`). The exporters need the
-extras ``export`` (onnx, onnxruntime) and ``ctranslate2``; the core package does not.
+``aiayn evaluate OUT_DIR`` then run it (:mod:`aiayn.export.engines`), once the folder's parts
+are checked against the record ``"parts"`` of config.json (:mod:`aiayn.folder_parts`). The
+exporters need the extras ``export`` (onnx, onnxruntime) and ``ctranslate2``; the core package
+does not.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def export_model(
     """
     from aiayn.card import write_model_card
     from aiayn.folder_config import parse_folder_config, write_folder_config
+    from aiayn.folder_parts import record_parts
     from aiayn.io import check_not_input, check_output_folder, new_folder
 
     source, out = Path(source), Path(out)
@@ -93,7 +96,8 @@ def export_model(
         tokenizer.save(tmp / "tokenizer.json")
         # the source's sections as the loader read them (renamed keys under their new names; a
         # section it did not record stays unrecorded), its provenance, and what the writer says
-        written = {**meta.to_dict(), **extra, "exported_from": str(source)}
+        parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened
+        written = {**meta.to_dict(), **extra, "exported_from": str(source), "parts": parts}
         written = {"format": fmt, **written, "kind": kind}
         if written.get("decode"):  # bf16 is PyTorch's autocast; an engine runs as exported
             written["decode"] = {**written["decode"], "bf16": False}

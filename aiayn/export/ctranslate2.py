@@ -26,6 +26,7 @@ How aiayn's options map:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,38 @@ def token_strings(tokenizer: Any, size: int) -> list[str]:
         seen.add(name)
         names.append(name)
     return names
+
+
+def check_vocabulary(model_dir: Path, tokens: list[str], cfg: Any) -> None:
+    """CheckpointError when the CTranslate2 model's vocabularies are not ``tokens`` (the token
+    strings of the folder's tokenizer.json, :func:`token_strings`) cut to config.json's sizes:
+    a tokenizer.json or config.json from another model. A file CTranslate2 did not write here
+    (an older layout) is left to CTranslate2's own reader."""
+    from aiayn.errors import CheckpointError
+
+    expected = {
+        "shared_vocabulary.json": ("src_vocab_size", cfg.src_vocab_size),
+        "source_vocabulary.json": ("src_vocab_size", cfg.src_vocab_size),
+        "target_vocabulary.json": ("tgt_vocab_size", cfg.tgt_vocab_size),
+    }
+    for name, (field, size) in expected.items():
+        try:
+            vocabulary = json.loads((model_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(vocabulary, list):
+            continue
+        if len(vocabulary) != size:
+            raise CheckpointError(
+                f"{model_dir.parent}: config.json says {field} = {size}, the CTranslate2 model "
+                f"has {len(vocabulary)} tokens (the folder's parts come from different models)"
+            )
+        if vocabulary != tokens[:size]:
+            raise CheckpointError(
+                f"{model_dir.parent}: tokenizer.json is not the tokenizer the CTranslate2 model "
+                "was exported with (their tokens differ; the folder's parts come from different "
+                "models)"
+            )
 
 
 def _np(t: Tensor) -> np.ndarray:

@@ -36,10 +36,11 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
-from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export import FORMATS, require
 from aiayn.export.onnx import state_names
 from aiayn.folder_config import FolderConfig, read_folder_config
+from aiayn.folder_parts import read_tokenizer, verify_model_section, verify_parts
 from aiayn.model.cache import DecoderCache, LayerCache
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,44 @@ def _session(path: Path, threads: int | None) -> Any:
         raise CheckpointError(f"{path}: not a readable ONNX graph ({first[:200]})") from None
 
 
+def _check_graph(
+    session: Any,
+    path: Path,
+    checks: dict[str, dict[int, tuple[str, int]]],
+    state: tuple[str, int] | None = None,
+) -> None:
+    """CheckpointError when config.json's model section does not describe the graph at ``path``
+    (an edited config.json, or a graph from another export). ``checks`` maps an input or output
+    to ``{axis: (config field, value)}`` for its fixed axes; ``state`` is the prefix of the
+    per-layer key/value tensors and the number of decoder layers config.json gives."""
+    shapes = {a.name: a.shape for a in (*session.get_inputs(), *session.get_outputs())}
+    found: list[tuple[str, int, int]] = []
+    if state is not None:
+        prefix, layers = state
+        found.append(
+            ("n_decoder_layers", layers, sum(n.startswith(f"{prefix}_k.") for n in shapes))
+        )
+    for name, axes in checks.items():
+        shape = shapes.get(name)
+        if shape is None:
+            raise CheckpointError(f"{path}: has no '{name}' (not a graph of this kind of model)")
+        found += [(field, value, shape[axis]) for axis, (field, value) in axes.items()]
+    for field, value, got in found:
+        if isinstance(got, int) and got != value:  # a named (dynamic) axis fits any value
+            raise CheckpointError(
+                f"{path.parent}: config.json says {field} = {value}, {path.name} was exported "
+                f"with {got} (the folder's parts come from different models)"
+            )
+
+
+def _head_checks(cfg: ModelConfig, prefix: str) -> dict[str, dict[int, tuple[str, int]]]:
+    """The fixed axes of layer 0's keys and values (rows, H, length, K or Kv)."""
+    return {
+        f"{prefix}_k.0": {1: ("n_heads", cfg.n_heads), 3: ("d_k", cfg.head_dim_k)},
+        f"{prefix}_v.0": {3: ("d_v", cfg.head_dim_v)},
+    }
+
+
 def _run(session: Any, feeds: dict[str, np.ndarray]) -> list[Tensor]:
     """Run a session; its outputs as CPU tensors sharing the numpy buffers."""
     return [torch.from_numpy(out) for out in session.run(None, feeds)]
@@ -117,6 +156,15 @@ class OnnxTranslator(_Engine):
         self.encoder = _session(folder / files["encoder"], threads)
         self.decoder = _session(folder / files["decoder"], threads)
         self.n_layers = cfg.n_decoder_layers
+        memory = {"memory": {2: ("d_model", cfg.d_model)}}
+        logits = {"logits": {2: ("tgt_vocab_size", cfg.tgt_vocab_size)}}
+        cross, past = ("cross", self.n_layers), ("past", self.n_layers)
+        _check_graph(
+            self.encoder, folder / files["encoder"], memory | _head_checks(cfg, "cross"), cross
+        )
+        _check_graph(
+            self.decoder, folder / files["decoder"], logits | _head_checks(cfg, "past"), past
+        )
         self._past_names = state_names("past", self.n_layers)
         self._cross_names = state_names("cross", self.n_layers)
 
@@ -174,6 +222,11 @@ class OnnxLM(_Engine):
         super().__init__(cfg)
         self.decoder = _session(folder / files["decoder"], threads)
         self._past_names = state_names("past", cfg.n_decoder_layers)
+        logits = {"logits": {2: ("tgt_vocab_size", cfg.tgt_vocab_size)}}
+        past = ("past", cfg.n_decoder_layers)
+        _check_graph(
+            self.decoder, folder / files["decoder"], logits | _head_checks(cfg, "past"), past
+        )
 
     def init_cache(self) -> DecoderCache:
         return DecoderCache.empty(self.cfg.n_decoder_layers)
@@ -193,6 +246,8 @@ class OnnxClassifier(_Engine):
     ) -> None:
         super().__init__(cfg)
         self.session = _session(folder / files["classifier"], threads)
+        logits = {"logits": {1: ("n_classes", cfg.n_classes)}}
+        _check_graph(self.session, folder / files["classifier"], logits)
 
     def forward(self, ids: Tensor) -> Tensor:
         """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C)."""
@@ -344,11 +399,10 @@ def open_export(
     """(engine model, tokenizer, parsed config.json) of a folder written by ``aiayn export``.
 
     ``engine`` ('onnx' or 'ctranslate2'), when given, must be the folder's format; ``expect_kind``
-    likewise its kind. Every problem is a one-line CheckpointError or ConfigError.
+    likewise its kind. The folder's parts are checked first (:mod:`aiayn.folder_parts`; the
+    graphs' shapes and CTranslate2's vocabulary against config.json and tokenizer.json). Every
+    problem is a one-line CheckpointError or ConfigError.
     """
-    from aiayn.checkpoint import TOKENIZER_FILE
-    from aiayn.data import Tokenizer
-
     folder = Path(folder)
     parsed = read_exported_config(folder, expect_kind)
     fmt, kind = str(parsed.format), parsed.kind
@@ -357,16 +411,11 @@ def open_export(
             f"{folder}: holds a '{fmt}' export; --engine {engine} needs a folder "
             f"written by `aiayn export --format {engine}`"
         )
-    try:
-        cfg = parsed.config.model
-        files = dict(parsed.files or {})
-        tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
-    except AiaynError as err:
-        raise CheckpointError(f"{folder}: {err}") from None
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{folder / 'config.json'}: malformed ({err})") from None
+    verify_parts(folder, parsed)  # every file the one written at export
+    cfg, files = parsed.config.model, dict(parsed.files or {})
+    tokenizer = read_tokenizer(folder, cfg)
     if fmt == "ctranslate2":
-        from aiayn.export.ctranslate2 import token_strings
+        from aiayn.export.ctranslate2 import check_vocabulary, token_strings
 
         if kind != "translation":
             raise CheckpointError(
@@ -374,9 +423,9 @@ def open_export(
                 f"this is a '{kind}' model"
             )
         tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
-        model: Any = Ct2Translator(
-            folder / files.get("model", "ctranslate2"), cfg, tokens, threads, workers
-        )
+        model_dir = folder / files.get("model", "ctranslate2")
+        check_vocabulary(model_dir, tokens, cfg)
+        model: Any = Ct2Translator(model_dir, cfg, tokens, threads, workers)
     else:
         engines = {"translation": OnnxTranslator, "lm": OnnxLM, "classification": OnnxClassifier}
         if kind not in engines:
@@ -388,6 +437,7 @@ def open_export(
             model = engines[kind](folder, cfg, files, share)
         except KeyError as err:
             raise CheckpointError(f"{folder / 'config.json'}: 'files' lacks {err}") from None
+    verify_model_section(folder, parsed)  # after the engines named the fields they could check
     return model, tokenizer, parsed
 
 

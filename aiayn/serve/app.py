@@ -14,7 +14,8 @@ Routes (all but ``/health`` need the API key when one is set):
     GET  /docs             OpenAPI (Swagger UI), /openapi.json the schema
 
 Every error is one line of JSON, ``{"error": "..."}``, with its status: 400 malformed JSON, 401
-API key, 404/405 route, 413 body too large, 422 a value out of range (the reason names it), 503
+API key, 404/405 route, 413 body too large, 422 a value out of range (the reason names it; a
+request of more texts than the queue ever holds included), 503
 queue full (with Retry-After), 504 time limit. The limits are :class:`~aiayn.serve.limits.Limits`.
 """
 
@@ -41,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
 from aiayn.folder import ModelFolder
-from aiayn.serve.batching import BatchResult, QueueFull, Stopping
+from aiayn.serve.batching import BatchResult, QueueFull, Stopping, TooLarge
 from aiayn.serve.limits import Limits
 from aiayn.serve.service import GenerationStopped, ModelService, RequestError
 
@@ -348,6 +349,10 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueueFull)
     async def busy(request: Request, err: QueueFull) -> JSONResponse:
         return _error(503, str(err), {"Retry-After": str(err.retry_after)})
+
+    @app.exception_handler(TooLarge)
+    async def too_large(request: Request, err: TooLarge) -> JSONResponse:
+        return _error(422, str(err))
 
     @app.exception_handler(Stopping)
     async def stopping(request: Request, err: Stopping) -> JSONResponse:

@@ -30,7 +30,8 @@ One worker runs everything the model does (batches and single jobs such as a gen
 torch never runs two things at once and each gets all intra-op threads. It is the batcher's own
 thread, or (``thread=False``) whichever thread calls :meth:`DynamicBatcher.work`.
 
-Bounds: at most ``max_queue`` inputs wait (:class:`QueueFull` beyond, the server's 503); a
+Bounds: at most ``max_queue`` inputs wait (:class:`QueueFull` beyond, the server's 503; a
+request larger than the whole queue is :class:`TooLarge` at once, the server's 422); a
 request cancelled before its batch starts (its time limit passed) is dropped from the queue. A
 batch that has started runs to its end: a decoding step cannot be interrupted, its result is
 discarded for a cancelled request.
@@ -53,7 +54,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchResult", "DynamicBatcher", "QueueFull", "Stopping"]
+__all__ = ["BatchResult", "DynamicBatcher", "QueueFull", "Stopping", "TooLarge"]
 
 
 class Stopping(Exception):
@@ -69,6 +70,17 @@ class QueueFull(Exception):
     def __init__(self, waiting: int, retry_after: int = 1) -> None:
         super().__init__(f"the server is busy ({waiting} inputs waiting); retry later")
         self.retry_after = retry_after
+
+
+class TooLarge(Exception):
+    """A request of more inputs than the whole queue holds: it could never be queued, so
+    waiting would not help (the server's 422, not a 503)."""
+
+    def __init__(self, size: int, max_queue: int) -> None:
+        super().__init__(
+            f"{size} inputs in one request can never fit this server's queue of {max_queue}; "
+            "send fewer per request"
+        )
 
 
 @dataclass
@@ -140,7 +152,8 @@ class DynamicBatcher:
 
     def submit(self, key: Hashable, inputs: Sequence[Any], cost: int) -> Future:
         """Queue ``inputs`` to be run in a batch with others of the same ``key``; the future's
-        result is a :class:`BatchResult`. QueueFull when the queue is full."""
+        result is a :class:`BatchResult`. QueueFull when the queue is full; TooLarge when
+        ``inputs`` are more than it ever holds."""
         if key is None:
             raise ValueError("a batch key must not be None")
         return self._put(_Request(key, list(inputs), max(cost, 1)))
@@ -157,6 +170,8 @@ class DynamicBatcher:
 
     def _put(self, request: _Request) -> Future:
         size = len(request.inputs) if request.key is not None else 1
+        if size > self.max_queue:
+            raise TooLarge(size, self.max_queue)
         with self._cond:
             if self._closed:
                 raise Stopping()

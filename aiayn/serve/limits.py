@@ -16,7 +16,7 @@ class Limits:
 
     # Request body in bytes; larger is 413. 64 KiB holds 32 texts of a few hundred words.
     max_body_bytes: int = 65536
-    # Texts in one /v1/translate or /v1/classify request.
+    # Texts in one /v1/translate or /v1/classify request (at most max_queue: one must fit).
     max_texts: int = 32
     # Tokens in one text (never more than the model's positional table): a longer text is 422.
     max_text_tokens: int = 256
@@ -44,6 +44,12 @@ class Limits:
             value = getattr(self, f.name)
             if f.name not in ("batching", "batch_wait_ms", "batch_max_wait_ms") and not value > 0:
                 raise ConfigError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
+        if self.max_texts > self.max_queue:
+            raise ConfigError(
+                f"--max-texts ({self.max_texts}) is more than --max-queue ({self.max_queue}): a "
+                "request of that many texts could never be queued; lower --max-texts or raise "
+                "--max-queue"
+            )
         if not 0 <= self.batch_wait_ms <= self.batch_max_wait_ms:
             raise ConfigError(
                 "--batch-wait-ms must be >= 0 and at most --batch-max-wait-ms, got "
@@ -54,7 +60,7 @@ class Limits:
 # Flag help, from the comments above (one home for the wording).
 LIMIT_HELP = {
     "max_body_bytes": "request body size in bytes; larger is 413",
-    "max_texts": "texts per /v1/translate or /v1/classify request",
+    "max_texts": "texts per /v1/translate or /v1/classify request (at most --max-queue)",
     "max_text_tokens": "tokens per text (at most the model's positional table); longer is 422",
     "max_beam": "largest beam size (and n-best) a request may ask for",
     "max_alpha": "largest length penalty alpha a request may ask for (from 0)",

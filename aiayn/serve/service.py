@@ -22,6 +22,8 @@ from torch.nn import Module
 
 from aiayn.config import to_dict
 from aiayn.decode import DecodeConfig, Ensemble
+from aiayn.decode.generate import check_seed
+from aiayn.errors import ConfigError
 from aiayn.folder import ModelFolder
 from aiayn.model import Transformer
 from aiayn.serve.batching import DynamicBatcher
@@ -181,6 +183,10 @@ class ModelService:
         """Queue a generation; ``on_token(text)`` runs on the worker thread with each new piece
         of text (raise :class:`GenerationStopped` in it to stop). The result is the text."""
         self.require("generate")
+        try:
+            check_seed(options.get("seed"))
+        except ConfigError as err:
+            raise RequestError(422, str(err)) from None
         if not prompt.strip():
             raise RequestError(422, "prompt is empty")
         n = len(self.folder.tokenizer.encode(prompt))
