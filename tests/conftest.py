@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+from trainutil import thread_fixture
 
 
 @pytest.fixture(autouse=True)
@@ -10,13 +11,8 @@ def _seed_and_threads():
     yield
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models: one thread is faster, and far faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Opt-in (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny models, one thread.
+one_thread = thread_fixture()
 
 
 def mirror_or_skip():

@@ -10,17 +10,16 @@ from __future__ import annotations
 import io
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from trainutil import process_fails, tiny_model_config
 
 from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.commands.translate import one_line
-from aiayn.config import ModelConfig
 from aiayn.data import train_tokenizer
 from aiayn.decode import translate_texts
 from aiayn.folder import load_model_folder
@@ -41,8 +40,7 @@ def sentences(n: int, seed: int) -> list[str]:
 
 def make_model_dir(folder: Path, texts: list[str], max_len: int = 32, **extra) -> tuple[Path, Transformer]:
     tok = train_tokenizer(texts, "bpe", vocab_size=300)
-    cfg = ModelConfig(src_vocab_size=304, tgt_vocab_size=304, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=max_len)
+    cfg = tiny_model_config(vocab=304, max_len=max_len)
     torch.manual_seed(0)
     model = Transformer(cfg).eval()
     save_model_dir(folder, model, cfg, tokenizer_json=tok.to_str(), extra=extra)
@@ -151,10 +149,7 @@ def test_wrong_kind_and_corrupt_weights_are_clear_errors(tmp_path, capsys, monke
 
 
 def test_errors_exit_nonzero_without_traceback_in_a_real_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(tmp_path / "nowhere")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "model folder not found" in proc.stderr and "Traceback" not in proc.stderr
+    process_fails(["translate", tmp_path / "nowhere"], "model folder not found", unchanged=[tmp_path])
 
 
 # ---- evaluate --------------------------------------------------------------------------------
