@@ -208,7 +208,8 @@ def fails(capsys, argv: list, message: str, *, code: int = 2, unchanged=(), may_
     return err
 
 
-def fails_keeping(capsys, root: Path, argv: list, message: str, code: int = 2, may_change=()) -> str:
+def fails_keeping(capsys, root: Path, argv: list, message: str, code: int = 2,
+                  may_change=()) -> str:
     """``fails`` with the files under ``root`` unchanged (test_bad_input's form)."""
     return fails(capsys, argv, message, code=code, unchanged=[root], may_change=may_change)
 
