@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from trainutil import tiny_model_config
+from trainutil import fails, tiny_model_config
 
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.folder import load_model_folder
@@ -154,15 +154,14 @@ def test_ensemble_folder_errors(two_model_dirs, tmp_path, capsys):
     first, _ = two_model_dirs
     other, _ = make_model_dir(tmp_path / "other", sentences(300, 5))  # another tokenizer
     src = write_lines(tmp_path / "t.en", ["the cat"])
-    assert cli("translate", first, other, "-i", src) == 2
-    assert "tokenizer differs" in capsys.readouterr().err
+    fails(capsys, ["translate", first, other, "-i", src], "tokenizer differs", unchanged=[tmp_path])
     with pytest.raises(CheckpointError, match="tokenizer differs"):
         load_model_folder([first, other])
-    assert cli("translate", first, tmp_path / "missing", "-i", src) == 2
-    assert "missing" in capsys.readouterr().err
+    fails(capsys, ["translate", first, tmp_path / "missing", "-i", src], "missing",
+          unchanged=[tmp_path])
     classifier = tmp_path / "clf"  # only its recorded kind matters: refused before loading
     classifier.mkdir()
     meta = json.loads((first / "config.json").read_text())
     (classifier / "config.json").write_text(json.dumps({**meta, "kind": "classifier"}))
-    assert cli("evaluate", classifier, first, "--src", src, "--ref", src) == 2
-    assert "other models are used one folder at a time" in capsys.readouterr().err
+    fails(capsys, ["evaluate", classifier, first, "--src", src, "--ref", src],
+          "other models are used one folder at a time", unchanged=[tmp_path])
