@@ -123,8 +123,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _keep_slow_out_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``-m unit`` replaces the default ``-m 'not slow'``: slow tests still run only when ``-m``
-    names them (``make test-slow``)."""
-    if "slow" in config.getoption("markexpr", ""):
+    names them (``make test-slow``) or no ``-m`` is given (``-o addopts=``)."""
+    markexpr = config.getoption("markexpr", "")
+    if not markexpr or "slow" in markexpr:
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:

@@ -35,13 +35,13 @@ def test_the_kinds_are_registered_markers():
     assert set(KINDS) <= registered
 
 
-def _pytest_in(folder: Path, test_file: str) -> subprocess.CompletedProcess:
+def _pytest_in(folder: Path, test_file: str, *args: str) -> subprocess.CompletedProcess:
     """pytest over one test file, in ``folder`` beside copies of the conftest and its helpers."""
     for name in ("conftest.py", "trainutil.py"):
         shutil.copy(TESTS / name, folder / name)
     (folder / "test_new.py").write_text(test_file, encoding="utf-8")
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "test_new.py"], cwd=folder, env=subprocess_env(), capture_output=True,
+                           "test_new.py", *args], cwd=folder, env=subprocess_env(), capture_output=True,
                           text=True, timeout=120)
 
 
@@ -54,6 +54,7 @@ def test_a_test_without_a_kind_stops_the_run(tmp_path):
 
 
 def test_a_unit_test_that_starts_a_process_fails(tmp_path):
+    """... and ``-m unit`` leaves slow tests out, as the default ``-m 'not slow'`` does."""
     proc = _pytest_in(tmp_path, (
         "import subprocess, sys\n"
         "import pytest\n"
@@ -61,7 +62,10 @@ def test_a_unit_test_that_starts_a_process_fails(tmp_path):
         "def test_spawns():\n"
         "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
         "def test_stays_in():\n"
-        "    assert sum(range(4)) == 6\n"))
+        "    assert sum(range(4)) == 6\n"
+        "@pytest.mark.slow\n"
+        "def test_slow():\n"
+        "    assert False\n"), "-m", "unit")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "1 failed, 1 passed" in proc.stdout
+    assert "1 failed, 1 passed, 1 deselected" in proc.stdout
     assert "test_new.py::test_spawns is marked unit but started a process" in proc.stdout
