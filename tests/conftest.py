@@ -1,7 +1,12 @@
+import multiprocessing.process
 import os
+import socket
+import subprocess
+from collections.abc import Callable
 
 import pytest
 import torch
+from trainutil import thread_fixture
 
 
 @pytest.fixture(autouse=True)
@@ -10,13 +15,8 @@ def _seed_and_threads():
     yield
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models: one thread is faster, and far faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Opt-in (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny models, one thread.
+one_thread = thread_fixture()
 
 
 def mirror_or_skip():
@@ -25,3 +25,159 @@ def mirror_or_skip():
     if not mirror:
         pytest.skip("AIAYN_DATA_MIRROR is not set (real-data test; `make test` sets it when ../shared/data exists)")
     return mirror
+
+
+# ---- kinds: every test is marked unit, process, serve or browser ------------------------------
+# unit: in-process (no subprocess, no listening socket, no browser): `pytest -m unit` is the inner
+# loop. process: spawns the CLI or another process. serve: starts the HTTP app or a server.
+# browser: drives Chromium (it also serves and spawns). A test has every kind that applies; unit
+# only when none of the others does. The kinds of a module's tests are in MODULE_KINDS; a test
+# whose kinds differ from its module's is in TEST_KINDS (they replace the module's). A test with
+# no kind stops the run at collection (tests/test_kinds.py checks both tables), and a unit test
+# that starts a process or listens on a socket fails, naming what it did.
+KINDS = ("unit", "process", "serve", "browser")
+
+UNIT = ("unit",)
+MODULE_KINDS: dict[str, tuple[str, ...]] = {
+    "test_allocator": ("process",),
+    "test_atomic_folders": UNIT,
+    "test_bad_input": UNIT,
+    "test_bench_train": UNIT,
+    "test_cache": UNIT,
+    "test_card": UNIT,
+    "test_cli_help": UNIT,
+    "test_config": UNIT,
+    "test_cuda": UNIT,
+    "test_data_batching": UNIT,
+    "test_data_download": ("serve",),  # a local HTTP server stands for the dataset sources
+    "test_data_files": UNIT,
+    "test_data_tokenizer": UNIT,
+    "test_docs": UNIT,
+    "test_ensemble": UNIT,
+    "test_export": UNIT,
+    "test_folder": UNIT,
+    "test_folder_config": UNIT,
+    "test_gpu_check": ("process",),
+    "test_imports": UNIT,
+    "test_io": UNIT,
+    "test_kinds": UNIT,
+    "test_make_results": UNIT,
+    "test_mlm": UNIT,
+    "test_model": UNIT,
+    "test_model_parity": UNIT,
+    "test_model_shapes": UNIT,
+    "test_output_vocab": UNIT,
+    "test_recase": UNIT,
+    "test_search": UNIT,
+    "test_seed_pairs": UNIT,
+    "test_serve": ("serve",),
+    "test_serve_page": ("browser", "serve", "process"),
+    "test_shapes_cli": UNIT,
+    "test_shipped_configs": UNIT,
+    "test_syncs": UNIT,
+    "test_threads": UNIT,
+    "test_train_cli": UNIT,
+    "test_train_ddp": ("process",),
+    "test_train_loop": UNIT,
+    "test_train_recipe": UNIT,
+    "test_train_resume": UNIT,
+    "test_translate_cli": UNIT,
+    "test_viz": UNIT,
+    "test_walkthrough": UNIT,
+}
+
+TEST_KINDS: dict[str, tuple[str, ...]] = {
+    "test_atomic_folders::test_sigkill_between_the_two_renames_keeps_the_old_folder": ("process",),
+    "test_bench_train::test_worker_protocol_runs_round_robin": ("process",),
+    "test_config::test_cli_bad_input_is_one_line_error_no_traceback": ("process",),
+    "test_data_download::test_fetch_from_a_local_path": UNIT,
+    "test_data_download::test_unknown_dataset_name": UNIT,
+    "test_data_download::test_real_mirror_prepares_every_dataset": UNIT,
+    "test_data_download::test_real_mirror_missing_a_file": UNIT,
+    "test_data_files::test_cli_process_exit_code_without_traceback": ("process",),
+    "test_gpu_check::test_the_gpu_settings_make_valid_configs": UNIT,
+    "test_kinds::test_a_test_without_a_kind_stops_the_run": ("process",),
+    "test_kinds::test_a_unit_test_that_starts_a_process_fails": ("process",),
+    "test_train_resume::test_sigkill_then_resume_is_bit_identical": ("process",),
+    "test_translate_cli::test_errors_exit_nonzero_without_traceback_in_a_real_process": ("process",),
+}
+
+
+def _kinds_of(item: pytest.Item) -> set[str]:
+    return {mark.name for mark in item.iter_markers() if mark.name in KINDS}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name.removesuffix(".py")
+        name = getattr(item, "originalname", item.name)
+        for kind in TEST_KINDS.get(f"{module}::{name}", MODULE_KINDS.get(module, ())):
+            item.add_marker(kind)
+    unmarked = [item.nodeid for item in items if not _kinds_of(item)]
+    if unmarked:
+        raise pytest.UsageError(
+            f"tests without a kind ({', '.join(KINDS)}): {len(unmarked)}, e.g. {unmarked[0]}: add "
+            "the module to MODULE_KINDS in tests/conftest.py (or the test to TEST_KINDS)")
+    _keep_slow_out_unless_asked(config, items)
+
+
+def _keep_slow_out_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``-m unit`` replaces the default ``-m 'not slow'``: slow tests still run only when ``-m``
+    names them (``make test-slow``) or no ``-m`` is given (``-o addopts=``)."""
+    markexpr = config.getoption("markexpr", "")
+    if not markexpr or "slow" in markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+# What the running test did that a unit test must not: "started a process", "listened on a socket".
+_seen: list[str] | None = None
+
+
+def _watch(what: str, original: Callable) -> Callable:
+    def watched(*args, **kwargs):
+        if _seen is not None:
+            _seen.append(what)
+        return original(*args, **kwargs)
+
+    return watched
+
+
+subprocess.Popen.__init__ = _watch("started a process", subprocess.Popen.__init__)
+multiprocessing.process.BaseProcess.start = _watch(
+    "started a process", multiprocessing.process.BaseProcess.start)
+socket.socket.listen = _watch("listened on a socket", socket.socket.listen)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    return (yield from _unit_phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from _unit_phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    return (yield from _unit_phase(item))
+
+
+def _unit_phase(item: pytest.Item):
+    """Run one phase of ``item`` (a generator for a hook wrapper), watching what it does; a unit
+    test that started a process or listened on a socket fails after the phase."""
+    global _seen
+    _seen = []
+    try:
+        result = yield
+    finally:
+        seen, _seen = _seen, None
+    if seen and _kinds_of(item) == {"unit"}:
+        raise pytest.fail.Exception(
+            f"{item.nodeid} is marked unit but {seen[0]}: give it the kind it has in "
+            "tests/conftest.py (TEST_KINDS or MODULE_KINDS)", pytrace=False)
+    return result

@@ -32,7 +32,7 @@ from aiayn.folder import load_model_dir
 from aiayn.train.run_folder import RunFolder
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainutil import ROOT, base_values, torch_threads, write_toml  # noqa: E402
+from trainutil import ROOT, base_values, fails, torch_threads, write_toml  # noqa: E402
 
 OPS = [
     (os, "replace"),
@@ -254,18 +254,14 @@ def test_a_reader_still_reads_when_it_cannot_tidy_up(run, tmp_path, monkeypatch)
 def test_refused_folders_are_untouched(run, tmp_path, capsys):
     work = tmp_path / "run"
     shutil.copytree(run, work)
-    before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
     cfg = write_toml(tmp_path / "r.toml", base_values(tmp_path / "data"))
-    for argv in (
-        ["average", str(work), "--last", "2", "-o", str(work / "best")],
-        ["average", str(work), "--last", "2", "-o", str(tmp_path)],
-        ["train", str(cfg), "--out", str(work / "best")],
-        ["train", str(cfg), "--out", str(work)],
+    for argv, message in (
+        (["average", work, "--last", "2", "-o", work / "best"], "best: already exists and holds a"),
+        (["average", work, "--last", "2", "-o", tmp_path], f"holds the run folder {work}"),
+        (["train", cfg, "--out", work / "best"], "best: already exists and holds a model folder"),
+        (["train", cfg, "--out", work], "already holds a training run"),
     ):
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err
-        assert err.startswith("aiayn: error: ") and len(err.strip().splitlines()) == 1, err
-    assert before == {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
+        fails(capsys, argv, message, unchanged=[work])
 
 
 def test_mixed_parts_are_refused(run, tmp_path):

@@ -25,7 +25,9 @@ import aiayn.io
 from aiayn.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainutil import base_values, torch_threads, write_toml  # noqa: E402
+from trainutil import base_values, temporaries, thread_fixture, torch_threads, write_toml  # noqa: E402
+from trainutil import fails_keeping as fails  # noqa: E402
+from trainutil import file_bytes as files  # noqa: E402
 
 
 # ---- fixtures: one tiny trained run for the module ---------------------------------------------
@@ -48,35 +50,7 @@ def world(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with torch_threads(1):
-        yield
-
-
-def files(root: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def temporaries(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name]
-
-
-def fails(capsys, root: Path, argv: list, message: str, code: int = 2, may_change=()) -> str:
-    """Run ``aiayn ARGV``: exit ``code``, one error line holding ``message``, no traceback, the
-    files under ``root`` unchanged (but ``may_change``) and no temporaries left."""
-    capsys.readouterr()
-    before = files(root)
-    rc = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert rc == code, (rc, err)
-    assert err.startswith("aiayn: error: ") and message in err, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    after = files(root)
-    same = {p: b for p, b in after.items() if p in before and p not in may_change}
-    assert same == {p: b for p, b in before.items() if p not in may_change}, "a file changed"
-    assert temporaries(root) == []
-    return err
+_one_thread = thread_fixture(autouse=True, name="_one_thread")
 
 
 def copy_of(world: Path, tmp_path: Path, name: str) -> Path:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainutil import tiny_model_config
 
-from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_step, translate_ids
 from aiayn.decode.translate import in_workers
 from aiayn.model import Transformer
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw) -> Transformer:
-    cfg = dict(src_vocab_size=23, tgt_vocab_size=23, d_model=32, n_heads=4, d_ff=64,
-               n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=64)
-    return Transformer(ModelConfig(**{**cfg, **kw})).eval()
+    return Transformer(tiny_model_config(vocab=23, max_len=64, **kw)).eval()
 
 
 def batch(B=3, S=7, T=9, vocab=23):

@@ -8,6 +8,7 @@ import json
 import logging
 
 import pytest
+from trainutil import tiny_model_config
 
 from aiayn.card import model_card, write_model_card
 from aiayn.checkpoint import save_model_dir
@@ -88,8 +89,8 @@ def test_scores_come_from_the_eval_files(run):
 def test_classifier_card_reports_accuracy_and_its_commands(tmp_path):
     from aiayn.model import TransformerClassifier
 
-    cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
-                      n_encoder_layers=1, n_decoder_layers=0, n_classes=2)
+    cfg = tiny_model_config(vocab=30, max_len=1024, d_model=16, n_heads=2, d_ff=32,
+                            n_encoder_layers=1, n_decoder_layers=0, n_classes=2, dropout=0.1)
     folder = save_model_dir(tmp_path / "clf", TransformerClassifier(cfg), cfg, kind="classifier",
                             extra={"data": {"dataset": "imdb", "tokenizer": "bpe", "vocab_size": 30}})
     (folder / "eval_test.json").write_text(json.dumps(

@@ -23,6 +23,7 @@ import warnings
 
 import pytest
 import torch
+from trainutil import tiny_model_config
 
 from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, translate_ids
@@ -47,10 +48,8 @@ V = 97
 
 
 def config(layers: int = 2, **overrides) -> ModelConfig:
-    values = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=layers,
-                  n_decoder_layers=layers, src_vocab_size=V, tgt_vocab_size=V, max_len=64,
-                  dropout=0.0)
-    return ModelConfig.preset("tiny", **{**values, **overrides})
+    return tiny_model_config(vocab=V, max_len=64, d_model=64, d_ff=128, n_encoder_layers=layers,
+                             n_decoder_layers=layers, **overrides)
 
 
 def pairs(n: int = 12, seed: int = 0) -> list[tuple[list[int], list[int]]]:

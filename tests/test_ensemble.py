@@ -12,8 +12,8 @@ import math
 
 import pytest
 import torch
+from trainutil import fails, tiny_model_config
 
-from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.folder import load_model_folder
 from aiayn.errors import CheckpointError
@@ -26,9 +26,7 @@ V = 40
 
 
 def model(seed: int, **overrides) -> Transformer:
-    fields = dict(src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=4, d_ff=64,
-                  n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=40)
-    cfg = ModelConfig(**{**fields, **overrides})
+    cfg = tiny_model_config(V, **{"max_len": 40, **overrides})
     torch.manual_seed(seed)
     return Transformer(cfg).eval()
 
@@ -108,10 +106,8 @@ def test_ensemble_cap_is_the_shortest_positional_table():
 
 
 def test_members_must_share_the_vocabulary():
-    with pytest.raises(ValueError, match="tgt_vocab_size"):
-        Ensemble([model(1), Transformer(ModelConfig(src_vocab_size=V, tgt_vocab_size=V + 8, d_model=32,
-                                                    n_heads=4, d_ff=64, n_encoder_layers=1,
-                                                    n_decoder_layers=1))])
+    with pytest.raises(ValueError, match="model 2 has tgt_vocab_size=48"):
+        Ensemble([model(1), model(2, tgt_vocab_size=V + 8, share_embeddings=False)])
     with pytest.raises(ValueError, match="eos_id"):
         Ensemble([model(1), model(2, eos_id=3)])
 
@@ -158,15 +154,14 @@ def test_ensemble_folder_errors(two_model_dirs, tmp_path, capsys):
     first, _ = two_model_dirs
     other, _ = make_model_dir(tmp_path / "other", sentences(300, 5))  # another tokenizer
     src = write_lines(tmp_path / "t.en", ["the cat"])
-    assert cli("translate", first, other, "-i", src) == 2
-    assert "tokenizer differs" in capsys.readouterr().err
+    fails(capsys, ["translate", first, other, "-i", src], "tokenizer differs", unchanged=[tmp_path])
     with pytest.raises(CheckpointError, match="tokenizer differs"):
         load_model_folder([first, other])
-    assert cli("translate", first, tmp_path / "missing", "-i", src) == 2
-    assert "missing" in capsys.readouterr().err
+    fails(capsys, ["translate", first, tmp_path / "missing", "-i", src], "missing",
+          unchanged=[tmp_path])
     classifier = tmp_path / "clf"  # only its recorded kind matters: refused before loading
     classifier.mkdir()
     meta = json.loads((first / "config.json").read_text())
     (classifier / "config.json").write_text(json.dumps({**meta, "kind": "classifier"}))
-    assert cli("evaluate", classifier, first, "--src", src, "--ref", src) == 2
-    assert "other models are used one folder at a time" in capsys.readouterr().err
+    fails(capsys, ["evaluate", classifier, first, "--src", src, "--ref", src],
+          "other models are used one folder at a time", unchanged=[tmp_path])

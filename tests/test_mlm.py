@@ -20,6 +20,7 @@ from aiayn.data.clean import clean_text
 from aiayn.model import TransformerClassifier, TransformerMaskedLM
 from aiayn.train.mlm import mask_tokens
 from trainutil import SHAPE_TRAIN, fails, one_thread, reviews, write_toml, write_tsv  # noqa: F401
+from trainutil import tiny_model_config
 
 PAD, MASK, V = 0, 1, 50
 
@@ -58,9 +59,7 @@ def test_every_batch_has_a_target_and_masks_repeat_with_the_generator():
 
 
 def _cfg(**kw) -> ModelConfig:
-    base = dict(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, n_decoder_layers=0,
-                dropout=0.0, src_vocab_size=V, tgt_vocab_size=V, max_len=64)
-    return ModelConfig(**{**base, **kw})
+    return tiny_model_config(vocab=V, max_len=64, n_heads=2, n_decoder_layers=0, **kw)
 
 
 def test_a_padded_text_is_predicted_as_it_is_alone():

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from trainutil import tiny_model_config
 
 from aiayn import ModelConfig, Transformer
 from aiayn.model import sinusoidal_table
@@ -14,9 +15,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def tiny_cfg(**kw) -> ModelConfig:
-    base = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=32,
-                n_encoder_layers=2, n_decoder_layers=2, dropout=0.0)
-    return ModelConfig(**{**base, **kw})
+    return tiny_model_config(20, 1024, **{"d_model": 16, "n_heads": 2, "d_ff": 32, **kw})
 
 
 @pytest.fixture(params=[False, True], ids=["post-LN", "pre-LN"])

@@ -2,17 +2,15 @@
 
 import pytest
 import torch
+from trainutil import tiny_model_config
 
-from aiayn import ModelConfig
 from aiayn.model import TransformerClassifier, TransformerLM
 
 PAD = 0
 
 
 def cfg(**kw):
-    base = dict(src_vocab_size=30, tgt_vocab_size=30, d_model=32, n_heads=4, d_ff=64,
-                n_encoder_layers=2, n_decoder_layers=2, dropout=0.0)
-    return ModelConfig(**{**base, **kw})
+    return tiny_model_config(vocab=30, max_len=1024, **kw)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "max", "cls"])

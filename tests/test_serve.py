@@ -23,7 +23,7 @@ pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not install
 
 from fastapi.testclient import TestClient  # noqa: E402
 from serve_helpers import free_port, make_folder, sentences  # noqa: E402
-from trainutil import torch_threads  # noqa: E402
+from trainutil import thread_fixture  # noqa: E402
 
 from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
 from aiayn.folder import load_model_folder as load_folder  # noqa: E402
@@ -35,10 +35,8 @@ from aiayn.viz.attention import attention_of_translation  # noqa: E402
 KEY = "s3cret-key"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread_module():
-    with torch_threads(1):  # tiny models on a shared machine: threads only contend
-        yield
+# Tiny models on a shared machine: threads only contend.
+one_thread_module = thread_fixture(autouse=True, scope="module", name="one_thread_module")
 
 
 @pytest.fixture(scope="module")

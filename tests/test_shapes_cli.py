@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from aiayn.cli import main
-from aiayn.config import ModelConfig
 from aiayn.data.clean import clean_text
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.generate import generate, lm_step
@@ -20,6 +19,7 @@ from aiayn.model import TransformerClassifier, TransformerLM
 from aiayn.train.config import build_run_config
 from aiayn.train.lm import LanguageModelTask
 from trainutil import SHAPE_TRAIN, fails, one_thread, reviews, write_toml, write_tsv  # noqa: F401
+from trainutil import tiny_model_config, torch_threads
 
 POEM = ("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n"
         "Rough winds do shake the darling buds of May,\n"
@@ -46,8 +46,8 @@ def classifier_run(tmp_path_factory):
         "train.save_every": 30,
     }
     cfg = write_toml(tmp / "clf.toml", values)
-    torch.set_num_threads(1)
-    assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
+    with torch_threads(1):
+        assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
     return tmp, tmp / "run"
 
 
@@ -67,8 +67,8 @@ def lm_run(tmp_path_factory):
         "train.valid_every": 300, "train.save_every": 300,
     }
     cfg = write_toml(tmp / "lm.toml", values)
-    torch.set_num_threads(1)
-    assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
+    with torch_threads(1):
+        assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
     return tmp, tmp / "run"
 
 
@@ -109,8 +109,8 @@ def test_evaluate_reports_accuracy_for_a_classifier(classifier_run, capsys):
 
 
 def _random_classifier(pooling: str) -> TransformerClassifier:
-    cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
-                      n_encoder_layers=2, n_decoder_layers=0, pooling=pooling, max_len=40)
+    cfg = tiny_model_config(vocab=30, max_len=40, d_model=16, n_heads=2, d_ff=32,
+                            n_decoder_layers=0, pooling=pooling, dropout=0.1)
     return TransformerClassifier(cfg).eval()
 
 
@@ -179,8 +179,7 @@ def test_generate_streams_each_token_as_it_is_drawn(lm_run):
 
 
 def _random_lm(max_len: int = 64) -> TransformerLM:
-    cfg = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=0, n_decoder_layers=2, max_len=max_len)
+    cfg = tiny_model_config(vocab=40, max_len=max_len, n_encoder_layers=0, dropout=0.1)
     return TransformerLM(cfg).eval()
 
 

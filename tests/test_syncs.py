@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from trainutil import tiny_model_config
 
 from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, translate_ids
@@ -63,9 +64,8 @@ def counting_syncs() -> Iterator[Counter]:
 
 
 def tiny_config(layers: int, **overrides) -> ModelConfig:
-    return ModelConfig.preset(
-        "tiny", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=layers, n_decoder_layers=layers,
-        src_vocab_size=50, tgt_vocab_size=50, max_len=64, **overrides)
+    return tiny_model_config(50, 64, n_encoder_layers=layers, n_decoder_layers=layers,
+                             **{"dropout": 0.3, **overrides})
 
 
 def without_eos(model: Transformer) -> Transformer:

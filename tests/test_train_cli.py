@@ -9,17 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from trainutil import base_values, one_thread, torch_threads, write_toml  # noqa: F401
+from trainutil import fails as _fails
 
 from aiayn.cli import main
 from aiayn.folder import load_model_dir
-
-
-def _fails(capsys, argv: list[str], message: str) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("aiayn: error: ") and message in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 @pytest.fixture(scope="module")

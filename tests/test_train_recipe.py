@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from trainutil import tiny_model_config
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
@@ -300,9 +301,9 @@ def test_task_loss_through_the_model_equals_the_logits_path(tied):
     from aiayn.train.task import output_weight
 
     torch.manual_seed(0)
-    cfg = ModelConfig(src_vocab_size=31, tgt_vocab_size=31, d_model=16, n_heads=2, d_ff=32,
-                      n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
-                      share_embeddings=tied, tie_output=tied)
+    cfg = tiny_model_config(vocab=31, max_len=1024, d_model=16, n_heads=2, d_ff=32,
+                            n_encoder_layers=1, n_decoder_layers=1, share_embeddings=tied,
+                            tie_output=tied)
     model = Transformer(cfg).double()
     assert (model.generator.weight is model.tgt_embed.token.weight) == tied
     src = torch.randint(3, 31, (3, 7))

@@ -10,17 +10,16 @@ from __future__ import annotations
 import io
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from trainutil import fails, process_fails, tiny_model_config
 
 from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.commands.translate import one_line
-from aiayn.config import ModelConfig
 from aiayn.data import train_tokenizer
 from aiayn.decode import translate_texts
 from aiayn.folder import load_model_folder
@@ -41,8 +40,7 @@ def sentences(n: int, seed: int) -> list[str]:
 
 def make_model_dir(folder: Path, texts: list[str], max_len: int = 32, **extra) -> tuple[Path, Transformer]:
     tok = train_tokenizer(texts, "bpe", vocab_size=300)
-    cfg = ModelConfig(src_vocab_size=304, tgt_vocab_size=304, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=max_len)
+    cfg = tiny_model_config(vocab=304, max_len=max_len)
     torch.manual_seed(0)
     model = Transformer(cfg).eval()
     save_model_dir(folder, model, cfg, tokenizer_json=tok.to_str(), extra=extra)
@@ -116,9 +114,8 @@ def test_over_long_line_is_cut_with_a_warning(tmp_path, caplog):
 def test_non_utf8_input_names_the_line(model_dir, tmp_path, capsys):
     src = tmp_path / "bad.txt"
     src.write_bytes(b"the cat\nred \xff dog\n")
-    assert cli("translate", model_dir, "--input", src) == 2
-    err = capsys.readouterr().err
-    assert f"{src}:2: not valid UTF-8" in err and "Traceback" not in err
+    fails(capsys, ["translate", model_dir, "--input", src], f"{src}:2: not valid UTF-8",
+          unchanged=[model_dir, tmp_path])
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -129,8 +126,8 @@ def test_non_utf8_input_names_the_line(model_dir, tmp_path, capsys):
 def test_incomplete_model_folder_is_a_clear_error(tmp_path, capsys, damage, message):
     folder, _ = make_model_dir(tmp_path / "m", sentences(200, 0))
     (folder / damage).unlink()
-    assert cli("translate", folder, "--input", write_lines(tmp_path / "in.txt", ["a cat"])) == 2
-    assert message in capsys.readouterr().err
+    fails(capsys, ["translate", folder, "--input", write_lines(tmp_path / "in.txt", ["a cat"])],
+          message, unchanged=[tmp_path])
 
 
 def test_wrong_kind_and_corrupt_weights_are_clear_errors(tmp_path, capsys, monkeypatch):
@@ -142,19 +139,16 @@ def test_wrong_kind_and_corrupt_weights_are_clear_errors(tmp_path, capsys, monke
     monkeypatch.setitem(task.SHAPES, "lm", TranslationTask)
     (folder / "config.json").write_text(json.dumps({**meta, "kind": "lm"}))
     src = write_lines(tmp_path / "in.txt", ["a cat"])
-    assert cli("translate", folder, "--input", src) == 2
-    assert "holds a 'lm' model, this command needs 'translation'" in capsys.readouterr().err
+    fails(capsys, ["translate", folder, "--input", src],
+          "holds a 'lm' model, this command needs 'translation'", unchanged=[tmp_path])
     (folder / "config.json").write_text(json.dumps(meta))
     (folder / "model.safetensors").write_bytes(b"not safetensors")
-    assert cli("translate", folder, "--input", src) == 2
-    assert "not a readable safetensors file" in capsys.readouterr().err
+    fails(capsys, ["translate", folder, "--input", src], "not a readable safetensors file",
+          unchanged=[tmp_path])
 
 
 def test_errors_exit_nonzero_without_traceback_in_a_real_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(tmp_path / "nowhere")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "model folder not found" in proc.stderr and "Traceback" not in proc.stderr
+    process_fails(["translate", tmp_path / "nowhere"], "model folder not found", unchanged=[tmp_path])
 
 
 # ---- evaluate --------------------------------------------------------------------------------
@@ -187,14 +181,13 @@ def test_evaluate_split_of_the_models_own_files(tmp_path, capsys):
 
 
 def test_evaluate_argument_errors(model_dir, tmp_path, capsys):
-    assert cli("evaluate", model_dir) == 2
-    assert "either --split NAME or --src FILE --ref FILE" in capsys.readouterr().err
-    assert cli("evaluate", model_dir, "--split", "test") == 2  # the folder records no dataset
-    assert "records no dataset" in capsys.readouterr().err
+    kept = [model_dir, tmp_path]
+    fails(capsys, ["evaluate", model_dir], "either --split NAME or --src FILE --ref FILE", unchanged=kept)
+    fails(capsys, ["evaluate", model_dir, "--split", "test"], "records no dataset", unchanged=kept)
     src = write_lines(tmp_path / "a.txt", ["a", "b"])
     ref = write_lines(tmp_path / "b.txt", ["a"])
-    assert cli("evaluate", model_dir, "--src", src, "--ref", ref) == 2
-    assert "differ in length" in capsys.readouterr().err
+    fails(capsys, ["evaluate", model_dir, "--src", src, "--ref", ref], "differ in length",
+          unchanged=kept)
 
 
 # ---- BLEU ------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import torch
 pytest.importorskip("matplotlib", reason="plots need the optional matplotlib dependency")
 
 from PIL import Image  # noqa: E402  (matplotlib depends on Pillow)
+from trainutil import thread_fixture, tiny_model_config  # noqa: E402
 
 from aiayn.cli import main  # noqa: E402
-from aiayn.config import ModelConfig  # noqa: E402
 from aiayn.errors import AiaynError, DataError  # noqa: E402
 from aiayn.model import Transformer, sinusoidal_table  # noqa: E402
 from aiayn.model.attention import attention_weights  # noqa: E402
@@ -112,9 +112,9 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch):
 
 
 def tiny_model(n_enc=2, n_dec=2) -> Transformer:
-    cfg = ModelConfig(src_vocab_size=24, tgt_vocab_size=24, d_model=16, n_heads=2, d_ff=32,
-                      n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=0.1,
-                      attention_dropout=0.1, max_len=32)
+    cfg = tiny_model_config(vocab=24, max_len=32, d_model=16, n_heads=2, d_ff=32,
+                            n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=0.1,
+                            attention_dropout=0.1)
     return Transformer(cfg)
 
 
@@ -299,12 +299,7 @@ PAIRS = [("a man rides a bike .", "ein mann fährt ein fahrrad ."),
          ("two dogs play in the snow .", "zwei hunde spielen im schnee .")]
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only contend
-    yield
-    torch.set_num_threads(threads)
+one_thread = thread_fixture(scope="module")  # tiny models: threads only contend
 
 
 @pytest.fixture(scope="module")
@@ -317,9 +312,7 @@ def trained_dir(tmp_path_factory, one_thread):
     from aiayn.data.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([s for pair in PAIRS for s in pair] * 5, kind="bpe", vocab_size=300)
-    cfg = ModelConfig(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
-                      d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                      dropout=0.0, max_len=64)
+    cfg = tiny_model_config(vocab=tokenizer.vocab_size, max_len=64, n_heads=2)
     torch.manual_seed(1)
     model = Transformer(cfg)
     batch = collate_translation([(tokenizer.encode(s), tokenizer.encode(t)) for s, t in PAIRS])

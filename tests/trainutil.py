@@ -1,5 +1,9 @@
-"""Shared helpers of the trainer tests: a tiny reversal task written as user files, a model of a
-few thousand parameters, and ways to run ``aiayn train`` in-process or as a subprocess."""
+"""The tests' one helper layer: a tiny model config, torch on one thread, a tiny reversal task
+written as user files, ways to run ``aiayn`` in-process or as a subprocess, and the check that a
+bad input fails with one line (``fails``, ``fails_keeping``, ``process_fails``).
+
+serve_helpers.py (model folders for the server tests) and _data_helpers.py (the data tests) build
+on it; a test file imports what it needs from here rather than writing its own copy."""
 
 from __future__ import annotations
 
@@ -53,11 +57,22 @@ TINY_MODEL = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread avoids oversubscription stalls."""
-    with torch_threads(1):
-        yield
+def thread_fixture(*, autouse: bool = False, scope: str = "function", name: str = "one_thread"):
+    """A fixture that runs torch on one thread for its scope (tiny models on a shared 2-core
+    machine: one thread avoids oversubscription stalls). tests/conftest.py holds the opt-in
+    ``one_thread``; a module whose module-scoped fixtures train takes ``scope="module"``."""
+
+    @pytest.fixture(autouse=autouse, scope=scope, name=name)
+    def fixture() -> Iterator[None]:
+        with torch_threads(1):
+            yield
+
+    return fixture
+
+
+# Imported into a test module (``from trainutil import one_thread``), it puts each of its tests
+# on one thread.
+one_thread = thread_fixture(autouse=True)
 
 
 def write_reverse_data(folder: Path, n_train: int = 120, n_valid: int = 16, seed: int = 0) -> dict:
@@ -124,18 +139,13 @@ def run_aiayn(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-# ---- the classifier / LM tests' tiny data and one-line errors (test_shapes_cli, test_mlm) ----
+# ---- the classifier / LM tests' tiny data (test_shapes_cli, test_mlm) ----
 
 SHAPE_TRAIN = {"train.precision": "fp32", "train.device": "cpu", "train.progress": False,
                "train.lr_schedule": "inverse_sqrt", "train.lr": 5e-3, "train.warmup_steps": 10,
                "train.label_smoothing": 0.0, "train.keep_last": 1, "train.log_every": 10}
 
 
-def fails(capsys, argv: list[str], message: str) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("aiayn: error: ") and message in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def reviews(n: int, seed: int) -> list[tuple[int, str]]:
@@ -154,3 +164,62 @@ def reviews(n: int, seed: int) -> list[tuple[int, str]]:
 def write_tsv(path, rows) -> str:
     path.write_text("".join(f"{label}\t{text}\n" for label, text in rows), encoding="utf-8")
     return str(path)
+
+
+# ---- bad input: one error line, exit 2, no traceback, nothing saved changed ---------------------
+
+
+def file_bytes(*folders: Path) -> dict[Path, bytes]:
+    """Every file under ``folders`` and its bytes."""
+    return {p: p.read_bytes() for folder in folders for p in Path(folder).rglob("*") if p.is_file()}
+
+
+def temporaries(folder: Path) -> list[Path]:
+    """What a writer leaves while it works (aiayn.io's ``.tmp-`` files, ``.old-`` folders)."""
+    return [p for p in Path(folder).rglob("*") if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def _one_error(rc: int, err: str, code: int, message: str) -> None:
+    assert rc == code, (rc, err)
+    assert err.startswith("aiayn: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def _kept(before: dict[Path, bytes], folders, may_change) -> None:
+    """The files under ``folders`` are those of ``before``, byte for byte (but ``may_change``):
+    none changed, none went, none appeared (no temporary either)."""
+    after = file_bytes(*folders)
+    changed = sorted(str(p) for p in before.keys() | after.keys()
+                     if p not in may_change and before.get(p) != after.get(p))
+    assert changed == [], f"changed, gone or new: {changed}"
+
+
+def fails(capsys, argv: list, message: str, *, code: int = 2, unchanged=(), may_change=()) -> str:
+    """Run ``aiayn ARGV`` in-process: exit ``code``, exactly one line ``aiayn: error: …`` on stderr
+    holding ``message``, no traceback, and the files under the ``unchanged`` folders as they were,
+    byte for byte (but the paths in ``may_change``): none changed, gone or new, no temporary left.
+    Returns the line."""
+    capsys.readouterr()
+    before = file_bytes(*unchanged)
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    _one_error(rc, err, code, message)
+    _kept(before, unchanged, may_change)
+    return err
+
+
+def fails_keeping(capsys, root: Path, argv: list, message: str, code: int = 2,
+                  may_change=()) -> str:
+    """``fails`` with the files under ``root`` unchanged (test_bad_input's form)."""
+    return fails(capsys, argv, message, code=code, unchanged=[root], may_change=may_change)
+
+
+def process_fails(argv: list, message: str, *, code: int = 2, unchanged=(), may_change=(),
+                  timeout: float = 120) -> str:
+    """``fails`` in a real process (``python -m aiayn``): the same assertions on its exit status
+    and stderr, for what only a process shows (the exit status of the interpreter, imports)."""
+    before = file_bytes(*unchanged)
+    proc = run_aiayn(*(str(a) for a in argv), timeout=timeout)
+    _one_error(proc.returncode, proc.stderr, code, message)
+    _kept(before, unchanged, may_change)
+    return proc.stderr
