@@ -58,6 +58,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_folder": UNIT,
     "test_folder_config": UNIT,
     "test_gpu_check": ("process",),
+    "test_inference_edges": UNIT,
     "test_imports": UNIT,
     "test_io": UNIT,
     "test_kinds": UNIT,
@@ -87,6 +88,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 TEST_KINDS: dict[str, tuple[str, ...]] = {
+    "test_bad_input::test_a_real_safetensors_write_error_is_one_line": ("process",),
     "test_atomic_folders::test_sigkill_between_the_two_renames_keeps_the_old_folder": ("process",),
     "test_bench_train::test_worker_protocol_runs_round_robin": ("process",),
     "test_config::test_cli_bad_input_is_one_line_error_no_traceback": ("process",),

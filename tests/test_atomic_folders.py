@@ -257,7 +257,7 @@ def test_refused_folders_are_untouched(run, tmp_path, capsys):
     cfg = write_toml(tmp_path / "r.toml", base_values(tmp_path / "data"))
     for argv, message in (
         (["average", work, "--last", "2", "-o", work / "best"], "best: already exists and holds a"),
-        (["average", work, "--last", "2", "-o", tmp_path], f"holds the run folder {work}"),
+        (["average", work, "--last", "2", "-o", tmp_path], f"holds {work / 'checkpoints'}, which this command reads"),
         (["train", cfg, "--out", work / "best"], "best: already exists and holds a model folder"),
         (["train", cfg, "--out", work], "already holds a training run"),
     ):
