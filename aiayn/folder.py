@@ -345,10 +345,12 @@ class ModelFolder:
         ref: str | Path | None = None,
         limit: int = 0,
         decode: DecodeConfig | None = None,
+        paper_bleu: bool = False,
         **overrides: Any,
     ) -> dict[str, Any]:
         """Score the model on a split of its dataset or on files: sacreBLEU (cased, -lc) and chrF
-        of its translations, or a classifier's accuracy (``src`` a label<TAB>text .tsv or
+        of its translations (and, with ``paper_bleu``, the paper's tokenised BLEU in the target
+        language), or a classifier's accuracy (``src`` a label<TAB>text .tsv or
         .jsonl). One evaluator for all kinds; the result says what it measured (``test_set``,
         counts, timing, settings)."""
         if limit < 0:
@@ -365,7 +367,7 @@ class ModelFolder:
         start = time.perf_counter()
         hyps = self.translate(sources, cfg)
         seconds = time.perf_counter() - start
-        scores = corpus_scores(hyps, refs)
+        scores = corpus_scores(hyps, refs, self._target_lang() if paper_bleu else None)
         scores.update(
             test_set=name,
             seconds=round(seconds, 3),
@@ -375,6 +377,15 @@ class ModelFolder:
             hyps=hyps,
         )
         return scores
+
+    def _target_lang(self) -> str:
+        """The language the paper's BLEU tokenises in: the target of the training data."""
+        if not self.has_data:
+            raise ConfigError(
+                f"{self.path}: --paper-bleu needs the target language; the model "
+                "folder records no training data"
+            )
+        return self.config.data.tgt_lang
 
     def _model_name(self) -> str | list[str]:
         return str(self.path) if len(self.paths) == 1 else [str(p) for p in self.paths]
