@@ -288,3 +288,23 @@ def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server,
     server.routes["/m/toyfolder/a.txt"] = A
     assert main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "datasets" / "toy")
+
+
+def test_unchanged_files_are_not_hashed_again(toy, server, tmp_path, monkeypatch):
+    """prepared.json records each file's size and mtime with its sha256: a file whose stat is
+    unchanged is taken as verified (a 1.5 GB WMT cache is not re-hashed by every process of every
+    run); one touched or rewritten is hashed again."""
+    import os
+
+    import aiayn.data.registry as registry
+
+    server.routes.update({"/official/a.txt": A, "/official/b.txt": B})
+    folder = download_dataset("toy", mirror="", cache=tmp_path, progress=False)
+    hashed: list[str] = []
+    real = registry.sha256_of
+    monkeypatch.setattr(registry, "sha256_of", lambda p: hashed.append(Path(p).name) or real(p))
+    assert registry.is_downloaded(folder) and hashed == []
+    os.utime(folder / "b.txt", ns=(0, 0))
+    assert registry.is_downloaded(folder) and hashed == ["b.txt"]
+    (folder / "a.txt").write_bytes(b"alphA\n")  # same size, new mtime, other bytes
+    assert not registry.is_downloaded(folder)
