@@ -356,6 +356,10 @@ class ModelFolder:
         if limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {limit}")
         if self.kind == "classification":
+            if paper_bleu:
+                raise ConfigError(
+                    f"{self.path}: --paper-bleu scores translations; this is a classifier"
+                )
             return self._score_classifier(split, src, limit, overrides.get("max_tokens"))
         self._need("translation", "score")
         sources, refs, name = self._test_set(split, src, ref)

@@ -94,3 +94,13 @@ def test_evaluate_reports_the_paper_bleu_beside_sacrebleu(tmp_path, capsys, monk
     scores = json.loads((tmp_path / "scores.json").read_text())
     assert scores["bleu_paper_text"].replace("BLEU", "BLEU-paper", 1) in out
     assert scores["bleu_text"] in out and 0.0 <= scores["bleu_paper"] <= 100.0
+
+
+def test_paper_bleu_is_refused_for_a_classifier(tmp_path, capsys):
+    from serve_helpers import make_folder
+
+    folder = make_folder(tmp_path / "clf", kind="classifier")
+    texts = tmp_path / "t.tsv"
+    texts.write_text("1\tgood\n0\tbad\n")
+    fails(capsys, ["evaluate", str(folder), "--src", str(texts), "--paper-bleu"],
+          "--paper-bleu scores translations; this is a classifier")

@@ -3,9 +3,9 @@ how the official archives become the plain-text splits the loaders read.
 
 Training: the three parallel corpora of the WMT14 shared task for En-De (Europarl v7, Common
 Crawl, News Commentary v9; 4.5 M sentence pairs), the archives and inner paths that fairseq's
-``examples/translation/prepare-wmt14en2de.sh --icml17`` and tensor2tensor use. Validation:
+``examples/translation/prepare-wmt14en2de.sh --icml17`` uses. Validation:
 newstest2013; test: newstest2014, the full 3,003-sentence release (sacreBLEU's ``wmt14/full``,
-the set tensor2tensor and fairseq report on). The test sets are SGML; a segment's text is taken as
+the set fairseq's script evaluates on). The test sets are SGML; a segment's text is taken as
 sacreBLEU takes it (``<seg id=...>TEXT</seg>``, whitespace runs to one space, ends stripped), so
 the references are sacreBLEU's. md5s of the two test archives are sacreBLEU's
 (``sacrebleu/dataset/__init__.py``, entries ``wmt13`` and ``wmt14/full``); no source states a
