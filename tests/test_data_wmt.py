@@ -14,19 +14,23 @@ import pytest
 
 from _data_helpers import files_in, server  # noqa: F401
 from aiayn.data import DATASETS, DataConfig, download_dataset, load_translation
-from aiayn.data.wmt import WMT14_ARCHIVES, sgml_segments
+from aiayn.data.wmt import WMT14_EN_DE, WMT14_EN_FR, sgml_segments
 from aiayn.errors import DataError
 
 
-def _tgz(members: dict[str, str]) -> bytes:
+def _tar(members: dict[str, str | bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, text in members.items():
-            data = text.encode("utf-8")
+            data = text.encode("utf-8") if isinstance(text, str) else text
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    return gzip.compress(buf.getvalue(), mtime=0)  # the same bytes at every call
+    return buf.getvalue()
+
+
+def _tgz(members: dict[str, str | bytes]) -> bytes:
+    return gzip.compress(_tar(members), mtime=0)  # the same bytes at every call
 
 
 def _sgml(lines: list[str]) -> str:
@@ -63,26 +67,29 @@ def fake_archives() -> dict[str, bytes]:
     }
 
 
-@pytest.fixture
-def wmt(server, monkeypatch):
-    """The wmt14 spec with the fake test archives' md5s, served from SERVER/m/wmt14/."""
-    archives = fake_archives()
-    spec = DATASETS["wmt14"]
+def _serve(server, monkeypatch, name: str, archives: dict[str, bytes]):
+    """Dataset ``name``'s spec with the fake test archives' md5s, served from SERVER/m/NAME/."""
+    spec = DATASETS[name]
     official = spec.layouts[1]
     files = tuple(
         dataclasses.replace(f, md5=hashlib.md5(archives[f.name]).hexdigest() if f.md5 else "")
         for f in official.files
     )
     layouts = (spec.layouts[0], dataclasses.replace(official, files=files))
-    monkeypatch.setitem(DATASETS, "wmt14", dataclasses.replace(spec, layouts=layouts))
-    server.routes.update({f"/m/wmt14/{name}": data for name, data in archives.items()})
+    monkeypatch.setitem(DATASETS, name, dataclasses.replace(spec, layouts=layouts))
+    server.routes.update({f"/m/{name}/{file}": data for file, data in archives.items()})
     return server
+
+
+@pytest.fixture
+def wmt(server, monkeypatch):
+    return _serve(server, monkeypatch, "wmt14", fake_archives())
 
 
 def test_the_registered_sources_are_the_official_ones():
     spec = DATASETS["wmt14"]
     assert spec.splits == ("train", "newstest2013", "newstest2014")
-    assert [f.name for f in spec.layouts[1].files] == list(WMT14_ARCHIVES)
+    assert [f.name for f in spec.layouts[1].files] == list(WMT14_EN_DE.archives)
     assert all(f.url.startswith(("https://www.statmt.org/", "https://statmt.org/"))
                for f in spec.layouts[1].files)
     md5 = {f.name: f.md5 for f in spec.layouts[1].files}  # sacreBLEU's wmt13 and wmt14/full
@@ -159,6 +166,36 @@ def test_an_archive_without_its_member_is_named(wmt, tmp_path):
         download_dataset("wmt14", mirror=f"{wmt.url}/m", cache=tmp_path, progress=False)
 
 
+def test_en_fr_joins_five_corpora_with_gzipped_members(server, monkeypatch, tmp_path):
+    fr_archives = {
+        "training-parallel-europarl-v7.tgz": _tgz({
+            "training/europarl-v7.fr-en.en": "Resumption\n", "training/europarl-v7.fr-en.fr": "Reprise\n"}),
+        "training-parallel-commoncrawl.tgz": _tgz({
+            "commoncrawl.fr-en.en": "Welcome\n", "commoncrawl.fr-en.fr": "Bienvenue\n"}),
+        "training-parallel-nc-v9.tgz": _tgz({
+            "training/news-commentary-v9.fr-en.en": "Gold\n",
+            "training/news-commentary-v9.fr-en.fr": "Or\n"}),
+        "training-parallel-un.tgz": _tgz({
+            "un/undoc.2000.fr-en.en": "Resolution\n", "un/undoc.2000.fr-en.fr": "Résolution\n"}),
+        "training-giga-fren.tar": _tar({  # an uncompressed tar of .gz members
+            "giga-fren.release2.fixed.en.gz": gzip.compress(b"Canada\nWeb\n", mtime=0),
+            "giga-fren.release2.fixed.fr.gz": gzip.compress(b"Le Canada\nLa Toile\n", mtime=0)}),
+        "test.tgz": _tgz({"test/newstest2013-src.en.sgm": _sgml(["One"]),
+                          "test/newstest2013-src.fr.sgm": _sgml(["Un"])}),
+        "test-full.tgz": _tgz({"test-full/newstest2014-fren-src.en.sgm": _sgml(["Two"]),
+                               "test-full/newstest2014-fren-ref.fr.sgm": _sgml(["Deux"])}),
+    }
+    assert set(fr_archives) == set(WMT14_EN_FR.archives)  # every official archive, faked
+    _serve(server, monkeypatch, "wmt14_en_fr", fr_archives)
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
+    monkeypatch.setenv("AIAYN_DATA_MIRROR", f"{server.url}/m")
+    cfg = DataConfig(dataset="wmt14_en_fr", src_lang="en", tgt_lang="fr", valid_split="newstest2013")
+    assert load_translation(cfg, "train") == (  # europarl, commoncrawl, UN, news commentary, giga
+        ["Resumption", "Welcome", "Resolution", "Gold", "Canada", "Web"],
+        ["Reprise", "Bienvenue", "Résolution", "Or", "Le Canada", "La Toile"])
+    assert load_translation(cfg, "newstest2014") == (["Two"], ["Deux"])
+
+
 def test_sgml_segments_as_sacrebleu_reads_them():
     text = '<doc>\n<seg id="1"> Ein  Satz\t mit &amp; Zeichen </seg>\n<p>\n<seg id="2">B</seg> \n'
     assert sgml_segments(text) == ["Ein Satz mit &amp; Zeichen", "B"]
@@ -173,6 +210,7 @@ def test_data_list_names_each_corpus_and_its_terms(capsys, tmp_path, monkeypatch
     lines = out.splitlines()
     at = next(i for i, x in enumerate(lines) if x.startswith("wmt14"))
     assert "not cached" in lines[at] and "English-German" in lines[at]
+    assert any(x.startswith("wmt14_en_fr") and "English-French" in x for x in lines)
     terms = lines[at + 1]
     for corpus in ("Europarl v7", "Common Crawl", "News Commentary v9", "newstest2013/2014"):
         assert corpus in terms

@@ -23,13 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.data.download import SourceMissing, fetch, is_url, sha256_of
-from aiayn.data.wmt import (
-    WMT14_ARCHIVES,
-    WMT14_CANONICAL,
-    WMT14_SPLITS,
-    WMT14_TERMS,
-    wmt14_extract,
-)
+from aiayn.data.wmt import WMT14_EN_DE, WMT14_EN_FR, WmtData
 from aiayn.errors import DataError
 from aiayn.io import atomic_path, write_json
 
@@ -159,6 +153,27 @@ def imdb_tarball_to_tsv(folder: Path) -> None:
                 f.write(body)
 
 
+def _wmt_spec(name: str, data: WmtData, description: str) -> DatasetSpec:
+    """A WMT14 pair: a mirror may carry the extracted splits, else the official archives
+    (sha256 of either recorded on first download, md5 checked where sacreBLEU states one)."""
+    return DatasetSpec(
+        name=name,
+        folder=name,
+        task="translation",
+        splits=data.splits,
+        description=description,
+        terms=data.terms,
+        layouts=(
+            Layout(tuple(RemoteFile(n, "") for n in data.canonical)),
+            Layout(
+                tuple(RemoteFile(n, "", url, md5) for n, (url, md5) in data.archives.items()),
+                derive=data.extract,
+            ),
+        ),
+        canonical=data.canonical,
+    )
+
+
 DATASETS: dict[str, DatasetSpec] = {
     "multi30k": DatasetSpec(
         name="multi30k",
@@ -190,23 +205,17 @@ DATASETS: dict[str, DatasetSpec] = {
         layouts=(Layout((_SHAKESPEARE,)),),
         canonical=("input.txt",),
     ),
-    "wmt14": DatasetSpec(
-        name="wmt14",
-        folder="wmt14",
-        task="translation",
-        splits=WMT14_SPLITS,
-        description="WMT 2014 English-German, the paper's data: 4.5M training pairs (Europarl v7, "
-        "Common Crawl, News Commentary v9), newstest2013 (val), newstest2014 (test)",
-        terms=WMT14_TERMS,
-        layouts=(
-            # a mirror may carry the extracted splits; their sha256 is recorded on first download
-            Layout(tuple(RemoteFile(n, "") for n in WMT14_CANONICAL)),
-            Layout(
-                tuple(RemoteFile(n, "", url, md5) for n, (url, md5) in WMT14_ARCHIVES.items()),
-                derive=wmt14_extract,
-            ),
-        ),
-        canonical=WMT14_CANONICAL,
+    "wmt14": _wmt_spec(
+        "wmt14",
+        WMT14_EN_DE,
+        "WMT 2014 English-German, the paper's data: 4.5M training pairs (Europarl v7, Common "
+        "Crawl, News Commentary v9), newstest2013 (val), newstest2014 (test)",
+    ),
+    "wmt14_en_fr": _wmt_spec(
+        "wmt14_en_fr",
+        WMT14_EN_FR,
+        "WMT 2014 English-French, the paper's data: ~36M training pairs (the En-De corpora + UN "
+        "+ 10^9 French-English), newstest2013 (val), newstest2014 (test); ~7 GB of archives",
     ),
 }
 
