@@ -345,16 +345,22 @@ class ModelFolder:
         ref: str | Path | None = None,
         limit: int = 0,
         decode: DecodeConfig | None = None,
+        paper_bleu: bool = False,
         **overrides: Any,
     ) -> dict[str, Any]:
         """Score the model on a split of its dataset or on files: sacreBLEU (cased, -lc) and chrF
-        of its translations, or a classifier's accuracy (``src`` a label<TAB>text .tsv or
+        of its translations (and, with ``paper_bleu``, the paper's tokenised BLEU in the target
+        language), or a classifier's accuracy (``src`` a label<TAB>text .tsv or
         .jsonl). One evaluator for all kinds; the result says what it measured (``test_set``,
         counts, timing, settings). ``limit`` N scores the first N examples only; the result then
         says so (``"limit": N``), as a score of part of the test set, not of the set."""
         if limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {limit}")
         if self.kind == "classification":
+            if paper_bleu:
+                raise ConfigError(
+                    f"{self.path}: --paper-bleu scores translations; this is a classifier"
+                )
             return self._score_classifier(split, src, limit, overrides.get("max_tokens"))
         self._need("translation", "score")
         sources, refs, name = self._test_set(split, src, ref)
@@ -366,7 +372,7 @@ class ModelFolder:
         start = time.perf_counter()
         hyps = self.translate(sources, cfg)
         seconds = time.perf_counter() - start
-        scores = corpus_scores(hyps, refs)
+        scores = corpus_scores(hyps, refs, self._target_lang() if paper_bleu else None)
         scores.update(
             test_set=name,
             seconds=round(seconds, 3),
@@ -377,6 +383,15 @@ class ModelFolder:
             **({"limit": limit} if limited else {}),
         )
         return scores
+
+    def _target_lang(self) -> str:
+        """The language the paper's BLEU tokenises in: the target of the training data."""
+        if not self.has_data:
+            raise ConfigError(
+                f"{self.path}: --paper-bleu needs the target language; the model "
+                "folder records no training data"
+            )
+        return self.config.data.tgt_lang
 
     def _model_name(self) -> str | list[str]:
         return str(self.path) if len(self.paths) == 1 else [str(p) for p in self.paths]

@@ -2,10 +2,16 @@
 so a crash or a kill never leaves a half-written file where a good one was.
 
 Model folders are written whole: :func:`new_folder` builds the new folder beside the target
-(``.NAME.tmp-PID-XXXX``) and swaps it in with two renames (old -> ``.NAME.old-PID-XXXX``, new ->
-NAME), so that at any instant NAME is the complete old folder or the complete new one. A kill
-between the two renames leaves NAME missing; :func:`recover_folder`, called before any command
-reads or writes NAME, puts the old folder back and removes what a killed writer left.
+(``.NAME.tmp-PID@HOST-XXXX``) and swaps it in with two renames (old -> ``.NAME.old-PID@HOST-XXXX``,
+new -> NAME), so that at any instant NAME is the complete old folder or the complete new one. A
+kill between the two renames leaves NAME missing; :func:`recover_folder`, called before any
+command reads or writes NAME, puts the old folder back and removes what a killed writer left.
+
+Several hosts may share one file system (a multi-node run's folder): a writer on this host is
+judged dead by its pid, one on another host, whose pid cannot be checked from here, only by an
+expired lease: while it works, a writer touches its temporary every ``HEARTBEAT_S`` seconds, and
+one whose temporary has not been touched for ``LEASE_S`` seconds is dead. (Hosts' clocks must
+agree to well within ``LEASE_S``; names from before hosts were recorded are judged by pid.)
 
 Output paths are checked before the work that produces them (:func:`check_output_file`,
 :func:`check_output_folder`), and a failed write (full disk, read-only place) is a
@@ -21,7 +27,10 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +40,40 @@ from aiayn.errors import ConfigError, OutputError
 log = logging.getLogger(__name__)
 
 # What a writer leaves beside its target while it works: atomic_path's file, new_folder's folder
-# and the old folder new_folder moves aside. The writer's pid tells a live writer from a dead one.
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<what>tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+# and the old folder new_folder moves aside. The writer's pid and host tell a live writer from a
+# dead one (the host is absent from names written before it was recorded).
+_TEMP = re.compile(
+    r"^\.(?P<name>.+)\.(?P<what>tmp|old)-(?P<pid>\d+)(?:@(?P<host>[A-Za-z0-9._-]+))?-[A-Za-z0-9_]+$"
+)
+_HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "localhost"
+# A writer touches its temporary every HEARTBEAT_S seconds; another host's temporary untouched
+# for LEASE_S seconds was left by a dead writer.
+HEARTBEAT_S = 60.0
+LEASE_S = 600.0
+
+
+def _temp_prefix(name: str, what: str = "tmp") -> str:
+    return f".{name}.{what}-{os.getpid()}@{_HOST}-"
+
+
+@contextlib.contextmanager
+def _lease(path: str | os.PathLike) -> Iterator[None]:
+    """Touch ``path`` every HEARTBEAT_S seconds while the block runs: the lease by which another
+    host sharing the file system sees that this writer is alive."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+
+    thread = threading.Thread(target=beat, name="aiayn-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager
@@ -45,9 +86,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), dir=path.parent)
         os.close(fd)
-        yield Path(tmp)
+        with _lease(tmp):
+            yield Path(tmp)
         # mkstemp makes 0600, and some writers (safetensors) create the file anew: give the file
         # the mode of any other file, once it is written
         os.chmod(tmp, 0o666 & ~_umask())
@@ -131,6 +173,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _writer_dead(entry: Path, match: re.Match[str]) -> bool:
+    """Whether the writer that left ``entry`` is dead: by its pid on this host (or when the name
+    records no host), by its lease (the entry's mtime) on another."""
+    if match["host"] in (None, _HOST):
+        return not _alive(int(match["pid"]))
+    try:
+        return time.time() - entry.lstat().st_mtime > LEASE_S
+    except OSError:
+        return False  # gone meanwhile: its writer finished
+
+
 def _leftovers(folder: Path, name: str | None = None) -> list[tuple[Path, str]]:
     """(path, "tmp"|"old") of what dead writers left in ``folder`` (for target ``name`` only)."""
     try:
@@ -140,7 +193,7 @@ def _leftovers(folder: Path, name: str | None = None) -> list[tuple[Path, str]]:
     found = []
     for entry in entries:
         m = _TEMP.match(entry.name)
-        if m and (name is None or m["name"] == name) and not _alive(int(m["pid"])):
+        if m and (name is None or m["name"] == name) and _writer_dead(entry, m):
             found.append((entry, m["what"]))
     return found
 
@@ -212,13 +265,14 @@ def new_folder(path: str | os.PathLike, overwrite: bool = False, flag: str = "--
     check_output_folder(path, overwrite=overwrite, flag=flag)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path.name), dir=path.parent))
         os.chmod(tmp, 0o777 & ~_umask())
     except OSError as err:
         raise write_error(path, err) from None
     try:
         try:
-            yield tmp
+            with _lease(tmp):
+                yield tmp
         except OutputError as err:  # name the folder the user asked for, not the temporary one
             raise OutputError(str(err).replace(str(tmp), str(path))) from None
         swap_in(tmp, path)
@@ -236,6 +290,7 @@ def swap_in(new: Path, path: Path) -> None:
                     os.fsync(f.fileno())
         if path.exists():
             old = path.parent / new.name.replace(".tmp-", ".old-", 1)
+            os.utime(path)  # moved aside, it holds a fresh lease: no other host restores it now
             os.rename(path, old)
             os.rename(new, path)
             _fsync_dir(path.parent)
@@ -265,7 +320,7 @@ def _probe_writable(path: Path, folder: Path) -> None:
     """Create and remove a file in ``folder``: the only check that tells a read-only mount or a
     missing permission apart for every user (root included)."""
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".aiayn-write-test.tmp-{os.getpid()}-", dir=folder)
+        fd, probe = tempfile.mkstemp(prefix=_temp_prefix("aiayn-write-test"), dir=folder)
     except OSError as err:
         raise ConfigError(f"{path}: cannot write in {folder} ({err.strerror or err})") from None
     os.close(fd)

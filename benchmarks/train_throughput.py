@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from aiayn.train.config import load_run_config
+from aiayn.train.config import load_run_config, micro_batches_per_update
 from aiayn.train.distributed import DistContext, cpu_has_bf16
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.task import build_task
@@ -56,7 +56,7 @@ def main() -> None:
     tok = task.setup(None)
     cfg = dataclasses.replace(cfg, model=task.model_config(cfg.model))
     task.cfg = cfg
-    f = cfg.train.update_freq
+    f = micro_batches_per_update(cfg, 1)
     batches = task.epoch_batches(1, 0, 1)
     groups = [batches[i * f:(i + 1) * f] for i in range(args.warmup + args.updates)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU bf16: {cpu_has_bf16()}, "

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from _data_helpers import (MIRROR, files_in, imdb_tarball, needs_mirror, real_cache,  # noqa: F401
-                           server, sha256, use_real_cache)
+from _data_helpers import (MIRROR, files_in, imdb_tarball, mirrored, needs_mirror,  # noqa: F401
+                           real_cache, server, sha256, use_real_cache)
 from aiayn.data import DATASETS, DataConfig, download_dataset, load_classification
 from aiayn.data.download import SourceMissing, fetch
 from aiayn.data.registry import DatasetSpec, Layout, RemoteFile
@@ -51,12 +51,63 @@ def test_fetch_404_is_a_missing_source(server, tmp_path):
     assert files_in(tmp_path) == []
 
 
-def test_fetch_truncated_transfer_saves_nothing(server, tmp_path):
+def test_fetch_truncated_transfer_keeps_the_part_and_resumes_it(server, tmp_path):
     server.routes["/cut.txt"] = GOOD
     server.truncate.add("/cut.txt")
-    with pytest.raises(DataError, match=r"cut\.txt: truncated transfer"):
-        fetch(f"{server.url}/cut.txt", tmp_path / "cut.txt", None, progress=False)  # no checksum
+    with pytest.raises(DataError, match=r"cut\.txt: truncated transfer.*kept in .*run again to resume"):
+        fetch(f"{server.url}/cut.txt", tmp_path / "cut.txt", sha256(GOOD), progress=False)
+    assert files_in(tmp_path) == [".cut.txt.part", ".cut.txt.part.json"]  # no cut.txt
+    assert (tmp_path / ".cut.txt.part").read_bytes() == GOOD[: len(GOOD) // 2]
+    server.truncate.clear()
+    fetch(f"{server.url}/cut.txt", tmp_path / "cut.txt", sha256(GOOD), progress=False)
+    assert (tmp_path / "cut.txt").read_bytes() == GOOD
+    assert files_in(tmp_path) == ["cut.txt"]
+    assert server.ranges["/cut.txt"] == [f"bytes={len(GOOD) // 2}-"]  # only the rest was asked
+
+
+def _interrupted(server, tmp_path, body: bytes = GOOD) -> str:
+    server.routes["/f.txt"] = body
+    server.truncate.add("/f.txt")
+    with pytest.raises(DataError, match="truncated transfer"):
+        fetch(f"{server.url}/f.txt", tmp_path / "f.txt", None, progress=False)
+    server.truncate.clear()
+    return f"{server.url}/f.txt"
+
+
+def test_fetch_starts_over_when_the_file_changed_meanwhile(server, tmp_path):
+    url = _interrupted(server, tmp_path)
+    changed = b"another version\n" * 900
+    server.routes["/f.txt"] = changed  # a new ETag: If-Range fails, the server sends it whole
+    fetch(url, tmp_path / "f.txt", sha256(changed), progress=False)
+    assert (tmp_path / "f.txt").read_bytes() == changed  # never old bytes joined to new ones
+
+
+def test_fetch_without_a_validator_or_from_another_source_starts_over(server, tmp_path):
+    url = _interrupted(server, tmp_path)
+    server.routes["/g.txt"] = GOOD
+    fetch(f"{server.url}/g.txt", tmp_path / "f.txt", sha256(GOOD), progress=False)
+    assert "/g.txt" not in server.ranges  # the part came from /f.txt: not resumed from /g.txt
+    (tmp_path / "f.txt").unlink()
+    server.no_etag.add("/f.txt")
+    _interrupted(server, tmp_path)
+    fetch(url, tmp_path / "f.txt", sha256(GOOD), progress=False)
+    assert (tmp_path / "f.txt").read_bytes() == GOOD and "/f.txt" not in server.ranges
+
+
+def test_fetch_checks_an_md5_and_refuses_a_second_concurrent_download(server, tmp_path):
+    import fcntl
+    import hashlib
+
+    server.routes["/good.txt"] = GOOD
+    with pytest.raises(DataError, match=r"checksum mismatch \(md5 .*expected 0+\)"):
+        fetch(f"{server.url}/good.txt", tmp_path / "good.txt", None, md5="0" * 32, progress=False)
     assert files_in(tmp_path) == []
+    fetch(f"{server.url}/good.txt", tmp_path / "good.txt", None,
+          md5=hashlib.md5(GOOD).hexdigest(), progress=False)
+    with open(tmp_path / ".other.txt.part", "ab") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(DataError, match="another process is downloading this file"):
+            fetch(f"{server.url}/good.txt", tmp_path / "other.txt", None, progress=False)
 
 
 def test_fetch_unreachable_host(tmp_path, server):
@@ -208,7 +259,7 @@ def test_real_mirror_prepares_every_dataset(real_cache):
     assert files_in(real_cache / "datasets" / "imdb") == ["prepared.json", "test.tsv.gz", "train.tsv.gz"]
     assert files_in(real_cache / "datasets" / "tiny_shakespeare") == ["input.txt", "prepared.json"]
     stamps = {p: p.stat().st_mtime_ns for p in real_cache.rglob("*")}
-    for name in DATASETS:  # idempotent: nothing rewritten
+    for name in mirrored(DATASETS):  # idempotent: nothing rewritten
         download_dataset(name, mirror=MIRROR, cache=real_cache)
     assert {p: p.stat().st_mtime_ns for p in real_cache.rglob("*")} == stamps
 
@@ -237,3 +288,23 @@ def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server,
     server.routes["/m/toyfolder/a.txt"] = A
     assert main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "datasets" / "toy")
+
+
+def test_unchanged_files_are_not_hashed_again(toy, server, tmp_path, monkeypatch):
+    """prepared.json records each file's size and mtime with its sha256: a file whose stat is
+    unchanged is taken as verified (a 1.5 GB WMT cache is not re-hashed by every process of every
+    run); one touched or rewritten is hashed again."""
+    import os
+
+    import aiayn.data.registry as registry
+
+    server.routes.update({"/official/a.txt": A, "/official/b.txt": B})
+    folder = download_dataset("toy", mirror="", cache=tmp_path, progress=False)
+    hashed: list[str] = []
+    real = registry.sha256_of
+    monkeypatch.setattr(registry, "sha256_of", lambda p: hashed.append(Path(p).name) or real(p))
+    assert registry.is_downloaded(folder) and hashed == []
+    os.utime(folder / "b.txt", ns=(0, 0))
+    assert registry.is_downloaded(folder) and hashed == ["b.txt"]
+    (folder / "a.txt").write_bytes(b"alphA\n")  # same size, new mtime, other bytes
+    assert not registry.is_downloaded(folder)

@@ -266,3 +266,33 @@ def test_bpe_dropout_needs_a_bpe_translation_tokenizer(tmp_path):
     values.update({"data.tokenizer": "bpe", "data.bpe_dropout": 1.0})
     with pytest.raises(Exception, match=r"bpe_dropout must be in \[0, 1\)"):
         build_run_config(values)
+
+
+def test_checkpoints_every_n_minutes_of_training(tmp_path, monkeypatch):
+    # A clock on which every update takes 4 minutes (update k starts at 240·(k-1) s): with
+    # save_every_minutes = 10 the snapshots fall after updates 4 (12 min) and 7 (24 min, 12 after
+    # the last save), then at the end (8); no step-based or validation checkpoints.
+    monkeypatch.setattr(Trainer, "_wall", lambda self: 240.0 * self.progress.step)
+    cfg = build_run_config(base_values(tmp_path / "data", max_steps=8, save_every=0, valid_every=0,
+                                       save_every_minutes=10, keep_last=10))
+    train_run(cfg, tmp_path / "run")
+    snapshots = sorted(p.name for p in (tmp_path / "run/checkpoints").glob("step_*.safetensors"))
+    assert snapshots == [f"step_{s:08d}.safetensors" for s in (4, 7, 8)]
+
+
+def test_tokens_per_update_sets_the_micro_batches_per_update(tmp_path):
+    from aiayn.errors import ConfigError
+    from aiayn.train.config import micro_batches_per_update
+
+    trainer = _trainer(tmp_path, tokens_per_update=400)  # data.max_tokens = 160: ⌈400/160⌉ = 3
+    assert trainer.update_freq == 3
+    assert micro_batches_per_update(trainer.cfg, 2) == 2 and micro_batches_per_update(trainer.cfg, 4) == 1
+    batches = trainer.task.epoch_batches(1, 0, 1)
+    trainer.progress.position = 0
+    trainer.update = lambda group: groups.append(len(group)) or False
+    groups: list[int] = []
+    trainer._limit_reached = lambda check_time=True: "stop" if len(groups) == 2 else None
+    trainer._run_epoch()
+    assert groups == [3, 3] and len(batches) > 6
+    with pytest.raises(ConfigError, match="tokens_per_update .* leave train.update_freq at 1"):
+        build_run_config(base_values(tmp_path / "d2", tokens_per_update=400, update_freq=2))

@@ -58,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="where to save the scores (default: MODEL_DIR/eval_<name>.json)",
     )
     p.add_argument("--hyps", metavar="FILE", help="also save the translations here")
+    p.add_argument(
+        "--paper-bleu",
+        action="store_true",
+        help="also the paper's BLEU (Moses-tokenised, ##AT## compound-split, multi-bleu.perl; "
+        "what 27.3/28.4 on newstest2014 mean), in the model's target language; needs sacremoses",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -85,6 +91,14 @@ def report(scores: dict[str, Any]) -> str:
             f"{scores['bleu_text']}  {scores['bleu_signature']}",
             f"{scores['bleu_lc_text'].replace('BLEU', 'BLEU-lc', 1)}  {scores['bleu_lc_signature']}",
             f"{scores['chrf_text']}  {scores['chrf_signature']}",
+            *(
+                [
+                    f"{scores['bleu_paper_text'].replace('BLEU', 'BLEU-paper', 1)}  "
+                    f"{scores['bleu_paper_signature']}"
+                ]
+                if "bleu_paper" in scores
+                else []
+            ),
             f"{scores['n']} sentences{part} in {scores['seconds']:.1f} s = "
             f"{scores['sentences_per_s']:.1f} sentences/s ({how})",
         ]
@@ -103,10 +117,21 @@ def score_file_name(scores: dict[str, Any], paths: list[Path]) -> str:
 def run(args: argparse.Namespace) -> int:
     from aiayn.io import check_output_file, write_json, write_text
 
+    if args.paper_bleu:  # before any decoding
+        from aiayn.eval.paper_bleu import require_moses
+
+        require_moses()
     if not args.output:  # the default output, in the model folder: checked before any work
         check_output_file(Path(args.model[0]) / f"eval_{args.split or 'test'}.json", "--output")
     model = open_models(args, inference_device(args.device))
-    scores = model.score(args.split, args.src, args.ref, args.limit, **decode_overrides(args))
+    scores = model.score(
+        args.split,
+        args.src,
+        args.ref,
+        args.limit,
+        paper_bleu=args.paper_bleu,
+        **decode_overrides(args),
+    )
     hyps = scores.pop("hyps", None)
     out = Path(args.output) if args.output else model.path / score_file_name(scores, model.paths)
     write_json(out, scores)

@@ -20,8 +20,10 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiayn.data.download import SourceMissing, fetch, is_url, sha256_of
+from aiayn.data.wmt import WMT14_EN_DE, WMT14_EN_FR, WmtData
 from aiayn.errors import DataError
 from aiayn.io import atomic_path, write_json
 
@@ -46,8 +48,9 @@ class RemoteFile:
     """One file of a dataset: its name in the dataset folder, its sha256, its official URL."""
 
     name: str
-    sha256: str
+    sha256: str  # "" when no citable source publishes it: recorded on the first download
     url: str = ""  # "" when only mirrors carry this file (a converted layout)
+    md5: str = ""  # where a cited table (sacreBLEU's) states one, checked as well
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,27 @@ def imdb_tarball_to_tsv(folder: Path) -> None:
                 f.write(body)
 
 
+def _wmt_spec(name: str, data: WmtData, description: str) -> DatasetSpec:
+    """A WMT14 pair: a mirror may carry the extracted splits, else the official archives
+    (sha256 of either recorded on first download, md5 checked where sacreBLEU states one)."""
+    return DatasetSpec(
+        name=name,
+        folder=name,
+        task="translation",
+        splits=data.splits,
+        description=description,
+        terms=data.terms,
+        layouts=(
+            Layout(tuple(RemoteFile(n, "") for n in data.canonical)),
+            Layout(
+                tuple(RemoteFile(n, "", url, md5) for n, (url, md5) in data.archives.items()),
+                derive=data.extract,
+            ),
+        ),
+        canonical=data.canonical,
+    )
+
+
 DATASETS: dict[str, DatasetSpec] = {
     "multi30k": DatasetSpec(
         name="multi30k",
@@ -181,6 +205,18 @@ DATASETS: dict[str, DatasetSpec] = {
         layouts=(Layout((_SHAKESPEARE,)),),
         canonical=("input.txt",),
     ),
+    "wmt14": _wmt_spec(
+        "wmt14",
+        WMT14_EN_DE,
+        "WMT 2014 English-German, the paper's data: 4.5M training pairs (Europarl v7, Common "
+        "Crawl, News Commentary v9), newstest2013 (val), newstest2014 (test)",
+    ),
+    "wmt14_en_fr": _wmt_spec(
+        "wmt14_en_fr",
+        WMT14_EN_FR,
+        "WMT 2014 English-French, the paper's data: ~36M training pairs (the En-De corpora + UN "
+        "+ 10^9 French-English), newstest2013 (val), newstest2014 (test); ~7 GB of archives",
+    ),
 }
 
 
@@ -204,14 +240,32 @@ def mirror_location(mirror: str, spec: DatasetSpec, name: str) -> str:
     return str(Path(mirror).expanduser() / spec.folder / name)
 
 
-def is_downloaded(folder: Path) -> bool:
-    """True when ``folder`` holds every file its ``prepared.json`` lists, with the sha256 recorded."""
+def _read_marker(folder: Path) -> dict[str, Any]:
     try:
         record = json.loads((folder / _MARKER).read_text())
-        files = record["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _stat(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def is_downloaded(folder: Path) -> bool:
+    """True when ``folder`` holds every file its ``prepared.json`` lists, with the sha256 recorded
+    (a file whose size and mtime are those recorded when it was verified is not hashed again)."""
+    record = _read_marker(folder)
+    try:
+        files, stats = record["files"], record.get("stat", {})
+        return all(
+            (folder / n).is_file()
+            and (_stat(folder / n) == stats.get(n) or sha256_of(folder / n) == h)
+            for n, h in files.items()
+        )
+    except (AttributeError, KeyError, TypeError):
         return False
-    return all((folder / n).is_file() and sha256_of(folder / n) == h for n, h in files.items())
 
 
 def download_dataset(
@@ -269,17 +323,35 @@ def _fetch_one(
     spec: DatasetSpec, remote: RemoteFile, folder: Path, mirror: str, progress: bool | None
 ) -> None:
     dest = folder / remote.name
-    if dest.is_file() and sha256_of(dest) == remote.sha256:
+    first = _read_marker(folder).get("fetched", {}).get(remote.name, {})
+    sha256 = remote.sha256 or first.get("sha256")
+    if dest.is_file() and sha256 and sha256_of(dest) == sha256:
         return
     source = mirror_location(mirror, spec, remote.name) if mirror else remote.url
     log.info("fetching %s", source)
-    fetch(source, dest, remote.sha256, progress=progress)
+    fetch(source, dest, sha256, md5=remote.md5 or None, progress=progress)
+    if not remote.sha256 and not first:  # trust on first use: what later downloads must match
+        _update_marker(
+            folder,
+            fetched={
+                **_read_marker(folder).get("fetched", {}),
+                remote.name: {"sha256": sha256_of(dest), "size": dest.stat().st_size},
+            },
+        )
+
+
+def _update_marker(folder: Path, **entries: Any) -> None:
+    write_json(folder / _MARKER, {**_read_marker(folder), **entries})
 
 
 def _write_marker(folder: Path, spec: DatasetSpec, layout: Layout) -> None:
     names = [f.name for f in layout.files] + [
         n for n in spec.canonical if n not in {f.name for f in layout.files}
     ]
-    write_json(
-        folder / _MARKER, {"dataset": spec.name, "files": {n: sha256_of(folder / n) for n in names}}
+    hashes = {n: sha256_of(folder / n) for n in names}
+    _update_marker(
+        folder,
+        dataset=spec.name,
+        files=hashes,
+        stat={n: _stat(folder / n) for n in names},
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tomllib
 import warnings
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ __all__ = [
     "TrainConfig",
     "RunConfig",
     "load_run_config",
+    "micro_batches_per_update",
     "build_run_config",
     "check_run_config",
     "warn_run_config",
@@ -75,6 +77,11 @@ class TrainConfig:
     clip_norm: float = 0.0
     # Micro-batches (of data.max_tokens each, per process) accumulated into one update.
     update_freq: int = 1
+    # Tokens per update, padding included, on the larger side of each batch (the paper, §5.1:
+    # ~25,000 source + 25,000 target tokens): when > 0, update_freq is derived when a run starts
+    # as ceil(tokens_per_update / (data.max_tokens × processes)), so the same recipe makes updates
+    # of the same size on 1 GPU or 8 (update_freq must then be left at 1); 0 = off.
+    tokens_per_update: int = 0
     # Stop after this many updates / epochs / seconds of wall-clock (summed over resumes, checked
     # after each update); 0 = no limit.
     max_steps: int = 100_000
@@ -95,6 +102,9 @@ class TrainConfig:
     patience: int = 0
     # Write a checkpoint every N updates (and at validations and the end).
     save_every: int = 1000
+    # Also write one every this many minutes of training wall-clock, on every process at the
+    # same update (the paper, §6.1: every 10 minutes, the last 5 or 20 averaged); 0 = off.
+    save_every_minutes: float = 0.0
     # Weight snapshots kept in checkpoints/ for `aiayn average` (the paper averages 5).
     keep_last: int = 5
     # Write a metrics.jsonl line (and refresh the progress bar) every N updates.
@@ -139,6 +149,7 @@ class TrainConfig:
             "bleu_max_sentences",
             "patience",
             "save_every",
+            "tokens_per_update",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
@@ -152,6 +163,7 @@ class TrainConfig:
             "weight_decay",
             "warmup_init_lr",
             "min_lr",
+            "save_every_minutes",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
@@ -173,6 +185,11 @@ class TrainConfig:
             raise ConfigError(
                 "train.lr_schedule = 'cosine' decays over train.max_steps, which must "
                 f"be > warmup_steps ({self.warmup_steps}), got {self.max_steps}"
+            )
+        if self.tokens_per_update and self.update_freq != 1:
+            raise ConfigError(
+                f"train.tokens_per_update ({self.tokens_per_update}) derives update_freq; "
+                f"leave train.update_freq at 1 (got {self.update_freq})"
             )
         if self.bleu_beam < 1:
             raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
@@ -231,6 +248,15 @@ def build_run_config(values: dict[str, Any]) -> RunConfig:
     cfg = apply_overrides(base, values)
     check_run_config(cfg)
     return cfg
+
+
+def micro_batches_per_update(cfg: RunConfig, world_size: int) -> int:
+    """How many micro-batches each of ``world_size`` processes accumulates into one update:
+    train.update_freq, or derived from train.tokens_per_update (see TrainConfig)."""
+    tokens = cfg.train.tokens_per_update
+    if not tokens:
+        return cfg.train.update_freq
+    return max(1, math.ceil(tokens / (cfg.data.max_tokens * world_size)))
 
 
 def warn_run_config(cfg: RunConfig) -> None:

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.threads import ThreadGovernor
 from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory
-from aiayn.train.config import RunConfig
+from aiayn.train.config import RunConfig, micro_batches_per_update
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
@@ -161,6 +161,17 @@ class Trainer:
             if dist.active
             else None
         )
+        self.update_freq = micro_batches_per_update(cfg, dist.world_size)
+        if self.train_cfg.tokens_per_update:
+            log.info(
+                "train.tokens_per_update = %d: %d micro-batches of data.max_tokens = %d on each "
+                "of %d processes per update",
+                self.train_cfg.tokens_per_update,
+                self.update_freq,
+                cfg.data.max_tokens,
+                dist.world_size,
+            )
+        self._last_save_wall = self.progress.wall  # train.save_every_minutes counts from here
         self.last_valid: dict[str, float] = {}
         self.session_start = time.perf_counter()
         self._synced_wall = self.progress.wall  # the wall-clock all processes agree on
@@ -279,11 +290,11 @@ class Trainer:
         return governor
 
     def _run_epoch(self) -> str | None:
-        progress, train = self.progress, self.train_cfg
+        progress = self.progress
         batches = self._epoch_batches(progress.epoch)
         self._epoch_len = len(batches)
         while progress.position < len(batches):
-            group = batches[progress.position : progress.position + train.update_freq]
+            group = batches[progress.position : progress.position + self.update_freq]
             progress.position += len(group)
             applied = self.update(group)
             if applied:
@@ -407,11 +418,17 @@ class Trainer:
         logged = validate or self._due(train.log_every)
         if logged:
             self._log(self.last_valid if validate else {}, trained_until)
-        if validate or self._due(train.save_every):
+        if validate or self._due(train.save_every) or self._save_time_due():
             self._save()
         if logged:
             self._interval.start = time.perf_counter()
         return reason or limit
+
+    def _save_time_due(self) -> bool:
+        """train.save_every_minutes have passed since the last save, on the clock every process
+        agrees on (so all of them save at the same update)."""
+        minutes = self.train_cfg.save_every_minutes
+        return minutes > 0 and self._synced_wall - self._last_save_wall >= 60.0 * minutes
 
     def _wall(self) -> float:
         return self.progress.wall + time.perf_counter() - self.session_start
@@ -543,6 +560,7 @@ class Trainer:
         if self.dist.is_main:
             self.folder.save_checkpoint(self.model, state, self.train_cfg.keep_last)
         self._saved_step = self.progress.step
+        self._last_save_wall = self._synced_wall
 
     def _save_best(self, value: float) -> None:
         from aiayn.checkpoint import save_model_dir

@@ -1,0 +1,180 @@
+"""Time and cost of the paper's WMT14 recipes to their step counts, from a stated model of per-GPU
+throughput (docs/scaling.md); optionally one measured calibration point.
+
+    python benchmarks/wmt_projection.py                 # the projection table (no GPU needed)
+    python benchmarks/wmt_projection.py --measure base big [--steps 50] [--out DIR]
+
+The model. Training FLOPs of one update = 3 x forward (the backward pass costs about twice the
+forward), forward = 2 x (source tokens x encoder matmul weights + target tokens x (decoder +
+output projection matmul weights)) + the attention scores (QK^T and AV: 4·L·d per token and
+attention, L = 30, a typical WMT sentence in BPE tokens). Time of an update on n GPUs =
+FLOPs / (n x peak x MFU) + a fixed cost per micro-batch (kernel launches, Python, collation) + a
+fixed cost per update with n > 1 (the part of the all-reduce not hidden behind the backward pass,
+the optimizer). Each constant is an assumption named in ASSUMPTIONS; the paper's own 0.4 s and
+1.0 s per step on 8 P100s are the check (`--check`: the MFU they imply).
+
+``--measure`` trains each named recipe (configs/wmt14_en_de_RECIPE.toml) for ``--steps`` updates
+on synthetic sentence pairs of WMT-like lengths (no download: the update's shape is what matters,
+not the words), on this machine's first GPU, and prints the seconds per update and the MFU it
+implies, as JSON lines (and into ``--out``/wmt_measure.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ASSUMPTIONS = {
+    "tokens_per_side": 25_000,  # §5.1: ~25,000 source and 25,000 target tokens per update
+    "vocab": 37_000,  # §5.1: shared BPE vocabulary
+    "attention_len": 30,  # L in the attention-score FLOPs
+    "h100_peak_flops": 989e12,  # H100 SXM dense bf16 tensor-core peak (NVIDIA's data sheet)
+    "p100_peak_flops": 9.5e12,  # the paper's own figure for a P100 (Table 2 footnote)
+    "mfu": (0.2, 0.4),  # share of the peak the matmuls reach: a low and a high case
+    "fixed_per_micro_batch_s": 0.005,  # launches + Python + collation per micro-batch
+    "fixed_per_update_multi_gpu_s": 0.003,  # un-hidden all-reduce + optimizer, n > 1
+    "usd_per_gpu_hour": 2.5,  # an H100 hour (cloud prices vary ~2x either way: scale linearly)
+}
+RECIPES = {"base": (512, 2048, 100_000, 0.4), "big": (1024, 4096, 300_000, 1.0)}  # d, d_ff, steps, paper s/step
+
+
+def matmul_weights(d: int, d_ff: int, layers: int = 6, vocab: int = 37_000) -> dict[str, int]:
+    """Weights every source / target token multiplies (biases, norms and embeddings lookups aside)."""
+    return {
+        "encoder": layers * (4 * d * d + 2 * d * d_ff),  # Q, K, V, O + the two FFN matrices
+        "decoder": layers * (8 * d * d + 2 * d * d_ff),  # self- and cross-attention + FFN
+        "output": d * vocab,  # the pre-softmax projection (tied with the embeddings)
+    }
+
+
+def update_flops(d: int, d_ff: int, tokens: int, layers: int = 6) -> float:
+    """Training FLOPs of one update of ``tokens`` source and ``tokens`` target tokens."""
+    w = matmul_weights(d, d_ff, layers, ASSUMPTIONS["vocab"])
+    forward = 2 * tokens * (w["encoder"] + w["decoder"] + w["output"])
+    attention = tokens * 3 * layers * 4 * ASSUMPTIONS["attention_len"] * d  # enc self, dec self + cross
+    return 3 * (forward + attention)
+
+
+def update_seconds(flops: float, gpus: int, micro_batches: int, mfu: float) -> float:
+    a = ASSUMPTIONS
+    fixed = micro_batches * a["fixed_per_micro_batch_s"]
+    fixed += a["fixed_per_update_multi_gpu_s"] if gpus > 1 else 0.0
+    return flops / (gpus * a["h100_peak_flops"] * mfu) + fixed
+
+
+def projection() -> list[dict]:
+    """One row per recipe, GPU count and MFU case: seconds per update, hours, GPU-hours, dollars."""
+    rows = []
+    tokens = ASSUMPTIONS["tokens_per_side"]
+    for name, (d, d_ff, steps, _) in RECIPES.items():
+        flops = update_flops(d, d_ff, tokens)
+        for gpus in (1, 8, 16):
+            micro = max(1, 8 // gpus)  # data.max_tokens 3125 (1,563 on 16 GPUs): 25,000 per update
+            for mfu in ASSUMPTIONS["mfu"]:
+                step = update_seconds(flops, gpus, micro, mfu)
+                hours = steps * step / 3600
+                rows.append(
+                    dict(recipe=name, gpus=gpus, micro_batches=micro, mfu=mfu,
+                         tflop_per_update=round(flops / 1e12, 2), ms_per_update=round(1e3 * step, 1),
+                         hours=round(hours, 2), gpu_hours=round(gpus * hours, 1),
+                         usd=round(gpus * hours * ASSUMPTIONS["usd_per_gpu_hour"]))
+                )
+    return rows
+
+
+def check_against_the_paper() -> dict[str, float]:
+    """The MFU the paper's step times on 8 P100s imply under this FLOPs model."""
+    out = {}
+    for name, (d, d_ff, _, seconds) in RECIPES.items():
+        flops = update_flops(d, d_ff, ASSUMPTIONS["tokens_per_side"])
+        out[name] = round(flops / seconds / (8 * ASSUMPTIONS["p100_peak_flops"]), 3)
+    return out
+
+
+# ---- the measured calibration point ----------------------------------------------------------
+
+
+def write_synthetic_pairs(folder: Path, n: int, seed: int = 0) -> list[str]:
+    """``n`` training and 200 validation pairs of Zipf-distributed made-up words, 8-45 words a
+    sentence (WMT-like lengths); returns the data.* overrides that read them."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyzäöü"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 11))) for _ in range(60_000)]
+    cum, total = [], 0.0
+    for rank in range(len(words)):
+        total += 1 / (rank + 1)
+        cum.append(total)
+
+    def sentence() -> str:
+        return " ".join(rng.choices(words, cum_weights=cum, k=rng.randint(8, 45)))
+
+    sets = []
+    for split, count in (("train", n), ("valid", 200)):
+        for side in ("src", "tgt"):
+            path = folder / f"{split}.{side}"
+            path.write_text("".join(sentence() + "\n" for _ in range(count)), encoding="utf-8")
+            sets.append(f"data.{split}_{side}={path}")
+    return ["data.dataset=", *sets]
+
+
+def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str]) -> dict:
+    import torch
+
+    from aiayn.train.config import load_run_config, micro_batches_per_update
+    from aiayn.train.run import train_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_synthetic_pairs(Path(tmp), pairs)
+        sets = [*data, f"train.max_steps={steps}", "train.valid_every=0", "train.log_every=10",
+                "train.save_every_minutes=0", "train.progress=false", f"train.device={device}",
+                *extra]
+        cfg, _ = load_run_config(ROOT / f"configs/wmt14_en_de_{recipe}.toml", sets)
+        train_run(cfg, Path(tmp) / "run")
+        lines = [json.loads(x) for x in (Path(tmp) / "run/metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in lines if 10 <= r["step"] <= steps - 10]  # no warm-up, no final validation
+    seconds = (timed[-1]["wall"] - timed[0]["wall"]) / (timed[-1]["step"] - timed[0]["step"])
+    tokens_per_s = sum(r["tokens_per_s"] for r in timed[1:]) / max(len(timed) - 1, 1)
+    d, d_ff, _, _ = RECIPES[recipe]
+    w = matmul_weights(d, d_ff, vocab=cfg.data.vocab_size)
+    per_pair_token = 6 * sum(w.values())  # 6·N per (source, target) token pair
+    achieved = tokens_per_s / 2 * per_pair_token
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (a dry run)"
+    return dict(recipe=recipe, device=name, torch=torch.__version__,
+                micro_batches=micro_batches_per_update(cfg, 1), max_tokens=cfg.data.max_tokens,
+                seconds_per_update=round(seconds, 4), tokens_per_s=round(tokens_per_s),
+                mfu_vs_h100_peak=round(achieved / ASSUMPTIONS["h100_peak_flops"], 3),
+                date=time.strftime("%Y-%m-%d"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--measure", nargs="*", choices=sorted(RECIPES), default=[])
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--pairs", type=int, default=60_000)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--set", dest="extra", action="append", default=[], help="more overrides (a dry run)")
+    args = p.parse_args()
+    if not args.measure:
+        print(json.dumps({"assumptions": ASSUMPTIONS, "paper_implied_mfu_p100": check_against_the_paper()}))
+        for row in projection():
+            print(json.dumps(row))
+        return
+    results = []
+    for recipe in args.measure:
+        results.append(measure(recipe, args.steps, args.pairs, args.device, args.extra))
+        print(json.dumps(results[-1]), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "wmt_measure.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
