@@ -51,6 +51,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_data_batching": UNIT,
     "test_data_download": ("serve",),  # a local HTTP server stands for the dataset sources
     "test_data_files": UNIT,
+    "test_data_wmt": ("serve",),  # WMT14 prepared from a local HTTP server of fake archives
     "test_data_tokenizer": UNIT,
     "test_docs": UNIT,
     "test_ensemble": UNIT,
@@ -61,6 +62,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_inference_edges": UNIT,
     "test_imports": UNIT,
     "test_io": UNIT,
+    "test_io_hosts": UNIT,
     "test_kinds": UNIT,
     "test_make_results": UNIT,
     "test_mlm": UNIT,
@@ -68,6 +70,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_model_parity": UNIT,
     "test_model_shapes": UNIT,
     "test_output_vocab": UNIT,
+    "test_paper_bleu": UNIT,
     "test_recase": UNIT,
     "test_search": UNIT,
     "test_seed_pairs": UNIT,

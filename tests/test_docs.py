@@ -247,7 +247,7 @@ def entry_errors(rid: str, entry: dict, root: Path = ROOT) -> list[str]:
             errors.append(f"{rid}: figure {shown(entry)}, but {entry['raw']} gives {value}")
     else:  # no raw value to compare with: the record that states the figure must state this one
         record = (root / entry["record"].partition("#")[0]).read_text(encoding="utf-8")
-        if not re.search(rf"(?<![\d.]){re.escape(shown(entry))}(?![\d]|\.\d)", record):
+        if not re.search(rf"(?<![\d.$]){re.escape(shown(entry))}(?![\d]|\.\d)", record):
             errors.append(f"{rid}: {shown(entry)} is not in its record {entry['record']}")
     return errors
 
@@ -308,7 +308,7 @@ def unmarked_headlines(text: str, results: dict, covered: list[tuple[str, int, i
     for rid, entry in results.items():
         if not entry.get("headline"):
             continue
-        for hit in re.finditer(rf"(?<![\d.]){re.escape(shown(entry))}(?![\d]|\.\d)", text):
+        for hit in re.finditer(rf"(?<![\d.$]){re.escape(shown(entry))}(?![\d]|\.\d)", text):
             spans = generated + [(s, e) for r, s, e in covered if r == rid]
             if not any(s <= hit.start() < e for s, e in spans):
                 errors.append(f"line {line_of(text, hit.start())}: {shown(entry)} ({rid}) "
