@@ -276,6 +276,18 @@ def test_projected_loss_equals_the_loss_of_the_projected_logits(monkeypatch):
     assert all(float(g.abs().sum()) == 0.0 for g in torch.autograd.grad(empty, (h, w)))
 
 
+def test_a_gpu_takes_the_loss_in_few_large_passes():
+    """On the CPU the per-row passes stay in cache (2 MiB: 14 rows at the paper's 37,000 BPE
+    vocabulary); on a GPU each pass is kernel launches, so a micro-batch of the paper's recipe
+    (3,125 tokens) is one projection chunk of few passes (docs/scaling.md measured the CPU
+    sizes at 14x the time of one pass on an H100)."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert loss_module.rows_per_pass(37_000, cpu) == 14
+    assert loss_module.rows_per_pass(37_000, gpu) >= 1_024
+    assert loss_module.rows_per_projection(cpu) == 1_024
+    assert loss_module.rows_per_projection(gpu) >= 3_125
+
+
 def test_projected_loss_under_bf16_autocast_is_close_to_float32():
     torch.manual_seed(0)
     h = torch.randn(64, 32, requires_grad=True)

@@ -23,9 +23,19 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-# Rows of logits handled at a time: about 2 MiB of float32, so that every pass over a chunk runs
-# in cache and the full (N, V) logits are read from memory once forward and once backward.
+# Rows of logits handled at a time on the CPU: about 2 MiB of float32, so that every pass over a
+# chunk runs in cache and the full (N, V) logits are read from memory once forward and once
+# backward. On a GPU a pass is a few kernel launches whatever its size, and 2 MiB is 14 rows at
+# V = 37,000: the loss of 3,000 rows took 57.5 ms there against 4.1 ms in one pass (H100,
+# docs/scaling.md), so a GPU takes passes of up to DEVICE_CHUNK_BYTES.
 CHUNK_BYTES = 2 << 20
+DEVICE_CHUNK_BYTES = 256 << 20
+
+
+def rows_per_pass(vocab_size: int, device: torch.device) -> int:
+    """Rows of float32 logits (c, V) handled by one pass of the per-row loss terms."""
+    budget = CHUNK_BYTES if device.type == "cpu" else DEVICE_CHUNK_BYTES
+    return max(1, budget // (4 * vocab_size))
 
 
 def _row_terms(z: Tensor, gold: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -59,7 +69,7 @@ class _LabelSmoothedCE(torch.autograd.Function):
         probs = torch.empty_like(logits)  # (N, V): softmax(z), in the logits' dtype
         nll = logits.new_empty(N, dtype=wide)
         smooth = logits.new_empty(N, dtype=wide)
-        rows = max(1, CHUNK_BYTES // (4 * V))
+        rows = rows_per_pass(V, logits.device)
         for a in range(0, N, rows):
             z = logits[a : a + rows].to(wide, copy=True)  # (C, V)
             nll[a : a + rows], smooth[a : a + rows], e, total = _row_terms(z, gold[a : a + rows])
@@ -100,8 +110,15 @@ def label_smoothed_nll_loss(
 # Rows of hidden states projected to the vocabulary at a time by the projected loss: few enough
 # that a chunk of logits is a reused buffer (bf16: 16 MiB at V = 8,000, 64 MiB at V = 32,000),
 # many enough that the three matrix multiplies per chunk run at full speed and the weight
-# gradient is summed over few chunks.
+# gradient is summed over few chunks. A GPU takes 4× as many (bf16: 290 MiB at V = 37,000), so
+# that a micro-batch of the paper's recipes is one or two chunks.
 PROJECT_ROWS = 1024
+DEVICE_PROJECT_ROWS = 4096
+
+
+def rows_per_projection(device: torch.device) -> int:
+    """Rows of hidden states projected to the vocabulary at a time by the projected loss."""
+    return PROJECT_ROWS if device.type == "cpu" else DEVICE_PROJECT_ROWS
 
 
 class _ProjectedLabelSmoothedCE(torch.autograd.Function):
@@ -148,7 +165,8 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
             if need_dw
             else None
         )
-        buffer = h.new_empty(min(N, PROJECT_ROWS), V, dtype=dtype)
+        project_rows = rows_per_projection(h.device)
+        buffer = h.new_empty(min(N, project_rows), V, dtype=dtype)
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
         # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
         # BASE step here, in page faults and a mixed-dtype add).
@@ -156,9 +174,9 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         if dw is not None:
             dw_part = w.new_empty(w.shape)
             dw_wide = dw_part if dw.dtype == dtype else torch.empty_like(dw)
-        sub = max(1, CHUNK_BYTES // (4 * V))  # rows per float32 pass, kept in cache
-        for a in range(0, N, PROJECT_ROWS):
-            rows = hc[a : a + PROJECT_ROWS]
+        sub = rows_per_pass(V, h.device)  # rows per float32 pass (kept in cache on the CPU)
+        for a in range(0, N, project_rows):
+            rows = hc[a : a + project_rows]
             z = torch.mm(rows, wt, out=buffer[: rows.size(0)])  # (C, V) logits
             for b in range(0, z.size(0), sub):
                 zs = z[b : b + sub].to(wide, copy=True)  # (c, V)
