@@ -53,6 +53,17 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def checkout_untouched():
+    """No smoke run writes into the checkout's docs/ (where the published figures live)."""
+    def state():
+        return {p: p.stat().st_mtime_ns for p in (ROOT / "docs").rglob("*") if p.is_file()}
+
+    before = state()
+    yield
+    assert state() == before, "a smoke run wrote into docs/"
+
+
 # ---- two tiny trained Multi30k runs, shared by the scripts that score or serve models ------------
 
 RUN = {
