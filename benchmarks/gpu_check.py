@@ -602,6 +602,13 @@ def main(argv: list[str] | None = None) -> int:
               f"torch.cuda.is_available() is False); `--dry-run` runs the same paths on the CPU",
               file=sys.stderr)
         return 2
+    if args.dry_run:
+        try:  # every option of the GPU run has its tiny stand-in, before anything runs
+            for real in REAL_ARGS.values():
+                shrink(real)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="aiayn_gpu_check_"))

@@ -103,6 +103,15 @@ def test_every_option_of_the_gpu_run_has_a_tiny_stand_in():
         gpu_check.shrink(["--set", "train.new=1"])
 
 
+def test_a_gpu_option_without_a_stand_in_stops_the_dry_run_before_it_starts(tmp_path, monkeypatch,
+                                                                           capsys):
+    monkeypatch.setitem(gpu_check.REAL_ARGS, "decode", ["--device", "cuda", "--beams", "1", "5"])
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "gpu_check: option --beams has no dry-run value (DRY_VALUES)"
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_gpu_settings_make_valid_configs():
     """What only a GPU run uses: the train stage's overrides of the headline config (the time
     budget and the time clock of the cosine) and the decode stage's model shapes."""
