@@ -74,6 +74,7 @@ def test_train_flops_closed_form():
     assert bench.train_flops(s, [3], [2]) == 3 * fwd
 
 
+@pytest.mark.process
 def test_worker_protocol_runs_round_robin(tmp_path):
     pairs, batch = fixed_batch()
     data = tmp_path / "data.pt"
