@@ -7,8 +7,8 @@ TORCH   := torch==2.13.0
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo lint test test-slow bench bench-decode bench-engines bench-train bench-convergence \
-	bench-scaling gpu-check gpu-check-dry gpu-data clean
+.PHONY: install demo lint test test-slow smoke bench bench-decode bench-engines bench-train \
+	bench-convergence bench-scaling gpu-check gpu-check-dry gpu-data clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,11 @@ test: lint
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
+
+# Every benchmark and script at tiny sizes, each code path once, outputs in temporary folders (part
+# of `make test`; tests/test_scripts_smoke.py, and gpu_check's whole dry run).
+smoke: install
+	$(BIN)/python -m pytest -q tests/test_scripts_smoke.py tests/test_gpu_check.py
 
 # The benchmarks: decoding, training, same convergence as nn.Transformer, then cost vs length and
 # batch (measured on the idle 2-core machine, 2026-11-22: ~3, ~13, ~4 and ~4 minutes).
@@ -93,7 +98,8 @@ GPU_PY ?=
 gpu-check: $(if $(GPU_PY),,$(VENV)/.bench)
 	$(or $(GPU_PY),$(BIN)/python) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
-# The same stages on the CPU with tiny shapes: proves the script works before a GPU slot.
+# The same stages with the same commands on the CPU, every size shrunk (benchmarks/gpu_check.py
+# DRY_VALUES; two presets stay two): proves the script works before a GPU slot. `make test` runs it.
 gpu-check-dry: $(VENV)/.bench
 	$(BIN)/python benchmarks/gpu_check.py --dry-run $(GPU_CHECK_ARGS)
 

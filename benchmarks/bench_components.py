@@ -1,6 +1,7 @@
 """Micro-benchmarks behind the speed choices in aiayn (docs/performance.md, "Components").
 
     OMP_NUM_THREADS=1 python benchmarks/bench_components.py [--repeats 15] [--out docs/experiments/components.md]
+    python benchmarks/bench_components.py --smoke --repeats 1 --out /tmp/components.md   # tiny shapes
 
 Each row times forward + backward of one component, alternatives interleaved round-robin in the
 same process on the same inputs, median of repeats (warm-up excluded):
@@ -17,6 +18,7 @@ import os
 import statistics
 import time
 from datetime import date
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,15 @@ import torch.nn.functional as F
 from aiayn.env import cpu_name
 from aiayn.model.attention import scaled_dot_product_attention
 from aiayn.train.loss import label_smoothed_nll_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+# The shapes timed: attention (B, T) pairs, loss (tokens, vocabulary), dropout (B, T, D); --smoke
+# takes tiny ones (the code paths in a second, no timing worth reading).
+SHAPES = {
+    "full": {"attention": ((256, 16), (64, 64), (16, 256)), "loss": (7200, 10000),
+             "dropout": (400, 18, 128)},
+    "smoke": {"attention": ((4, 8), (2, 16)), "loss": (64, 100), "dropout": (4, 3, 8)},
+}
 
 
 def textbook_ls_loss(logits, target, eps, pad):
@@ -53,9 +64,9 @@ def time_round_robin(cases: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def attention_rows(repeats):
+def attention_rows(repeats, shapes=SHAPES["full"]["attention"]):
     rows = []
-    for B, T in ((256, 16), (64, 64), (16, 256)):
+    for B, T in shapes:
         q, k, v = (torch.randn(B, 4, T, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
         mask[::3, ..., T * 2 // 3:] = False
@@ -66,39 +77,43 @@ def attention_rows(repeats):
     return rows
 
 
-def loss_rows(repeats):
+def loss_rows(repeats, shape=SHAPES["full"]["loss"]):
+    n, vocab = shape
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        logits = torch.randn(7200, 10000, dtype=dtype, requires_grad=True)
-        target = torch.randint(4, 10000, (7200,))
+        logits = torch.randn(n, vocab, dtype=dtype, requires_grad=True)
+        target = torch.randint(4, vocab, (n,))
         target[::15] = 0
         cases = {"textbook": fwd_bwd(lambda: textbook_ls_loss(logits, target, 0.1, 0), logits),
                  "aiayn": fwd_bwd(lambda: label_smoothed_nll_loss(logits, target, 0.1, 0)[0], logits)}
         ms = time_round_robin(cases, repeats)
-        rows.append((f"label-smoothed CE 7200×10000 ({str(dtype)[6:]})", ms["textbook"], ms["aiayn"]))
+        rows.append((f"label-smoothed CE {n}×{vocab} ({str(dtype)[6:]})", ms["textbook"], ms["aiayn"]))
     return rows
 
 
-def dropout_rows(repeats):
-    x = torch.randn(400, 18, 128, dtype=torch.bfloat16, requires_grad=True)
+def dropout_rows(repeats, shape=SHAPES["full"]["dropout"]):
+    x = torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
     cases = {"F.dropout": fwd_bwd(lambda: F.dropout(x, 0.3, True), x),
              "rand<p": fwd_bwd(lambda: x * (torch.rand(x.shape) >= 0.3) * (1 / 0.7), x)}
     ms = time_round_robin(cases, repeats)
-    return [("dropout p=0.3 on 400×18×128 (bf16)", ms["F.dropout"], ms["rand<p"])]
+    return [(f"dropout p=0.3 on {'×'.join(map(str, shape))} (bf16)", ms["F.dropout"], ms["rand<p"])]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--out", default="docs/experiments/components.md")
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="tiny shapes: the code paths, not timings")
+    p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "components.md"))
+    args = p.parse_args(argv)
     load0 = os.getloadavg()[0]
-    rows = attention_rows(args.repeats) + loss_rows(args.repeats) + dropout_rows(args.repeats)
+    shapes = SHAPES["smoke" if args.smoke else "full"]
+    rows = (attention_rows(args.repeats, shapes["attention"]) + loss_rows(args.repeats, shapes["loss"])
+            + dropout_rows(args.repeats, shapes["dropout"]))
     lines = [
         "# Component timings (forward + backward)",
         "",
         f"`OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} python benchmarks/bench_components.py "
-        f"--repeats {args.repeats}` — {date.today()}, {cpu_name()}, "
+        f"--repeats {args.repeats}{' --smoke' if args.smoke else ''}` — {date.today()}, {cpu_name()}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), load average "
         f"{load0:.1f} → {os.getloadavg()[0]:.1f} (shared machine). Median of {args.repeats}, interleaved.",
         "",

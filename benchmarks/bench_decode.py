@@ -37,7 +37,7 @@ from aiayn.train.distributed import cpu_has_bf16
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small")
     p.add_argument("--vocab", type=int, default=8000)
@@ -61,7 +61,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hardware", default=cpu_name())
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "decoding"),
                    help="writes OUT.json and OUT.md")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.skip is None:
         args.skip = [] if cpu_has_bf16() else ["bf16"]
         if args.skip:
@@ -242,14 +242,14 @@ def write_report(rates: dict[str, list[float]], args, command: str) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.malloc == "keep":
         from aiayn.train.allocator import keep_freed_memory
 
         args.malloc = "keep" if keep_freed_memory() else "default (keep not applicable here)"
-    command = "python benchmarks/bench_decode.py " + shlex.join(sys.argv[1:])
+    command = "python benchmarks/bench_decode.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as tmp:
         systems = build_systems(args, Path(tmp))
         rates = measure(systems, args)

@@ -38,7 +38,7 @@ ENGINES = (
 BEGIN, END = "<!-- engines:begin (benchmarks/bench_engines.py) -->", "<!-- engines:end -->"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(ROOT / "runs" / "demo" / "avg5"))
     p.add_argument("--split", default="test_2016_flickr")
@@ -59,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--doc", default=str(ROOT / "docs" / "decoding.md"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine, print JSON
     p.add_argument("--folder", help=argparse.SUPPRESS)
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def folder_size(path: Path) -> int:
@@ -172,8 +172,8 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.worker:
         print(json.dumps(run_one(args)))
         return
@@ -181,7 +181,7 @@ def main() -> None:
     from aiayn.io import write_json, write_section
 
     model = Path(args.model)
-    command = " ".join(["python benchmarks/bench_engines.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/bench_engines.py", *(sys.argv[1:] if argv is None else argv)])
     report = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "hardware": cpu_name(),

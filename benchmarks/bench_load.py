@@ -3,6 +3,8 @@ other busy processes on the machine, each with the default thread setting (aiayn
 AIAYN_THREADS=1 and AIAYN_THREADS=<cores>. Not a test: a measurement for docs/reliability.md.
 
     python benchmarks/bench_load.py [--data ../shared/data/multi30k] [--steps 60] [--limit 100]
+    python benchmarks/bench_load.py --smoke --steps 2 --limit 3 --busy 0,1 --settings default,1 \
+        --json /tmp/load.json        # the code paths in seconds: no figures worth reading
 
 The demo recipe's model (Transformer-tiny, pre-LN, one BPE vocabulary) on the first 4,000
 Multi30k En-De training pairs (read from --data, as your own files): a base run of 20 updates is
@@ -10,6 +12,11 @@ trained once; each measurement resumes a copy of it for --steps updates (tokens/
 metrics.jsonl, the first 10 updates not counted) and evaluates the base model on the first
 --limit val sentences (beam 4; sentences/s as evaluate reports it). Busy processes are
 `python -c "while True: pass"`. Prints a markdown table and writes JSON.
+
+``--smoke`` shrinks the work, not the code paths: 200 training pairs, a vocabulary of 300, a base
+run of 4 updates of a model of d_model 32 and one layer per stack, every resumed update counted,
+no settling time, and busy processes that sleep
+(started and stopped as the real ones, without taking a core from a shared test machine).
 """
 
 from __future__ import annotations
@@ -41,12 +48,24 @@ def aiayn(args: list[str], threads: str | None, timeout: float) -> subprocess.Co
                           capture_output=True, text=True, timeout=timeout)
 
 
-def prepare(data: Path, work: Path) -> tuple[Path, Path, Path]:
-    """Own-files data, a config and a base run of 20 updates; returns (run, val.en, val.de)."""
+# The work of a measurement, and of --smoke: training / val pairs, BPE vocabulary, updates of the
+# base run and its logging interval, resumed updates not counted, seconds for the busy processes
+# to settle.
+SIZES = {"full": {"train": 4000, "val": 500, "vocab": 8000, "base_steps": 20, "log_every": 5,
+                  "skip": 10, "settle_s": 2.0, "model": ""},
+         "smoke": {"train": 200, "val": 20, "vocab": 300, "base_steps": 4, "log_every": 1,
+                   "skip": 0, "settle_s": 0.0,
+                   "model": "d_model = 32\nn_heads = 2\nd_ff = 64\nn_encoder_layers = 1\n"
+                            "n_decoder_layers = 1\n"}}
+BUSY = {"full": "while True: pass", "smoke": "import time; time.sleep(3600)"}
+
+
+def prepare(data: Path, work: Path, sizes: dict) -> tuple[Path, Path, Path]:
+    """Own-files data, a config and a base run; returns (run, val.en, val.de)."""
     import gzip
 
     files = {}
-    for split, n in (("train", 4000), ("val", 500)):
+    for split, n in (("train", sizes["train"]), ("val", sizes["val"])):
         for lang in ("en", "de"):
             with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
                 lines = [next(f) for _ in range(n)]
@@ -54,13 +73,15 @@ def prepare(data: Path, work: Path) -> tuple[Path, Path, Path]:
             files[f"{split}.{lang}"].write_text("".join(lines), encoding="utf-8")
     cfg = work / "bench.toml"
     cfg.write_text(
-        '[model]\npreset = "tiny"\nnorm_first = true\ndropout = 0.1\n\n'
+        f'[model]\npreset = "tiny"\nnorm_first = true\ndropout = 0.1\n{sizes["model"]}\n'
         f'[data]\ndataset = ""\ntrain_src = "{files["train.en"]}"\n'
         f'train_tgt = "{files["train.de"]}"\nvalid_src = "{files["val.en"]}"\n'
-        f'valid_tgt = "{files["val.de"]}"\ntokenizer = "bpe"\nvocab_size = 8000\n'
+        f'valid_tgt = "{files["val.de"]}"\ntokenizer = "bpe"\nvocab_size = {sizes["vocab"]}\n'
         "max_tokens = 4096\nmax_len = 128\n\n"
-        '[train]\nlr_schedule = "inverse_sqrt"\nlr = 1e-3\nwarmup_steps = 10\n'
-        "max_steps = 20\nvalid_every = 0\nsave_every = 20\nlog_every = 5\nprogress = false\n",
+        '[train]\nlr_schedule = "inverse_sqrt"\nlr = 1e-3\n'
+        f"warmup_steps = {sizes['base_steps'] // 2}\nmax_steps = {sizes['base_steps']}\n"
+        f"valid_every = 0\nsave_every = {sizes['base_steps']}\nlog_every = {sizes['log_every']}\n"
+        "progress = false\n",
         encoding="utf-8",
     )
     run = work / "base"
@@ -70,8 +91,8 @@ def prepare(data: Path, work: Path) -> tuple[Path, Path, Path]:
     return run, files["val.en"], files["val.de"]
 
 
-def train_rate(run: Path, steps: int, threads: str | None, work: Path) -> float:
-    """tokens/s of `steps` updates resumed from a copy of `run` (the first 10 not counted)."""
+def train_rate(run: Path, steps: int, threads: str | None, work: Path, skip: int) -> float:
+    """tokens/s of `steps` updates resumed from a copy of `run` (the first `skip` not counted)."""
     copy = work / "run"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(run, copy)
@@ -82,7 +103,7 @@ def train_rate(run: Path, steps: int, threads: str | None, work: Path) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"train failed: {proc.stderr[-2000:]}")
     records = [json.loads(x) for x in (copy / "metrics.jsonl").read_text().splitlines()]
-    after = [r for r in records if r["step"] > start + 10 and "tokens_per_s" in r]
+    after = [r for r in records if r["step"] > start + skip and "tokens_per_s" in r]
     return statistics.fmean(r["tokens_per_s"] for r in after)
 
 
@@ -100,32 +121,50 @@ def loadavg() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-def main() -> None:
+def thread_settings(names: str, n: int) -> dict[str, str | None]:
+    """--settings "default,1,N" -> {name: AIAYN_THREADS or None}; N is this machine's cores."""
+    out: dict[str, str | None] = {}
+    for name in names.split(","):
+        if name == "default":
+            out["default"] = None
+        else:
+            threads = str(n) if name == "N" else name
+            out[f"{threads} thread{'s' if threads != '1' else ''}"] = threads
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k",
                     help="a folder with Multi30k's train/val .en.gz/.de.gz")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--limit", type=int, default=100)
     ap.add_argument("--busy", default="0,1,2", help="numbers of busy processes to try")
+    ap.add_argument("--settings", default="default,1,N",
+                    help="thread settings to try: default (aiayn/threads.py), or AIAYN_THREADS "
+                    "values; N = this machine's cores")
+    ap.add_argument("--smoke", action="store_true", help="tiny work, every code path (see above)")
     ap.add_argument("--json", type=Path, default=Path("bench_load.json"))
     ap.add_argument("--doc", type=Path, help="also write the table into this markdown file "
                     "(between its bench-load markers), e.g. docs/reliability.md")
     ap.add_argument("--note", default="", help="what else ran on the machine (for the doc)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     n = cores()
-    settings = {"default": None, "1 thread": "1", f"{n} threads": str(n)}
+    settings = thread_settings(args.settings, n)
+    mode = "smoke" if args.smoke else "full"
+    sizes = SIZES[mode]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        run, *val = prepare(args.data, work)
+        run, *val = prepare(args.data, work, sizes)
         for busy in map(int, args.busy.split(",")):
-            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            hogs = [subprocess.Popen([sys.executable, "-c", BUSY[mode]])
                     for _ in range(busy)]
             try:
-                time.sleep(2)
+                time.sleep(sizes["settle_s"])
                 for name, threads in settings.items():
                     row = {"busy": busy, "setting": name, "loadavg_before": loadavg()}
-                    row["train_tok_s"] = train_rate(run, args.steps, threads, work)
+                    row["train_tok_s"] = train_rate(run, args.steps, threads, work, sizes["skip"])
                     row["eval_sent_s"] = evaluate_rate(run, tuple(val), args.limit, threads, work)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -134,15 +173,17 @@ def main() -> None:
                     hog.kill()
                     hog.wait()
     meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
-            "cores": n, "steps": args.steps, "limit": args.limit,
-            "command": " ".join(sys.argv)}
+            "cores": n, "steps": args.steps, "limit": args.limit, "smoke": args.smoke,
+            "command": " ".join(["benchmarks/bench_load.py", *(sys.argv[1:] if argv is None else argv)])}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(table(rows))
     if args.doc:
         from aiayn.io import write_section
 
         head = (f"Measured {meta['date']} on a {meta['cpu']}; `{meta['command']}` "
-                f"({args.steps} updates of the demo model resumed, the first 10 not counted; "
+                f"({args.steps} updates of the demo model resumed, the first {sizes['skip']} not "
+                "counted; "
                 f"evaluate: {args.limit} val sentences, beam 4). {args.note}")
         write_section(args.doc, "<!-- bench-load:begin -->", "<!-- bench-load:end -->",
                       head + "\n\n" + table(rows))

@@ -113,7 +113,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small", choices=list(bt.PRESETS))
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
@@ -123,14 +123,16 @@ def main() -> None:
     p.add_argument("--batch-tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--peak-sizes", type=int, nargs="+", default=[1024, 2048], metavar="N",
+                   help="n of the n×n×n matmuls of the peak (default 1024 2048)")
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "scaling.json"))
     p.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.manual_seed(0)
     s = dataclasses.replace(bt.PRESETS[args.preset], max_len=max(args.lengths + [args.length]) + 2)
     load_start = os.getloadavg()[0]
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    peak = bt.matmul_peak(dtype)
+    peak = bt.matmul_peak(dtype, tuple(args.peak_sizes))
     length_points = [(L, max(1, args.tokens // L)) for L in args.lengths]
     batch_points = [(args.length, max(1, n // args.length)) for n in args.batch_tokens]
     report = {
@@ -140,8 +142,10 @@ def main() -> None:
                  "torch": torch.__version__, "preset": args.preset, "precision": args.precision,
                  "tokens": args.tokens, "length": args.length, "peak_gflops": peak,
                  "load_start": load_start, "load_end": os.getloadavg()[0],
-                 "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:])},
+                 "command": "python benchmarks/bench_scaling.py "
+                 + " ".join(sys.argv[1:] if argv is None else argv)},
     }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     write_section(args.doc, BEGIN, END, markdown(report))
     print(f"-> {args.out}, {args.doc}")

@@ -323,7 +323,7 @@ def load_average() -> str:
         return "unknown"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/avg5")])
     p.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64], help="default: 8 32 64")
@@ -356,7 +356,7 @@ def main() -> int:
         help="also the decoding alone (no HTTP) in batches of N sentences, e.g. 8 64 128",
     )
     p.add_argument("--out", help="write the figures here as JSON")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not all(1 <= c <= 256 for c in args.clients) or not 0 < args.seconds <= 600:
         p.error("--clients 1..256 and --seconds up to 600")
     if not 1 <= args.per_request <= 32:
@@ -378,7 +378,7 @@ def main() -> int:
         mode = f"serve, {clients} clients" + ("" if batching else ", --no-batching")
         proc, url = start_server(args.model, batching, args.threads, extra)
         try:
-            load(url, texts[:16], min(clients, 4), 2)  # loads, first shapes
+            load(url, texts[:16], min(clients, 4), min(2.0, args.seconds))  # loads, first shapes
             before = httpx.get(url + "/health").json()
             result = load(
                 url, texts, clients, args.seconds, args.beam, args.warmup, args.per_request
@@ -403,7 +403,7 @@ def main() -> int:
         "cores": os.cpu_count(),
         "load_average": {"before": load_before, "after": load_average()},
         "commit": git_commit(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": " ".join(["bench_serve.py", *(sys.argv[1:] if argv is None else argv)]),
         "model": args.model,
         "threads": args.threads,
         "per_request": args.per_request,

@@ -37,6 +37,7 @@ on the GPU (aiayn through its trainer with ``train.device``), step times include
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -63,7 +64,7 @@ CLEAN_ENV = dict(os.environ)  # the environment before anything of aiayn is impo
 SYSTEMS = ("aiayn", "torch", "marian")
 BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
 # Steps per preset (warm-up, timed): a BASE step costs ~8x a SMALL one (train_flops).
-STEPS = {"small": (2, 6), "base": (1, 6), "dry": (1, 1)}
+STEPS = {"small": (2, 6), "base": (1, 6), "dry": (1, 1), "dry-base": (1, 1)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,7 +92,10 @@ class Shape:
 PRESETS = {  # aiayn's presets "small" and "base" with the vocabulary of issue 7
     "small": Shape(8000, 256, 4, 1024, 3, 3),
     "base": Shape(32000, 512, 8, 2048, 6, 6),
-    "dry": Shape(500, 32, 2, 64, 1, 1),  # benchmarks/gpu_check.py --dry-run: the code paths, fast
+    # benchmarks/gpu_check.py --dry-run and the smoke tests: the code paths, fast. Two of them, as
+    # small and base are two, so that a run of several presets is exercised too.
+    "dry": Shape(500, 32, 2, 64, 1, 1),
+    "dry-base": Shape(500, 48, 4, 96, 2, 2),
 }
 
 
@@ -151,16 +155,24 @@ def batch_flops(s: Shape, batch: Batch) -> float:
     return train_flops(s, src_len, tgt_len)
 
 
-def multi30k_batches(s: Shape, max_tokens: int, n: int) -> tuple[list, list[Batch], dict]:
-    """The first ``n`` batches of epoch 1 of Multi30k En→De through aiayn's data pipeline."""
-    from aiayn.data import (DataConfig, TokenBatchSampler, collate_translation, train_tokenizer_for,
-                            pair_lengths, prepare_translation)
+@functools.cache
+def multi30k_pairs(vocab_size: int) -> tuple[list, int]:
+    """Multi30k En→De training pairs as token ids of a joint BPE tokenizer of ``vocab_size``
+    trained on them, and the tokenizer's vocabulary size (once per size: presets may share it)."""
+    from aiayn.data import DataConfig, prepare_translation, train_tokenizer_for
 
     cfg = DataConfig(dataset="multi30k", src_lang="en", tgt_lang="de", train_split="train",
-                     valid_split="val", tokenizer="bpe", vocab_size=s.vocab_size,
-                     max_tokens=max_tokens, max_len=128)
+                     valid_split="val", tokenizer="bpe", vocab_size=vocab_size, max_len=128)
     tokenizer = train_tokenizer_for(cfg)
     pairs, _ = prepare_translation(cfg, tokenizer)
+    return pairs, tokenizer.vocab_size
+
+
+def multi30k_batches(s: Shape, max_tokens: int, n: int) -> tuple[list, list[Batch], dict]:
+    """The first ``n`` batches of epoch 1 of Multi30k En→De through aiayn's data pipeline."""
+    from aiayn.data import TokenBatchSampler, collate_translation, pair_lengths
+
+    pairs, vocab = multi30k_pairs(s.vocab_size)
     sampler = TokenBatchSampler(*pair_lengths(pairs), max_tokens=max_tokens, seed=1)
     # Full batches only (the last batch of a length bucket can be tiny), so every step is ~4k
     # target tokens: padded size (B × widest side) at least 90% of the budget.
@@ -176,7 +188,7 @@ def multi30k_batches(s: Shape, max_tokens: int, n: int) -> tuple[list, list[Batc
         batches.append(Batch(idx, c.src, c.tgt_in, c.tgt_out, c.n_src_tokens, c.n_tgt_tokens))
     info = {"dataset": "multi30k en-de train: the first full batches of epoch 1 (seed 1)",
             "tokenizer": "joint BPE",
-            "tokenizer_vocab": tokenizer.vocab_size, "max_tokens": max_tokens}
+            "tokenizer_vocab": vocab, "max_tokens": max_tokens}
     return pairs, batches, info
 
 
@@ -455,9 +467,11 @@ def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048), reps:
     return best
 
 
-def matmul_peaks(device: str = "cpu") -> dict[str, float]:
-    """bf16 and fp32 matmul peaks in GFLOP/s; on a GPU at large sizes, fp32 as TF32 is off."""
-    sizes = (4096, 8192) if torch.device(device).type == "cuda" else (1024, 2048)
+def matmul_peaks(device: str = "cpu", sizes: tuple[int, ...] | None = None) -> dict[str, float]:
+    """bf16 and fp32 matmul peaks in GFLOP/s at ``sizes`` (default: 4096 and 8192 on a GPU, 1024
+    and 2048 on the CPU); on a GPU fp32 is true fp32, as TF32 is off."""
+    if sizes is None:
+        sizes = (4096, 8192) if torch.device(device).type == "cuda" else (1024, 2048)
     return {"bf16": matmul_peak(torch.bfloat16, sizes, device=device),
             "fp32": matmul_peak(torch.float32, sizes, device=device)}
 
@@ -474,7 +488,7 @@ def worker_main() -> None:
     inp = os.fdopen(0, "rb")
     spec = pickle.load(inp)
     torch.set_num_threads(spec["threads"])
-    data = torch.load(spec["data"], weights_only=False)
+    data = torch.load(spec["data"], weights_only=True)  # lists, ints and tensors only
     batches = [Batch(**b) for b in data["batches"]]
     device = spec.get("device", "cpu")
     cuda = torch.device(device).type == "cuda"
@@ -654,6 +668,7 @@ def write_reports(run: dict[str, Any], out: Path) -> None:
     from aiayn.io import write_section
 
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    out.parent.mkdir(parents=True, exist_ok=True)
     report = json.loads(json_path.read_text()) if json_path.exists() else {"runs": {}}
     device = run["meta"].get("device", "cpu")
     key = f"threads={run['meta']['threads']}" if device == "cpu" else f"device={device}"
@@ -690,17 +705,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
     p.add_argument("--steps", type=int, nargs=2, metavar=("WARMUP", "TIMED"), action="append",
                    help="override the steps of every preset (default small 2+6, base 1+6)")
+    p.add_argument("--peak-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="n of the n×n×n matmuls of the peak (default 1024 2048; 4096 8192 on a GPU)")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=None,
                    help="the machine, for the table (default: the CPU's name and flags, shared with other jobs)")
     p.add_argument("--out", default=str(ROOT / "docs" / "performance"), help="writes OUT.json, OUT.md")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:  # a baseline's worker never imports aiayn (its spec says everything)
+        return args
     from aiayn.env import cpu_name  # here, not at the top: CLEAN_ENV is taken before aiayn loads
     from aiayn.train.distributed import cpu_has_bf16
 
     cuda = torch.device(args.device).type == "cuda"
-    if cuda and not args.worker and not torch.cuda.is_available():
+    if cuda and not torch.cuda.is_available():
         p.error(f"--device {args.device}: CUDA is not available on this machine")
     if args.hardware is None:
         args.hardware = (torch.cuda.get_device_name(args.device) if cuda
@@ -709,7 +728,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.precisions = ["bf16"]
     if args.precisions is None:
         args.precisions = ["fp32", "bf16"] if cpu_has_bf16() else ["fp32"]
-        if not args.worker and len(args.precisions) == 1:
+        if len(args.precisions) == 1:
             print("bf16 left out: this CPU has no AVX512-BF16/AMX (--precisions bf16 runs it "
                   "anyway, in a slow fallback)", flush=True)
     return args
@@ -727,7 +746,8 @@ def bench_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict
     k = min(32, len(probe.indices))  # a slice of the first batch is enough for the loss check
     sub = Batch(probe.indices[:k], probe.src[:k], probe.tgt_in[:k], probe.tgt_out[:k],
                 int((probe.src[:k] != s.pad_id).sum()), int((probe.tgt_out[:k] != s.pad_id).sum()))
-    check = same_math(s, sub, pairs, os.path.join(folder, "same_math"))
+    # A run folder of its own per preset: the trainer refuses a folder that exists (no overwrite).
+    check = same_math(s, sub, pairs, os.path.join(folder, f"same_math_{preset}"))
     data = {**info, "steps": n, "warmup": warmup, "sentences": statistics.mean(len(b.indices) for b in batches),
             "src_tokens": statistics.mean(b.n_src for b in batches),
             "tgt_tokens": statistics.mean(b.n_tgt for b in batches), "flops_per_step": flops}
@@ -758,13 +778,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     started = time.time()
-    peaks = matmul_peaks(args.device)
+    sizes = tuple(args.peak_sizes) if args.peak_sizes else None
+    peaks = matmul_peaks(args.device, sizes)
     groups, checks, data = [], {}, {}
     with tempfile.TemporaryDirectory() as folder:
         for preset in args.presets:
             g, checks[preset], data[preset] = bench_preset(preset, args, folder)
             groups += g
-    end_peaks = matmul_peaks(args.device)
+    end_peaks = matmul_peaks(args.device, sizes)
     peaks = {k: max(peaks[k], end_peaks[k]) for k in peaks}
     meta = {"command": "python benchmarks/bench_train.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "date": args.date, "hardware": args.hardware, "threads": args.threads,

@@ -64,7 +64,6 @@ class Context:
     out: Path  # the small output folder
     work: Path  # bulky files
     dry: bool
-    device: str  # "cuda" or, for the dry run, "cpu"
     mirror: str | None
     log: Any  # the open gpu_check.log
     deadline: float  # time.monotonic() by which everything must be done
@@ -81,6 +80,13 @@ class Context:
             env["OMP_NUM_THREADS"] = "1"  # tiny shapes: one thread is faster, more so on a busy CPU
         return env
 
+    def args(self, command: str) -> list[str]:
+        """The arguments of one of a stage's commands (REAL_ARGS): the real run's, or in the dry
+        run the same options with tiny values (:func:`shrink`) and the dry run's additions."""
+        if not self.dry:
+            return list(REAL_ARGS[command])
+        return shrink(REAL_ARGS[command]) + DRY_EXTRA.get(command, [])
+
 
 @dataclass
 class Stage:
@@ -93,6 +99,92 @@ class Stage:
 
 class StageFailed(Exception):
     """A stage's command failed; the message says how (its output is in gpu_check.log)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The stages' arguments: written once for the GPU run; the dry run shrinks them
+# --------------------------------------------------------------------------------------------
+
+# The headline recipe (configs/multi30k_en_de.toml) on a GPU: updates of ~8k tokens (Wu et al.'s;
+# the config's ~2k suit a 2-core CPU) with the warm-up over the same tokens, the cosine over the
+# time budget (train.max_time, set from the stage's budget), validation every 500 updates, no BLEU
+# during training.
+GPU_TRAIN = {"train.device": "cuda", "data.max_tokens": 8192, "train.warmup_steps": 400,
+             "train.schedule_clock": "time", "train.max_steps": 1_000_000,
+             "train.valid_every": 500, "train.save_every": 500, "train.metrics_every": 0,
+             "train.log_every": 100, "train.progress": False}
+
+
+def train_sets(settings: dict[str, Any]) -> list[str]:
+    """The ``--set key=value`` arguments of ``aiayn train``."""
+    return [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+
+
+# Every size of the GPU run, per command: the stage functions read them through Context.args.
+REAL_ARGS: dict[str, list[str]] = {
+    # GPU batches: ~16k padded tokens (the paper's were ~25k source + 25k target tokens).
+    "bench_train": ["--device", "cuda", "--presets", "small", "base", "--precisions", "bf16",
+                    "--steps", "3", "15", "--max-tokens", "16384", "--peak-sizes", "4096", "8192"],
+    "decode": ["--device", "cuda", "--shapes", "tiny", "base", "--sentences", "1000",
+               "--length", "25", "--rounds", "2"],
+    "train": ["configs/multi30k_en_de.toml", *train_sets(GPU_TRAIN)],
+    "evaluate": ["--split", "test_2016_flickr", "--beam", "5", "--alpha", "1.4", "--device",
+                 "cuda"],
+}
+KEEP = "keep"  # an option whose values the dry run keeps
+# The dry run's value of every option of REAL_ARGS: KEEP, or each real value's tiny stand-in (an
+# option with several values keeps their number: two presets stay two). An option or a value
+# missing here stops the dry run (tests/test_gpu_check.py checks them all), so that nothing added
+# to the GPU run goes untried on the CPU or runs there at full size.
+DRY_VALUES: dict[str, Any] = {
+    "--device": {"cuda": "cpu"},
+    "--presets": {"small": "dry", "base": "dry-base"},  # bench_train.PRESETS
+    "--shapes": {"tiny": "dry", "base": "dry-base"},  # DECODE_SHAPES
+    "--precisions": KEEP,
+    "--steps": {"3": "1", "15": "1"},
+    "--max-tokens": {"16384": "512"},
+    "--peak-sizes": {"4096": "64", "8192": "128"},
+    "--sentences": {"1000": "16"},
+    "--length": {"25": "8"},
+    "--rounds": {"2": "1"},
+    "--set": {"train.device=cuda": "train.device=cpu", "data.max_tokens=8192": "data.max_tokens=512",
+              "train.warmup_steps=400": "train.warmup_steps=1",
+              "train.schedule_clock=time": KEEP, "train.max_steps=1000000": "train.max_steps=3",
+              "train.valid_every=500": "train.valid_every=3",
+              "train.save_every=500": "train.save_every=3", "train.metrics_every=0": KEEP,
+              "train.log_every=100": "train.log_every=1", "train.progress=False": KEEP},
+    "--split": KEEP,
+    "--beam": {"5": "2"},
+    "--alpha": KEEP,
+}
+# What the dry run adds: the model's size, which the GPU run takes from the config file; one
+# thread; 20 test sentences.
+DRY_EXTRA: dict[str, list[str]] = {
+    "bench_train": ["--threads", "1"],
+    "train": train_sets({"model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
+                         "model.n_encoder_layers": 1, "model.n_decoder_layers": 1,
+                         "data.vocab_size": 500}),
+    "evaluate": ["--limit", "20"],
+}
+
+
+def shrink(args: list[str]) -> list[str]:
+    """``args`` with every option's values replaced by their DRY_VALUES (positional arguments
+    before the first option are kept). ValueError for an option or value with no dry stand-in."""
+    out: list[str] = []
+    option = None
+    for arg in args:
+        if arg.startswith("--"):
+            if arg not in DRY_VALUES:
+                raise ValueError(f"gpu_check: option {arg} has no dry-run value (DRY_VALUES)")
+            option = arg
+            out.append(arg)
+            continue
+        rule = DRY_VALUES[option] if option else KEEP
+        if rule != KEEP and rule.get(arg) is None:
+            raise ValueError(f"gpu_check: {option} {arg} has no dry-run value (DRY_VALUES)")
+        out.append(arg if rule == KEEP or rule[arg] == KEEP else rule[arg])
+    return out
 
 
 def run_command(ctx: Context, name: str, cmd: list[str], seconds: float) -> None:
@@ -167,13 +259,7 @@ def have_transformers() -> bool:
 
 def stage_bench_train(ctx: Context, seconds: float) -> dict[str, Any]:
     target = ctx.work / "bench_train"
-    if ctx.dry:
-        args = ["--device", "cpu", "--presets", "dry", "--precisions", "bf16", "--steps", "1", "1",
-                "--max-tokens", "512", "--threads", "1"]
-    else:
-        # GPU batches: ~16k padded tokens (the paper's were ~25k source + 25k target tokens).
-        args = ["--device", ctx.device, "--presets", "small", "base", "--precisions", "bf16",
-                "--steps", "3", "15", "--max-tokens", "16384"]
+    args = ctx.args("bench_train")
     systems = ["aiayn", "torch"] + (["marian"] if have_transformers() else [])
     cmd = [sys.executable, "benchmarks/bench_train.py", *args, "--systems", *systems,
            "--out", str(target)]
@@ -203,14 +289,13 @@ def stage_bench_train(ctx: Context, seconds: float) -> dict[str, Any]:
 
 def stage_decode(ctx: Context, seconds: float) -> dict[str, Any]:
     result = ctx.work / "decode.json"
-    cmd = [sys.executable, __file__, "--decode-bench", str(result), "--device", ctx.device]
-    if ctx.dry:
-        cmd.append("--dry-run")
+    cmd = [sys.executable, __file__, "--decode-bench", str(result), *ctx.args("decode")]
     run_command(ctx, "decode", cmd, seconds)
     return json.loads(result.read_text())
 
 
-def decode_bench(out: Path, device_name: str, dry: bool) -> None:
+def decode_bench(out: Path, device_name: str, shapes: list[str], n_sentences: int, length: int,
+                 rounds: int) -> None:
     """Sentences/s and generated tokens/s of aiayn's search on ``device``; writes ``out`` (JSON).
 
     Random weights and random sources (8-24 tokens); every sentence generates exactly ``length``
@@ -218,67 +303,79 @@ def decode_bench(out: Path, device_name: str, dry: bool) -> None:
     decoder steps, whatever the weights.
     """
     import random
-    import statistics
 
     import torch
 
-    from aiayn.decode import DecodeConfig, translate_ids
+    from aiayn.config import ModelConfig
     from aiayn.model import Transformer
 
     device = torch.device(device_name)
-    cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    n_sentences, length, rounds = (16, 8, 1) if dry else (1000, 25, 2)
     rng = random.Random(0)
     rows = []
-    for name, cfg in decode_shapes(dry).items():
+    for name in shapes:
+        preset, overrides, vocab = DECODE_SHAPES[name]
+        cfg = ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab,
+                                 output_vocab="targets", **overrides)
         torch.manual_seed(0)
-        vocab = cfg.tgt_vocab_size
         model = Transformer(cfg).eval()
         model.output_mask[cfg.eos_id] = False  # no EOS: every sentence runs to the length cap
         model = model.to(device)
         sources = [[rng.randrange(4, vocab) for _ in range(rng.randint(8, 24))]
                    for _ in range(n_sentences)]
-        for beam in (1, 5):
-            for bf16 in (False, True):
-                dc = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=length,
-                                  max_tokens=8192 if cuda else 1024)
-                autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-                with autocast:
-                    translate_ids(model, sources[:8], dc)  # warm-up
-                times = []
-                for _ in range(rounds):
-                    sync()
-                    start = time.perf_counter()
-                    with autocast:
-                        translate_ids(model, sources, dc)
-                    sync()
-                    times.append(time.perf_counter() - start)
-                best = min(times)
-                rows.append({"shape": name, "beam": beam, "bf16": bf16,
-                             "sentences_per_s": n_sentences / best,
-                             "tokens_per_s": n_sentences * length / best,
-                             "seconds": statistics.median(times)})
-                print(f"decode {name} beam {beam} {'bf16' if bf16 else 'fp32'}: "
-                      f"{rows[-1]['sentences_per_s']:.0f} sentences/s", flush=True)
+        rows += [decode_row(model, sources, length, rounds, beam, bf16) | {"shape": name}
+                 for beam in (1, 5) for bf16 in (False, True)]
     summary: dict[str, Any] = {"sentences": n_sentences, "generated_tokens": length,
-                               "max_tokens": 8192 if cuda else 1024, "rows": rows}
-    if cuda:
+                               "max_tokens": decode_max_tokens(device), "rows": rows}
+    if device.type == "cuda":
         summary["syncs_per_step"] = cuda_syncs_per_step(model, sources[:32], length)
     out.write_text(json.dumps(summary, indent=1) + "\n")
 
 
-def decode_shapes(dry: bool) -> dict[str, Any]:
-    """The model configs the decode stage measures (EOS is then masked out of the output)."""
-    from aiayn.config import ModelConfig
+def decode_max_tokens(device: Any) -> int:
+    return 8192 if device.type == "cuda" else 1024
 
-    shapes = {"dry": ("tiny", dict(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
-                                   n_decoder_layers=1), 500)} if dry else {
-        "tiny": ("tiny", dict(norm_first=True), 8000),  # the headline model's shape
-        "base": ("base", {}, 32000)}
-    return {name: ModelConfig.preset(preset, src_vocab_size=vocab, tgt_vocab_size=vocab,
-                                     output_vocab="targets", **overrides)
-            for name, (preset, overrides, vocab) in shapes.items()}
+
+def decode_row(model: Any, sources: list[list[int]], length: int, rounds: int, beam: int,
+               bf16: bool) -> dict[str, Any]:
+    """One configuration: a warm-up, then the best of ``rounds`` timed decodings of ``sources``."""
+    import statistics
+
+    import torch
+
+    from aiayn.decode import DecodeConfig, translate_ids
+
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dc = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=length,
+                      max_tokens=decode_max_tokens(device))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+    with autocast:
+        translate_ids(model, sources[:8], dc)  # warm-up
+    times = []
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        with autocast:
+            translate_ids(model, sources, dc)
+        sync()
+        times.append(time.perf_counter() - start)
+    best = min(times)
+    print(f"decode beam {beam} {'bf16' if bf16 else 'fp32'}: {len(sources) / best:.0f} "
+          "sentences/s", flush=True)
+    return {"beam": beam, "bf16": bf16, "sentences_per_s": len(sources) / best,
+            "tokens_per_s": len(sources) * length / best, "seconds": statistics.median(times)}
+
+
+# The model shapes of the decode stage: (ModelConfig preset, overrides, vocabulary); EOS is then
+# masked out of the output. "dry" and "dry-base" stand in for "tiny" and "base" in the dry run.
+DECODE_SHAPES: dict[str, tuple[str, dict[str, Any], int]] = {
+    "tiny": ("tiny", dict(norm_first=True), 8000),  # the headline model's shape
+    "base": ("base", {}, 32000),
+    "dry": ("tiny", dict(norm_first=True, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                         n_decoder_layers=1), 500),
+    "dry-base": ("base", dict(d_model=48, n_heads=4, d_ff=96, n_encoder_layers=2,
+                              n_decoder_layers=2), 600),
+}
 
 
 def cuda_syncs_per_step(model: Any, sources: list[list[int]], length: int) -> dict[str, float]:
@@ -309,41 +406,20 @@ def cuda_syncs_per_step(model: Any, sources: list[list[int]], length: int) -> di
 # Stage 4: 3 minutes of the headline model, then test2016
 # --------------------------------------------------------------------------------------------
 
-# The headline recipe (configs/multi30k_en_de.toml) on a GPU: updates of ~8k tokens (Wu et al.'s;
-# the config's ~2k suit a 2-core CPU) with the warm-up over the same tokens, the cosine over the
-# time budget, validation every 500 updates, no BLEU during training.
-GPU_TRAIN = {"train.device": "cuda", "data.max_tokens": 8192, "train.warmup_steps": 400,
-             "train.schedule_clock": "time", "train.max_steps": 1_000_000,
-             "train.valid_every": 500, "train.save_every": 500, "train.bleu_every": 0,
-             "train.log_every": 100, "train.progress": False}
-DRY_TRAIN = {"train.device": "cpu", "model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
-             "model.n_encoder_layers": 1, "model.n_decoder_layers": 1, "data.vocab_size": 500,
-             "data.max_tokens": 512, "train.max_steps": 3, "train.max_time": 0,
-             "train.warmup_steps": 1, "train.valid_every": 3, "train.save_every": 3,
-             "train.bleu_every": 0, "train.log_every": 1, "train.progress": False}
 TRAIN_SECONDS = 180
 EVAL_RESERVE_S = 90  # start-up, the last validation and evaluate after the training time
 
 
-def train_sets(settings: dict[str, Any]) -> list[str]:
-    """The ``--set key=value`` arguments of ``aiayn train``."""
-    return [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-
-
 def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
     run = ctx.work / "run"
-    settings = dict(DRY_TRAIN if ctx.dry else GPU_TRAIN)
-    summary: dict[str, Any] = {}
-    if not ctx.dry:
-        train_s = min(TRAIN_SECONDS, int(seconds - EVAL_RESERVE_S))
-        if train_s < 30:
-            raise StageFailed(f"only {seconds:.0f} s left: too little for the training run")
-        settings["train.max_time"] = train_s
-        summary["max_time_s"] = train_s
-    sets = train_sets(settings)
+    train_s = min(TRAIN_SECONDS, int(seconds - EVAL_RESERVE_S))
+    if train_s < 30:
+        raise StageFailed(f"only {seconds:.0f} s left: too little for the training run")
+    summary: dict[str, Any] = {"max_time_s": train_s}
     started = time.monotonic()
-    run_command(ctx, "train", [sys.executable, "-m", "aiayn", "train",
-                               "configs/multi30k_en_de.toml", "--out", str(run), *sets], seconds)
+    run_command(ctx, "train", [sys.executable, "-m", "aiayn", "train", *ctx.args("train"),
+                               *train_sets({"train.max_time": train_s}), "--out", str(run)],
+                seconds)
     summary["train_wall_s"] = round(time.monotonic() - started, 1)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
     shutil.copy(run / "metrics.jsonl", ctx.out / "train_metrics.jsonl")
@@ -355,11 +431,8 @@ def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
                     "valid_loss": min((m["valid_loss"] for m in metrics if "valid_loss" in m),
                                       default=None)})
     scores = ctx.work / "eval_test2016.json"
-    evaluate = [sys.executable, "-m", "aiayn", "evaluate", str(run / "best"), "--split",
-                "test_2016_flickr", "--beam", "2" if ctx.dry else "5", "--alpha", "1.4",
-                "--device", ctx.device, "--output", str(scores)]
-    if ctx.dry:
-        evaluate += ["--limit", "20"]
+    evaluate = [sys.executable, "-m", "aiayn", "evaluate", str(run / "best"),
+                *ctx.args("evaluate"), "--output", str(scores)]
     left = seconds - (time.monotonic() - started)
     run_command(ctx, "evaluate", evaluate, left)
     s = json.loads(scores.read_text())
@@ -474,8 +547,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    default=[s.name for s in STAGES])
     p.add_argument("--budget", type=float, default=TOTAL_BUDGET_S,
                    help=f"seconds for the whole check (default {TOTAL_BUDGET_S})")
+    # The decode stage's own process: --decode-bench JSON and the sizes of REAL_ARGS["decode"].
     p.add_argument("--decode-bench", metavar="JSON", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    p.add_argument("--shapes", nargs="+", choices=list(DECODE_SHAPES), default=["dry"],
+                   help=argparse.SUPPRESS)
+    p.add_argument("--sentences", type=int, default=16, help=argparse.SUPPRESS)
+    p.add_argument("--length", type=int, default=8, help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.mirror = find_mirror()
     return args
@@ -513,7 +592,8 @@ def run_stages(ctx: Context, names: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.decode_bench:
-        decode_bench(Path(args.decode_bench), args.device, args.dry_run)
+        decode_bench(Path(args.decode_bench), args.device, args.shapes, args.sentences,
+                     args.length, args.rounds)
         return 0
     import torch
 
@@ -522,6 +602,13 @@ def main(argv: list[str] | None = None) -> int:
               f"torch.cuda.is_available() is False); `--dry-run` runs the same paths on the CPU",
               file=sys.stderr)
         return 2
+    if args.dry_run:
+        try:  # every option of the GPU run has its tiny stand-in, before anything runs
+            for real in REAL_ARGS.values():
+                shrink(real)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="aiayn_gpu_check_"))
@@ -531,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.mirror or 'none found (the bench_train and train stages will fail)'}", flush=True)
     started = time.monotonic()
     with open(out / "gpu_check.log", "w", encoding="utf-8") as log:
-        ctx = Context(out, work, args.dry_run, device, args.mirror, log,
+        ctx = Context(out, work, args.dry_run, args.mirror, log,
                       started + args.budget)
         report = {"meta": meta(args, device), "stages": run_stages(ctx, args.stages)}
     report["meta"]["wall_s"] = round(time.monotonic() - started, 1)

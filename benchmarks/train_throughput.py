@@ -40,7 +40,7 @@ def timed_update(trainer: Trainer, group: list[list[int]]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/multi30k_tiny.toml")
     p.add_argument("--updates", type=int, default=20)
@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0 = torch's default); 1 avoids stalls on a shared CPU")
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg, _ = load_run_config(args.config, args.overrides)

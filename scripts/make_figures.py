@@ -89,7 +89,7 @@ def schedule_figure(out: Path) -> dict:
     return {"noam_peak_lr_base": noam_lr(4000, 512, 4000)}
 
 
-def run_figures(run: Path, out: Path, text: str) -> dict:
+def run_figures(run: Path, out: Path, text: str, limit: int = 0) -> dict:
     """Learning curves of a real run, and attention maps of its model on a test sentence."""
     from aiayn.viz.attention import attention_of_model_dir, plot_attention
     from aiayn.viz.curves import plot_curves, read_metrics
@@ -104,14 +104,14 @@ def run_figures(run: Path, out: Path, text: str) -> dict:
                                title=title), out / "attention-last-layer.png")
     save_figure(plot_attention(pair.maps, pair.src_tokens, pair.tgt_tokens, title=title),
                 out / "attention-all.png", dpi=80)
-    return {"run": _run_numbers(run, rows), "test_bleu": test_bleu(model_dir),
+    return {"run": _run_numbers(run, rows), "test_bleu": test_bleu(model_dir, limit=limit),
             "attention_example": {"text": text, "translation": pair.translation,
                                   "model": str(model_dir.name)}}
 
 
-def test_bleu(model_dir: Path, split: str = "test_2016_flickr") -> dict:
-    """§6.1: sacreBLEU of the model on a test split of its dataset, beam 4, α = 0.6 (as
-    `aiayn evaluate MODEL_DIR --split SPLIT` computes it)."""
+def test_bleu(model_dir: Path, split: str = "test_2016_flickr", limit: int = 0) -> dict:
+    """§6.1: sacreBLEU of the model on a test split of its dataset (its first ``limit`` sentences
+    when given), beam 4, α = 0.6 (as `aiayn evaluate MODEL_DIR --split SPLIT` computes it)."""
     import time
 
     from aiayn.data import load_translation
@@ -120,6 +120,8 @@ def test_bleu(model_dir: Path, split: str = "test_2016_flickr") -> dict:
 
     folder = load_model_folder(model_dir, expect_kind="translation")
     src, ref = load_translation(folder.config.data, split)
+    if limit:
+        src, ref = src[:limit], ref[:limit]
     start = time.perf_counter()
     hyps = folder.translate(src, beam=4, alpha=0.6)
     seconds = time.perf_counter() - start
@@ -158,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=Path, help="a run folder of `aiayn train`")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="sentence of the attention figures")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "figures")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="score only the first N test sentences (a smoke test; needs --out)")
     args = parser.parse_args(argv)
+    if args.limit and args.out == parser.get_default("out"):
+        parser.error("--limit: give --out too, so that a smoke test does not overwrite docs/figures")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     numbers.update(positional_figures(args.out))
     numbers.update(schedule_figure(args.out))
     if args.run is not None:
-        numbers.update(run_figures(args.run, args.out, args.text))
+        numbers.update(run_figures(args.run, args.out, args.text, args.limit))
     numbers_file.write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
     log.info("wrote figures and %s", numbers_file)
     return 0

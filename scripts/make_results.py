@@ -292,7 +292,7 @@ def strip_hyps(obj: Any) -> Any:
     return obj
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, nargs="+",
                    help="the main run folder; several: their ensemble (models trained side by side)")
@@ -318,7 +318,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "experiments" / "multi30k_en_de")
     p.add_argument("--readme", type=Path, default=ROOT / "docs" / "experiments.md",
                    help="the page whose results:begin/end markers get the headline table")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.limit and (args.out == p.get_default("out") or args.readme == p.get_default("readme")):
+        p.error("--limit: give --out and --readme too, so that a smoke test does not overwrite "
+                "docs/experiments")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     scorer = Scorer(args.bf16_row, args.limit, args.workers)
     if min(args.avg) < 1:

@@ -114,7 +114,7 @@ def report_md(r: dict[str, Any], target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, nargs="+", help="run folders, one model (seed) each")
     p.add_argument("--avg", type=int, default=10)
@@ -126,7 +126,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (a smoke test)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "experiments" / "seed_pairs")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if len(args.run) < 2:
         p.error("--run: give at least two run folders")

@@ -74,6 +74,7 @@ def test_train_flops_closed_form():
     assert bench.train_flops(s, [3], [2]) == 3 * fwd
 
 
+@pytest.mark.process
 def test_worker_protocol_runs_round_robin(tmp_path):
     pairs, batch = fixed_batch()
     data = tmp_path / "data.pt"
@@ -103,3 +104,19 @@ def test_report_section_is_rewritten_between_markers(tmp_path):
     assert "old" not in text and "| small | bf16 | aiayn | 1.23k |" in text and "2.50× vs torch" in text
     assert "small bf16 ≥ 2.0× the faster peer — measured 2.50× (met)" in text
     assert "small peak RSS ≤ 2 GiB — measured 900 MiB (met)" in text
+
+
+def test_two_presets_in_one_run_each_check_the_same_math_in_a_folder_of_their_own(tmp_path,
+                                                                                 monkeypatch):
+    """The same-math check trains in a run folder; with one folder for every preset, the second
+    preset met the first one's (which the no-overwrite rule refuses) and the run crashed."""
+    def batches(s, max_tokens, n):
+        pairs, batch = fixed_batch(s)
+        return pairs, [batch] * n, {"dataset": "fixed"}
+
+    monkeypatch.setattr(bench, "multi30k_batches", batches)
+    monkeypatch.setattr(bench, "run_group", lambda systems, spec, n: {})
+    args = bench.parse_args(["--presets", "dry", "dry-base", "--precisions", "fp32"])
+    checks = [bench.bench_preset(p, args, str(tmp_path))[1] for p in args.presets]
+    assert [c["abs_diff"] < 1e-5 for c in checks] == [True, True], checks
+    assert {"same_math_dry", "same_math_dry-base"} <= {p.name for p in tmp_path.iterdir()}

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py, the one command of a GPU slot, checked on the CPU so that it cannot rot:
-it refuses clearly without a GPU, its dry run goes through the same stages with tiny shapes, a
-failing stage is recorded and the next one still runs, a stage over its time is killed."""
+it refuses clearly without a GPU, its dry run goes through every stage with the GPU run's
+arguments shrunk to tiny sizes (two presets stay two), a failing stage is recorded and the next
+one still runs, a stage over its time is killed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import mirror_or_skip
+
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -39,7 +42,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_fails(tmp_path):
 
 
 def test_a_stage_over_its_time_is_killed_and_reported(tmp_path):
-    ctx = gpu_check.Context(tmp_path, tmp_path, True, "cpu", None, io.StringIO(), 0.0)
+    ctx = gpu_check.Context(tmp_path, tmp_path, True, None, io.StringIO(), 0.0)
     ctx.log = open(tmp_path / "log", "w")  # noqa: SIM115 (closed below)
     start = time.monotonic()
     with pytest.raises(gpu_check.StageFailed, match="timed out after 1 s"):
@@ -48,24 +51,65 @@ def test_a_stage_over_its_time_is_killed_and_reported(tmp_path):
     assert time.monotonic() - start < 30
 
 
-def test_dry_run_records_a_failed_stage_and_runs_the_next(tmp_path):
-    """bench_train fails (the data mirror named does not exist); decode still runs and passes."""
-    out = tmp_path / "out"
-    r = run_script("--dry-run", "--stages", "bench_train", "decode", "--out", str(out),
-                   env={"AIAYN_DATA_MIRROR": str(tmp_path / "no_such_mirror")})
-    assert r.returncode == 1, r.stdout + r.stderr
-    report = json.loads((out / "gpu_check.json").read_text())
-    stages = report["stages"]
-    assert stages["bench_train"]["status"] == "failed"
-    assert "exit status" in stages["bench_train"]["error"]
-    assert stages["decode"]["status"] == "passed"
-    rows = stages["decode"]["summary"]["rows"]
-    assert {(r["beam"], r["bf16"]) for r in rows} == {(1, False), (1, True), (5, False), (5, True)}
-    assert all(r["sentences_per_s"] > 0 for r in rows)
-    assert report["meta"]["dry_run"] is True
-    table = (out / "gpu_check.md").read_text()
-    assert "| bench_train | failed |" in table and "| decode | passed |" in table
-    assert "no_such_mirror" in (out / "gpu_check.log").read_text()  # the failing stage's output
+def test_a_failed_stage_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
+    def fails(ctx, seconds):
+        raise gpu_check.StageFailed("exit status 3 (see gpu_check.log)")
+
+    def crashes(ctx, seconds):
+        raise KeyError("rows")
+
+    monkeypatch.setattr(gpu_check, "STAGES", [
+        gpu_check.Stage("bench_train", 10, 10, fails),
+        gpu_check.Stage("decode", 10, 10, crashes),
+        gpu_check.Stage("tests", 10, 10, lambda ctx, s: {"passed": 2, "failed": 0, "skipped": 1}),
+        gpu_check.Stage("train", 10, 10, lambda ctx, s: {}, needs_data=True)])
+    ctx = gpu_check.Context(tmp_path, tmp_path, True, None, io.StringIO(), time.monotonic() + 60)
+    stages = gpu_check.run_stages(ctx, ["bench_train", "decode", "tests", "train"])
+    assert [s["status"] for s in stages.values()] == ["failed", "failed", "passed", "failed"]
+    assert stages["bench_train"]["error"] == "exit status 3 (see gpu_check.log)"
+    assert stages["decode"]["error"] == "KeyError: 'rows'"  # a bug of the script: recorded too
+    assert "no data" in stages["train"]["error"]
+    table = gpu_check.table({"meta": {"dry_run": True, "device_name": "CPU", "torch": "t",
+                                      "commit": "c", "date": "d"}, "stages": stages})
+    assert "| bench_train | failed |" in table and "| tests | passed |" in table
+    assert "2 passed, 0 failed, 1 skipped" in table
+
+
+def test_every_option_of_the_gpu_run_has_a_tiny_stand_in():
+    """The dry run's commands are the GPU run's, each option's values mapped to tiny ones: the
+    same options in the same order, as many values each (two presets stay two presets)."""
+    def options(args):
+        out, name = [], None
+        for a in args:
+            if a.startswith("--"):
+                out.append([a])
+                name = a
+            elif name:
+                out[-1].append(a)
+        return [(o[0], len(o)) for o in out]
+
+    for command, real in gpu_check.REAL_ARGS.items():
+        dry = gpu_check.shrink(real)
+        assert options(dry) == options(real), command
+        assert dry[0] == real[0]  # a positional argument (the config file) is kept
+        assert "cuda" not in " ".join(dry), command
+    bench = gpu_check.shrink(gpu_check.REAL_ARGS["bench_train"])
+    assert bench[bench.index("--presets") + 1:][:2] == ["dry", "dry-base"]
+    with pytest.raises(ValueError, match="--new-size has no dry-run value"):
+        gpu_check.shrink(["--new-size", "8"])
+    with pytest.raises(ValueError, match="--max-tokens 32768 has no dry-run value"):
+        gpu_check.shrink(["--max-tokens", "32768"])
+    with pytest.raises(ValueError, match="train.new=1 has no dry-run value"):
+        gpu_check.shrink(["--set", "train.new=1"])
+
+
+def test_a_gpu_option_without_a_stand_in_stops_the_dry_run_before_it_starts(tmp_path, monkeypatch,
+                                                                           capsys):
+    monkeypatch.setitem(gpu_check.REAL_ARGS, "decode", ["--device", "cuda", "--beams", "1", "5"])
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "gpu_check: option --beams has no dry-run value (DRY_VALUES)"
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_gpu_settings_make_valid_configs():
@@ -73,29 +117,37 @@ def test_the_gpu_settings_make_valid_configs():
     budget and the time clock of the cosine) and the decode stage's model shapes."""
     from aiayn.train.config import load_run_config
 
-    settings = {**gpu_check.GPU_TRAIN, "train.max_time": gpu_check.TRAIN_SECONDS}
-    sets = gpu_check.train_sets(settings)[1::2]
-    cfg, _ = load_run_config(ROOT / "configs" / "multi30k_en_de.toml", sets)
+    config, *sets = gpu_check.REAL_ARGS["train"]
+    sets += gpu_check.train_sets({"train.max_time": gpu_check.TRAIN_SECONDS})
+    cfg, _ = load_run_config(ROOT / config, sets[1::2])
     assert cfg.train.device == "cuda" and cfg.train.max_time == 180
     assert cfg.train.schedule_clock == "time" and cfg.data.max_tokens == 8192
     assert cfg.train.precision == "auto"  # bf16 autocast on a GPU that supports it
-    shapes = gpu_check.decode_shapes(dry=False)
-    assert shapes["tiny"].d_model == 128 and shapes["tiny"].norm_first
-    assert shapes["base"].d_model == 512 and shapes["base"].tgt_vocab_size == 32000
+    shapes = gpu_check.DECODE_SHAPES
+    assert shapes["tiny"] == ("tiny", {"norm_first": True}, 8000)
+    assert shapes["base"] == ("base", {}, 32000)
 
 
-@pytest.mark.slow
 def test_the_whole_dry_run_passes(tmp_path):
-    """Every stage on the CPU with tiny shapes, on real Multi30k data (~1 minute on an idle
-    2-core machine, about 3 when five other jobs share it)."""
+    """Every stage on the CPU with tiny shapes, on real Multi30k data: bench_train with two
+    presets in one run, decoding of two shapes."""
     mirror = mirror_or_skip()
     out = tmp_path / "out"
     r = run_script("--dry-run", "--out", str(out), env={"AIAYN_DATA_MIRROR": mirror})
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((out / "gpu_check.json").read_text())
+    assert list(report["stages"]) == [s.name for s in gpu_check.STAGES]
     assert [s["status"] for s in report["stages"].values()] == ["passed"] * 4, report
     tests = report["stages"]["tests"]["summary"]
     assert tests["passed"] >= 8 and tests["failed"] == 0
+    rows = report["stages"]["bench_train"]["summary"]["rows"]
+    systems = ("aiayn", "torch") + (("marian",) if gpu_check.have_transformers() else ())
+    assert {(r["preset"], r["system"]) for r in rows} == {
+        (p, s) for p in ("dry", "dry-base") for s in systems}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    rows = report["stages"]["decode"]["summary"]["rows"]
+    assert {(r["shape"], r["beam"], r["bf16"]) for r in rows} == {
+        (s, b, f) for s in ("dry", "dry-base") for b in (1, 5) for f in (False, True)}
     train = report["stages"]["train"]["summary"]
     assert train["updates"] == 3 and train["eval_sentences"] == 20
     for name in ("gpu_check.json", "gpu_check.md", "gpu_check.log", "tests.xml",

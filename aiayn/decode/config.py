@@ -54,9 +54,11 @@ class DecodeConfig:
             raise ConfigError("max_len_a, max_len_b and min_len must be >= 0")
         if self.max_len_a == 0 and self.max_len_b == 0:
             raise ConfigError("max_len_a and max_len_b are both 0: the output cap is 0 tokens")
-        if self.max_len_a == 0 and self.min_len >= self.max_len_b:
+        # min_len == max_len_b forbids EOS throughout: exactly max_len_b tokens, the fixed output
+        # length the decoding benchmarks force; above the cap, no output could satisfy it.
+        if self.max_len_a == 0 and self.min_len > self.max_len_b:
             raise ConfigError(
-                f"min_len ({self.min_len}) must be below the output cap max_len_b "
+                f"min_len ({self.min_len}) must not exceed the output cap max_len_b "
                 f"({self.max_len_b})"
             )
         if self.max_tokens < 1:

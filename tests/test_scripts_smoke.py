@@ -1,0 +1,272 @@
+"""Every script of benchmarks/ and scripts/ runs, in a smoke mode of seconds: tiny sizes, each of
+its code paths (the peers Hugging Face Marian and CTranslate2 included), every option that takes
+several items given at least two (two presets, two precisions, two client counts…), and its
+outputs written to tmp paths, never into docs/. SMOKE has one entry per script: a script added to
+benchmarks/ or scripts/ without one fails test_every_script_has_a_smoke_entry.
+
+Scripts run in this process through their ``main(argv)`` (they start their own subprocesses where
+they measure one), on one thread. Those that need real data read the data mirror and skip without
+it; those that need trained runs share two tiny Multi30k runs trained here (4 updates each)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import mirror_or_skip
+from trainutil import base_values, torch_threads, write_toml
+
+from aiayn.cli import main as aiayn_main
+
+pytestmark = pytest.mark.process
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("benchmarks", "scripts")
+
+
+def load(script: str):
+    """The script as a module, imported once under its own name (bench_scaling and
+    same_convergence import bench_train as "bench_train", seed_pairs imports make_results)."""
+    path = ROOT / script
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    if path.stem not in sys.modules:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+    return sys.modules[path.stem]
+
+
+def run_main(script: str, *argv: str) -> None:
+    """``main(argv)`` of the script on one thread; it must succeed."""
+    with torch_threads(1):
+        code = load(script).main([str(a) for a in argv])
+    assert code in (None, 0), f"{script} returned {code}"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def checkout_untouched():
+    """No smoke run writes into the checkout's docs/ (where the published figures live)."""
+    def state():
+        return {p: p.stat().st_mtime_ns for p in (ROOT / "docs").rglob("*") if p.is_file()}
+
+    before = state()
+    yield
+    assert state() == before, "a smoke run wrote into docs/"
+
+
+# ---- two tiny trained Multi30k runs, shared by the scripts that score or serve models ------------
+
+RUN = {
+    "data.dataset": "multi30k", "data.tokenizer": "char", "data.vocab_size": 200,
+    "data.max_len": 150, "data.max_tokens": 1024, "model.max_len": 160,
+    "train.max_steps": 4, "train.save_every": 2, "train.valid_every": 4, "train.log_every": 1,
+    "train.keep_last": 5, "decode.max_len_a": 0.0, "decode.max_len_b": 12,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[Path]:
+    """Two runs (seeds 1 and 2) of a d_model-16 model on Multi30k with a character vocabulary:
+    checkpoints at updates 2 and 4, a best/ folder, a short output cap in their [decode]."""
+    mirror_or_skip()
+    root = tmp_path_factory.mktemp("runs")
+    values = {k: v for k, v in base_values(root / "unused").items() if not k.startswith("data.")}
+    out = []
+    for seed in (1, 2):
+        cfg = write_toml(root / f"m{seed}.toml", {**values, **RUN, "train.seed": seed})
+        with torch_threads(1):
+            assert aiayn_main(["train", str(cfg), "--out", str(root / f"m{seed}")]) == 0
+        out.append(root / f"m{seed}")
+    return out
+
+
+# ---- one smoke function per script ---------------------------------------------------------------
+
+
+def smoke_bench_components(tmp: Path) -> None:
+    out = tmp / "components.md"
+    run_main("benchmarks/bench_components.py", "--smoke", "--repeats", "1", "--out", out)
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "ms" not in line]
+    assert len(rows) == 5 and "--smoke" in out.read_text()  # 2 attention, 2 loss, 1 dropout
+
+
+def smoke_bench_decode(tmp: Path) -> None:
+    pytest.importorskip("transformers", reason="the Hugging Face peer needs transformers")
+    out = tmp / "decoding"
+    # --skip without names: every system, bf16 too; two batches, so both worker layouts.
+    run_main("benchmarks/bench_decode.py", "--preset", "tiny", "--vocab", "64", "--batch", "4",
+             "--batches", "2", "--src-len", "6", "--tgt-len", "4", "--beam", "2", "--rounds", "1",
+             "--threads", "1", "--workers", "2", "--malloc", "default", "--skip", "--out", out)
+    rates = read_json(out.with_suffix(".json"))["sentences_per_s"]
+    assert {"aiayn fp32", "aiayn bf16 autocast", "HF transformers fp32", "CTranslate2 float32",
+            "CTranslate2 int8"} <= set(rates)
+    assert len(rates) == 9 and all(r["median"] > 0 for r in rates.values())
+    assert out.with_suffix(".table.md").is_file()
+
+
+def smoke_bench_engines(tmp: Path, runs: list[Path]) -> None:
+    out, doc = tmp / "engines.json", tmp / "decoding.md"
+    run_main("benchmarks/bench_engines.py", "--model", runs[0] / "best", "--limit", "4",
+             "--beam", "2", "--threads", "1", "--workers", "2", "--out", out, "--doc", doc)
+    engines = read_json(out)["engines"]
+    assert list(engines) == list(load("benchmarks/bench_engines.py").ENGINES)
+    assert all(e["sentences"] == 4 and e["size_mb"] >= 0 for e in engines.values())
+    assert "| ctranslate2 int8 |" in doc.read_text()
+
+
+def smoke_bench_load(tmp: Path) -> None:
+    data = Path(mirror_or_skip()) / "multi30k"
+    out, doc = tmp / "load.json", tmp / "reliability.md"
+    run_main("benchmarks/bench_load.py", "--smoke", "--data", data, "--steps", "2", "--limit",
+             "3", "--busy", "0,1", "--settings", "default,1", "--json", out, "--doc", doc)
+    rows = read_json(out)["rows"]
+    assert [(r["busy"], r["setting"]) for r in rows] == [
+        (0, "default"), (0, "1 thread"), (1, "default"), (1, "1 thread")]
+    assert all(r["train_tok_s"] > 0 and r["eval_sent_s"] > 0 for r in rows)
+    assert "<!-- bench-load:begin -->" in doc.read_text()
+
+
+def smoke_bench_scaling(tmp: Path) -> None:
+    out, doc = tmp / "scaling.json", tmp / "performance.md"
+    run_main("benchmarks/bench_scaling.py", "--preset", "dry", "--precision", "fp32", "--tokens",
+             "32", "--length", "4", "--lengths", "4", "8", "--batch-tokens", "16", "32",
+             "--warmup", "0", "--steps", "1", "--peak-sizes", "32", "64", "--out", out,
+             "--doc", doc)
+    report = read_json(out)
+    assert [p["length"] for p in report["length"]] == [4, 8]
+    assert [p["tokens"] for p in report["batch"]] == [4 * 4 + 4 * 5, 8 * 4 + 8 * 5]
+    assert "<!-- bench_scaling:begin -->" in doc.read_text()
+
+
+def smoke_bench_serve(tmp: Path, runs: list[Path]) -> None:
+    out = tmp / "serving.json"
+    run_main("benchmarks/bench_serve.py", "--model", runs[0] / "best", "--clients", "1", "2",
+             "--seconds", "1", "--warmup", "0.2", "--sentences", "4", "--beam", "1",
+             "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--out", out)
+    results = read_json(out)["results"]
+    assert set(results) == {"aiayn translate, one process", "decoding alone", "serve, 1 clients",
+                            "serve, 2 clients", "serve, 1 clients, --no-batching"}
+    served = [r for k, r in results.items() if k.startswith("serve")]
+    assert all(r["errors"] == 0 and r["requests"] > 0 for r in served)
+
+
+def smoke_bench_train(tmp: Path) -> None:
+    """Two precisions, aiayn beside nn.Transformer; two presets and the Marian peer run in the
+    dry run of gpu_check (tests/test_gpu_check.py), which calls this script with them."""
+    mirror_or_skip()
+    out = tmp / "performance"
+    run_main("benchmarks/bench_train.py", "--device", "cpu", "--presets", "dry", "--precisions",
+             "fp32", "bf16", "--systems", "aiayn", "torch", "--steps", "1", "1", "--max-tokens",
+             "256", "--peak-sizes", "32", "64", "--threads", "1", "--out", out)
+    run = read_json(out.with_suffix(".json"))["runs"]["threads=1"]
+    assert [(g["preset"], g["precision"], sorted(g["systems"])) for g in run["groups"]] == [
+        ("dry", "fp32", ["aiayn", "torch"]), ("dry", "bf16", ["aiayn", "torch"])]
+    assert run["same_math"]["dry"]["abs_diff"] < 1e-4
+    assert "| dry | bf16 | aiayn |" in out.with_suffix(".md").read_text()
+
+
+def smoke_same_convergence(tmp: Path) -> None:
+    mirror_or_skip()
+    out = tmp / "convergence.json"
+    run_main("benchmarks/same_convergence.py", "--preset", "dry", "--precision", "fp32",
+             "--steps", "2", "--held-out", "1", "--warmup", "1", "--threads", "1", "--out", out)
+    report = read_json(out)
+    assert [c["step"] for c in report["curve"]] == [1, 2]
+    # fp32 from the same weights on the same batches: the same losses, up to summation order
+    assert report["max_abs_diff"] < 1e-3, report["curve"]
+
+
+def smoke_train_throughput(tmp: Path) -> None:
+    config = write_toml(tmp / "reverse.toml", base_values(tmp / "data"))
+    run_main("benchmarks/train_throughput.py", "--config", config, "--updates", "1", "--warmup",
+             "1", "--threads", "1")
+
+
+def smoke_imdb_split_overlap(tmp: Path) -> None:
+    mirror_or_skip()
+    run_main("scripts/imdb_split_overlap.py", "--sample", "10", "--limit", "200")
+
+
+def smoke_make_figures(tmp: Path, runs: list[Path]) -> None:
+    out = tmp / "figures"
+    run_main("scripts/make_figures.py", "--run", runs[0], "--limit", "3", "--out", out)
+    numbers = read_json(out / "numbers.json")
+    assert numbers["run"]["steps"] == 4 and numbers["test_bleu"]["sentences"] == 3
+    assert {"pe.png", "lr-schedule.png", "curves.png", "attention-all.png"} <= {
+        p.name for p in out.iterdir()}
+
+
+def smoke_make_results(tmp: Path, runs: list[Path]) -> None:
+    """Two runs (their ensemble), two checkpoint counts and two α chosen on val, an ablation run,
+    ablation rows copied from the committed report, the bf16 row."""
+    out, readme = tmp / "results", tmp / "experiments.md"
+    run_main("scripts/make_results.py", "--run", *runs, "--avg", "1", "2", "--alphas", "0.6",
+             "1.0", "--beam", "2", "--limit", "3", "--workers", "2", "--bf16-row",
+             "--ablation", f"seed 2 alone={runs[1]}", "--ablation-avg", "1",
+             "--ablations-from", ROOT / "docs" / "experiments" / "multi30k_en_de.json",
+             "--out", out, "--readme", readme)
+    report = read_json(out.with_suffix(".json"))
+    assert report["avg"] in (1, 2) and len(report["main"]["alpha_tuning"]) == 4
+    weights = [r["weights"] for r in report["main"]["rows"]]
+    assert weights[0] == "ensemble of 2: last checkpoints" and weights[-1].startswith("model 2 alone")
+    assert report["ablations"][-1]["label"] == "seed 2 alone" and len(report["ablations"]) > 1
+    assert "<!-- results:begin -->" in readme.read_text()
+
+
+def smoke_seed_pairs(tmp: Path, runs: list[Path]) -> None:
+    out = tmp / "seed_pairs"
+    run_main("scripts/seed_pairs.py", "--run", *runs, "--avg", "2", "--alphas", "0.6", "1.0",
+             "--recipe-alpha", "1.0", "--beam", "2", "--limit", "3", "--workers", "2", "--out", out)
+    report = read_json(out.with_suffix(".json"))
+    assert [p["seeds"] for p in report["pairs"]] == [[1, 2]]
+    assert [m["seed"] for m in report["models"]] == [1, 2]
+    assert "every two-model ensemble" in out.with_suffix(".md").read_text()
+
+
+# gpu_check's smoke run is its whole dry run, with its own assertions, in tests/test_gpu_check.py.
+ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
+
+SMOKE: dict[str, Callable[..., None] | str] = {
+    "benchmarks/bench_components.py": smoke_bench_components,
+    "benchmarks/bench_decode.py": smoke_bench_decode,
+    "benchmarks/bench_engines.py": smoke_bench_engines,
+    "benchmarks/bench_load.py": smoke_bench_load,
+    "benchmarks/bench_scaling.py": smoke_bench_scaling,
+    "benchmarks/bench_serve.py": smoke_bench_serve,
+    "benchmarks/bench_train.py": smoke_bench_train,
+    "benchmarks/gpu_check.py": ELSEWHERE,
+    "benchmarks/same_convergence.py": smoke_same_convergence,
+    "benchmarks/train_throughput.py": smoke_train_throughput,
+    "scripts/imdb_split_overlap.py": smoke_imdb_split_overlap,
+    "scripts/make_figures.py": smoke_make_figures,
+    "scripts/make_results.py": smoke_make_results,
+    "scripts/seed_pairs.py": smoke_seed_pairs,
+}
+
+
+def test_every_script_has_a_smoke_entry():
+    scripts = {p.relative_to(ROOT).as_posix() for d in FOLDERS for p in (ROOT / d).glob("*.py")}
+    assert set(SMOKE) == scripts, "add a smoke entry for each new script (and drop removed ones)"
+    path, name = ELSEWHERE.split("::")
+    module = load(path)
+    test = getattr(module, name)
+    assert not any(m.name == "slow" for m in getattr(test, "pytestmark", [])), ELSEWHERE
+
+
+@pytest.mark.parametrize("script", [s for s, f in SMOKE.items() if callable(f)])
+def test_script_runs_in_smoke_mode(script, tmp_path, request, monkeypatch):
+    smoke = SMOKE[script]
+    monkeypatch.chdir(tmp_path)  # a relative default path lands here, not in the checkout
+    needs_runs = "runs" in smoke.__code__.co_varnames[: smoke.__code__.co_argcount]
+    args = (request.getfixturevalue("runs"),) if needs_runs else ()
+    smoke(tmp_path, *args)
