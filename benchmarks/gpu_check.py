@@ -503,10 +503,16 @@ def commit() -> str:
             return ""
         return r.stdout.strip() if r.returncode == 0 else ""
     c = git("rev-parse", "--short", "HEAD")
+    noted_file = ROOT / ".gpu_data" / "commit.txt"
+    noted = noted_file.read_text().strip() if noted_file.is_file() else ""
     if not c:
-        noted = ROOT / ".gpu_data" / "commit.txt"
-        return noted.read_text().strip() if noted.is_file() else "unknown"
-    return c + ("+dirty" if git("status", "--porcelain", "--", "aiayn", "benchmarks") else "")
+        return noted or "unknown"
+    c += "+dirty" if git("status", "--porcelain", "--", "aiayn", "benchmarks") else ""
+    # A lent machine may rebuild a git history of its own under the copy (its HEAD is not the
+    # commit that was sent): the commit `make gpu-data` noted then names the code.
+    if noted and not c.startswith(noted.split("+")[0]):
+        return f"{noted} (noted by make gpu-data; git here says {c})"
+    return c
 
 
 def meta(args: argparse.Namespace, device: str) -> dict[str, Any]:

@@ -153,7 +153,7 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str]) 
                 date=time.strftime("%Y-%m-%d"))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--measure", nargs="*", choices=sorted(RECIPES), default=[])
     p.add_argument("--steps", type=int, default=50)
@@ -161,7 +161,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--device", default="cuda")
     p.add_argument("--set", dest="extra", action="append", default=[], help="more overrides (a dry run)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not args.measure:
         print(json.dumps({"assumptions": ASSUMPTIONS, "paper_implied_mfu_p100": check_against_the_paper()}))
         for row in projection():

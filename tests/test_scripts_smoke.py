@@ -233,6 +233,34 @@ def smoke_seed_pairs(tmp: Path, runs: list[Path]) -> None:
     assert "every two-model ensemble" in out.with_suffix(".md").read_text()
 
 
+def smoke_bench_loss(tmp: Path) -> None:
+    out = tmp / "loss.json"
+    run_main("benchmarks/bench_loss.py", "--device", "cpu", "--vocab", "300", "--d-model", "16",
+             "--rows", "40", "--repeats", "1", "--out", out)
+    result = read_json(out)
+    assert result["loss_rel_diff"] < 1e-3
+    assert all(result[k] > 0 for k in ("ms_device_passes", "ms_cpu_sized_passes",
+                                       "ms_plain_cross_entropy"))
+
+
+TINY_WMT = ["model.d_model=16", "model.n_heads=2", "model.d_k=8", "model.d_v=8", "model.d_ff=32",
+            "model.n_encoder_layers=1", "model.n_decoder_layers=1", "data.vocab_size=300",
+            "data.max_tokens=256", "train.tokens_per_update=512"]
+
+
+def smoke_wmt_projection(tmp: Path, capsys) -> None:
+    """The projection table, and --measure of both recipes (tiny shapes, on the CPU)."""
+    run_main("benchmarks/wmt_projection.py")
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()[1:]]
+    assert {r["recipe"] for r in rows} == {"base", "big"} and all(r["hours"] > 0 for r in rows)
+    sets = [a for x in TINY_WMT for a in ("--set", x)]
+    run_main("benchmarks/wmt_projection.py", "--measure", "base", "big", "--device", "cpu",
+             "--steps", "30", "--pairs", "300", "--out", tmp, *sets)
+    measured = read_json(tmp / "wmt_measure.json")
+    assert [m["recipe"] for m in measured] == ["base", "big"]
+    assert all(m["seconds_per_update"] > 0 and m["micro_batches"] == 2 for m in measured)
+
+
 # gpu_check's smoke run is its whole dry run, with its own assertions, in tests/test_gpu_check.py.
 ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
 
@@ -240,6 +268,7 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_components.py": smoke_bench_components,
     "benchmarks/bench_decode.py": smoke_bench_decode,
     "benchmarks/bench_engines.py": smoke_bench_engines,
+    "benchmarks/bench_loss.py": smoke_bench_loss,
     "benchmarks/bench_load.py": smoke_bench_load,
     "benchmarks/bench_scaling.py": smoke_bench_scaling,
     "benchmarks/bench_serve.py": smoke_bench_serve,
@@ -247,6 +276,7 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/gpu_check.py": ELSEWHERE,
     "benchmarks/same_convergence.py": smoke_same_convergence,
     "benchmarks/train_throughput.py": smoke_train_throughput,
+    "benchmarks/wmt_projection.py": smoke_wmt_projection,
     "scripts/imdb_split_overlap.py": smoke_imdb_split_overlap,
     "scripts/make_figures.py": smoke_make_figures,
     "scripts/make_results.py": smoke_make_results,
@@ -267,6 +297,6 @@ def test_every_script_has_a_smoke_entry():
 def test_script_runs_in_smoke_mode(script, tmp_path, request, monkeypatch):
     smoke = SMOKE[script]
     monkeypatch.chdir(tmp_path)  # a relative default path lands here, not in the checkout
-    needs_runs = "runs" in smoke.__code__.co_varnames[: smoke.__code__.co_argcount]
-    args = (request.getfixturevalue("runs"),) if needs_runs else ()
+    wants = smoke.__code__.co_varnames[1 : smoke.__code__.co_argcount]  # fixtures after tmp
+    args = tuple(request.getfixturevalue(name) for name in wants)
     smoke(tmp_path, *args)
