@@ -334,6 +334,7 @@ def open_store(
     """The store of ``key`` in the data cache, built first by ``build(folder)`` when it is missing
     or stale. ``build`` writes the arrays (a :class:`StoreWriter`) and returns the manifest's
     other entries (``fields``, ``dtype``, ``examples``, ``tokens``, ``labels``, counts)."""
+    key = json.loads(json.dumps(key))  # as the manifest will hold it (tuples become lists)
     prints = [fingerprint(p) for p in sources]
     path = cache_dir() / "stores" / f"{name}-{cache_key([key, [p['path'] for p in prints]])}"
     with _locked(path):
