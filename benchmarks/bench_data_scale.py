@@ -14,10 +14,11 @@ drawn from a Zipf-distributed 60,000-word vocabulary, source lengths log-normal 
    of metrics.jsonl), peak RSS of the process — with ``--ddp`` also of two ranks (torchrun,
    gloo), per rank and summed;
 3. in this process, the demo model trained on the same first batches collated from the store
-   and from lists of ids in RAM (the in-memory path): training tokens/s of each (interleaved
-   runs, the better of two each).
+   and from lists of ids in RAM (the in-memory path): training tokens/s of each (after a warm-up
+   pass, alternated runs, the better of two each).
 
-Peak RSS is sampled every 0.1 s over the process tree (/proc). Results: a table on stdout and JSON
+Peak RSS is sampled every 0.1 s over the process tree (/proc): all resident pages (VmRSS), and
+the anonymous ones (RssAnon), without the store's mapped file pages, which the kernel can drop. Results: a table on stdout and JSON
 (``--json``, default docs/experiments/data_scale.json; the smoke run writes to a temporary
 folder). Timings are only comparable on an idle machine: the script prints the load average.
 """
@@ -74,8 +75,9 @@ def write_corpus(folder: Path, n: int, n_valid: int = N_VALID, seed: int = 0) ->
 
 # ---- processes and their memory -----------------------------------------------------------------
 
-def _tree_rss(root: int) -> dict[int, int]:
-    """VmRSS (bytes) of ``root`` and every descendant."""
+def _tree_rss(root: int) -> dict[int, tuple[int, int]]:
+    """(VmRSS, RssAnon) in bytes of ``root`` and every descendant: all resident pages, and those
+    that are not file pages (a mapped store's pages are file pages, which the kernel can drop)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -88,10 +90,9 @@ def _tree_rss(root: int) -> dict[int, int]:
     while todo:
         pid = todo.pop()
         try:
-            for line in open(f"/proc/{pid}/status"):
-                if line.startswith("VmRSS:"):
-                    out[pid] = int(line.split()[1]) * 1024
-        except OSError:
+            fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+            out[pid] = tuple(int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon"))
+        except (OSError, KeyError, ValueError):
             pass
         todo += children.get(pid, [])
     return out
@@ -102,15 +103,18 @@ def run_measured(args: list[str], env: dict, first_line: Path | None = None, tim
     the seconds until ``first_line`` had a line."""
     start = time.monotonic()
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = {"max": 0, "sum": 0}
+    peak = {"max": 0, "sum": 0, "anon": 0}
     first: list[float] = []
 
     def watch() -> None:
         while proc.poll() is None:
             rss = _tree_rss(proc.pid)
             if rss:
-                peak["max"] = max(peak["max"], max(rss.values()))
-                peak["sum"] = max(peak["sum"], sum(rss.values()))
+                peak["max"] = max(peak["max"], max(r for r, _ in rss.values()))
+                # the ranks, without torchrun's launcher (the root) when it has children
+                ranks = [r for pid, (r, _) in rss.items() if pid != proc.pid or len(rss) == 1]
+                peak["sum"] = max(peak["sum"], sum(ranks))
+                peak["anon"] = max(peak["anon"], max(a for _, a in rss.values()))
             if first_line is not None and not first and first_line.is_file() and first_line.stat().st_size:
                 first.append(time.monotonic() - start)
             time.sleep(0.1)
@@ -122,6 +126,7 @@ def run_measured(args: list[str], env: dict, first_line: Path | None = None, tim
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args[:6])} ... failed:\n{err[-3000:]}")
     return {"seconds": time.monotonic() - start, "peak_rss": peak["max"], "peak_rss_sum": peak["sum"],
+            "peak_rss_anon": peak["anon"],
             "first": first[0] if first else None, "stdout": out, "stderr": err}
 
 
@@ -149,7 +154,8 @@ def measure_build(sets: list[str], env: dict, n: int) -> dict:
     store_s = manifest["build_seconds"]
     return {"pairs": n, "seconds_total": round(run["seconds"], 1), "seconds_store": store_s,
             "pairs_per_s_per_core": round(n / store_s / (os.cpu_count() or 1)),
-            "peak_rss_mib": round(run["peak_rss"] / 2**20), "store_mib": _store_mib(run["stdout"]),
+            "peak_rss_mib": round(run["peak_rss"] / 2**20),
+            "peak_rss_anon_mib": round(run["peak_rss_anon"] / 2**20), "store_mib": _store_mib(run["stdout"]),
             "counts": manifest["counts"]}
 
 
@@ -168,6 +174,7 @@ def measure_train(sets: list[str], env: dict, work: Path, ddp: bool) -> dict:
         raise SystemExit("aiayn train built a store: the stores of `aiayn data build` were not reused")
     return {"seconds_to_first_update": round(run["first"], 1) if run["first"] else None,
             "peak_rss_mib": round(run["peak_rss"] / 2**20),
+            "peak_rss_anon_mib": round(run["peak_rss_anon"] / 2**20),
             "peak_rss_sum_mib": round(run["peak_rss_sum"] / 2**20)}
 
 
@@ -208,10 +215,11 @@ def measure_tokens_per_s(keys: dict[str, str], smoke: bool, steps: int) -> dict:
             tokens += stats.n_tokens
         return tokens / (time.perf_counter() - start)
 
+    run(collate_lists)  # warm-up: first-call paths, oneDNN kernels
     speeds: dict[str, list[float]] = {"store": [], "in_memory": []}
-    for _ in range(2):
-        speeds["in_memory"].append(run(collate_lists))
-        speeds["store"].append(run(collate_store))
+    for i in range(4):  # alternated, the better of two each
+        which = ("store", collate_store) if i % 2 else ("in_memory", collate_lists)
+        speeds[which[0]].append(run(which[1]))
     best = {k: max(v) for k, v in speeds.items()}
     return {"tokens_per_s_store": round(best["store"]), "tokens_per_s_in_memory": round(best["in_memory"]),
             "ratio": round(best["store"] / best["in_memory"], 3), "batches": len(batches)}
@@ -260,14 +268,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(results: dict) -> None:
     print(f"\n{results['cpu']}, {results['cores']} cores, load average {results['load_average_start']}")
-    print("| pairs | build s | pairs/s/core | build RSS MiB | store MiB | first update s | train RSS MiB "
+    print("| pairs | build s | pairs/s/core | build RSS MiB | store MiB | first update s | train RSS (anon) MiB "
           "| 2 ranks RSS MiB | tokens/s store / in memory |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in results["sizes"]:
         b, t, s = row["build"], row["train"], row["speed"]
         ddp = row.get("train_ddp", {}).get("peak_rss_sum_mib", "-")
         print(f"| {row['pairs']:,} | {b['seconds_store']} | {b['pairs_per_s_per_core']:,} | {b['peak_rss_mib']} "
-              f"| {b['store_mib']} | {t['seconds_to_first_update']} | {t['peak_rss_mib']} | {ddp} "
+              f"| {b['store_mib']} | {t['seconds_to_first_update']} | {t['peak_rss_mib']} ({t['peak_rss_anon_mib']}) | {ddp} "
               f"| {s['tokens_per_s_store']} / {s['tokens_per_s_in_memory']} ({s['ratio']:.3f}) |")
 
 

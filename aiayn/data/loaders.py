@@ -165,6 +165,11 @@ def training_texts(cfg: DataConfig) -> list[str]:
     return [load_lm_text(cfg, cfg.train_split)]
 
 
+def _shape(cfg: DataConfig) -> str:
+    """The data a task reads: masked_lm reads the classification data (texts and labels)."""
+    return "classification" if cfg.task == "masked_lm" else cfg.task
+
+
 def _split_files(cfg: DataConfig, split: str) -> list[Path]:
     if cfg.task == "translation":
         return list(translation_files(cfg, split))
@@ -184,7 +189,7 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     settings), so a second run on the same files gets the same tokenizer without training."""
     key = {
         "format": 1,
-        "task": "translation" if cfg.task == "translation" else cfg.task,
+        "task": _shape(cfg),
         "dataset": cfg.dataset,
         "split": cfg.train_split,
         "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.task == "translation" else [],
@@ -240,7 +245,7 @@ def _store(
     prepare: Callable[[str], str] | None = None,
 ) -> TokenStore:
     """The token store of ``split`` (built on first use; see :mod:`aiayn.data.store`)."""
-    shape = "classification" if cfg.task == "masked_lm" else cfg.task
+    shape = _shape(cfg)
     key = {
         "task": shape,
         "dataset": cfg.dataset,
