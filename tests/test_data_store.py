@@ -327,3 +327,28 @@ def test_data_build_and_stats_commands(tmp_path):
     stats = run_aiayn("data", "stats", *sets)
     assert stats.returncode == 0, stats.stderr[-2000:]
     assert lines[0].split(": ")[0] in stats.stdout and "built before, reused" in stats.stderr
+
+
+# ---- classification and LM go through the store too ----------------------------------------------
+
+def test_classification_and_lm_stores_hold_what_the_lists_held(tmp_path):
+    from aiayn.data import classification_store, lm_store
+    from aiayn.data.clean import clean_text
+    from trainutil import reviews, write_tsv
+
+    rows = reviews(200, seed=1) + [(1, "word " * 80)]
+    cfg = DataConfig(task="classification", dataset="", tokenizer="char", vocab_size=80, max_len=150,
+                     train_file=write_tsv(tmp_path / "train.tsv", rows),
+                     valid_file=write_tsv(tmp_path / "valid.tsv", rows[:20]))
+    tok = train_tokenizer_for(cfg)
+    assert tok.to_str() == train_tokenizer([clean_text(t) for _, t in rows], "char", 80).to_str()
+    store = classification_store(cfg, tok, "train")
+    expected = [(tok.encode(clean_text(t)), y) for y, t in rows if len(tok.encode(clean_text(t))) <= 150]
+    got = [(ids.tolist(), int(y)) for ids, y in zip(store.rows("text", range(len(store))), store.labels)]
+    assert got == expected and len(got) == 200 and store.manifest["counts"]["too_long"] == 1
+    text = "To be, or not to be: that is the question.\n" * 50
+    (tmp_path / "lm.txt").write_text(text)
+    lm = DataConfig(task="lm", dataset="", tokenizer="char", train_file=str(tmp_path / "lm.txt"),
+                    valid_file=str(tmp_path / "lm.txt"))
+    tok = train_tokenizer_for(lm)
+    assert lm_store(lm, tok, "train").row("text", 0).tolist() == tok.encode(text)
