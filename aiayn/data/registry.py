@@ -2,7 +2,8 @@
 
 ``download_dataset(name)`` downloads a dataset's files into ``$AIAYN_CACHE/datasets/NAME`` (default cache
 ``~/.cache/aiayn``), verifies each sha256, writes atomically and records what it verified in
-``prepared.json``, so a second call does nothing. ``$AIAYN_DATA_MIRROR`` (a folder or a base URL
+``prepared.json`` (each file's sha256, size and mtime), so a second call hashes nothing unless a
+file's size or mtime changed. ``$AIAYN_DATA_MIRROR`` (a folder or a base URL
 laid out as ``FOLDER/FILE``) replaces the official sources: nothing is then fetched from anywhere
 else. A mirror may offer a dataset in another layout (IMDB as two TSV files instead of the
 official tarball); layouts are tried in order.
@@ -205,13 +206,24 @@ def mirror_location(mirror: str, spec: DatasetSpec, name: str) -> str:
 
 
 def is_downloaded(folder: Path) -> bool:
-    """True when ``folder`` holds every file its ``prepared.json`` lists, with the sha256 recorded."""
+    """True when ``folder`` holds every file its ``prepared.json`` lists, with the sha256 recorded.
+
+    A file whose size and mtime are those recorded when it was verified is not hashed again (a
+    start of training checks the dataset several times; a multi-GB corpus would cost seconds
+    each time); any change to either hashes it."""
     try:
         record = json.loads((folder / _MARKER).read_text())
-        files = record["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        files, stats = record["files"], record.get("stats", {})
+        return all(_verified(folder / n, h, stats.get(n)) for n, h in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    return all((folder / n).is_file() and sha256_of(folder / n) == h for n, h in files.items())
+
+
+def _verified(path: Path, sha256: str, stat: object) -> bool:
+    if not path.is_file():
+        return False
+    now = path.stat()
+    return stat == [now.st_size, now.st_mtime_ns] or sha256_of(path) == sha256
 
 
 def download_dataset(
@@ -280,6 +292,6 @@ def _write_marker(folder: Path, spec: DatasetSpec, layout: Layout) -> None:
     names = [f.name for f in layout.files] + [
         n for n in spec.canonical if n not in {f.name for f in layout.files}
     ]
-    write_json(
-        folder / _MARKER, {"dataset": spec.name, "files": {n: sha256_of(folder / n) for n in names}}
-    )
+    files = {n: sha256_of(folder / n) for n in names}
+    stats = {n: [(folder / n).stat().st_size, (folder / n).stat().st_mtime_ns] for n in names}
+    write_json(folder / _MARKER, {"dataset": spec.name, "files": files, "stats": stats})
