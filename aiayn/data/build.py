@@ -81,7 +81,7 @@ def write_examples(
         "fields": list(fields),
         "dtype": writer.dtype.name,
         "examples": counts["kept"],
-        "tokens": dict(writer._size),
+        "tokens": dict(writer.tokens_written),
         "labels": has_labels,
         "cleaning": asdict(cleaning),
         "counts": {

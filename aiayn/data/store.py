@@ -113,7 +113,7 @@ class StoreWriter:
     def __init__(self, folder: Path, fields: Sequence[str], vocab_size: int) -> None:
         self.folder, self.fields, self.dtype = folder, tuple(fields), token_dtype(vocab_size)
         self._files = {f: open(folder / f"{f}.bin", "wb") for f in self.fields}  # noqa: SIM115
-        self._size = dict.fromkeys(self.fields, 0)
+        self.tokens_written = dict.fromkeys(self.fields, 0)  # ids in each FIELD.bin so far
         self._chunks: dict[str, list[np.ndarray]] = {
             name: [] for name in ("lines", "labels", "hashes")
         }
@@ -134,10 +134,10 @@ class StoreWriter:
             total = int(lengths.sum())
             flat = np.fromiter(itertools.chain.from_iterable(seqs), self.dtype, total)
             flat.tofile(self._files[field])
-            starts = self._size[field] + np.cumsum(lengths) - lengths
+            starts = self.tokens_written[field] + np.cumsum(lengths) - lengths
             self._chunks[f"{field}.idx"].append(starts)
             self._chunks[f"{field}.len"].append(lengths.astype(np.int32))
-            self._size[field] += total
+            self.tokens_written[field] += total
         self._chunks["lines"].append(np.asarray(lines, dtype=np.int64))
         if labels is not None:
             self._chunks["labels"].append(np.asarray(labels, dtype=np.int64))
