@@ -203,7 +203,7 @@ class AiaynSystem:
     def __init__(self, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1,
                  device: str = "cpu", **train_settings: Any) -> None:
         from aiayn.config import ModelConfig
-        from aiayn.data import DataConfig
+        from aiayn.data import DataConfig, pair_store
         from aiayn.train.config import RunConfig, TrainConfig
         from aiayn.train.distributed import DistContext
         from aiayn.train.run_folder import RunFolder
@@ -222,7 +222,8 @@ class AiaynSystem:
                                **train_settings})
         cfg = RunConfig(model=model, data=DataConfig(), train=train)
         self.task = TranslationTask(cfg)
-        self.task.train_pairs, self.task.valid_pairs = pairs, []
+        self.pairs = pairs
+        self.task.stores = {"train": pair_store(pairs), "valid": pair_store([])}
         run = RunFolder(folder)
         run.prepare(resume=False)
         dist = DistContext(device=torch.device(device))
@@ -241,7 +242,7 @@ class AiaynSystem:
         from aiayn.data import collate_translation
 
         self.model.eval()
-        pairs = [self.task.train_pairs[i] for i in batch.indices]
+        pairs = [self.pairs[i] for i in batch.indices]
         m = self.task.cfg.model
         stats = self.task.loss(self.model, collate_translation(pairs, m.pad_id, m.bos_id, m.eos_id),
                                torch.device("cpu"))

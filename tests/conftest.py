@@ -1,12 +1,22 @@
+import atexit
 import multiprocessing.process
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Callable
 
 import pytest
 import torch
 from trainutil import thread_fixture
+
+# Token stores and tokenizers are cached in the data cache (aiayn/data/store.py): a test session
+# gets its own, removed at exit, so that tests never fill the user's ~/.cache/aiayn. Datasets are
+# copied into it from the data mirror when a test needs them.
+if not os.environ.get("AIAYN_CACHE"):
+    os.environ["AIAYN_CACHE"] = tempfile.mkdtemp(prefix="aiayn-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["AIAYN_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

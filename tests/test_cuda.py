@@ -123,7 +123,7 @@ def test_bf16_autocast_is_close_to_fp32_on_cpu():
 
 
 def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2, **train):
-    from aiayn.data import DataConfig
+    from aiayn.data import DataConfig, pair_store
     from aiayn.train.config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
@@ -135,7 +135,7 @@ def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2, 
                                       lr=1e-3, warmup_steps=1, lr_schedule="constant",
                                       **train))
     task = TranslationTask(cfg)
-    task.train_pairs, task.valid_pairs = pairs(24), []
+    task.stores = {"train": pair_store(pairs(24)), "valid": pair_store([])}
     folder = RunFolder(str(tmp_path / name))
     folder.prepare(resume=False)
     return Trainer(cfg, task, folder, DistContext(device=torch.device(device)), {}, "",

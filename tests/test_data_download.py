@@ -164,6 +164,19 @@ def test_prepare_refetches_a_corrupted_cache_file(toy, server, tmp_path):
     assert server.hits == {"/official/a.txt": 1, "/official/b.txt": 2}
 
 
+def test_a_prepared_dataset_is_not_hashed_again_until_a_file_changes(toy, server, tmp_path, monkeypatch):
+    from aiayn.data import registry
+
+    server.routes.update({"/official/a.txt": A, "/official/b.txt": B})
+    folder = download_dataset("toy", mirror="", cache=tmp_path, progress=False)
+    hashed = []
+    real = registry.sha256_of
+    monkeypatch.setattr(registry, "sha256_of", lambda path: hashed.append(path.name) or real(path))
+    assert registry.is_downloaded(folder) and hashed == []  # size and mtime as recorded
+    (folder / "b.txt").write_bytes(B[:-1] + b"?")  # the same size, a new mtime
+    assert not registry.is_downloaded(folder) and hashed == ["b.txt"]
+
+
 def test_prepare_uses_the_environment_mirror_url(toy, server, tmp_path, monkeypatch):
     server.routes.update({"/m/toyfolder/a.txt": A, "/m/toyfolder/b.txt": B})
     monkeypatch.setenv("AIAYN_DATA_MIRROR", f"{server.url}/m/")

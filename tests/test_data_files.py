@@ -156,7 +156,7 @@ def test_own_classification_filter_or_truncate(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         train, valid = prepare_classification(cfg, tok)
     assert train == [(tok.encode("short"), 1)] and valid == [(tok.encode("okay"), 1)]
-    assert "dropped 1 of 2 texts longer than max_len=10" in caplog.text
+    assert "train: dropped 1 of 2 texts: 1 longer than max_len=10 tokens" in caplog.text
     cut = apply_overrides(cfg, {"long_examples": "truncate"})
     train, _ = prepare_classification(cut, tok)
     assert [len(ids) for ids, _ in train] == [5, 10]

@@ -117,7 +117,7 @@ def _attention_path(fused: bool) -> Iterator[None]:
 
 
 def _update_syncs(tmp_path, layers: int, output_vocab: str) -> Counter:
-    from aiayn.data import DataConfig
+    from aiayn.data import DataConfig, pair_store
     from aiayn.train.config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
@@ -127,7 +127,7 @@ def _update_syncs(tmp_path, layers: int, output_vocab: str) -> Counter:
     cfg = RunConfig(model=tiny_config(layers, output_vocab=output_vocab), data=DataConfig(),
                     train=TrainConfig(precision="fp32", device="cpu", progress=False, seed=1))
     task = TranslationTask(cfg)
-    task.train_pairs, task.valid_pairs = random_pairs(16), []
+    task.stores = {"train": pair_store(random_pairs(16)), "valid": pair_store([])}
     folder = RunFolder(str(tmp_path / f"run{layers}{output_vocab}"))
     folder.prepare(resume=False)
     trainer = Trainer(cfg, task, folder, DistContext(), {}, "", resume=False)

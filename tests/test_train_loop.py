@@ -245,13 +245,14 @@ def test_bpe_dropout_re_encodes_training_batches_only(tmp_path):
     cfg = build_run_config(values)
     task = TranslationTask(cfg)
     task.setup(None)
-    plain = [task.train_pairs[i] for i in range(40)]
+    store = task.stores["train"]
+    plain = [(x.tolist(), y.tolist()) for x, y in zip(store.rows("src", range(40)), store.rows("tgt", range(40)))]
     first = task._noisy_pairs(list(range(40)))
     assert first != plain  # at p = 0.5 some of 40 pairs are segmented differently
     for (x, y), (src, tgt) in zip(first, task.train_texts[:40]):
         assert task.tokenizer.decode(x) == src and task.tokenizer.decode(y) == tgt
     assert sum(len(x) for x, _ in first) > sum(len(x) for x, _ in plain)  # fewer merges
-    assert [task.train_pairs[i] for i in range(40)] == plain
+    assert [(x.tolist(), y.tolist()) for x, y in zip(store.rows("src", range(40)), store.rows("tgt", range(40)))] == plain
     valid = task.collate("valid", [0, 1, 2])
     assert valid.src.tolist() == task.collate("valid", [0, 1, 2]).src.tolist()
     train_run(cfg, tmp_path / "run")

@@ -3,6 +3,7 @@
     aiayn data list
     aiayn data prepare multi30k [--mirror DIR_OR_URL] [--cache DIR] [--force]
     aiayn data tokenizer -o tokenizer.json [--config run.toml] [--set vocab_size=8000 ...]
+    aiayn data build [--config run.toml] [--set ...]
     aiayn data stats [--config run.toml] [--set dataset= --set train_src=a.en ...]
 
 ``--set`` takes the keys of :class:`aiayn.data.DataConfig` (``data.`` prefix optional);
@@ -15,8 +16,8 @@ import argparse
 import logging
 import time
 import tomllib
-from collections.abc import Sequence
-from typing import Any
+
+import numpy as np
 
 from aiayn.config import apply_overrides, parse_override
 from aiayn.data import (
@@ -24,14 +25,12 @@ from aiayn.data import (
     DataConfig,
     TokenBatchSampler,
     Tokenizer,
+    TokenStore,
     cache_dir,
     download_dataset,
     is_downloaded,
     padding_fraction,
-    pair_lengths,
-    prepare_classification,
-    prepare_lm,
-    prepare_translation,
+    split_stores,
     train_tokenizer_for,
 )
 from aiayn.data.readers import read_text
@@ -79,6 +78,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "-o", "--output", default="tokenizer.json", help="where to write (default tokenizer.json)"
     )
     tok.set_defaults(run=run_tokenizer)
+
+    build = actions.add_parser(
+        "build",
+        help="tokenize the training and validation splits once into token stores in the cache",
+        description="Train (or reuse) the configured tokenizer and build the token stores of the "
+        "training and validation splits in the data cache ($AIAYN_CACHE/stores), which `aiayn "
+        "train` on the same data and tokenizer settings then opens without tokenizing again. "
+        "Prints each store's folder, size and what cleaning dropped.",
+    )
+    _config_args(build)
+    build.set_defaults(run=run_build)
 
     stats = actions.add_parser(
         "stats",
@@ -148,31 +158,48 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_build(args: argparse.Namespace) -> int:
+    cfg = data_config(args)
+    tokenizer = train_tokenizer_for(cfg)
+    for store in split_stores(cfg, tokenizer).values():
+        print(store_line(store))
+    return 0
+
+
+def store_line(store: TokenStore) -> str:
+    """One line about a token store: where, how big, what building kept and dropped."""
+    m = store.manifest
+    counts = ", ".join(f"{k} {v}" for k, v in m["counts"].items() if v and k != "kept")
+    tokens = sum(m["tokens"].values())
+    return (
+        f"store {store.path}: {len(store)} examples, {tokens} tokens ({m['dtype']}), "
+        f"{store.nbytes / 2**20:.1f} MiB, built in {m['build_seconds']:.1f} s; {counts}"
+    )
+
+
 def run_stats(args: argparse.Namespace) -> int:
     cfg = data_config(args)
     start = time.perf_counter()
     tokenizer = Tokenizer.from_file(args.tokenizer) if args.tokenizer else train_tokenizer_for(cfg)
     fitted = time.perf_counter()
+    stores = split_stores(cfg, tokenizer)
+    train, valid = stores["train"], stores["valid"]
     if cfg.task == "lm":
-        train_ids, valid_ids = prepare_lm(cfg, tokenizer)
         print(
-            f"{cfg.task}: {len(train_ids)} training and {len(valid_ids)} validation tokens "
-            f"({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
+            f"{cfg.task}: {len(train.row('text', 0))} training and {len(valid.row('text', 0))} "
+            f"validation tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
         )
+        print(store_line(train))
         return 0
-    train: Sequence[Any]
-    valid: Sequence[Any]
-    lengths: tuple[list[int], list[int] | None]
+    lengths: tuple[np.ndarray, np.ndarray | None]
     if cfg.task == "translation":
-        train, valid = prepare_translation(cfg, tokenizer)
-        lengths = pair_lengths(train)
+        lengths = (train.lengths("src"), train.lengths("tgt") + 1)
     else:
-        train, valid = prepare_classification(cfg, tokenizer)
-        lengths = ([len(ids) for ids, _ in train], None)
+        lengths = (train.lengths("text"), None)
     sampler = TokenBatchSampler(lengths[0], lengths[1], max_tokens=cfg.max_tokens, seed=cfg.seed)
     batches = sampler.batches()
     done = time.perf_counter()
-    n_tokens = sum(sum(x) for x in lengths if x is not None)
+    n_tokens = sum(int(x.sum()) for x in lengths if x is not None)
     print(
         f"{cfg.task}: {len(train)} training and {len(valid)} validation examples, "
         f"{n_tokens} training tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
@@ -181,8 +208,9 @@ def run_stats(args: argparse.Namespace) -> int:
         f"batches: {len(batches)} at max_tokens={cfg.max_tokens}, padding "
         f"{100 * padding_fraction(sampler):.1f}% of source+target cells"
     )
+    print(store_line(train))
     print(
-        f"time: tokenizer {'loaded' if args.tokenizer else 'trained'} in {fitted - start:.2f} s; "
-        f"read + tokenise + batch the splits in {done - fitted:.2f} s"
+        f"time: tokenizer {'loaded' if args.tokenizer else 'trained or read from the cache'} in "
+        f"{fitted - start:.2f} s; open (or build) the stores + batch in {done - fitted:.2f} s"
     )
     return 0

@@ -1,16 +1,19 @@
 """The data pipeline: datasets (registry, verified download or mirror, cache), readers for the
-user's own files, tokenizers, token-budget batching and collate functions.
+user's own files, tokenizers, token stores (tokenized once, memory-mapped), token-budget batching
+and collate functions.
 
 Typical use (translation)::
 
     cfg = DataConfig(dataset="multi30k", vocab_size=8000, max_tokens=4096)
-    tokenizer = train_tokenizer_for(cfg)                       # trained on the training split only
-    train, valid = prepare_translation(cfg, tokenizer)   # token-id pairs, long ones dropped
-    sampler = TokenBatchSampler(*pair_lengths(train), max_tokens=cfg.max_tokens, seed=cfg.seed)
+    tokenizer = train_tokenizer_for(cfg)             # trained on (a sample of) the training split
+    train = translation_store(cfg, tokenizer, "train")  # tokenized once, memory-mapped, cleaned
+    sampler = TokenBatchSampler(train.lengths("src"), train.lengths("tgt") + 1,
+                                max_tokens=cfg.max_tokens, seed=cfg.seed)
     for epoch in range(n):
         sampler.set_epoch(epoch)
         for indices in sampler:
-            batch = collate_translation([train[i] for i in indices])
+            batch = collate_translation(list(zip(train.rows("src", indices),
+                                                 train.rows("tgt", indices))))
 """
 
 from aiayn.data.batching import (
@@ -25,15 +28,19 @@ from aiayn.data.batching import (
 )
 from aiayn.data.config import DataConfig
 from aiayn.data.loaders import (
+    classification_store,
+    lm_store,
     load_classification,
     load_lm_text,
     load_translation,
     prepare_classification,
     prepare_lm,
     prepare_translation,
-    prepare_translation_texts,
+    split_stores,
     train_tokenizer_for,
     training_texts,
+    translation_files,
+    translation_store,
 )
 from aiayn.data.readers import read_labelled, read_lines, read_parallel, read_text
 from aiayn.data.registry import (
@@ -43,6 +50,7 @@ from aiayn.data.registry import (
     get_spec,
     is_downloaded,
 )
+from aiayn.data.store import TokenStore, pair_store
 from aiayn.data.tokenizer import (
     SPECIAL_TOKENS,
     CharTokenizer,
@@ -68,7 +76,13 @@ __all__ = [
     "training_texts",
     "train_tokenizer_for",
     "prepare_translation",
-    "prepare_translation_texts",
+    "translation_files",
+    "translation_store",
+    "classification_store",
+    "lm_store",
+    "split_stores",
+    "TokenStore",
+    "pair_store",
     "prepare_classification",
     "prepare_lm",
     "Tokenizer",

@@ -32,6 +32,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: one example's token ids: a list, or a row of a token store (a 1-D array)
+Ids = Sequence[int] | np.ndarray
+
 
 class TokenBatchSampler:
     """Length-bucketed batches of indices under a padded-token budget, deterministic and resumable.
@@ -49,8 +52,8 @@ class TokenBatchSampler:
 
     def __init__(
         self,
-        src_lengths: Sequence[int],
-        tgt_lengths: Sequence[int] | None = None,
+        src_lengths: Sequence[int] | np.ndarray,
+        tgt_lengths: Sequence[int] | np.ndarray | None = None,
         max_tokens: int = 4096,
         shuffle: bool = True,
         seed: int = 0,
@@ -176,7 +179,7 @@ def pair_lengths(
 
 
 def pad_sequences(
-    seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None, suffix: int | None = None
+    seqs: Sequence[Ids], pad_id: int, prefix: int | None = None, suffix: int | None = None
 ) -> torch.Tensor:
     """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence."""
     extra = (prefix is not None) + (suffix is not None)
@@ -217,7 +220,7 @@ class Seq2SeqBatch:
 
 
 def collate_translation(
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pairs: Sequence[tuple[Ids, Ids]],
     pad_id: int = 0,
     bos_id: int = 1,
     eos_id: int = 2,
@@ -254,7 +257,7 @@ class ClassificationBatch:
 
 
 def collate_classification(
-    items: Sequence[tuple[Sequence[int], int]], pad_id: int = 0, bos_id: int | None = None
+    items: Sequence[tuple[Ids, int]], pad_id: int = 0, bos_id: int | None = None
 ) -> ClassificationBatch:
     """Pad (ids, label) items; ``bos_id`` prepends a summary token (a [CLS]-style position)."""
     if not items:

@@ -7,18 +7,33 @@ user's own files (``dataset = ""``). Splits of the user's files are ``train`` an
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
+from aiayn.data.build import Cleaning, log_counts, reservoir_sample, write_examples
+from aiayn.data.clean import clean_text
 from aiayn.data.config import DataConfig
-from aiayn.data.readers import read_labelled, read_parallel, read_text
-from aiayn.data.registry import download_dataset, get_spec
+from aiayn.data.readers import iter_labelled, iter_parallel, read_labelled, read_parallel, read_text
+from aiayn.data.registry import cache_dir, download_dataset, get_spec
+from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
 from aiayn.data.tokenizer import Tokenizer, train_tokenizer
 from aiayn.errors import DataError
 
 __all__ = [
+    "translation_files",
+    "classification_source",
+    "lm_file",
+    "translation_store",
+    "classification_store",
+    "lm_store",
+    "split_stores",
     "load_translation",
     "load_classification",
     "load_lm_text",
@@ -68,20 +83,23 @@ def _own_path(cfg: DataConfig, key: str) -> str:
     return path
 
 
-def load_translation(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
-    """Raw (source sentences, target sentences) of ``split``."""
+def translation_files(cfg: DataConfig, split: str) -> tuple[Path, Path]:
+    """The (source, target) files of ``split``."""
     if cfg.uses_own_files:
         which = _own_split(cfg, split)
-        return read_parallel(_own_path(cfg, f"{which}_src"), _own_path(cfg, f"{which}_tgt"))
+        return Path(_own_path(cfg, f"{which}_src")), Path(_own_path(cfg, f"{which}_tgt"))
     folder = _registered(cfg, "translation", split)
     for lang in (cfg.src_lang, cfg.tgt_lang):
         if not (folder / f"{split}.{lang}.gz").is_file():
             raise DataError(
                 f"dataset '{cfg.dataset}' has no language '{lang}' (data.src_lang / data.tgt_lang)"
             )
-    return read_parallel(
-        folder / f"{split}.{cfg.src_lang}.gz", folder / f"{split}.{cfg.tgt_lang}.gz"
-    )
+    return folder / f"{split}.{cfg.src_lang}.gz", folder / f"{split}.{cfg.tgt_lang}.gz"
+
+
+def load_translation(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+    """Raw (source sentences, target sentences) of ``split``."""
+    return read_parallel(*translation_files(cfg, split))
 
 
 def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
@@ -108,11 +126,31 @@ def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[in
     return [texts[i] for i in keep], [labels[i] for i in keep]
 
 
+def classification_source(
+    cfg: DataConfig, split: str
+) -> tuple[list[Path], Callable[[], Iterable[tuple[str, int]]]]:
+    """The files ``split`` is read from, and a function that yields its (text, label) items (read
+    as it goes from the user's own file; a registered dataset's derived splits from memory)."""
+    if cfg.uses_own_files:
+        path = Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
+        return [path], lambda: iter_labelled(path)
+    folder = _registered(cfg, "classification", split)
+    name = "test.tsv.gz" if split == "test" else "train.tsv.gz"
+    return [folder / name], lambda: zip(*load_classification(cfg, split))
+
+
+def lm_file(cfg: DataConfig, split: str) -> Path:
+    """The file holding ``split``'s running text."""
+    if cfg.uses_own_files:
+        return Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
+    return _registered(cfg, "lm", split) / "input.txt"
+
+
 def load_lm_text(cfg: DataConfig, split: str) -> str:
     """Raw running text of ``split``."""
+    text = read_text(lm_file(cfg, split))
     if cfg.uses_own_files:
-        return read_text(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
-    text = read_text(_registered(cfg, "lm", split) / "input.txt")
+        return text
     cut = int(len(text) * _LM_TRAIN_FRACTION)
     return text[:cut] if split == "train" else text[cut:]
 
@@ -122,116 +160,211 @@ def training_texts(cfg: DataConfig) -> list[str]:
     if cfg.task == "translation":
         src, tgt = load_translation(cfg, cfg.train_split)
         return src + tgt
-    if cfg.task == "classification":
+    if cfg.task in ("classification", "masked_lm"):
         return load_classification(cfg, cfg.train_split)[0]
     return [load_lm_text(cfg, cfg.train_split)]
 
 
-def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
-    """Train the configured tokenizer (kind, vocab_size) on the training split only. A lower-casing
-    translation tokenizer also learns to recase the output from the training targets."""
-    if cfg.task == "translation":
-        src, tgt = load_translation(cfg, cfg.train_split)
-        return train_tokenizer(
-            src + tgt, cfg.tokenizer, cfg.vocab_size, cfg.lowercase, recase_texts=tgt
-        )
-    return train_tokenizer(training_texts(cfg), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
+def _shape(cfg: DataConfig) -> str:
+    """The data a task reads: masked_lm reads the classification data (texts and labels)."""
+    return "classification" if cfg.task == "masked_lm" else cfg.task
 
+
+def _split_files(cfg: DataConfig, split: str) -> list[Path]:
+    if cfg.task == "translation":
+        return list(translation_files(cfg, split))
+    if cfg.task in ("classification", "masked_lm"):
+        return classification_source(cfg, split)[0]
+    return [lm_file(cfg, split)]
+
+
+def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
+    """The configured tokenizer (kind, vocab_size, lowercase) trained on the training split only:
+    on a seeded sample of ``data.tokenizer_sample`` examples when the split has more (every
+    example, in order, when it has fewer: the tokenizer of the whole split). Classification texts
+    are cleaned first (as the task encodes them). A lower-casing translation tokenizer also
+    learns to recase the output from the (sampled) training targets.
+
+    Kept in the data cache by what it was trained from (the files' fingerprints and these
+    settings), so a second run on the same files gets the same tokenizer without training."""
+    key = {
+        "format": 1,
+        "task": _shape(cfg),
+        "dataset": cfg.dataset,
+        "split": cfg.train_split,
+        "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.task == "translation" else [],
+        "tokenizer": [cfg.tokenizer, cfg.vocab_size, cfg.lowercase, cfg.tokenizer_sample],
+        "sources": [fingerprint(p) for p in _split_files(cfg, cfg.train_split)],
+    }
+    path = cache_dir() / "tokenizers" / f"{cfg.dataset or 'files'}-{cache_key(key)}.json"
+    if path.is_file():
+        log.info("tokenizer: trained before on the same files, read from %s", path)
+        return Tokenizer.from_file(path)
+    tokenizer = _train_on_sample(cfg)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def _train_on_sample(cfg: DataConfig) -> Tokenizer:
+    k, split = cfg.tokenizer_sample, cfg.train_split
+    kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
+    if cfg.task == "lm":
+        return train_tokenizer([load_lm_text(cfg, split)], kind, size, lower)
+    if cfg.task == "translation":
+        pairs, n = reservoir_sample(iter_parallel(*translation_files(cfg, split)), k)
+        _log_sample(len(pairs), n, "pairs")
+        src, tgt = [x for x, _ in pairs], [y for _, y in pairs]
+        return train_tokenizer(src + tgt, kind, size, lower, recase_texts=tgt)
+    texts, n = reservoir_sample(
+        (clean_text(t) for t, _ in classification_source(cfg, split)[1]()), k
+    )
+    _log_sample(len(texts), n, "texts")
+    return train_tokenizer(texts, kind, size, lower)
+
+
+def _log_sample(k: int, n: int, what: str) -> None:
+    if k < n:
+        log.info(
+            "tokenizer: trained on a sample of %d of the %d training %s (data.tokenizer_sample)",
+            k,
+            n,
+            what,
+        )
+
+
+# ---- token stores ------------------------------------------------------------------------------
+
+
+def _store(
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    split: str,
+    cleaning: Cleaning,
+    fields: tuple[str, ...],
+    examples: Callable[[], Iterable[tuple[Sequence[str], int | None]]],
+    prepare: Callable[[str], str] | None = None,
+) -> TokenStore:
+    """The token store of ``split`` (built on first use; see :mod:`aiayn.data.store`)."""
+    shape = _shape(cfg)
+    key = {
+        "task": shape,
+        "dataset": cfg.dataset,
+        "split": split,
+        "langs": [cfg.src_lang, cfg.tgt_lang] if shape == "translation" else [],
+        "tokenizer_sha256": hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest(),
+        "cleaning": asdict(cleaning),
+    }
+
+    def build(folder: Path) -> dict[str, Any]:
+        return write_examples(folder, tokenizer, fields, examples(), cleaning, prepare)
+
+    name = f"{cfg.dataset or 'files'}-{shape}-{split}"
+    return open_store(name, key, _split_files(cfg, split), build)
+
+
+def translation_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
+    """Token ids of ``split``'s pairs (fields ``src``, ``tgt``). The training split drops pairs
+    with an empty side or a side longer than ``max_len`` tokens (the target counted with its
+    BOS/EOS), and with ``max_len_ratio`` / ``dedup`` those; other splits keep every pair, cut to
+    ``max_len``. What was dropped or cut is logged."""
+    n, train = cfg.max_len, split == cfg.train_split
+    cleaning = Cleaning(
+        limits=(n, n - 1),
+        cut=not train,
+        drop_empty=train,
+        max_ratio=cfg.max_len_ratio if train else 0.0,
+        dedup=cfg.dedup and train,
+    )
+    files = translation_files(cfg, split)
+    store = _store(
+        cfg,
+        tokenizer,
+        split,
+        cleaning,
+        ("src", "tgt"),
+        lambda: ((pair, None) for pair in iter_parallel(*files)),
+    )
+    log_counts(store.manifest, split, "training pairs" if train else "validation pairs")
+    return store
+
+
+def classification_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
+    """Token ids (field ``text``) and labels of ``split``'s cleaned texts
+    (:func:`~aiayn.data.clean.clean_text`). Texts longer than ``max_len`` are cut
+    (``long_examples = "truncate"``, or any split but training) or dropped."""
+    train = split == cfg.train_split
+    cleaning = Cleaning(
+        limits=(cfg.max_len,),
+        cut=cfg.long_examples == "truncate" or not train,
+        dedup=cfg.dedup and train,
+    )
+    items = classification_source(cfg, split)[1]
+    store = _store(
+        cfg,
+        tokenizer,
+        split,
+        cleaning,
+        ("text",),
+        lambda: (((text,), label) for text, label in items()),
+        clean_text,
+    )
+    log_counts(store.manifest, split, "texts")
+    return store
+
+
+def lm_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
+    """The token ids of ``split``'s running text: one example, field ``text``, never cut."""
+    cleaning = Cleaning(limits=(2**62,), cut=True)
+    return _store(
+        cfg, tokenizer, split, cleaning, ("text",), lambda: [((load_lm_text(cfg, split),), None)]
+    )
+
+
+def split_stores(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, TokenStore]:
+    """The token stores of the training and validation splits (``"train"``, ``"valid"``) of
+    ``data.task``, built on first use."""
+    make = {"translation": translation_store, "lm": lm_store}.get(cfg.task, classification_store)
+    return {
+        "train": make(cfg, tokenizer, cfg.train_split),
+        "valid": make(cfg, tokenizer, cfg.valid_split),
+    }
+
+
+# ---- the examples as lists (small data, tests, benchmarks) ------------------------------------
 
 Pair = tuple[list[int], list[int]]
-
-
-def prepare_translation(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[Pair], list[Pair]]:
-    """Token-id (source, target) pairs of the training and validation splits.
-
-    Training pairs with an empty side, or with a side longer than ``max_len`` tokens (the target
-    counted with its BOS/EOS), are dropped and counted in the log; validation pairs are all kept
-    (cut to ``max_len``, counted in the log).
-    """
-    train, valid, _ = prepare_translation_texts(cfg, tokenizer)
-    return train, valid
-
-
-def prepare_translation_texts(
-    cfg: DataConfig, tokenizer: Tokenizer
-) -> tuple[list[Pair], list[Pair], list[tuple[str, str]]]:
-    """:func:`prepare_translation`, plus the (source, target) texts of the kept training pairs
-    (what BPE-dropout re-encodes)."""
-    n = cfg.max_len
-    src, tgt = load_translation(cfg, cfg.train_split)
-    # A pair too long for max_len whatever its segmentation is dropped without being encoded
-    # (a 10 MB line takes seconds to encode).
-    texts = [
-        (x, y)
-        for x, y in zip(src, tgt)
-        if tokenizer.min_tokens(x) <= n and tokenizer.min_tokens(y) + 1 <= n
-    ]
-    train = list(
-        zip(
-            tokenizer.encode_batch([x for x, _ in texts]),
-            tokenizer.encode_batch([y for _, y in texts]),
-        )
-    )
-    kept = [i for i, (x, y) in enumerate(train) if x and y and len(x) <= n and len(y) + 1 <= n]
-    if len(kept) < len(src):
-        empty = sum(1 for x, y in train if not x or not y)
-        log.warning(
-            "dropped %d of %d training pairs: %d longer than max_len=%d tokens, %d empty",
-            len(src) - len(kept),
-            len(src),
-            len(src) - len(kept) - empty,
-            n,
-            empty,
-        )
-    src, tgt = load_translation(cfg, cfg.valid_split)
-    valid = list(zip(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt)))
-    n_long = sum(1 for x, y in valid if len(x) > n or len(y) + 1 > n)
-    if n_long:  # kept (the validation set is not changed), cut to what the model can take
-        log.warning("cut %d of %d validation pairs to max_len=%d tokens", n_long, len(valid), n)
-        valid = [(x[:n], y[: n - 1]) for x, y in valid]
-    return [train[i] for i in kept], valid, [texts[i] for i in kept]
-
-
 Item = tuple[list[int], int]
 
 
-def prepare_classification(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[Item], list[Item]]:
-    """Token-id (ids, label) items of the training and validation splits.
+def prepare_translation(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[Pair], list[Pair]]:
+    """Token-id (source, target) pairs of the training and validation splits, as lists: the
+    stores of :func:`translation_store` read whole."""
+    return (
+        _pairs(translation_store(cfg, tokenizer, cfg.train_split)),
+        _pairs(translation_store(cfg, tokenizer, cfg.valid_split)),
+    )
 
-    Texts longer than ``max_len`` are dropped (``long_examples="filter"``, training split only)
-    or cut to ``max_len`` (``"truncate"``, both splits); either way the count is logged.
-    """
+
+def _pairs(store: TokenStore) -> list[Pair]:
+    n = range(len(store))
+    return [(x.tolist(), y.tolist()) for x, y in zip(store.rows("src", n), store.rows("tgt", n))]
+
+
+def prepare_classification(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[Item], list[Item]]:
+    """Token-id (ids, label) items of the training and validation splits, as lists (the stores
+    of :func:`classification_store` read whole)."""
     result = []
     for split in (cfg.train_split, cfg.valid_split):
-        texts, labels = load_classification(cfg, split)
-        items = list(zip(tokenizer.encode_batch(texts), labels))
-        n_long = sum(1 for ids, _ in items if len(ids) > cfg.max_len)
-        if n_long and cfg.long_examples == "truncate":
-            log.warning(
-                "%s: cut %d of %d texts to max_len=%d tokens",
-                split,
-                n_long,
-                len(items),
-                cfg.max_len,
-            )
-            items = [(ids[: cfg.max_len], label) for ids, label in items]
-        elif n_long and split == cfg.train_split:
-            log.warning(
-                "%s: dropped %d of %d texts longer than max_len=%d tokens",
-                split,
-                n_long,
-                len(items),
-                cfg.max_len,
-            )
-            items = [(ids, label) for ids, label in items if len(ids) <= cfg.max_len]
-        result.append(items)
+        store = classification_store(cfg, tokenizer, split)
+        rows = store.rows("text", range(len(store)))
+        result.append([(ids.tolist(), int(y)) for ids, y in zip(rows, store.labels)])
     return result[0], result[1]
 
 
 def prepare_lm(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """The training and validation text as 1-D LongTensors of token ids."""
     train, valid = (
-        torch.tensor(tokenizer.encode(load_lm_text(cfg, split)), dtype=torch.long)
+        torch.from_numpy(lm_store(cfg, tokenizer, split).row("text", 0).astype(np.int64))
         for split in (cfg.train_split, cfg.valid_split)
     )
     return train, valid

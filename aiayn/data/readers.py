@@ -11,20 +11,29 @@ import gzip
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, cast
 
 from aiayn.errors import DataError
 
-__all__ = ["read_bytes", "decode_utf8", "read_text", "read_lines", "read_parallel", "read_labelled"]
+__all__ = [
+    "existing_file",
+    "read_bytes",
+    "decode_utf8",
+    "read_text",
+    "read_lines",
+    "read_parallel",
+    "read_labelled",
+    "iter_lines",
+    "iter_parallel",
+    "iter_labelled",
+]
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The file's bytes (``.gz`` decompressed); DataError when missing, a folder or unreadable."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
-    if path.is_dir():
-        raise DataError(f"{path}: is a folder, expected a file")
+    path = existing_file(path)
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rb") as f:
@@ -60,25 +69,94 @@ def read_text(path: str | os.PathLike) -> str:
 
 def read_lines(path: str | os.PathLike) -> list[str]:
     """The file's lines without their line terminators; DataError when missing, empty or not UTF-8."""
-    text = read_text(path)
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the newline ending the last line
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return list(iter_lines(path))
+
+
+def existing_file(path: str | os.PathLike) -> Path:
+    """``path``; DataError when it is missing or a folder."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder, expected a file")
+    return path
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    existing_file(path)
+    try:
+        if path.name.endswith(".gz"):
+            return cast(IO[bytes], gzip.open(path, "rb"))
+        return open(path, "rb")  # noqa: SIM115
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err})") from None
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """:func:`read_lines` one line at a time: the file is never held in memory whole. The same
+    errors (missing, unreadable, not UTF-8 with line and column, empty), raised when met."""
+    path = Path(path)
+    number, seen_text = 0, False
+    with _open_binary(path) as f:
+        try:
+            for raw in f:
+                number += 1
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(
+                        f"{path}:{number}: not valid UTF-8 "
+                        f"(byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+                    ) from None
+                if number == 1 and line.startswith("\ufeff"):
+                    line = line[1:]  # a byte-order mark is not part of the first line
+                line = line[:-1] if line.endswith("\n") else line
+                line = line[:-1] if line.endswith("\r") else line
+                seen_text = seen_text or bool(line.strip())
+                yield line
+        except (OSError, EOFError, zlib.error) as err:
+            raise DataError(f"{path}: cannot read ({err})") from None
+    if not seen_text:
+        raise DataError(f"{path}: file is empty")
 
 
 def read_parallel(
     src_path: str | os.PathLike, tgt_path: str | os.PathLike
 ) -> tuple[list[str], list[str]]:
     """Two files of translations, line i of one matching line i of the other."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        longer, n = (src_path, len(tgt) + 1) if len(src) > len(tgt) else (tgt_path, len(src) + 1)
-        raise DataError(
-            f"{longer}:{n}: parallel files differ in length ({src_path} has {len(src)} lines, "
-            f"{tgt_path} has {len(tgt)}); this line has no partner"
-        )
+    src: list[str] = []
+    tgt: list[str] = []
+    for x, y in iter_parallel(src_path, tgt_path):
+        src.append(x)
+        tgt.append(y)
     return src, tgt
+
+
+def iter_parallel(
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+) -> Iterator[tuple[str, str]]:
+    """:func:`read_parallel` one pair at a time; DataError naming the first line without a
+    partner when the files differ in length."""
+    src, tgt = iter_lines(src_path), iter_lines(tgt_path)
+    n = 0
+    for x in src:
+        y = next(tgt, None)
+        if y is None:
+            n_src = n + 1 + sum(1 for _ in src)
+            raise _unpartnered(src_path, tgt_path, n_src, n)
+        n += 1
+        yield x, y
+    n_tgt = n + sum(1 for _ in tgt)
+    if n_tgt != n:
+        raise _unpartnered(src_path, tgt_path, n, n_tgt)
+
+
+def _unpartnered(src_path: object, tgt_path: object, n_src: int, n_tgt: int) -> DataError:
+    longer, n = (src_path, n_tgt + 1) if n_src > n_tgt else (tgt_path, n_src + 1)
+    return DataError(
+        f"{longer}:{n}: parallel files differ in length ({src_path} has {n_src} lines, "
+        f"{tgt_path} has {n_tgt}); this line has no partner"
+    )
 
 
 def read_labelled(path: str | os.PathLike) -> tuple[list[str], list[int]]:
@@ -86,6 +164,16 @@ def read_labelled(path: str | os.PathLike) -> tuple[list[str], list[int]]:
 
     Labels are non-negative integers (class ids). ``.gz`` versions of both are accepted.
     """
+    texts: list[str] = []
+    labels: list[int] = []
+    for text, label in iter_labelled(path):
+        texts.append(text)
+        labels.append(label)
+    return texts, labels
+
+
+def iter_labelled(path: str | os.PathLike) -> Iterator[tuple[str, int]]:
+    """:func:`read_labelled` one (text, label) at a time."""
     name = Path(path).name.removesuffix(".gz")
     if name.endswith(".tsv"):
         parse = _parse_tsv_row
@@ -93,15 +181,10 @@ def read_labelled(path: str | os.PathLike) -> tuple[list[str], list[int]]:
         parse = _parse_jsonl_row
     else:
         raise DataError(f"{path}: unknown format; use .tsv (label<TAB>text) or .jsonl")
-    texts: list[str] = []
-    labels: list[int] = []
-    for number, line in enumerate(read_lines(path), start=1):
+    for number, line in enumerate(iter_lines(path), start=1):
         if not line.strip() and parse is _parse_jsonl_row:
             raise DataError(f"{path}:{number}: blank line, expected a JSON object")
-        text, label = parse(line, f"{path}:{number}")
-        texts.append(text)
-        labels.append(label)
-    return texts, labels
+        yield parse(line, f"{path}:{number}")
 
 
 def _parse_label(raw: object, where: str) -> int:

@@ -2,7 +2,8 @@
 
 ``download_dataset(name)`` downloads a dataset's files into ``$AIAYN_CACHE/datasets/NAME`` (default cache
 ``~/.cache/aiayn``), verifies each sha256, writes atomically and records what it verified in
-``prepared.json``, so a second call does nothing. ``$AIAYN_DATA_MIRROR`` (a folder or a base URL
+``prepared.json`` (each file's sha256, size and mtime), so a second call hashes nothing unless a
+file's size or mtime changed. ``$AIAYN_DATA_MIRROR`` (a folder or a base URL
 laid out as ``FOLDER/FILE``) replaces the official sources: nothing is then fetched from anywhere
 else. A mirror may offer a dataset in another layout (IMDB as two TSV files instead of the
 official tarball); layouts are tried in order.

@@ -2,8 +2,9 @@
 
 The trainer's one loop (:mod:`aiayn.train.trainer`) sees this :class:`~aiayn.train.task.Task`:
 texts are cleaned (:func:`aiayn.data.clean.clean_text`: ``<br />`` tags, stray control
-characters), tokenised, and texts longer than ``data.max_len`` tokens are cut (``long_examples =
-"truncate"``, both splits) or dropped from training (``"filter"``); the loss is the
+characters) and tokenised once into a token store (:func:`aiayn.data.classification_store`), where
+texts longer than ``data.max_len`` tokens are cut (``long_examples = "truncate"``, both splits)
+or dropped from training (``"filter"``); the loss is the
 (label-smoothed) cross-entropy per text (with ``train.adversarial_eps``, plus the same loss on
 adversarially perturbed embeddings), and validation also reports accuracy.
 """
@@ -14,6 +15,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,39 +23,11 @@ from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError, DataError
 from aiayn.model import TransformerClassifier
 from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.task import StepStats, TokenBatchedTask, register_shape
+from aiayn.train.task import Lengths, StepStats, TokenBatchedTask, register_shape
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClassificationTask", "limit_lengths"]
-
-Item = tuple[list[int], int]
-
-
-def limit_lengths(items: list[Item], max_len: int, mode: str, split: str, drop: bool) -> list[Item]:
-    """Cut texts to ``max_len`` tokens (``mode="truncate"``) or, where ``drop``, leave the longer
-    ones out (``"filter"``); logs how many."""
-    n_long = sum(len(ids) > max_len for ids, _ in items)
-    if not n_long:
-        return items
-    if mode == "truncate" or not drop:
-        log.info(
-            "%s: cut %d of %d texts to max_len=%d tokens (their first %d)",
-            split,
-            n_long,
-            len(items),
-            max_len,
-            max_len,
-        )
-        return [(ids[:max_len], label) for ids, label in items]
-    log.warning(
-        "%s: dropped %d of %d texts longer than max_len=%d tokens",
-        split,
-        n_long,
-        len(items),
-        max_len,
-    )
-    return [(ids, label) for ids, label in items if len(ids) <= max_len]
+__all__ = ["ClassificationTask"]
 
 
 @register_shape("classification", TransformerClassifier)
@@ -61,49 +35,32 @@ class ClassificationTask(TokenBatchedTask):
     """Cross-entropy over (text, label) pairs with a :class:`TransformerClassifier`."""
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, load_classification, train_tokenizer
-        from aiayn.data.clean import clean_text
-        from aiayn.decode.classify import encode_texts
+        from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
 
         data = self.cfg.data
-        train_texts, train_labels = load_classification(data, data.train_split)
         if tokenizer_json is None:
             log.info(
                 "training a %s tokenizer (vocabulary %d) on the cleaned training split",
                 data.tokenizer,
                 data.vocab_size,
             )
-            self.tokenizer = train_tokenizer(
-                [clean_text(t) for t in train_texts],
-                data.tokenizer,
-                data.vocab_size,
-                data.lowercase,
-            )
+            self.tokenizer = train_tokenizer_for(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
-        valid_texts, valid_labels = load_classification(data, data.valid_split)
-        self.items: dict[str, list[Item]] = {}
-        for split, texts, labels in (
-            ("train", train_texts, train_labels),
-            ("valid", valid_texts, valid_labels),
-        ):
-            items = list(zip(encode_texts(self.tokenizer, texts), labels))
-            self.items[split] = limit_lengths(
-                items, data.max_len, data.long_examples, split, drop=split == "train"
-            )
+        self.stores = split_stores(data, self.tokenizer)
         self._check_labels()
         log.info(
             "%d training texts, %d validation texts, vocabulary %d",
-            len(self.items["train"]),
-            len(self.items["valid"]),
+            len(self.stores["train"]),
+            len(self.stores["valid"]),
             self.tokenizer.vocab_size,
         )
         return self.tokenizer.to_str()
 
     def _check_labels(self) -> None:
-        if not self.items["train"]:
+        if not len(self.stores["train"]):
             raise ConfigError("no training texts left after filtering by data.max_len")
-        top = max(label for items in self.items.values() for _, label in items)
+        top = max(int(store.labels.max()) for store in self.stores.values() if len(store))
         if top >= self.cfg.model.n_classes:
             raise DataError(
                 f"the data has label {top}, but model.n_classes = "
@@ -121,15 +78,16 @@ class ClassificationTask(TokenBatchedTask):
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
 
-    def example_lengths(self, split: str) -> tuple[list[int], list[int] | None]:
+    def example_lengths(self, split: str) -> tuple[Lengths, Lengths | None]:
         extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends
-        return [len(ids) + extra for ids, _ in self.items[split]], None
+        return self.stores[split].lengths("text") + extra, None
 
     def collate(self, split: str, indices: list[int]) -> Any:
         from aiayn.data import collate_classification
 
-        items = self.items[split]
-        return collate_classification([items[i] for i in indices], self.cfg.model.pad_id)
+        store = self.stores[split]
+        items = zip(store.rows("text", indices), store.labels[indices].tolist())
+        return collate_classification(list(items), self.cfg.model.pad_id)
 
     def num_targets(self, batch: Any) -> int:
         return len(batch)
@@ -175,11 +133,12 @@ class ClassificationTask(TokenBatchedTask):
         """Accuracy on the validation split (when ``train.metrics_every`` is due)."""
         from aiayn.decode.classify import predict_ids
 
-        items = self.items["valid"]
-        if not items:
+        store = self.stores["valid"]
+        if not len(store):
             return {}
         assert isinstance(model, TransformerClassifier)  # the shape's model, unwrapped
         device = next(model.parameters()).device
-        probs = predict_ids(model, [ids for ids, _ in items], self.cfg.data.max_tokens, device)
-        labels = torch.tensor([label for _, label in items])
+        rows = [ids.tolist() for ids in store.rows("text", range(len(store)))]
+        probs = predict_ids(model, rows, self.cfg.data.max_tokens, device)
+        labels = torch.from_numpy(store.labels.astype(np.int64))
         return {"valid_acc": float((probs.argmax(-1) == labels).float().mean())}

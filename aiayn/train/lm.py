@@ -36,7 +36,7 @@ class LanguageModelTask(Task):
     """Next-token cross-entropy over windows of a running text with a :class:`TransformerLM`."""
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, prepare_lm, train_tokenizer_for
+        from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
 
         data = self.cfg.data
         if tokenizer_json is None:
@@ -44,7 +44,11 @@ class LanguageModelTask(Task):
             self.tokenizer = train_tokenizer_for(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
-        self.ids = dict(zip(("train", "valid"), prepare_lm(data, self.tokenizer)))
+        # the text's ids, memory-mapped from its token store
+        self.ids = {
+            split: store.row("text", 0)
+            for split, store in split_stores(data, self.tokenizer).items()
+        }
         self.block = data.max_len
         self.batch_size = max(1, data.max_tokens // self.block)
         if len(self.ids["train"]) <= self.block + 1:
@@ -93,7 +97,7 @@ class LanguageModelTask(Task):
     def collate(self, split: str, indices: list[int]) -> tuple[Tensor, Tensor]:
         """Inputs and next-token targets, (B, T) each; a window cut by the text's end is padded."""
         ids, pad = self.ids[split], self.cfg.model.pad_id
-        rows = [ids[s : s + self.block + 1] for s in indices]
+        rows = [torch.from_numpy(ids[s : s + self.block + 1].astype(np.int64)) for s in indices]
         width = max(len(r) for r in rows) - 1
         x = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)
         y = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)

@@ -68,7 +68,7 @@ class MaskedLMTask(ClassificationTask):
     """Masked-token cross-entropy over the texts of a classification dataset."""
 
     def _check_labels(self) -> None:
-        if not self.items["train"]:
+        if not len(self.stores["train"]):
             raise ConfigError("no training texts left after filtering by data.max_len")
 
     def model_config(self, model: ModelConfig) -> ModelConfig:

@@ -15,10 +15,11 @@ adding a shape is one new module and one import line there.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -38,6 +39,10 @@ __all__ = [
     "build_task",
     "output_weight",
 ]
+
+
+#: per-example lengths: a token store's array (int32, in RAM) or a list
+Lengths = Sequence[int] | np.ndarray
 
 
 def output_weight(model: nn.Module) -> Tensor:
@@ -130,8 +135,9 @@ class TokenBatchedTask(Task):
         self._samplers: dict[tuple[str, int, int], Any] = {}
 
     @abstractmethod
-    def example_lengths(self, split: str) -> tuple[list[int], list[int] | None]:
-        """Per example of ``split``, its batch-tensor lengths: source, and target (or None)."""
+    def example_lengths(self, split: str) -> tuple[Lengths, Lengths | None]:
+        """Per example of ``split``, its batch-tensor lengths: source, and target (or None); numpy
+        arrays of a token store's lengths, or lists."""
 
     def _sampler(self, split: str, rank: int, world_size: int) -> Any:
         """``split``'s sampler for this process; None when the split has no examples."""
@@ -150,7 +156,7 @@ class TokenBatchedTask(Task):
                     rank=rank,
                     world_size=world_size,
                 )
-                if lengths
+                if len(lengths)
                 else None
             )
         return self._samplers[key]

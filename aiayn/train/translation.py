@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -19,7 +20,13 @@ from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.task import StepStats, TokenBatchedTask, output_weight, register_shape
+from aiayn.train.task import (
+    Lengths,
+    StepStats,
+    TokenBatchedTask,
+    output_weight,
+    register_shape,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +60,7 @@ class TranslationTask(TokenBatchedTask):
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import (
-            SubwordTokenizer,
-            Tokenizer,
-            prepare_translation_texts,
-            train_tokenizer_for,
-        )
+        from aiayn.data import SubwordTokenizer, Tokenizer, split_stores, train_tokenizer_for
 
         data = self.cfg.data
         if tokenizer_json is None:
@@ -70,10 +72,8 @@ class TranslationTask(TokenBatchedTask):
             self.tokenizer = train_tokenizer_for(data)
         else:
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
-        self.train_pairs, self.valid_pairs, self.train_texts = prepare_translation_texts(
-            data, self.tokenizer
-        )
-        if not self.train_pairs:
+        self.stores = split_stores(data, self.tokenizer)
+        if not len(self.stores["train"]):
             raise ConfigError("no training pairs left after filtering by data.max_len")
         # BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at random.
         self.noisy_tokenizer = None
@@ -81,13 +81,22 @@ class TranslationTask(TokenBatchedTask):
             if not isinstance(self.tokenizer, SubwordTokenizer):
                 raise ConfigError("data.bpe_dropout needs a subword tokenizer (bpe or unigram)")
             self.noisy_tokenizer = self.tokenizer.with_dropout(data.bpe_dropout)
+            self.train_texts = self._kept_texts()
         log.info(
             "%d training pairs, %d validation pairs, vocabulary %d",
-            len(self.train_pairs),
-            len(self.valid_pairs),
+            len(self.stores["train"]),
+            len(self.stores["valid"]),
             self.tokenizer.vocab_size,
         )
         return self.tokenizer.to_str()
+
+    def _kept_texts(self) -> list[tuple[str, str]]:
+        """The (source, target) texts of the stored training pairs, which BPE-dropout re-encodes
+        (held in memory: a BPE-dropout run keeps its corpus' text in RAM)."""
+        from aiayn.data import load_translation
+
+        src, tgt = load_translation(self.cfg.data, self.cfg.data.train_split)
+        return [(src[i], tgt[i]) for i in self.stores["train"].lines.tolist()]
 
     def model_config(self, model: ModelConfig) -> ModelConfig:
         v = self.tokenizer.vocab_size
@@ -99,11 +108,8 @@ class TranslationTask(TokenBatchedTask):
         net = super().build_model(model)
         assert isinstance(net, Transformer)  # the shape's model class
         if net.output_mask is not None:
-            seen: set[int] = set()
-            for _, tgt in self.train_pairs:
-                seen.update(tgt)
-            net.output_mask.zero_()
-            net.output_mask[torch.tensor(sorted(seen), dtype=torch.long)] = True
+            counts = np.bincount(self.stores["train"].tokens("tgt"), minlength=model.tgt_vocab_size)
+            net.output_mask.copy_(torch.from_numpy(counts[: model.tgt_vocab_size] > 0))
             net.output_mask[model.eos_id] = True
             log.info(
                 "output vocabulary: the %d of %d tokens seen in the training targets",
@@ -112,20 +118,19 @@ class TranslationTask(TokenBatchedTask):
             )
         return net
 
-    def example_lengths(self, split: str) -> tuple[list[int], list[int] | None]:
-        from aiayn.data import pair_lengths
-
-        return pair_lengths(self.train_pairs if split == "train" else self.valid_pairs)
+    def example_lengths(self, split: str) -> tuple[Lengths, Lengths | None]:
+        store = self.stores[split]
+        return store.lengths("src"), store.lengths("tgt") + 1  # the target gains BOS/EOS
 
     def collate(self, split: str, indices: list[int]) -> Any:
         from aiayn.data import collate_translation
 
-        pairs = self.train_pairs if split == "train" else self.valid_pairs
-        m = self.cfg.model
+        store, m = self.stores[split], self.cfg.model
+        chosen: list[tuple[Any, Any]]
         if split == "train" and self.noisy_tokenizer is not None:
             chosen = self._noisy_pairs(indices)
         else:
-            chosen = [pairs[i] for i in indices]
+            chosen = list(zip(store.rows("src", indices), store.rows("tgt", indices)))
         return collate_translation(chosen, m.pad_id, m.bos_id, m.eos_id)
 
     def _noisy_pairs(self, indices: list[int]) -> list[tuple[list[int], list[int]]]:

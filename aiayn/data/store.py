@@ -1,0 +1,368 @@
+"""The token store: a corpus tokenized once into memory-mapped arrays on disk, read by offset.
+
+What fairseq-preprocess (``.bin``/``.idx``), Megatron's indexed datasets and Hugging Face
+``datasets`` (Arrow) give their users: the text is read and encoded once, streaming, and every
+later run — ``--resume``, each DDP rank, a new run on the same files with the same tokenizer —
+maps the same files instead of encoding again. Only the per-example lengths are read into RAM
+(what batching needs); a batch's ids are sliced from the mapped file when it is collated.
+
+A store is a folder in the data cache, ``$AIAYN_CACHE/stores/NAME-DIGEST/``::
+
+    manifest.json    what it was built from (tokenizer sha256, source files with size, mtime and
+                     a sampled sha256, cleaning settings) and what building kept and dropped;
+                     written last, so a folder without it is no store
+    FIELD.bin        the token ids of every example's FIELD (src and tgt; text) one after
+                     another: uint16 when the vocabulary has at most 65,536 tokens, else uint32
+    FIELD.idx.npy    int64, where each example starts in FIELD.bin
+    FIELD.len.npy    int32, each example's length in tokens
+    lines.npy        int64, the 0-based example (line) of the source each example came from
+    labels.npy       int64 class ids (classification only)
+
+DIGEST is a hash of what the store holds (the settings above, the source paths). Opening checks
+the manifest against the files as they are now: a store whose sources changed, or whose arrays do
+not match its manifest, is rebuilt (one log line says why), never read. Building takes a lock
+beside the folder (one process builds, the others wait, then read) and writes through
+:func:`aiayn.io.new_folder`, so a kill mid-build leaves no folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiayn.data.readers import existing_file
+from aiayn.data.registry import cache_dir
+from aiayn.errors import DataError, OutputError
+from aiayn.io import new_folder, recover_folder, write_error, write_json
+
+__all__ = [
+    "FORMAT",
+    "TokenStore",
+    "pair_store",
+    "StoreWriter",
+    "token_dtype",
+    "fingerprint",
+    "cache_key",
+    "open_store",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "aiayn-token-store/1"
+_MANIFEST = "manifest.json"
+# A file up to this size is hashed whole; a larger one by _SAMPLES blocks spread over it.
+_SAMPLE_BLOCK = 1 << 16
+_SAMPLES = 64
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype that holds every id of a ``vocab_size`` vocabulary."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """What a store records of a source file: path, size, mtime and a sha256 of the whole file
+    (up to 4 MiB) or of 64 blocks of 64 KiB spread over it (cheap at every start, and a changed
+    size, mtime or sampled block marks the store stale)."""
+    path = existing_file(path)
+    try:
+        stat = path.stat()
+        digest = hashlib.sha256(str(stat.st_size).encode())
+        with open(path, "rb") as f:
+            if stat.st_size <= _SAMPLE_BLOCK * _SAMPLES:
+                digest.update(f.read())
+            else:
+                step = (stat.st_size - _SAMPLE_BLOCK) // (_SAMPLES - 1)
+                for i in range(_SAMPLES):
+                    f.seek(i * step)
+                    digest.update(f.read(_SAMPLE_BLOCK))
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+    return {
+        "path": str(path.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sampled_sha256": digest.hexdigest(),
+    }
+
+
+def cache_key(obj: Any) -> str:
+    """16 hex digits of the sha256 of ``obj`` as canonical JSON."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class StoreWriter:
+    """Appends encoded examples to a store folder being built; :meth:`finish` writes the index.
+
+    Memory: the ids of one chunk, plus per example a few integers (start, length, line, and an
+    8-byte hash when duplicates are removed): never the corpus.
+    """
+
+    def __init__(self, folder: Path, fields: Sequence[str], vocab_size: int) -> None:
+        self.folder, self.fields, self.dtype = folder, tuple(fields), token_dtype(vocab_size)
+        self._files = {f: open(folder / f"{f}.bin", "wb") for f in self.fields}  # noqa: SIM115
+        self.tokens_written = dict.fromkeys(self.fields, 0)  # ids in each FIELD.bin so far
+        self._chunks: dict[str, list[np.ndarray]] = {
+            name: [] for name in ("lines", "labels", "hashes")
+        }
+        self._chunks.update({f"{f}.idx": [] for f in self.fields})
+        self._chunks.update({f"{f}.len": [] for f in self.fields})
+
+    def add(
+        self,
+        columns: dict[str, list[list[int]]],
+        lines: Sequence[int],
+        labels: Sequence[int] | None = None,
+        hashes: Sequence[int] | None = None,
+    ) -> None:
+        """Append examples: ``columns[field][i]`` the ids of example i, taken from ``lines[i]``."""
+        for field in self.fields:
+            seqs = columns[field]
+            lengths = np.fromiter(map(len, seqs), np.int64, len(seqs))
+            total = int(lengths.sum())
+            flat = np.fromiter(itertools.chain.from_iterable(seqs), self.dtype, total)
+            flat.tofile(self._files[field])
+            starts = self.tokens_written[field] + np.cumsum(lengths) - lengths
+            self._chunks[f"{field}.idx"].append(starts)
+            self._chunks[f"{field}.len"].append(lengths.astype(np.int32))
+            self.tokens_written[field] += total
+        self._chunks["lines"].append(np.asarray(lines, dtype=np.int64))
+        if labels is not None:
+            self._chunks["labels"].append(np.asarray(labels, dtype=np.int64))
+        if hashes is not None:
+            self._chunks["hashes"].append(np.asarray(hashes, dtype=np.uint64))
+
+    def duplicates(self) -> np.ndarray:
+        """Bool per example so far: True where an earlier example had the same hash."""
+        if not self._chunks["hashes"]:
+            return np.zeros(sum(map(len, self._chunks["lines"])), dtype=bool)
+        hashes = np.concatenate(self._chunks["hashes"])
+        _, first = np.unique(hashes, return_index=True)
+        dup = np.ones(len(hashes), dtype=bool)
+        dup[first] = False
+        return dup
+
+    def finish(self, drop: np.ndarray | None = None) -> int:
+        """Close the token files and write the index of every example not in ``drop``; returns
+        how many examples the store holds."""
+        for f in self._files.values():
+            f.close()
+        n = 0
+        for name, chunks in self._chunks.items():
+            if name == "hashes" or (name == "labels" and not chunks):
+                continue
+            array = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+            array = array[~drop] if drop is not None else array
+            np.save(self.folder / f"{name}.npy", array, allow_pickle=False)
+            n = len(array)
+        return n
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+class TokenStore:
+    """A built store, opened read-only: ids memory-mapped, lengths in RAM.
+
+    ``rows(field, indices)`` gives the ids of those examples as 1-D arrays (views of the mapped
+    file); ``lengths(field)`` their lengths. Pickled objects are never loaded (``allow_pickle``
+    stays off). :meth:`from_lists` makes the same object from examples in memory (tests,
+    benchmarks).
+    """
+
+    path: Path | None
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        manifest = _read_manifest(self.path)
+        if manifest is None:
+            raise DataError(f"{self.path}: not a token store (no readable {_MANIFEST})")
+        problem = _check_arrays(self.path, manifest)
+        if problem:
+            raise DataError(f"{self.path}: damaged token store ({problem}); delete the folder")
+        self.manifest: dict[str, Any] = manifest
+        self.fields: tuple[str, ...] = tuple(manifest["fields"])
+        dtype = np.dtype(manifest["dtype"])
+        self._tokens = {f: _map(self.path / f"{f}.bin", dtype) for f in self.fields}
+        self._starts = {f: _load(self.path / f"{f}.idx.npy", mmap=True) for f in self.fields}
+        self._lengths = {f: _load(self.path / f"{f}.len.npy") for f in self.fields}
+        self.lines = _load(self.path / "lines.npy", mmap=True)
+        labels = self.path / "labels.npy"
+        self.labels = _load(labels, mmap=True) if manifest.get("labels") else np.zeros(0, np.int64)
+
+    @classmethod
+    def from_lists(
+        cls, columns: dict[str, list[list[int]]], labels: Sequence[int] | None = None
+    ) -> TokenStore:
+        """A store held in memory of ``columns[field][i]``, the ids of example i."""
+        store = cls.__new__(cls)
+        n = len(next(iter(columns.values())))
+        store.path, store.fields = None, tuple(columns)
+        store.manifest = {"fields": list(columns), "examples": n, "counts": {}}
+        store._lengths = {f: np.array([len(x) for x in c], np.int32) for f, c in columns.items()}
+        store._starts = {f: np.cumsum(x, dtype=np.int64) - x for f, x in store._lengths.items()}
+        store._tokens = {
+            f: np.fromiter(itertools.chain.from_iterable(c), np.int64) for f, c in columns.items()
+        }
+        store.lines = np.arange(n, dtype=np.int64)
+        store.labels = np.asarray(labels if labels is not None else [], dtype=np.int64)
+        return store
+
+    def __len__(self) -> int:
+        return int(self.manifest["examples"])
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the store's files on disk."""
+        if self.path is None:
+            return 0
+        return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+
+    def lengths(self, field: str) -> np.ndarray:
+        """Every example's length in ``field``, int32 (in RAM)."""
+        return self._lengths[field]
+
+    def row(self, field: str, index: int) -> np.ndarray:
+        start = int(self._starts[field][index])
+        return self._tokens[field][start : start + int(self._lengths[field][index])]
+
+    def rows(self, field: str, indices: Iterable[int]) -> list[np.ndarray]:
+        index = np.fromiter(indices, np.int64)
+        starts = self._starts[field][index].tolist()
+        ends = (self._starts[field][index] + self._lengths[field][index]).tolist()
+        tokens = self._tokens[field]
+        return [tokens[a:b] for a, b in zip(starts, ends)]
+
+    def tokens(self, field: str) -> np.ndarray:
+        """Every id of ``field`` on disk, mapped (examples dropped as duplicates included)."""
+        return self._tokens[field]
+
+    def __repr__(self) -> str:
+        return f"TokenStore({str(self.path)!r}, examples={len(self)})"
+
+
+def pair_store(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TokenStore:
+    """A translation store (fields ``src``, ``tgt``) held in memory, of (source, target) id pairs."""
+    return TokenStore.from_lists(
+        {"src": [list(x) for x, _ in pairs], "tgt": [list(y) for _, y in pairs]}
+    )
+
+
+def _map(path: Path, dtype: np.dtype) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype)  # np.memmap cannot map an empty file
+    # a plain ndarray view of the mapping: slicing an np.memmap is ~3x slower (subclass hooks)
+    return np.asarray(np.memmap(path, dtype=dtype, mode="r"))
+
+
+def _load(path: Path, mmap: bool = False) -> np.ndarray:
+    array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return np.asarray(array)
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((path / _MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def _check_arrays(path: Path, manifest: dict[str, Any]) -> str:
+    """'' when the files agree with the manifest, else what is wrong."""
+    try:
+        n, dtype = int(manifest["examples"]), np.dtype(manifest["dtype"])
+        names = ["lines.npy"] + ["labels.npy"] * bool(manifest.get("labels"))
+        for field in manifest["fields"]:
+            size = (path / f"{field}.bin").stat().st_size
+            if size != int(manifest["tokens"][field]) * dtype.itemsize:
+                return f"{field}.bin has {size} bytes"
+            names += [f"{field}.idx.npy", f"{field}.len.npy"]
+        for name in names:
+            shape = _load(path / name, mmap=True).shape
+            if shape != (n,):
+                return f"{name} has shape {shape}, expected ({n},)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return str(err)
+    return ""
+
+
+def _stale_reason(path: Path, key: dict[str, Any], sources: list[dict[str, Any]]) -> str | None:
+    """None when ``path`` is a complete store of ``key`` built from ``sources`` as they are now;
+    '' when there is no store; else why it cannot be used."""
+    manifest = _read_manifest(path)
+    if manifest is None:
+        return "" if not path.exists() else "its build did not finish"
+    if manifest.get("key") != key:
+        return "it was built with other settings"
+    old = {s["path"]: s for s in manifest.get("sources", [])}
+    for source in sources:
+        if old.get(source["path"]) != source:
+            return f"{source['path']} changed since it was built"
+    return _check_arrays(path, manifest) or None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``.lock: one process builds, the others wait for it."""
+    lock = path.parent / f"{path.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise write_error(lock, err) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def open_store(
+    name: str,
+    key: dict[str, Any],
+    sources: Sequence[str | os.PathLike],
+    build: Callable[[Path], dict[str, Any]],
+) -> TokenStore:
+    """The store of ``key`` in the data cache, built first by ``build(folder)`` when it is missing
+    or stale. ``build`` writes the arrays (a :class:`StoreWriter`) and returns the manifest's
+    other entries (``fields``, ``dtype``, ``examples``, ``tokens``, ``labels``, counts)."""
+    key = json.loads(json.dumps(key))  # as the manifest will hold it (tuples become lists)
+    prints = [fingerprint(p) for p in sources]
+    path = cache_dir() / "stores" / f"{name}-{cache_key([key, [p['path'] for p in prints]])}"
+    with _locked(path):
+        recover_folder(path)
+        reason = _stale_reason(path, key, prints)
+        if reason is None:
+            store = TokenStore(path)
+            log.info("token store %s: %d examples (built before, reused)", path, len(store))
+            return store
+        if reason:
+            log.warning("token store %s: %s; building it again", path, reason)
+        start = time.perf_counter()
+        try:
+            with new_folder(path, overwrite=True) as tmp:
+                built = build(tmp)
+                seconds = time.perf_counter() - start
+                manifest = {"format": FORMAT, "key": key, "sources": prints, **built}
+                write_json(tmp / _MANIFEST, {**manifest, "build_seconds": round(seconds, 2)})
+        except OSError as err:
+            if isinstance(err, OutputError):
+                raise
+            raise write_error(path, err) from None
+        store = TokenStore(path)
+        log.info("token store %s: %d examples built in %.1f s", path, len(store), seconds)
+        return store
