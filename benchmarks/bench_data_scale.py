@@ -47,7 +47,7 @@ from aiayn.env import cpu_name  # noqa: E402
 FULL_SIZES = (100_000, 1_000_000, 5_000_000)
 SMOKE_SIZES = (300, 600)
 N_VALID = 1_000  # validation pairs
-RECIPE = "configs/multi30k_demo.toml"
+RECIPE = str(ROOT / "configs/multi30k_demo.toml")
 
 
 # ---- corpus ---------------------------------------------------------------------------------------

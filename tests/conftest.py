@@ -61,6 +61,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_data_batching": UNIT,
     "test_data_download": ("serve",),  # a local HTTP server stands for the dataset sources
     "test_data_files": UNIT,
+    "test_data_store": UNIT,
     "test_data_wmt": ("serve",),  # WMT14 prepared from a local HTTP server of fake archives
     "test_data_tokenizer": UNIT,
     "test_docs": UNIT,
@@ -102,6 +103,10 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 TEST_KINDS: dict[str, tuple[str, ...]] = {
+    "test_data_store::test_two_processes_racing_build_once": ("process",),
+    "test_data_store::test_sigkill_mid_build_leaves_no_store_that_looks_complete": ("process",),
+    "test_data_store::test_resume_and_a_second_run_reuse_tokenizer_and_store": ("process",),
+    "test_data_store::test_data_build_and_stats_commands": ("process",),
     "test_bad_input::test_a_real_safetensors_write_error_is_one_line": ("process",),
     "test_atomic_folders::test_sigkill_between_the_two_renames_keeps_the_old_folder": ("process",),
     "test_bench_train::test_worker_protocol_runs_round_robin": ("process",),

@@ -243,6 +243,24 @@ def smoke_bench_loss(tmp: Path) -> None:
                                        "ms_plain_cross_entropy"))
 
 
+def smoke_bench_data_scale(tmp: Path, capsys) -> None:
+    """Every code path (corpus, `aiayn data build`, `aiayn train` on the built stores, two DDP
+    ranks, tokens/s from the store and from lists) at two tiny sizes, and sane figures."""
+    out = tmp / "smoke.json"
+    run_main("benchmarks/bench_data_scale.py", "--smoke", "--work", tmp / "work", "--json", out)
+    results = read_json(out)
+    assert [row["pairs"] for row in results["sizes"]] == [300, 600]
+    for row in results["sizes"]:
+        build, train, speed = row["build"], row["train"], row["speed"]
+        assert build["counts"]["read"] == row["pairs"] and 0 < build["counts"]["kept"] <= row["pairs"]
+        assert build["seconds_store"] > 0 and build["peak_rss_mib"] > 0 and build["store_mib"] > 0
+        assert train["seconds_to_first_update"] > 0 and train["peak_rss_mib"] > 0
+        assert speed["tokens_per_s_store"] > 0 and speed["tokens_per_s_in_memory"] > 0
+    ddp = results["sizes"][0]["train_ddp"]  # two ranks: the sum over the process tree
+    assert ddp["peak_rss_sum_mib"] > ddp["peak_rss_mib"]
+    assert "| pairs | build s |" in capsys.readouterr().out
+
+
 TINY_WMT = ["model.d_model=16", "model.n_heads=2", "model.d_k=8", "model.d_v=8", "model.d_ff=32",
             "model.n_encoder_layers=1", "model.n_decoder_layers=1", "data.vocab_size=300",
             "data.max_tokens=256", "train.tokens_per_update=512"]
@@ -266,6 +284,7 @@ ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
 
 SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_components.py": smoke_bench_components,
+    "benchmarks/bench_data_scale.py": smoke_bench_data_scale,
     "benchmarks/bench_decode.py": smoke_bench_decode,
     "benchmarks/bench_engines.py": smoke_bench_engines,
     "benchmarks/bench_loss.py": smoke_bench_loss,
