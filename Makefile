@@ -45,8 +45,10 @@ lint: install
 	$(BIN)/ruff format --check aiayn
 	$(BIN)/mypy
 
+# The tests on every core (pytest-xdist; TEST_WORKERS=0 runs them in this one process).
+TEST_WORKERS ?= auto
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
