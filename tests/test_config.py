@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from trainutil import process_fails
+from trainutil import fails, process_fails
 
 from aiayn import ConfigError, ModelConfig, Transformer
 from aiayn.cli import main
@@ -112,8 +112,13 @@ def test_summary_cli_prints_table(capsys):
     (["summary", "base", "--set", "d_ff=-1"], "d_ff must be positive"),
     (["summary", "missing.toml"], "missing.toml: config file not found"),
 ])
-def test_cli_bad_input_is_one_line_error_no_traceback(args, message):
-    process_fails(args, message)
+def test_cli_bad_input_is_one_line_error_no_traceback(args, message, capsys):
+    fails(capsys, args, message)
+
+
+def test_a_bad_config_in_a_real_process_is_one_line_and_exit_2():
+    """The same as above through `python -m aiayn`: the exit status and stderr a shell sees."""
+    process_fails(["summary", "base", "--set", "d_modle=100"], "unknown config key 'd_modle'")
 
 
 def test_the_warm_up_advice_is_logged_once_per_run_not_per_read(caplog):
