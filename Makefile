@@ -14,11 +14,9 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch first, pinned, so that pip never resolves a bare `torch` (several GB of CUDA wheels).
-# --no-compile: Python compiles only the modules it imports, when it first imports them (byte-
-# compiling all of torch, transformers and onnx at install cost ~15 s of a fresh `make test`).
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q --no-compile --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --no-compile --disable-pip-version-check -e '.[test,plot,serve,export,ctranslate2]'
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,plot,serve,export,ctranslate2]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -65,7 +63,7 @@ smoke: install
 bench: bench-decode bench-train bench-convergence bench-scaling
 
 $(VENV)/.bench: $(VENV)/.installed
-	$(BIN)/pip install -q --no-compile --disable-pip-version-check -e '.[bench]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[bench]'
 	touch $@
 
 # Decoding speed against Hugging Face generate and CTranslate2 -> docs/experiments/decoding.json, .table.md
