@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,15 +43,31 @@ def _probe(**env: str) -> tuple[bool, int]:
 
 
 @glibc
+def _kernel_pages_out_idle_memory() -> bool:
+    """A DAMON daemon running a pageout scheme (as some VM hosts do) pages out memory that is
+    not touched for a while, freed-but-kept heap memory too, which then faults back in."""
+    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    try:
+        return any((d / "state").read_text().strip() == "on"
+                   and any(a.read_text().strip() == "pageout"
+                           for a in d.glob("contexts/*/schemes/*/action"))
+                   for d in root.iterdir() if d.is_dir())
+    except OSError:
+        return False
+
+
 def test_freed_memory_is_reused_without_page_faults():
-    # Faults can only be added by what else the machine does (another test process, the host
-    # reclaiming idle pages), never removed: the fewest of up to three probes is the measure.
+    # Faults can only be added by what else the machine does, never removed: the fewest of up to
+    # three probes is the measure.
     applied, faults = _probe()
     for _ in range(2):
         if faults < 20_000:
             break
         faults = min(faults, _probe()[1])
     assert applied
+    if faults >= 20_000 and _kernel_pages_out_idle_memory():
+        pytest.skip(f"{faults} page faults: this kernel pages out idle memory (DAMON pageout), "
+                    "so memory kept by malloc faults back in; not a property of aiayn's set-up")
     assert faults < 20_000  # 3 x 64 MiB is 49,152 pages of 4 KiB: at most one block faulted in
     default, default_faults = _probe(AIAYN_MALLOC="default")
     assert not default
