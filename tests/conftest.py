@@ -102,11 +102,6 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_walkthrough": UNIT,
 }
 
-# Modules holding the longest tests (tens of seconds each: the gpu-check dry run, the scripts'
-# smoke runs, the store's process tests, the copy task).
-LONGEST_FIRST = {"test_gpu_check", "test_scripts_smoke", "test_data_store", "test_model",
-                 "test_train_ddp", "test_allocator"}
-
 TEST_KINDS: dict[str, tuple[str, ...]] = {
     "test_data_store::test_two_processes_racing_build_once": ("process",),
     "test_data_store::test_sigkill_mid_build_leaves_no_store_that_looks_complete": ("process",),
@@ -145,9 +140,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"tests without a kind ({', '.join(KINDS)}): {len(unmarked)}, e.g. {unmarked[0]}: add "
             "the module to MODULE_KINDS in tests/conftest.py (or the test to TEST_KINDS)")
     _keep_slow_out_unless_asked(config, items)
-    # The modules of the longest tests first (whole modules, so that no module fixture is set up
-    # twice): with `-n auto` (make test) no worker is left running one of them alone at the end.
-    items.sort(key=lambda item: item.module.__name__ not in LONGEST_FIRST)
 
 
 def _keep_slow_out_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
