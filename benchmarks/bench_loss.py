@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiayn.train import loss as L  # noqa: E402
+from aiayn.train.distributed import resolve_precision  # noqa: E402
 
 
 def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
@@ -51,7 +52,7 @@ def measure(device: torch.device, vocab: int, d_model: int, rows: int, repeats: 
     h = torch.randn(rows, d_model, device=device, requires_grad=True)  # (N, D)
     w = (0.02 * torch.randn(vocab, d_model, device=device)).requires_grad_()  # (V, D)
     gold = torch.randint(1, vocab, (rows,), device=device)
-    bf16 = device.type == "cuda" or torch.backends.mkldnn.is_available()
+    bf16 = resolve_precision("auto", device) == torch.bfloat16  # as training decides
 
     def fused() -> torch.Tensor:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
