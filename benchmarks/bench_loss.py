@@ -6,9 +6,8 @@ ones, forward + backward, bf16 autocast where the device has it.
     python benchmarks/bench_loss.py --device cpu --rows 600 --vocab 8000
 
 Prints one JSON line (also written to ``--out`` when given): median milliseconds of each form,
-the relative difference of the loss values and the peak GPU memory. On an H100 (2026-11-26) the
-CPU-sized passes took 51.0 ms and the device's 3.7 ms, plain logits + F.cross_entropy 3.3 ms
-(docs/experiments/gpu_2026-11-26/loss_bench.json).
+the relative difference of the loss values and the peak GPU memory. The H100 figures of its
+one-off predecessor are in docs/experiments/gpu_2026-11-26.md.
 """
 
 from __future__ import annotations
