@@ -8,7 +8,6 @@ weights in safetensors (loading never executes pickled code) and the tokenizer. 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from aiayn.config import ModelConfig, from_dict, to_dict
+from aiayn.data.tokenizer import tokenizer_digest  # noqa: F401 (re-exported: the folder's record)
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.folder_config import (
     CONFIG_FILE,  # noqa: F401 (re-exported: the model folder's file names live here)
@@ -48,16 +48,6 @@ def folder_parts(model_cfg: ModelConfig | dict[str, Any], tokenizer: str | bytes
     if digest is not None:
         parts[META_TOKENIZER] = digest
     return parts
-
-
-def tokenizer_digest(tokenizer: str | bytes) -> str | None:
-    """sha256 of a tokenizer.json's content (parsed and written canonically, so that the same
-    tokenizer re-indented or re-ordered has the same digest); None when it is not JSON."""
-    try:
-        canonical = json.dumps(json.loads(tokenizer), sort_keys=True, ensure_ascii=False)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 _UNCHECKED_NOTED: set[str] = set()

@@ -7,7 +7,6 @@ user's own files (``dataset = ""``). Splits of the user's files are ``train`` an
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
@@ -23,7 +22,7 @@ from aiayn.data.config import DataConfig
 from aiayn.data.readers import iter_labelled, iter_parallel, read_labelled, read_parallel, read_text
 from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
-from aiayn.data.tokenizer import Tokenizer, train_tokenizer
+from aiayn.data.tokenizer import Tokenizer, tokenizer_digest, train_tokenizer
 from aiayn.errors import DataError
 
 __all__ = [
@@ -251,7 +250,7 @@ def _store(
         "dataset": cfg.dataset,
         "split": split,
         "langs": [cfg.src_lang, cfg.tgt_lang] if shape == "translation" else [],
-        "tokenizer_sha256": hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest(),
+        "tokenizer_sha256": tokenizer_digest(tokenizer.to_str()),
         "cleaning": asdict(cleaning),
     }
 

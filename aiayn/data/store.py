@@ -241,10 +241,10 @@ class TokenStore:
 
     def rows(self, field: str, indices: Iterable[int]) -> list[np.ndarray]:
         index = np.fromiter(indices, np.int64)
-        starts = self._starts[field][index].tolist()
-        ends = (self._starts[field][index] + self._lengths[field][index]).tolist()
+        starts = self._starts[field][index]
+        ends = (starts + self._lengths[field][index]).tolist()
         tokens = self._tokens[field]
-        return [tokens[a:b] for a, b in zip(starts, ends)]
+        return [tokens[a:b] for a, b in zip(starts.tolist(), ends)]
 
     def tokens(self, field: str) -> np.ndarray:
         """Every id of ``field`` on disk, mapped (examples dropped as duplicates included)."""

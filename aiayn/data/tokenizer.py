@@ -13,6 +13,7 @@ style), so any text encodes without ``<unk>`` and ``decode(encode(t)) == normali
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -40,6 +41,16 @@ MAX_WORD_CHARS = 1000
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 _CHAR_TYPE = "aiayn-char"
 _RECASED_TYPE = "aiayn-recased"  # {"type", "recaser", "tokenizer": a Hugging Face tokenizer.json}
+
+
+def tokenizer_digest(tokenizer: str | bytes) -> str | None:
+    """sha256 of a tokenizer.json's content (parsed and written canonically, so that the same
+    tokenizer re-indented or re-ordered has the same digest); None when it is not JSON."""
+    try:
+        canonical = json.dumps(json.loads(tokenizer), sort_keys=True, ensure_ascii=False)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 class Tokenizer:
