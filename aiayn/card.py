@@ -315,7 +315,12 @@ def _evaluate_lines(model: str, meta: FolderConfig, kind: str, engine: str) -> l
 
     dataset = meta.config.data.dataset if meta.has_data else None
     spec = DATASETS.get(dataset) if dataset else None
-    splits = [s for s in spec.splits if not s.startswith(("train", "val"))] if spec else []
+    own = (meta.config.data.train_split, meta.config.data.valid_split) if meta.has_data else ()
+    splits = (
+        [s for s in spec.splits if s not in own and not s.startswith(("train", "val"))]
+        if spec
+        else []
+    )
     if splits:
         return [f"aiayn evaluate {model} --split {split}{engine}" for split in splits]
     if kind == "classification":

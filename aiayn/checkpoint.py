@@ -140,11 +140,11 @@ def write_safetensors(
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
-def _os_error(err: SafetensorError) -> Exception:
-    """The OSError a SafetensorError of a failed write stands for (any other: itself)."""
+def _os_error(err: SafetensorError) -> OSError:
+    """The OSError a SafetensorError of a failed write stands for (atomic_path names the path)."""
     found = _OS_ERROR.search(str(err))
     if found is None:
-        return err
+        return OSError(str(err))
     code = int(found[1])
     return OSError(code, os.strerror(code))
 

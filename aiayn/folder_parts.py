@@ -59,8 +59,12 @@ def read_tokenizer(folder: Path, model_cfg: ModelConfig) -> Tokenizer:
 
 
 def model_digest(cfg: ModelConfig) -> str:
-    """sha256 of a model section in its canonical JSON form (key order and spacing aside)."""
-    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode("utf-8")).hexdigest()
+    """sha256 of a model section's fields that differ from ModelConfig's defaults, in canonical
+    JSON (key order and spacing aside). Only those: a field added to ModelConfig later, with a
+    default, must not change the digest of the exports written before it."""
+    default = to_dict(ModelConfig())
+    section = {k: v for k, v in to_dict(cfg).items() if default.get(k) != v}
+    return hashlib.sha256(json.dumps(section, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def record_parts(folder: Path, cfg: ModelConfig) -> dict[str, str]:

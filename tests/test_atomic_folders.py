@@ -300,3 +300,27 @@ def test_folders_from_before_the_record_still_load(run, tmp_path, caplog):
 def test_weights_have_the_mode_of_the_other_files(run):
     modes = {p.name: p.stat().st_mode & 0o777 for p in (run / "best").iterdir()}
     assert len(set(modes.values())) == 1, modes
+
+
+def test_a_failed_save_of_a_committed_step_keeps_its_snapshot(tmp_path, monkeypatch):
+    """A resumed run that saves its restored step again (it stops at once) and fails to write
+    the state (a full disk) must not remove the snapshot the committed state names."""
+    from aiayn.errors import OutputError
+    from aiayn.train import run_folder as rf
+
+    folder = rf.RunFolder(tmp_path / "run")
+    folder.checkpoints.mkdir(parents=True)
+    model = torch.nn.Linear(2, 2)
+    folder.save_checkpoint(model, {"step": 3}, keep_last=5)
+    committed = folder.state.read_bytes()
+
+    def full(path, data):
+        raise OutputError(f"{path}: cannot write (No space left on device)")
+
+    monkeypatch.setattr(rf, "write_bytes", full)
+    with pytest.raises(OutputError):
+        folder.save_checkpoint(model, {"step": 3}, keep_last=5)
+    assert folder.snapshot_path(3).is_file() and folder.state.read_bytes() == committed
+    with pytest.raises(OutputError):  # a new step's snapshot, never committed, is removed
+        folder.save_checkpoint(model, {"step": 4}, keep_last=5)
+    assert not folder.snapshot_path(4).exists()

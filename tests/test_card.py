@@ -200,6 +200,9 @@ def test_registered_datasets_suggest_their_own_test_splits(tmp_path, monkeypatch
     wmt = model_card(_translation_folder(tmp_path, "wmt", data={"dataset": "wmt_toy"}))
     assert "--split newstest2013" in wmt and "--split newstest2014" in wmt
     assert "test_2016_flickr" not in wmt and "--split val" not in wmt
+    paper = model_card(_translation_folder(  # the WMT14 recipes validate on newstest2013
+        tmp_path, "paper", data={"dataset": "wmt_toy", "valid_split": "newstest2013"}))
+    assert "--split newstest2014" in paper and "--split newstest2013" not in paper
     cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
                       n_encoder_layers=1, n_decoder_layers=0, n_classes=2)
     own_clf = save_model_dir(tmp_path / "clf", TransformerClassifier(cfg), cfg, kind="classifier",

@@ -245,11 +245,13 @@ class RunFolder:
         snapshot = self.snapshot_path(step)
         buffer = io.BytesIO()
         torch.save({**state, "version": STATE_VERSION, "snapshot": snapshot.name}, buffer)
+        committed = snapshot.exists()  # a resumed run saving its restored step again
         try:
             save_weights(model, snapshot, parts)
             write_bytes(self.state, buffer.getvalue())
         except AiaynError:
-            snapshot.unlink(missing_ok=True)
+            if not committed:  # the state may name it: never remove a committed snapshot
+                snapshot.unlink(missing_ok=True)
             raise
         save_weights(model, self.weights, parts)
         for old in self.snapshot_steps()[:-keep_last]:
