@@ -25,11 +25,14 @@ import argparse
 import json
 import math
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # runs from a checkout without `pip install -e .` (a lent GPU)
 
 ASSUMPTIONS = {
     "tokens_per_side": 25_000,  # §5.1: ~25,000 source and 25,000 target tokens per update
