@@ -28,6 +28,7 @@ from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.decode.generate import generate
 from aiayn.errors import ConfigError
 from aiayn.export import export_model
+from aiayn.runtime.onnx_backend import OnnxBackend
 from aiayn.folder import load_model_folder
 from aiayn.model import Transformer, TransformerClassifier, TransformerLM
 
@@ -54,12 +55,10 @@ def save(folder: Path, model, kind: str, **extra) -> Path:
 
 
 def exported(tmp_path: Path, model, kind: str, fmt: str = "onnx", **options):
-    from aiayn.export.engines import load_exported
-
+    """(the export's model as its backend runs it, its config.json)."""
     src = save(tmp_path / "model", model, kind)
     out = export_model(src, fmt, tmp_path / fmt, **options)
-    engine, _, meta = load_exported(out)
-    return engine, meta
+    return load_model_folder(out).model, json.loads((out / "config.json").read_text())
 
 
 def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -170,7 +169,7 @@ def test_onnx_search_tokens_equal_torch_greedy_beam_nbest_ensemble(tmp_path):
         cfg = DecodeConfig(beam=beam, nbest=nbest, max_len_a=0.0, max_len_b=12)
         native = translate_ids(model, sources, cfg)
         for runner in (engine, Ensemble([engine])):
-            onnx = translate_ids(runner, sources, cfg)
+            onnx = OnnxBackend(runner).translate_ids(sources, cfg)  # through the protocol
             assert [[h.tokens for h in line] for line in onnx] == [
                 [h.tokens for h in line] for line in native
             ]
@@ -207,7 +206,8 @@ def test_onnx_lm_logits_and_sampling_equal_torch(tmp_path):
         for chunk in (ids[:, :3], ids[:, 3:4], ids[:, 4:]):
             assert (model(chunk, ours) - engine(chunk, theirs)).abs().max() < 1e-4
     a = generate(model, [5, 6, 7], 20, window=16, seed=0)
-    b = generate(engine, [5, 6, 7], 20, window=16, seed=0)  # past the window: cache restarts
+    # past the window: cache restarts
+    b = OnnxBackend(engine).generate_ids([5, 6, 7], 16, max_new_tokens=20, seed=0)
     assert a == b and len(a) == 20
 
 
@@ -304,18 +304,17 @@ def _tokens(results) -> list[list[list[int]]]:
 def test_trained_model_onnx_and_ctranslate2_tokens_equal_native(trained, tmp_path):
     needs("onnxruntime", "export")
     needs("ctranslate2", "ctranslate2")
-    from aiayn.export.engines import load_exported
-
     folder, texts = trained
     opened = load_model_folder(folder)
-    model, tokenizer = opened.model, opened.tokenizer
+    tokenizer = opened.tokenizer
     sources = [tokenizer.encode(t) for t in texts]
-    onnx, _, _ = load_exported(export_model(folder, "onnx", tmp_path / "onnx"))
-    ct2, _, _ = load_exported(export_model(folder, "ctranslate2", tmp_path / "ct2"))
+    onnx = load_model_folder(export_model(folder, "onnx", tmp_path / "onnx")).backend
+    ct2 = load_model_folder(export_model(folder, "ctranslate2", tmp_path / "ct2")).backend
+    assert (onnx.name, ct2.name) == ("onnx", "ctranslate2")
     for beam in (1, 5):
         cfg = DecodeConfig(beam=beam, length_penalty="average")
-        native = translate_ids(model, sources, cfg)
-        assert _tokens(translate_ids(onnx, sources, cfg)) == _tokens(native)
+        native = opened.backend.translate_ids(sources, cfg)  # the one protocol, every backend
+        assert _tokens(onnx.translate_ids(sources, cfg)) == _tokens(native)
         if beam == 5:  # CTranslate2's beam search ranks as aiayn's with length penalty "average"
             theirs = ct2.translate_ids(sources, cfg)
             assert _tokens(theirs) == _tokens(native)

@@ -35,6 +35,7 @@ from aiayn.data import (
 )
 from aiayn.data.readers import read_text
 from aiayn.errors import ConfigError
+from aiayn.kinds import LM, TRANSLATION
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def run_stats(args: argparse.Namespace) -> int:
     fitted = time.perf_counter()
     stores = split_stores(cfg, tokenizer)
     train, valid = stores["train"], stores["valid"]
-    if cfg.task == "lm":
+    if cfg.task == LM:
         print(
             f"{cfg.task}: {len(train.row('text', 0))} training and {len(valid.row('text', 0))} "
             f"validation tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
@@ -192,7 +193,7 @@ def run_stats(args: argparse.Namespace) -> int:
         print(store_line(train))
         return 0
     lengths: tuple[np.ndarray, np.ndarray | None]
-    if cfg.task == "translation":
+    if cfg.task == TRANSLATION:
         lengths = (train.lengths("src"), train.lengths("tgt") + 1)
     else:
         lengths = (train.lengths("text"), None)

@@ -21,18 +21,20 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError, DataError
+from aiayn.kinds import CLASSIFICATION
 from aiayn.model import TransformerClassifier
 from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.task import Lengths, StepStats, TokenBatchedTask, register_shape
+from aiayn.train.task import Lengths, StepStats, TokenBatchedTask
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ClassificationTask"]
 
 
-@register_shape("classification", TransformerClassifier)
 class ClassificationTask(TokenBatchedTask):
     """Cross-entropy over (text, label) pairs with a :class:`TransformerClassifier`."""
+
+    kind = CLASSIFICATION
 
     def setup(self, tokenizer_json: str | None) -> str:
         from aiayn.data import Tokenizer, split_stores, train_tokenizer_for

@@ -22,18 +22,19 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.model import TransformerLM
+from aiayn.kinds import LM
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.task import StepStats, Task, output_weight, register_shape
+from aiayn.train.task import StepStats, Task, output_weight
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LanguageModelTask"]
 
 
-@register_shape("lm", TransformerLM)
 class LanguageModelTask(Task):
     """Next-token cross-entropy over windows of a running text with a :class:`TransformerLM`."""
+
+    kind = LM
 
     def setup(self, tokenizer_json: str | None) -> str:
         from aiayn.data import Tokenizer, split_stores, train_tokenizer_for

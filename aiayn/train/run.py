@@ -21,7 +21,7 @@ from aiayn.config import flatten_keys
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.io import check_not_input, recover_folder
-from aiayn.train.config import RunConfig, run_config_to_dict, run_inputs
+from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.task import Task, build_task

@@ -28,9 +28,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.run_config import RunConfig, micro_batches_per_update
 from aiayn.threads import ThreadGovernor
 from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory
-from aiayn.train.config import RunConfig, micro_batches_per_update
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
+from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer
 from aiayn.train.loss import projected_label_smoothed_nll_loss
 from aiayn.train.task import (
@@ -25,7 +26,6 @@ from aiayn.train.task import (
     StepStats,
     TokenBatchedTask,
     output_weight,
-    register_shape,
 )
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,10 @@ def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor,
     return weight.index_select(0, ids), position[target], -1
 
 
-@register_shape("translation", Transformer)
 class TranslationTask(TokenBatchedTask):
     """Teacher-forced encoder–decoder training on (source, target) token-id pairs."""
+
+    kind = TRANSLATION
 
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 

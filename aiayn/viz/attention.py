@@ -21,6 +21,7 @@ from torch import Tensor
 
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer
 from aiayn.viz import pyplot
 
@@ -194,15 +195,15 @@ class TranslationAttention:
         def lists(maps: list[Tensor]) -> list:
             return [w.round(decimals=digits).tolist() for w in maps]
 
-        return {
-            "translation": self.translation,
-            "score": self.score,
-            "src_tokens": self.src_tokens,
-            "tgt_tokens": self.tgt_tokens,
-            "encoder": lists(self.maps.encoder),
-            "decoder": lists(self.maps.decoder),
-            "cross": lists(self.maps.cross),
-        }
+        return dict(  # keyword names: these are JSON fields, not model kinds
+            translation=self.translation,
+            score=self.score,
+            src_tokens=self.src_tokens,
+            tgt_tokens=self.tgt_tokens,
+            encoder=lists(self.maps.encoder),
+            decoder=lists(self.maps.decoder),
+            cross=lists(self.maps.cross),
+        )
 
 
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
@@ -276,6 +277,6 @@ def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> Tra
     from aiayn.folder import load_model_folder
 
     # An exported folder has no PyTorch weights: engine="torch" refuses it with one line.
-    folder = load_model_folder(model_dir, expect_kind="translation", engine="torch")
+    folder = load_model_folder(model_dir, expect_kind=TRANSLATION, engine="torch")
     assert isinstance(folder.model, Transformer)  # one translation folder
     return attention_of_translation(folder.model, folder.tokenizer, text, beam)
