@@ -653,3 +653,31 @@ def test_loader_and_commands_open_exports_of_every_kind(tmp_path, capsys):
         == 0
     )
     fails(capsys, ["classify", str(exported_lm), "-i", str(text)], "holds a 'lm' model")
+
+
+def test_a_backend_refuses_what_it_cannot_do_in_one_line_naming_itself(model_dir, tmp_path, capsys):
+    """Capabilities are declared by each backend and asked for: an ensemble of CTranslate2
+    models, a CTranslate2 language model and bf16 autocast on ONNX are refused, naming the
+    backend, exit 2 on the command line."""
+    needs("onnxruntime", "export")
+    needs("ctranslate2", "ctranslate2")
+    from aiayn.runtime import Unsupported
+
+    ct2 = export_model(model_dir, "ctranslate2", tmp_path / "ct2")
+    assert load_model_folder(ct2).backend.capabilities == {"translate", "nbest"}
+    with pytest.raises(Unsupported, match="the ctranslate2 backend has no ensembles"):
+        load_model_folder([ct2, ct2])
+    text = tmp_path / "in.txt"
+    text.write_text("abc\n")
+    fails(capsys, ["translate", str(ct2), str(ct2), "-i", str(text)],
+          "the ctranslate2 backend has no ensembles of several model folders")
+    torch.manual_seed(5)
+    lm = save(tmp_path / "lm", TransformerLM(small_cfg(n_encoder_layers=0)), "lm")
+    lm_ct2 = export_model(lm, "ctranslate2", tmp_path / "lm-ct2")
+    with pytest.raises(Unsupported, match="the ctranslate2 backend has no language models"):
+        load_model_folder(lm_ct2)
+    onnx = load_model_folder(export_model(model_dir, "onnx", tmp_path / "onnx"))
+    assert "attention" not in onnx.backend.capabilities and onnx.engine == "onnx"
+    with pytest.raises(Unsupported, match="the onnx backend has no bf16 autocast"):
+        onnx.translate(["abc"], bf16=True)
+    assert load_model_folder(model_dir).backend.capabilities >= {"attention", "bf16", "ensemble"}
