@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.config import to_dict
+from aiayn.data.registry import DATASETS
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import DataError
 from aiayn.folder_config import FolderConfig, read_folder_config
@@ -290,8 +291,6 @@ def _usage(folder: Path, meta: FolderConfig, kind: Kind) -> str:
 def _evaluate_lines(model: str, meta: FolderConfig, kind: Kind, engine: str) -> list[str]:
     """`aiayn evaluate` on each test split of the folder's registered dataset (the registry's
     splits other than its training and validation ones), else on files of one's own."""
-    from aiayn.data.registry import DATASETS
-
     dataset = meta.config.data.dataset if meta.has_data else None
     spec = DATASETS.get(dataset) if dataset else None
     own = (meta.config.data.train_split, meta.config.data.valid_split) if meta.has_data else ()

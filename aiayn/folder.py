@@ -33,13 +33,20 @@ from torch import nn
 from aiayn import threads
 from aiayn.checkpoint import WEIGHTS_FILE
 from aiayn.config import ModelConfig
-from aiayn.data import Tokenizer
-from aiayn.decode.classify import encode_texts
+from aiayn.data import (
+    Tokenizer,
+    load_classification,
+    load_translation,
+    read_labelled,
+    read_parallel,
+)
+from aiayn.decode.classify import LABEL_NAMES, encode_texts, evaluate_classifier
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.generate import TextStream
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import CheckpointError, ConfigError
+from aiayn.eval import corpus_scores
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
 from aiayn.kinds import KINDS, Kind, get_kind, kind_name
 from aiayn.run_config import RunConfig
@@ -237,8 +244,6 @@ class ModelFolder:
     # ---- classification --------------------------------------------------------------------
     def label_names(self) -> list[str]:
         """Printable labels: the dataset's names when known, else the class ids."""
-        from aiayn.decode.classify import LABEL_NAMES
-
         n = self.config.model.n_classes
         names = LABEL_NAMES.get(self.config.data.dataset) if self.has_data else None
         return list(names) if names and len(names) == n else [str(i) for i in range(n)]
@@ -326,8 +331,6 @@ class ModelFolder:
         limited = 0 < limit < len(sources)
         sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
         cfg = self.decode_config(decode, **overrides)
-        from aiayn.eval import corpus_scores
-
         start = time.perf_counter()
         hyps = self.translate(sources, cfg)
         seconds = time.perf_counter() - start
@@ -364,8 +367,6 @@ class ModelFolder:
     def _test_set(
         self, split: str | None, src: str | Path | None, ref: str | Path | None
     ) -> tuple[list[str], list[str], str]:
-        from aiayn.data import load_translation, read_parallel
-
         if bool(split) == bool(src or ref):
             raise ConfigError("give either --split NAME or --src FILE --ref FILE")
         if src or ref:
@@ -380,9 +381,6 @@ class ModelFolder:
     def _score_classifier(
         self, split: str | None, src: str | Path | None, limit: int, max_tokens: int | None
     ) -> dict[str, Any]:
-        from aiayn.data import load_classification, read_labelled
-        from aiayn.decode.classify import evaluate_classifier
-
         if bool(split) == bool(src):
             raise ConfigError(
                 "give either --split NAME or --src FILE (label<TAB>text .tsv or .jsonl)"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from aiayn.config import ModelConfig, apply_overrides, flatten_keys, parse_override, to_dict
 from aiayn.data.config import DataConfig
+from aiayn.data.registry import cache_dir
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
 from aiayn.kinds import CLASSIFICATION, MASKED_LM, TRANSLATION
@@ -394,8 +395,6 @@ def run_inputs(cfg: RunConfig) -> list[Path]:
     names = [f.name for f in dataclasses.fields(data) if f.name.endswith(("_src", "_tgt", "_file"))]
     paths = [Path(getattr(data, name)) for name in names if getattr(data, name)]
     if not data.uses_own_files:
-        from aiayn.data.registry import cache_dir
-
         paths.append(cache_dir() / "datasets")
     if cfg.train.init_from:
         paths.append(Path(cfg.train.init_from))

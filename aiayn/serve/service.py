@@ -29,6 +29,7 @@ from aiayn.runtime import Unsupported, require
 from aiayn.serve.batching import DynamicBatcher
 from aiayn.serve.limits import Limits
 from aiayn.threads import DEFAULT_THREADS, threads_for_load, user_threads
+from aiayn.viz.attention import attention_of_translation
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,6 @@ class ModelService:
 
     def attention(self, text: str, decode: DecodeConfig, rank: int) -> Future:
         """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best)."""
-        from aiayn.viz.attention import attention_of_translation
-
         self.require("attention")
         self.check_texts([text])
         if rank > decode.beam:

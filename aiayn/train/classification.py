@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from aiayn.config import ModelConfig
+from aiayn.data import Tokenizer, collate_classification, split_stores, train_tokenizer_for
+from aiayn.decode.classify import predict_ids
 from aiayn.errors import ConfigError, DataError
 from aiayn.kinds import CLASSIFICATION
 from aiayn.model import TransformerClassifier
@@ -37,8 +39,6 @@ class ClassificationTask(TokenBatchedTask):
     kind = CLASSIFICATION
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
-
         data = self.cfg.data
         if tokenizer_json is None:
             log.info(
@@ -85,8 +85,6 @@ class ClassificationTask(TokenBatchedTask):
         return self.stores[split].lengths("text") + extra, None
 
     def collate(self, split: str, indices: list[int]) -> Any:
-        from aiayn.data import collate_classification
-
         store = self.stores[split]
         items = zip(store.rows("text", indices), store.labels[indices].tolist())
         return collate_classification(list(items), self.cfg.model.pad_id)
@@ -133,8 +131,6 @@ class ClassificationTask(TokenBatchedTask):
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Accuracy on the validation split (when ``train.metrics_every`` is due)."""
-        from aiayn.decode.classify import predict_ids
-
         store = self.stores["valid"]
         if not len(store):
             return {}

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
 from aiayn.errors import ConfigError
 from aiayn.kinds import LM
 from aiayn.train.loss import projected_label_smoothed_nll_loss
@@ -37,8 +38,6 @@ class LanguageModelTask(Task):
     kind = LM
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
-
         data = self.cfg.data
         if tokenizer_json is None:
             log.info("training a %s tokenizer on the training text", data.tokenizer)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.data import TokenBatchSampler
 from aiayn.kinds import KINDS, get_kind
 from aiayn.run_config import RunConfig, check_run_config, warn_run_config
 
@@ -126,8 +127,6 @@ class TokenBatchedTask(Task):
 
     def _sampler(self, split: str, rank: int, world_size: int) -> Any:
         """``split``'s sampler for this process; None when the split has no examples."""
-        from aiayn.data import TokenBatchSampler
-
         key = (split, rank, world_size)
         if key not in self._samplers:
             lengths, target_lengths = self.example_lengths(split)
