@@ -37,9 +37,11 @@ __all__ = [
 
 CONFIG_FILE = "config.json"
 
+#: top-level keys older folders wrote that say nothing "kind" does not: read and left out
+_DROPPED = ("task",)  # data.task's copy, before the kind's one name (data.kind)
+
 #: the optional top-level keys, in the order they are written (after kind and the sections)
 _OPTIONAL = (
-    "task",
     "preset",
     "aiayn_version",
     "hardware",
@@ -61,7 +63,6 @@ class FolderConfig:
     sections: tuple[str, ...] = SECTIONS  # the sections config.json records
     decode_keys: tuple[str, ...] | None = None  # the decode fields it sets (None: all)
     format: str | None = None  # "onnx" / "ctranslate2": written by `aiayn export`
-    task: str | None = None  # data.task of the run (train)
     preset: str | None = None  # model.preset of the recipe (train)
     aiayn_version: str | None = None
     hardware: str | None = None  # what trained it (train)
@@ -131,7 +132,7 @@ def parse_folder_config(meta: Any, folder: str | Path) -> FolderConfig:
         if optional[name] is not None and not isinstance(optional[name], dict):
             raise CheckpointError(f"{path}: '{name}' must be a table, not {optional[name]!r}")
     fmt = meta.get("format")
-    known = {"kind", "format", *SECTIONS, *_OPTIONAL}
+    known = {"kind", "format", *SECTIONS, *_OPTIONAL, *_DROPPED}
     return FolderConfig(
         kind,
         config,

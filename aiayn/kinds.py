@@ -1,7 +1,7 @@
 """The model kinds: each declared once, here, and looked up everywhere else.
 
 A kind is what a model folder holds (config.json ``kind``) and what a recipe trains
-(``data.task``): translation, classification, lm (a language model) and masked_lm (BERT-style
+(``data.kind``): translation, classification, lm (a language model) and masked_lm (BERT-style
 pre-training of an encoder). Its :class:`Kind` says everything the rest of aiayn needs: the model
 class, the training task (a dotted path, imported only when training asks for it, so that
 loading a model for inference never imports :mod:`aiayn.train`), what a loaded model of the kind
@@ -51,7 +51,7 @@ OLD_NAMES: Mapping[str, str] = {"seq2seq": TRANSLATION, "classifier": CLASSIFICA
 class Kind:
     """One model kind (see the module docstring)."""
 
-    name: str  # config.json "kind", data.task, the API and the docs: one word everywhere
+    name: str  # config.json "kind", data.kind, the API and the docs: one word everywhere
     model_class: Callable[[ModelConfig], nn.Module]
     task: str  # "module:Class" of its training Task (aiayn.train.task), imported on first use
     uses: tuple[str, ...]  # what a loaded folder does: its ModelFolder methods (translate, …)

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import math
 import tomllib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ __all__ = [
     "check_run_config",
     "warn_run_config",
     "parse_sets",
+    "data_keys",
     "run_config_from_dict",
     "run_config_to_dict",
 ]
@@ -215,18 +215,26 @@ class RunConfig:
 
 SECTIONS = ("model", "data", "train", "decode")
 # Keys renamed since older run configs and model folders were written: old -> new.
-RENAMED = {"train.bleu_every": "train.metrics_every"}
+RENAMED = {"train.bleu_every": "train.metrics_every", "data.task": "data.kind"}
 
 
 def renamed_keys(values: dict[str, Any], where: str = "config") -> dict[str, Any]:
-    """``values`` (dotted keys) with renamed keys under their new name, one warning per key."""
+    """``values`` (dotted keys) with renamed keys under their new name, one logged warning line
+    per key (the new name wins when both are given)."""
     out = dict(values)
     for old, new in RENAMED.items():
         if old in out:
-            warnings.warn(f"{where}: '{old}' is now called '{new}'", FutureWarning, stacklevel=3)
+            log.warning("%s: '%s' is now called '%s'", where, old, new)
             value = out.pop(old)
             out.setdefault(new, value)
     return out
+
+
+def data_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """A recipe's ``[data]`` keys (or ``--set`` ones, with or without the ``data.`` prefix) under
+    their current names, a renamed one warned about once (``data.task`` is ``data.kind``)."""
+    flat = flatten_keys({k.removeprefix("data."): v for k, v in data.items()}, "data.")
+    return {k.removeprefix("data."): v for k, v in renamed_keys(flat, where).items()}
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -238,9 +246,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
 
 
-def build_run_config(values: dict[str, Any]) -> RunConfig:
-    """A RunConfig from dotted keys; ``model.preset`` picks the base model config."""
-    values = renamed_keys(values)
+def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig:
+    """A RunConfig from dotted keys; ``model.preset`` picks the base model config. ``where``
+    (the recipe's path) names the source in the warning about a renamed key."""
+    values = renamed_keys(values, where)
     preset = values.pop("model.preset", None)
     base = RunConfig()
     if preset is not None:
@@ -299,14 +308,14 @@ def check_run_config(cfg: RunConfig) -> None:
             "train.patience counts validations, but train.valid_every = 0 validates only at "
             "the end; set train.valid_every"
         )
-    if t.best_metric == "valid_bleu" and d.task != TRANSLATION:
+    if t.best_metric == "valid_bleu" and d.kind != TRANSLATION:
         raise ConfigError(
-            f"train.best_metric = 'valid_bleu' needs data.task = 'translation', not '{d.task}'"
+            f"train.best_metric = 'valid_bleu' needs data.kind = 'translation', not '{d.kind}'"
         )
-    if d.long_examples != "filter" and d.task not in (CLASSIFICATION, MASKED_LM):
+    if d.long_examples != "filter" and d.kind not in (CLASSIFICATION, MASKED_LM):
         raise ConfigError(
             f"data.long_examples = '{d.long_examples}' applies to classification texts, "
-            f"not data.task = '{d.task}'"
+            f"not data.kind = '{d.kind}'"
         )
     if t.lr_schedule == "cosine" and t.min_lr > t.lr:
         raise ConfigError(
@@ -317,29 +326,29 @@ def check_run_config(cfg: RunConfig) -> None:
             f"train.warmup_init_lr ({t.warmup_init_lr}) is above train.lr ({t.lr}): the "
             "warm-up rises from warmup_init_lr to lr"
         )
-    if t.metrics_every and t.bleu_beam > 1 and d.task != TRANSLATION:
-        raise ConfigError(f"train.bleu_beam applies to translation, not data.task = '{d.task}'")
-    if t.adversarial_eps and d.task != CLASSIFICATION:
+    if t.metrics_every and t.bleu_beam > 1 and d.kind != TRANSLATION:
+        raise ConfigError(f"train.bleu_beam applies to translation, not data.kind = '{d.kind}'")
+    if t.adversarial_eps and d.kind != CLASSIFICATION:
         raise ConfigError(
-            f"train.adversarial_eps applies to data.task = 'classification' only, not '{d.task}'"
+            f"train.adversarial_eps applies to data.kind = 'classification' only, not '{d.kind}'"
         )
-    if m.output_vocab != "all" and d.task != TRANSLATION:
+    if m.output_vocab != "all" and d.kind != TRANSLATION:
         raise ConfigError(
-            f"model.output_vocab = '{m.output_vocab}' applies to data.task = 'translation' "
-            f"only, not '{d.task}'"
+            f"model.output_vocab = '{m.output_vocab}' applies to data.kind = 'translation' "
+            f"only, not '{d.kind}'"
         )
     if m.output_vocab == "targets" and d.bpe_dropout:
         raise ConfigError(
             "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
             "a noisy segmentation produces tokens the clean targets never hold"
         )
-    if d.task in (CLASSIFICATION, MASKED_LM) and (d.train_src or d.train_tgt):
+    if d.kind in (CLASSIFICATION, MASKED_LM) and (d.train_src or d.train_tgt):
         raise ConfigError(
-            f"data.task = '{d.task}' reads data.train_file, not data.train_src/train_tgt"
+            f"data.kind = '{d.kind}' reads data.train_file, not data.train_src/train_tgt"
         )
-    if d.task == TRANSLATION and (d.train_file or d.valid_file):
+    if d.kind == TRANSLATION and (d.train_file or d.valid_file):
         raise ConfigError(
-            "data.task = 'translation' reads data.train_src/train_tgt, not data.train_file"
+            "data.kind = 'translation' reads data.train_src/train_tgt, not data.train_file"
         )
 
 
@@ -362,6 +371,7 @@ def load_run_config(
                 )
         values = flatten_keys(table)
     values.update(parse_sets(overrides))
+    values = renamed_keys(values, str(path) if path is not None else "--set")
     return build_run_config(values), values
 
 

@@ -12,6 +12,7 @@ import torch
 from aiayn.config import ModelConfig, apply_overrides, parse_override
 from aiayn.errors import ConfigError
 from aiayn.kinds import KINDS, TRANSLATION
+from aiayn.run_config import data_keys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, str]:
     """(ModelConfig, model kind) from a preset name (translation), a TOML file ([model] section,
-    optional `preset` key; the kind from data.task, the vocabulary from data.vocab_size) or a
+    optional `preset` key; the kind from data.kind, the vocabulary from data.vocab_size) or a
     model folder's config.json, then `--set` overrides."""
     sets = dict(parse_override(o) for o in overrides)
     sets = {k.removeprefix("model."): v for k, v in sets.items()}
@@ -63,19 +64,19 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
         section = dict(table.get("model", {}))
         preset = section.pop("preset", None)
         base = ModelConfig.preset(preset) if preset else ModelConfig()
-        data = table.get("data", {})
-        task = data.get("task", TRANSLATION)
+        data = data_keys(table.get("data", {}), str(path))
+        kind = data.get("kind", TRANSLATION)
         if "vocab_size" in data:  # what a subword tokenizer trains to (for char: an upper bound)
             section = {
                 "src_vocab_size": data["vocab_size"],
                 "tgt_vocab_size": data["vocab_size"],
                 **section,
             }
-        if not isinstance(task, str) or task not in KINDS:
-            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(KINDS)}")
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ConfigError(f"{path}: data.kind = {kind!r} is not one of {', '.join(KINDS)}")
         # The stack the kind's model has (as the trainer's Task.model_config sets it).
-        stack = dict(KINDS[task].stack)
-        return apply_overrides(base, {**section, **sets, **stack}), task
+        stack = dict(KINDS[kind].stack)
+        return apply_overrides(base, {**section, **sets, **stack}), kind
     if spec not in ModelConfig.PRESETS:
         if os.sep in spec or path.suffix:
             raise ConfigError(

@@ -59,7 +59,7 @@ _LM_TRAIN_FRACTION = 0.9
 def _registered(cfg: DataConfig, task: str, split: str) -> Path:
     spec = get_spec(cfg.dataset)
     if spec.task != task:
-        raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {task} (data.task)")
+        raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {task} (data.kind)")
     if split not in spec.splits:
         raise DataError(
             f"dataset '{cfg.dataset}' has no split '{split}'; splits: {', '.join(spec.splits)}"
@@ -157,23 +157,23 @@ def load_lm_text(cfg: DataConfig, split: str) -> str:
 
 def training_texts(cfg: DataConfig) -> list[str]:
     """The training split's text, both sides for translation: what the tokenizer learns from."""
-    if cfg.task == TRANSLATION:
+    if cfg.kind == TRANSLATION:
         src, tgt = load_translation(cfg, cfg.train_split)
         return src + tgt
-    if cfg.task in (CLASSIFICATION, MASKED_LM):
+    if cfg.kind in (CLASSIFICATION, MASKED_LM):
         return load_classification(cfg, cfg.train_split)[0]
     return [load_lm_text(cfg, cfg.train_split)]
 
 
 def _shape(cfg: DataConfig) -> str:
     """The data a task reads: masked_lm reads the classification data (texts and labels)."""
-    return CLASSIFICATION if cfg.task == MASKED_LM else cfg.task
+    return CLASSIFICATION if cfg.kind == MASKED_LM else cfg.kind
 
 
 def _split_files(cfg: DataConfig, split: str) -> list[Path]:
-    if cfg.task == TRANSLATION:
+    if cfg.kind == TRANSLATION:
         return list(translation_files(cfg, split))
-    if cfg.task in (CLASSIFICATION, MASKED_LM):
+    if cfg.kind in (CLASSIFICATION, MASKED_LM):
         return classification_source(cfg, split)[0]
     return [lm_file(cfg, split)]
 
@@ -192,7 +192,7 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
         "task": _shape(cfg),
         "dataset": cfg.dataset,
         "split": cfg.train_split,
-        "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.task == TRANSLATION else [],
+        "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.kind == TRANSLATION else [],
         "tokenizer": [cfg.tokenizer, cfg.vocab_size, cfg.lowercase, cfg.tokenizer_sample],
         "sources": [fingerprint(p) for p in _split_files(cfg, cfg.train_split)],
     }
@@ -208,9 +208,9 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
 def _train_on_sample(cfg: DataConfig) -> Tokenizer:
     k, split = cfg.tokenizer_sample, cfg.train_split
     kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
-    if cfg.task == LM:
+    if cfg.kind == LM:
         return train_tokenizer([load_lm_text(cfg, split)], kind, size, lower)
-    if cfg.task == TRANSLATION:
+    if cfg.kind == TRANSLATION:
         pairs, n = reservoir_sample(iter_parallel(*translation_files(cfg, split)), k)
         _log_sample(len(pairs), n, "pairs")
         src, tgt = [x for x, _ in pairs], [y for _, y in pairs]
@@ -322,8 +322,8 @@ def lm_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
 
 def split_stores(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, TokenStore]:
     """The token stores of the training and validation splits (``"train"``, ``"valid"``) of
-    ``data.task``, built on first use."""
-    make = {TRANSLATION: translation_store, LM: lm_store}.get(cfg.task, classification_store)
+    ``data.kind``, built on first use."""
+    make = {TRANSLATION: translation_store, LM: lm_store}.get(cfg.kind, classification_store)
     return {
         "train": make(cfg, tokenizer, cfg.train_split),
         "valid": make(cfg, tokenizer, cfg.valid_split),

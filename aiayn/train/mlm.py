@@ -75,13 +75,13 @@ class MaskedLMTask(ClassificationTask):
     def model_config(self, model: ModelConfig) -> ModelConfig:
         if model.pooling == "cls":
             raise ConfigError(
-                "data.task = 'masked_lm' pre-trains for mean or max pooling; "
+                "data.kind = 'masked_lm' pre-trains for mean or max pooling; "
                 "model.pooling = 'cls' has no CLS token to pre-train"
             )
         for name in ("bigram_buckets", "token_dropout"):  # the masked-LM model has neither
             if getattr(model, name):
                 raise ConfigError(
-                    f"data.task = 'masked_lm' pre-trains the embeddings and encoder "
+                    f"data.kind = 'masked_lm' pre-trains the embeddings and encoder "
                     f"only; set model.{name} in the classifier run that starts from "
                     "it (train.init_from), not here"
                 )

@@ -183,7 +183,6 @@ def _run_meta(cfg: RunConfig, task: Task, extra_meta: dict[str, Any] | None) -> 
     return {
         "kind": task.kind,
         **run_config_to_dict(cfg),
-        "task": cfg.data.task,
         "aiayn_version": __version__,
         "hardware": hardware_name(cfg.train.device),
         **(extra_meta or {}),

@@ -5,7 +5,7 @@ logging. A :class:`Task` owns the data and the model kind: it loads and tokenise
 builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
 and token counts, and computes expensive validation metrics (BLEU for translation).
 
-Each model kind has one name (``data.task`` in a recipe, ``kind`` in a model folder's
+Each model kind has one name (``data.kind`` in a recipe, ``kind`` in a model folder's
 config.json), one Task class and one model class, declared together in :mod:`aiayn.kinds`, which
 names the Task class by its dotted path: :func:`build_task` imports it when a run starts. This
 module never imports the Task modules, so no import cycle is possible. Adding a kind is one new
@@ -67,7 +67,7 @@ class Task(ABC):
     validation: ``valid_batches`` + ``loss``, and ``valid_metrics`` when due.
     """
 
-    #: the kind's name (config.json "kind", data.task): its entry in aiayn.kinds.KINDS
+    #: the kind's name (config.json "kind", data.kind): its entry in aiayn.kinds.KINDS
     kind: ClassVar[str] = ""
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -163,7 +163,7 @@ def task_class(name: str) -> type[Task]:
 
 
 def build_task(cfg: RunConfig) -> Task:
-    """The Task for ``data.task``."""
+    """The Task for ``data.kind``."""
     check_run_config(cfg)  # the cross-field checks, for a RunConfig built in Python too
     warn_run_config(cfg)
-    return task_class(cfg.data.task)(cfg)
+    return task_class(cfg.data.kind)(cfg)
