@@ -18,21 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.config import to_dict
+from aiayn.data.registry import DATASETS
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import DataError
 from aiayn.folder_config import FolderConfig, read_folder_config
 from aiayn.io import write_text
+from aiayn.kinds import KINDS, Kind
 from aiayn.viz.curves import read_metrics
 
 log = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
-TASKS = {  # config.json "kind" (old names are mapped when it is read) -> what the card calls it
-    "translation": "translation",
-    "classification": "classification",
-    "lm": "language model",
-    "masked_lm": "masked language model (pre-training)",
-}
 # DecodeConfig's, quoted when a folder sets none
 DECODE_DEFAULTS = {"beam": DecodeConfig.beam, "alpha": DecodeConfig.alpha}
 FORMATS = {"onnx": "ONNX", "ctranslate2": "CTranslate2"}  # config.json "format" of `aiayn export`
@@ -59,9 +55,11 @@ def model_card(folder: str | Path, shown_as: str | Path | None = None) -> str:
     folder = Path(folder)
     name = Path(shown_as) if shown_as is not None else folder
     meta = read_folder_config(folder)
-    kind = TASKS.get(meta.kind, meta.kind)
+    kind = KINDS[meta.kind]  # (read_folder_config checked the name)
     fmt = meta.format
-    title = f"# {name.name}: {kind} model" + (f" ({FORMATS.get(fmt, fmt)} export)" if fmt else "")
+    title = f"# {name.name}: {kind.title} model" + (
+        f" ({FORMATS.get(fmt, fmt)} export)" if fmt else ""
+    )
     sections = [
         f"{title}\n\n{_summary(meta, kind)}",
         "## Facts\n\n" + _facts_table(folder, meta, kind),
@@ -84,13 +82,9 @@ def _sections(meta: FolderConfig) -> dict[str, dict[str, Any]]:
     }
 
 
-def _summary(meta: FolderConfig, kind: str) -> str:
+def _summary(meta: FolderConfig, kind: Kind) -> str:
     data = _sections(meta)["data"]
-    what = {
-        "translation": f"translates {_langs(data)}",
-        "classification": f"classifies texts into {meta.config.model.n_classes} classes",
-        "language model": "continues a text, one token at a time",
-    }.get(kind, "predicts masked tokens (for `train.init_from`)")
+    what = kind.summary.format(langs=_langs(data), n_classes=meta.config.model.n_classes)
     dataset = data.get("dataset") or "files of your own"
     return f"A Transformer that {what}, trained with aiayn on {dataset}."
 
@@ -100,11 +94,11 @@ def _langs(data: dict[str, Any]) -> str:
     return f"{src} → {tgt}" if src and tgt else "source → target"
 
 
-def _facts_table(folder: Path, meta: FolderConfig, kind: str) -> str:
+def _facts_table(folder: Path, meta: FolderConfig, kind: Kind) -> str:
     sections = _sections(meta)
     data, train = sections["data"], sections["train"]
     rows = [
-        ("task", kind + (f" ({_langs(data)})" if kind == "translation" else "")),
+        ("task", kind.title + (f" ({_langs(data)})" if kind.does("translate") else "")),
         ("data", _data(data)),
         ("tokenizer", _tokenizer(data)),
         ("architecture", _architecture(to_dict(meta.config.model))),
@@ -260,8 +254,8 @@ def _score_row(path: Path, s: dict[str, Any]) -> str:
     return f"| `{path.name}` | {test_set} | {scores} | {decoding} | {speed} |"
 
 
-def _decoding(meta: FolderConfig, kind: str) -> str:
-    if kind != "translation":
+def _decoding(meta: FolderConfig, kind: Kind) -> str:
+    if not kind.does("translate"):
         return "Not a translation model: no beam search settings."
     decode = meta.decode_set
     if not decode:
@@ -273,46 +267,30 @@ def _decoding(meta: FolderConfig, kind: str) -> str:
     return f"Stored in `config.json` (`decode`) and used by every command unless a flag overrides it: {settings}."
 
 
-def _usage(folder: Path, meta: FolderConfig, kind: str) -> str:
-    """The commands that fit this folder: its kind's, scored on its own dataset's test splits (or
-    on files, for a model trained on files of its own), run by its engine when exported."""
+def _usage(folder: Path, meta: FolderConfig, kind: Kind) -> str:
+    """The commands that fit this folder: its kind's example, scored on its own dataset's test
+    splits (or on files, for a model trained on files of its own), served, run by its engine when
+    exported."""
     f = str(folder)
     engine = f" --engine {meta.format}" if meta.format else ""  # what the export runs on
     load = f'aiayn.load("{f}"' + (f', engine="{meta.format}")' if meta.format else ")")
-    if kind == "translation":
-        shell = [
-            f'echo "A man rides a bike." | aiayn translate {f}{engine}',
-            *_evaluate_lines(f, meta, kind, engine),
-            f"aiayn serve {f}{engine}",
-        ]
-        if not meta.format:
-            shell.append(f"aiayn export {f} --format onnx -o {f}-onnx")
-        python = f'{load}.translate(["A man rides a bike."])'
-    elif kind == "classification":
-        shell = [
-            f'echo "A wonderful, moving film." | aiayn classify {f}',
-            *_evaluate_lines(f, meta, kind, engine),
-            f"aiayn serve {f}{engine}",
-        ]
-        python = f'{load}.classify(["A wonderful, moving film."])'
-    elif kind == "language model":
-        shell = [
-            f'aiayn generate {f} --prompt "ROMEO:" --max-new-tokens 200 --seed 1',
-            f"aiayn serve {f}{engine}",
-        ]
-        python = f'{load}.generate("ROMEO:", max_new_tokens=200, seed=1)'
-    else:
-        return (
-            f"Start a classifier from it: `aiayn train CONFIG --set train.init_from={f} --out RUN`."
-        )
+    if kind.example is None:
+        return kind.note.format(f=f)
+    example, call = kind.example
+    shell = [example.format(f=f, engine=engine)]
+    if kind.does("score"):
+        shell += _evaluate_lines(f, meta, kind, engine)
+    if kind.routes:
+        shell.append(f"aiayn serve {f}{engine}")
+    if kind.does("translate") and not meta.format:
+        shell.append(f"aiayn export {f} --format onnx -o {f}-onnx")
+    python = load + call
     return "```bash\n" + "\n".join(shell) + "\n```\n\n```python\nimport aiayn\n" + python + "\n```"
 
 
-def _evaluate_lines(model: str, meta: FolderConfig, kind: str, engine: str) -> list[str]:
+def _evaluate_lines(model: str, meta: FolderConfig, kind: Kind, engine: str) -> list[str]:
     """`aiayn evaluate` on each test split of the folder's registered dataset (the registry's
     splits other than its training and validation ones), else on files of one's own."""
-    from aiayn.data.registry import DATASETS
-
     dataset = meta.config.data.dataset if meta.has_data else None
     spec = DATASETS.get(dataset) if dataset else None
     own = (meta.config.data.train_split, meta.config.data.valid_split) if meta.has_data else ()
@@ -323,14 +301,8 @@ def _evaluate_lines(model: str, meta: FolderConfig, kind: str, engine: str) -> l
     )
     if splits:
         return [f"aiayn evaluate {model} --split {split}{engine}" for split in splits]
-    if kind == "classification":
-        return [
-            f"aiayn evaluate {model} --src test.tsv{engine}   # label<TAB>text lines, or .jsonl"
-        ]
     data = _sections(meta)["data"]
     src, tgt = data.get("src_lang") or "src", data.get("tgt_lang") or "tgt"
     if src == tgt:
         src, tgt = "src", "tgt"
-    return [
-        f"aiayn evaluate {model} --src test.{src} --ref test.{tgt}{engine}   # your own test files"
-    ]
+    return [kind.own_files.format(f=model, src=src, tgt=tgt, engine=engine)]

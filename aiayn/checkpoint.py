@@ -29,6 +29,7 @@ from aiayn.folder_config import (
     write_folder_config,
 )
 from aiayn.io import atomic_path, new_folder
+from aiayn.kinds import TRANSLATION
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
@@ -187,7 +188,7 @@ def save_model_dir(
     folder: str | Path,
     model: nn.Module,
     cfg: ModelConfig,
-    kind: str = "translation",
+    kind: str = TRANSLATION,
     tokenizer_json: str | None = None,
     extra: dict[str, Any] | None = None,
     weights_name: str = WEIGHTS_FILE,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 
+import torch
+
 
 def cpu_name() -> str:
     """The CPU model and whether it has AMX / AVX512-BF16, from /proc/cpuinfo (Linux)."""
@@ -24,8 +26,6 @@ def cpu_name() -> str:
 def hardware_name(device: str = "auto") -> str:
     """The CPU, and the GPUs when training may use them: what a model card records."""
     name = cpu_name()
-    import torch
-
     if device != "cpu" and torch.cuda.is_available():
         name += f"; {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
     return name

@@ -5,6 +5,9 @@ Anything a user can get wrong (a config value, a file, a flag, a checkpoint) rai
 traceback. ``ConfigError`` is also a ``ValueError`` so library callers can catch either.
 """
 
+import importlib
+from types import ModuleType
+
 
 class AiaynError(Exception):
     """An error caused by user input; its message is shown as is."""
@@ -24,3 +27,13 @@ class CheckpointError(AiaynError, ValueError):
 
 class OutputError(AiaynError, OSError):
     """An output could not be written (full disk, read-only place); the message names the path."""
+
+
+def require(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import an optional dependency, or a one-line ConfigError naming the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{purpose} needs the '{extra}' extra: pip install 'aiayn[{extra}]'"
+        ) from None

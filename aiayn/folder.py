@@ -3,7 +3,7 @@
 A model folder (written by ``aiayn train``, ``aiayn average`` or
 :func:`aiayn.checkpoint.save_model_dir`) holds config.json, model.safetensors and tokenizer.json.
 :func:`load_model_folder` (``aiayn.load``) checks its parts, parses config.json once into the typed
-:class:`~aiayn.train.config.RunConfig` (through :mod:`aiayn.folder_config`, its only reader), builds the model of the recorded shape, loads the weights
+:class:`~aiayn.run_config.RunConfig` (through :mod:`aiayn.folder_config`, its only reader), builds the model of the recorded shape, loads the weights
 and tokenizer, and returns a :class:`ModelFolder`::
 
     import aiayn
@@ -25,22 +25,32 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from aiayn.checkpoint import WEIGHTS_FILE, load_weights, verify_folder_parts
+from aiayn import threads
+from aiayn.checkpoint import WEIGHTS_FILE
 from aiayn.config import ModelConfig
-from aiayn.data import Tokenizer
+from aiayn.data import (
+    Tokenizer,
+    load_classification,
+    load_translation,
+    read_labelled,
+    read_parallel,
+)
+from aiayn.decode.classify import LABEL_NAMES, encode_texts, evaluate_classifier
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.generate import TextStream
 from aiayn.decode.search import Hypothesis
+from aiayn.decode.translate import encode_sources
 from aiayn.errors import CheckpointError, ConfigError
+from aiayn.eval import corpus_scores
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
-from aiayn.folder_parts import read_tokenizer
-from aiayn.model import TransformerClassifier, TransformerLM
-from aiayn.train.config import RunConfig
-from aiayn.train.task import SHAPES, shape_name  # (aiayn.train's __init__ registers the shapes)
+from aiayn.kinds import KINDS, Kind, get_kind, kind_name
+from aiayn.run_config import RunConfig
+from aiayn.runtime import Backend, build_model, open_backend, require
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +65,6 @@ __all__ = [
     "precision",
 ]
 
-#: one name per model shape (config.json "kind"); older folders' "seq2seq" and "classifier" load
-KINDS: tuple[str, ...] = tuple(SHAPES)
-
-
-def _build(folder: Path, parsed: FolderConfig, device: Any, weights_name: str) -> nn.Module:
-    verify_folder_parts(folder, weights_name, parsed.config.model)
-    model = SHAPES[parsed.kind].model_class(parsed.config.model)
-    load_weights(model, folder / weights_name)
-    return model.to(device).eval()
-
 
 def load_model_dir(
     folder: str | Path,
@@ -78,7 +78,8 @@ def load_model_dir(
     folder, typed."""
     folder = Path(folder)
     parsed = read_folder_config(folder, expect_kind)
-    return _build(folder, parsed, map_location, weights_name), parsed.config.model, parsed.to_dict()
+    model = build_model(folder, parsed, torch.device(map_location), weights_name)
+    return model, parsed.config.model, parsed.to_dict()
 
 
 def load_model_folder(
@@ -93,38 +94,18 @@ def load_model_folder(
     included) before any weights are read. CheckpointError names the folder and what is wrong;
     ``paths`` that are not a path or a list of paths (None, say) are a TypeError that says so.
 
-    Folders written by ``aiayn export`` open the same way, run by their engine (ONNX Runtime,
-    CTranslate2) on the CPU; ``engine`` ('torch', 'onnx', 'ctranslate2'), when given, must be
-    what the folders hold; ``workers`` is the number of batches an engine decodes at once
-    (default: the folder's decoding settings, as translate uses them)."""
-    from aiayn.decode.ensemble import ensemble_of
-    from aiayn.export.engines import open_exported
-
+    Folders written by ``aiayn export`` open the same way, run by their backend (ONNX Runtime,
+    CTranslate2) on the CPU (:func:`aiayn.runtime.open_backend`); ``engine`` ('torch', 'onnx',
+    'ctranslate2'), when given, must be what the folders hold; ``workers`` is the number of
+    batches an exported model decodes at once (default: the folder's decoding settings)."""
     folders = _folder_paths(paths)
     if expect_kind is not None:
-        expect_kind = shape_name(expect_kind)
+        expect_kind = kind_name(expect_kind)
     parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
-    if engine not in (None, "torch") or any(p.format is not None for p in parsed):
-        if torch.device(device).type != "cpu":
-            raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
-        if workers is None:  # an engine's threads are split between its workers when opened
-            workers = parsed[0].config.decode.workers
-        model, tokenizer, parsed_cfg, name, search = open_exported(folders, engine, workers)
-        return ModelFolder.from_engine(folders, model, tokenizer, parsed_cfg, name, search)
-    if len(folders) > 1:
-        for folder, p in zip(folders, parsed):
-            if p.kind != "translation":
-                raise CheckpointError(
-                    f"{folder}: holds a '{p.kind}' model; several model folders make a "
-                    "translation ensemble, other models are used one folder at a time"
-                )
-    device = torch.device(device)
-    models = [_build(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
-    tokenizers = [read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
-    model = ensemble_of(folders, models, tokenizers)
+    backend, tokenizer = open_backend(folders, parsed, engine, torch.device(device), workers)
     first = parsed[0]
     return ModelFolder(
-        folders[0], folders, first.kind, model, tokenizers[0], first.config, device, first.has_data
+        folders[0], folders, first.kind, backend, tokenizer, first.config, first.has_data
     )
 
 
@@ -153,9 +134,7 @@ def precision(device: torch.device, bf16: bool) -> Iterator[None]:
         yield
         return
     if device.type == "cpu":
-        from aiayn.train.distributed import cpu_has_bf16
-
-        if not cpu_has_bf16():
+        if not threads.cpu_has_bf16():
             log.warning(
                 "bf16: this CPU has no native bf16 matrix instructions (AVX512-BF16 or AMX): "
                 "bf16 matmuls run in a fallback far slower than fp32 here; leave out --bf16"
@@ -172,43 +151,30 @@ class ModelFolder:
 
     path: Path  # the folder (the first one, for an ensemble)
     paths: list[Path]  # all folders (ensemble members)
-    kind: str  # one of KINDS
-    model: nn.Module  # in eval mode, on `device` (an Ensemble for several translation folders)
+    kind: str  # one of aiayn.kinds.KINDS
+    backend: Backend  # what runs it: PyTorch, ONNX Runtime or CTranslate2 (aiayn.runtime)
     tokenizer: Tokenizer
     config: RunConfig  # the first folder's config.json, typed
-    device: torch.device
     has_data: bool = True  # config.json records the training data (data.* are not defaults)
-    engine: str = "torch"  # what runs the model: torch, or an `aiayn export` engine (onnx, …)
-    # An engine's own search (CTranslate2's), in translate_ids's signature; None: aiayn's search
-    # over the model (aiayn.decode.translate.translate_ids).
-    search: Callable[..., list[list[Hypothesis]]] | None = None
 
-    @classmethod
-    def from_engine(
-        cls,
-        paths: Sequence[str | Path],
-        model: nn.Module,
-        tokenizer: Tokenizer,
-        parsed: FolderConfig,
-        engine: str,
-        search: Callable[..., list[list[Hypothesis]]] | None = None,
-    ) -> ModelFolder:
-        """A folder written by ``aiayn export``, whose engine (ONNX Runtime, CTranslate2) runs on
-        the CPU; ``parsed`` its config.json (:func:`aiayn.folder_config.read_folder_config`)."""
-        folders = [Path(p) for p in paths]
-        device = torch.device("cpu")
-        return cls(
-            folders[0],
-            folders,
-            parsed.kind,
-            model,
-            tokenizer,
-            parsed.config,
-            device,
-            parsed.has_data,
-            engine,
-            search,
-        )
+    @property
+    def engine(self) -> str:
+        """The backend's name: torch, onnx or ctranslate2."""
+        return self.backend.name
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @property
+    def model(self) -> Any:
+        """The backend's model: a torch module (an Ensemble for several folders) for torch, the
+        engine's model for an export."""
+        return self.backend.model  # type: ignore[attr-defined]
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The torch weights (none for an exported model)."""
+        return self.backend.parameters()
 
     @property
     def decode(self) -> DecodeConfig:
@@ -231,11 +197,16 @@ class ModelFolder:
         limit = self.config.model.max_len
         return min(self.config.data.max_len, limit) if self.has_data else limit
 
-    def _need(self, kind: str, what: str) -> None:
-        if self.kind != kind:
-            raise CheckpointError(
-                f"{self.path}: holds a '{self.kind}' model, {what} needs '{kind}'"
-            )
+    @property
+    def kind_info(self) -> Kind:
+        """What :mod:`aiayn.kinds` declares about this folder's kind."""
+        return get_kind(self.kind)
+
+    def _need(self, use: str) -> None:
+        """CheckpointError naming the kinds that do ``use`` when this folder's does not."""
+        if not self.kind_info.does(use):
+            able = " or ".join(f"'{k.name}'" for k in KINDS.values() if k.does(use))
+            raise CheckpointError(f"{self.path}: holds a '{self.kind}' model, {use} needs {able}")
 
     # ---- translation -----------------------------------------------------------------------
     def translate_hypotheses(
@@ -246,19 +217,21 @@ class ModelFolder:
         **overrides: Any,
     ) -> list[list[tuple[str, Hypothesis]]]:
         """Per text its ``nbest`` (translation, hypothesis) pairs, best first ([] for a blank line)."""
-        from aiayn.decode.translate import translate_hypotheses
-
-        self._need("translation", "translate")
+        self._need("translate")
         cfg = self.decode_config(decode, **overrides)
-        if cfg.bf16 and self.engine != "torch":
-            raise ConfigError(
-                f"--bf16 applies to PyTorch models; {self.path} holds a '{self.engine}' export "
-                "(export with --quantization instead)"
+        if cfg.nbest > 1:
+            require(self.backend, "nbest")
+        if cfg.bf16:
+            require(
+                self.backend,
+                "bf16",
+                f"--bf16 applies to PyTorch models; {self.path} holds a '{self.engine}' export: "
+                "export with --quantization instead",
             )
+        sources = encode_sources(self.tokenizer, texts, self.backend.cfg.max_len)
         with precision(self.device, cfg.bf16):
-            return translate_hypotheses(
-                self.model, self.tokenizer, texts, cfg, progress, search=self.search
-            )
+            hyps = self.backend.translate_ids(sources, cfg, progress)
+        return [[(self.tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
 
     def translate(
         self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides: Any
@@ -271,21 +244,16 @@ class ModelFolder:
     # ---- classification --------------------------------------------------------------------
     def label_names(self) -> list[str]:
         """Printable labels: the dataset's names when known, else the class ids."""
-        from aiayn.decode.classify import LABEL_NAMES
-
         n = self.config.model.n_classes
         names = LABEL_NAMES.get(self.config.data.dataset) if self.has_data else None
         return list(names) if names and len(names) == n else [str(i) for i in range(n)]
 
     def class_probs(self, texts: Sequence[str], max_tokens: int | None = None) -> torch.Tensor:
         """(N, C) class probabilities of non-blank ``texts``, cleaned and cut as in training."""
-        from aiayn.decode.classify import encode_texts, predict_ids
-
-        self._need("classification", "classify")
-        model = cast(TransformerClassifier, self.model)  # or an exported engine that acts as one
+        self._need("classify")
         limit = self.text_limit
         ids = [x[:limit] for x in encode_texts(self.tokenizer, texts)]
-        return predict_ids(model, ids, max_tokens, self.device)
+        return self.backend.class_probs(ids, max_tokens)
 
     def classify(self, texts: Sequence[str], max_tokens: int | None = None) -> list[dict]:
         """Per text ``{"label": name, "probs": {name: p}}`` ({"label": "", "probs": {}} for a
@@ -313,25 +281,21 @@ class ModelFolder:
     ) -> str:
         """The text sampled after ``prompt`` (prompt excluded). ``on_token(text)`` receives the
         new text as soon as it decodes (streaming; a token ending mid-character waits)."""
-        from aiayn.decode.generate import TextStream, generate
-
-        self._need("lm", "generate")
-        model = cast(TransformerLM, self.model)  # or an exported engine that acts as one
+        self._need("generate")
         prompt_ids = self.tokenizer.encode(prompt)
         if not prompt_ids:
             raise ConfigError("--prompt has no token the model's tokenizer knows")
         if self.tokenizer.unk_id in prompt_ids:
             log.warning("the prompt has characters the model never saw; they read as <unk>")
         stream = TextStream(self.tokenizer, on_token) if on_token is not None else None
-        tokens = generate(
-            model,
+        tokens = self.backend.generate_ids(
             prompt_ids,
-            max_new_tokens,
             self.text_limit,
-            temperature,
-            top_k,
-            top_p,
-            seed,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
             use_cache=use_cache,
             on_token=stream,
         )
@@ -356,19 +320,17 @@ class ModelFolder:
         says so (``"limit": N``), as a score of part of the test set, not of the set."""
         if limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {limit}")
-        if self.kind == "classification":
+        if self.kind_info.does("classify"):
             if paper_bleu:
                 raise ConfigError(
                     f"{self.path}: --paper-bleu scores translations; this is a classifier"
                 )
             return self._score_classifier(split, src, limit, overrides.get("max_tokens"))
-        self._need("translation", "score")
+        self._need("translate")
         sources, refs, name = self._test_set(split, src, ref)
         limited = 0 < limit < len(sources)
         sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
         cfg = self.decode_config(decode, **overrides)
-        from aiayn.eval import corpus_scores
-
         start = time.perf_counter()
         hyps = self.translate(sources, cfg)
         seconds = time.perf_counter() - start
@@ -398,15 +360,13 @@ class ModelFolder:
 
     def _dataset(self) -> Any:
         if not self.has_data:
-            what = "--src FILE" if self.kind == "classification" else "--src/--ref"
+            what = "--src FILE" if self.kind_info.does("classify") else "--src/--ref"
             raise ConfigError(f"{self.path}: the model folder records no dataset; use {what}")
         return self.config.data
 
     def _test_set(
         self, split: str | None, src: str | Path | None, ref: str | Path | None
     ) -> tuple[list[str], list[str], str]:
-        from aiayn.data import load_translation, read_parallel
-
         if bool(split) == bool(src or ref):
             raise ConfigError("give either --split NAME or --src FILE --ref FILE")
         if src or ref:
@@ -421,9 +381,6 @@ class ModelFolder:
     def _score_classifier(
         self, split: str | None, src: str | Path | None, limit: int, max_tokens: int | None
     ) -> dict[str, Any]:
-        from aiayn.data import load_classification, read_labelled
-        from aiayn.decode.classify import evaluate_classifier
-
         if bool(split) == bool(src):
             raise ConfigError(
                 "give either --split NAME or --src FILE (label<TAB>text .tsv or .jsonl)"
@@ -437,15 +394,9 @@ class ModelFolder:
             name = split
         limited = 0 < limit < len(texts)
         texts, labels = (texts[:limit], labels[:limit]) if limited else (texts, labels)
-        self._need("classification", "score")
+        self._need("classify")
         scores = evaluate_classifier(
-            cast(TransformerClassifier, self.model),
-            self.tokenizer,
-            texts,
-            labels,
-            self.text_limit,
-            max_tokens,
-            self.device,
+            self.backend.class_probs, self.tokenizer, texts, labels, self.text_limit, max_tokens
         )
         scores.update(test_set=name, model=self._model_name(), device=str(self.device))
         if limited:

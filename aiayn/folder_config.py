@@ -6,7 +6,7 @@ Every module that needs what a folder's config.json says goes through :func:`rea
 module reads the raw dict (``tests/test_folder_config.py`` holds the code to that).
 
 The file on disk: ``kind`` (older folders' "seq2seq"/"classifier" still load), the sections
-``model``, ``data``, ``train``, ``decode`` (typed into :class:`~aiayn.train.config.RunConfig`;
+``model``, ``data``, ``train``, ``decode`` (typed into :class:`~aiayn.run_config.RunConfig`;
 renamed keys such as ``train.bleu_every`` still load), and provenance written by train, average
 and export (``task``, ``preset``, ``hardware``, ``aiayn_version``, ``best``, ``averaged``,
 ``format``, ``files``, ``quantization``, ``exported_from``, ``parts``; any other key is kept as
@@ -19,17 +19,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiayn.config import to_dict
 from aiayn.errors import AiaynError, CheckpointError
 from aiayn.io import recover_folder, write_json
-
-if TYPE_CHECKING:
-    from aiayn.train.config import RunConfig
-
-# aiayn.train.* is imported inside the functions: importing it runs aiayn.train's __init__, which
-# imports modules (average, run_folder, via checkpoint and card) that import this one.
+from aiayn.kinds import KINDS, kind_name
+from aiayn.run_config import SECTIONS, RunConfig, run_config_from_dict
 
 __all__ = [
     "CONFIG_FILE",
@@ -41,12 +37,11 @@ __all__ = [
 
 CONFIG_FILE = "config.json"
 
-#: the typed sections (aiayn.train.config.SECTIONS)
-SECTIONS = ("model", "data", "train", "decode")
+#: top-level keys older folders wrote that say nothing "kind" does not: read and left out
+_DROPPED = ("task",)  # data.task's copy, before the kind's one name (data.kind)
 
 #: the optional top-level keys, in the order they are written (after kind and the sections)
 _OPTIONAL = (
-    "task",
     "preset",
     "aiayn_version",
     "hardware",
@@ -63,12 +58,11 @@ _OPTIONAL = (
 class FolderConfig:
     """A folder's config.json, parsed."""
 
-    kind: str  # one of aiayn.folder.KINDS (old names mapped)
+    kind: str  # one of aiayn.kinds.KINDS (old names mapped)
     config: RunConfig  # model, data, train and decode sections (a missing section: defaults)
     sections: tuple[str, ...] = SECTIONS  # the sections config.json records
     decode_keys: tuple[str, ...] | None = None  # the decode fields it sets (None: all)
     format: str | None = None  # "onnx" / "ctranslate2": written by `aiayn export`
-    task: str | None = None  # data.task of the run (train)
     preset: str | None = None  # model.preset of the recipe (train)
     aiayn_version: str | None = None
     hardware: str | None = None  # what trained it (train)
@@ -120,15 +114,12 @@ class FolderConfig:
 def parse_folder_config(meta: Any, folder: str | Path) -> FolderConfig:
     """The typed form of a config.json dict: the only reader of its raw keys. CheckpointError
     (naming ``folder``) when it is not an aiayn model config or a section is invalid."""
-    from aiayn.train.config import run_config_from_dict
-    from aiayn.train.task import SHAPES, shape_name
-
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not isinstance(meta, dict) or "model" not in meta or "kind" not in meta:
         raise CheckpointError(f"{path}: not an aiayn model config (needs 'kind' and 'model')")
-    kind = shape_name(str(meta["kind"]))
-    if kind not in SHAPES:
+    kind = kind_name(str(meta["kind"]))
+    if kind not in KINDS:
         raise CheckpointError(f"{folder}: unknown model kind '{meta['kind']}'")
     try:
         config = run_config_from_dict(meta, str(path))
@@ -141,7 +132,7 @@ def parse_folder_config(meta: Any, folder: str | Path) -> FolderConfig:
         if optional[name] is not None and not isinstance(optional[name], dict):
             raise CheckpointError(f"{path}: '{name}' must be a table, not {optional[name]!r}")
     fmt = meta.get("format")
-    known = {"kind", "format", *SECTIONS, *_OPTIONAL}
+    known = {"kind", "format", *SECTIONS, *_OPTIONAL, *_DROPPED}
     return FolderConfig(
         kind,
         config,
@@ -170,9 +161,7 @@ def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> Fo
     except OSError as err:
         raise CheckpointError(f"{path}: cannot read it ({err})") from None
     parsed = parse_folder_config(meta, folder)
-    from aiayn.train.task import shape_name
-
-    if expect_kind is not None and parsed.kind != shape_name(expect_kind):
+    if expect_kind is not None and parsed.kind != kind_name(expect_kind):
         raise CheckpointError(
             f"{folder}: holds a '{parsed.kind}' model, this command needs '{expect_kind}'"
         )

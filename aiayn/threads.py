@@ -23,12 +23,21 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["user_threads", "cores", "busy_cores", "threads_for_load", "probe", "ThreadGovernor"]
+__all__ = [
+    "cpu_has_bf16",
+    "user_threads",
+    "cores",
+    "busy_cores",
+    "threads_for_load",
+    "probe",
+    "ThreadGovernor",
+]
 
 # torch's own thread count, before aiayn changed it: the most a later choice may go back up to.
 DEFAULT_THREADS = torch.get_num_threads()
@@ -195,3 +204,12 @@ class ThreadGovernor:
         if threads != self.current:
             self.set_threads(threads)
             self.current = threads
+
+
+def cpu_has_bf16() -> bool:
+    """True on CPUs with native bf16 matrix instructions (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "AMX" in torch.backends.cpu.get_cpu_capability()
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=0,
                    help="only the first N reviews of each split (a smoke test); 0: all")
     args = p.parse_args(argv)
-    cfg = DataConfig(task="classification", dataset="imdb")
+    cfg = DataConfig(kind="classification", dataset="imdb")
     text = {s: load_classification(cfg, s)[0][: args.limit or None]
             for s in ("train", "val", "train_head", "val_tail", "train_full", "test")}
     for held, train in (("val", "train"), ("val_tail", "train_head"), ("test", "train_full")):

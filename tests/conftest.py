@@ -75,6 +75,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_io": UNIT,
     "test_io_hosts": UNIT,
     "test_kinds": UNIT,
+    "test_kinds_registry": UNIT,
     "test_make_results": UNIT,
     "test_mlm": UNIT,
     "test_model": UNIT,
@@ -117,8 +118,10 @@ TEST_KINDS: dict[str, tuple[str, ...]] = {
     "test_data_download::test_real_mirror_missing_a_file": UNIT,
     "test_data_files::test_cli_process_exit_code_without_traceback": ("process",),
     "test_gpu_check::test_the_gpu_settings_make_valid_configs": UNIT,
+    "test_imports::test_every_module_imports_in_a_random_order_in_one_interpreter": ("process",),
     "test_kinds::test_a_test_without_a_kind_stops_the_run": ("process",),
     "test_kinds::test_a_unit_test_that_starts_a_process_fails": ("process",),
+    "test_kinds_registry::test_loading_and_translating_imports_nothing_from_train": ("process",),
     "test_train_resume::test_sigkill_then_resume_is_bit_identical": ("process",),
     "test_translate_cli::test_errors_exit_nonzero_without_traceback_in_a_real_process": ("process",),
 }

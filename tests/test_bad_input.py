@@ -94,7 +94,7 @@ CONFIG_CASES = {
     "dataset and own files": ({"data__dataset": "multi30k"}, "are both set"),
     "translation with train_file": ({"data__train_file": "x.tsv"}, "not data.train_file"),
     "adversarial training of a translation": (
-        {"train__adversarial_eps": 0.1}, "adversarial_eps applies to data.task = 'classification'"),
+        {"train__adversarial_eps": 0.1}, "adversarial_eps applies to data.kind = 'classification'"),
     "output_vocab of a language model": (
         {"data__task": "lm", "data__train_src": "", "data__train_tgt": "", "data__valid_src": "",
          "data__valid_tgt": "", "model__output_vocab": "targets"}, "model.output_vocab"),

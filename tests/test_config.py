@@ -84,7 +84,7 @@ def test_summary_builds_the_model_the_config_trains(capsys, tmp_path):
 
     cfg = tmp_path / "clf.toml"
     cfg.write_text('[model]\nd_model = 32\nn_heads = 2\nd_ff = 64\nn_encoder_layers = 1\n'
-                   'bigram_buckets = 100\n[data]\ntask = "classification"\nvocab_size = 500\n')
+                   'bigram_buckets = 100\n[data]\nkind = "classification"\nvocab_size = 500\n')
     assert main(["summary", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("TransformerClassifier: ")
@@ -135,3 +135,37 @@ def test_the_warm_up_advice_is_logged_once_per_run_not_per_read(caplog):
         "train.warmup_steps (20) >= train.max_steps (10): the run ends before its learning rate "
         "has warmed up"
     ) == 1
+
+
+def test_data_task_still_loads_as_data_kind_with_one_warning_line(tmp_path, caplog):
+    """The kind has one name: ``data.kind``. ``data.task`` (its name before) still loads, from a
+    recipe, ``--set``, ``aiayn data --set`` and ``aiayn summary``, each with one warning line
+    naming where it was met."""
+    from argparse import Namespace
+
+    from aiayn.commands.data import data_config
+    from aiayn.commands.summary import resolve_model_config
+    from aiayn.run_config import load_run_config
+    from trainutil import write_toml
+
+    recipe = write_toml(tmp_path / "lm.toml", {"data.task": "lm", "data.dataset": "tiny_shakespeare",
+                                               "data.tokenizer": "char"})
+    with caplog.at_level("WARNING"):
+        cfg, values = load_run_config(recipe)
+        assert cfg.data.kind == "lm" and values["data.kind"] == "lm" and "data.task" not in values
+        assert load_run_config(None, ["data.task=classification"])[0].data.kind == "classification"
+        assert resolve_model_config(str(recipe), [])[1] == "lm"
+        assert data_config(Namespace(config=str(recipe), overrides=[])).kind == "lm"
+        assert data_config(Namespace(config=None, overrides=["task=lm"])).kind == "lm"
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"{where}: 'data.task' is now called 'data.kind'"
+                    for where in (recipe, "--set", recipe, recipe, "--set")]
+
+
+def test_data_kind_wins_over_data_task_and_a_bad_kind_names_data_kind(tmp_path):
+    from aiayn.run_config import build_run_config
+
+    assert build_run_config({"data.kind": "lm", "data.task": "classification",
+                             "data.dataset": "tiny_shakespeare"}).data.kind == "lm"
+    with pytest.raises(ConfigError, match=r"data.kind: 'regression' is not one of 'translation'"):
+        build_run_config({"data.task": "regression"})

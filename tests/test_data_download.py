@@ -246,10 +246,10 @@ def test_imdb_official_tarball_is_parsed_to_label_text(server, tmp_path, monkeyp
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
     monkeypatch.setenv("AIAYN_DATA_MIRROR", "")
 
-    texts, labels = load_classification(DataConfig(task="classification", dataset="imdb"), "train_full")
+    texts, labels = load_classification(DataConfig(kind="classification", dataset="imdb"), "train_full")
     assert texts == ["Awful.", "Fine.", "Great film.<br />Loved it"]  # neg first, then pos by id
     assert labels == [0, 1, 1]
-    assert load_classification(DataConfig(task="classification", dataset="imdb"), "test") == (
+    assert load_classification(DataConfig(kind="classification", dataset="imdb"), "test") == (
         ["Bad.", "Good."], [0, 1])
     folder = tmp_path / "datasets" / "imdb"
     assert files_in(folder) == ["aclImdb_v1.tar.gz", "prepared.json", "test.tsv.gz", "train.tsv.gz"]

@@ -150,7 +150,7 @@ def test_own_files_not_set(tmp_path):
 def test_own_classification_filter_or_truncate(tmp_path, caplog):
     write(tmp_path / "train.tsv", "1\tshort\n0\t" + "long " * 20 + "\n")
     write(tmp_path / "valid.jsonl", json.dumps({"text": "okay", "label": 1}) + "\n")
-    cfg = own(task="classification", train_file=str(tmp_path / "train.tsv"),
+    cfg = own(kind="classification", train_file=str(tmp_path / "train.tsv"),
               valid_file=str(tmp_path / "valid.jsonl"), tokenizer="char", max_len=10)
     tok = train_tokenizer(load_classification(cfg, "train")[0], "char", 100)
     with caplog.at_level(logging.WARNING):
@@ -164,13 +164,13 @@ def test_own_classification_filter_or_truncate(tmp_path, caplog):
 
 def test_own_lm_text(tmp_path):
     write(tmp_path / "lm.txt", "To be,\nor not to be.\n")
-    cfg = own(task="lm", train_file=str(tmp_path / "lm.txt"), tokenizer="char")
+    cfg = own(kind="lm", train_file=str(tmp_path / "lm.txt"), tokenizer="char")
     assert load_lm_text(cfg, "train") == "To be,\nor not to be.\n"
 
 
 def test_task_and_split_mismatches():
     with pytest.raises(DataError, match="dataset 'multi30k' is for translation, not classification"):
-        load_classification(DataConfig(task="classification"), "train")
+        load_classification(DataConfig(kind="classification"), "train")
     with pytest.raises(DataError, match="has no split 'dev'; splits: train, val"):
         load_translation(DataConfig(), "dev")
 
@@ -193,7 +193,7 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, case
         b.unlink()
     if case == "label":
         tsv = write(tmp_path / "c.tsv", "1\tok\nyes\tno\n")
-        args = ["--set", "task=classification", "--set", f"train_file={tsv}"]
+        args = ["--set", "kind=classification", "--set", f"train_file={tsv}"]
     else:
         args = ["--set", f"train_src={a}", "--set", f"train_tgt={b}"]
     before = files_in(tmp_path)
@@ -249,7 +249,7 @@ def test_real_splits(use_real_cache):
     assert src[0].startswith("Eine Gruppe von Männern") and tgt[0].startswith("A group of men")
     with pytest.raises(DataError, match="has no language 'fr'"):
         load_translation(DataConfig(tgt_lang="fr"), "val")
-    imdb = DataConfig(task="classification", dataset="imdb")
+    imdb = DataConfig(kind="classification", dataset="imdb")
     texts, labels = load_classification(imdb, "train")
     assert len(texts) == 22500 and sum(labels) == 11250
     v_texts, v_labels = load_classification(imdb, "val")
@@ -260,6 +260,6 @@ def test_real_splits(use_real_cache):
     assert len(tail[0]) == 2500 and sum(tail[1]) == 1250 and sorted(head[0] + tail[0]) == sorted(full[0])
     assert tail[0][:1250] == full[0][11250:12500] and tail[0][1250:] == full[0][23750:]  # the last ids
     assert len(load_classification(imdb, "test")[0]) == 25000
-    lm = DataConfig(task="lm", dataset="tiny_shakespeare", tokenizer="char")
+    lm = DataConfig(kind="lm", dataset="tiny_shakespeare", tokenizer="char")
     train, val = load_lm_text(lm, "train"), load_lm_text(lm, "val")
     assert len(train) + len(val) == 1115394 and len(val) == 111540 and train.startswith("First Citizen")

@@ -337,7 +337,7 @@ def test_classification_and_lm_stores_hold_what_the_lists_held(tmp_path):
     from trainutil import reviews, write_tsv
 
     rows = reviews(200, seed=1) + [(1, "word " * 80)]
-    cfg = DataConfig(task="classification", dataset="", tokenizer="char", vocab_size=80, max_len=150,
+    cfg = DataConfig(kind="classification", dataset="", tokenizer="char", vocab_size=80, max_len=150,
                      train_file=write_tsv(tmp_path / "train.tsv", rows),
                      valid_file=write_tsv(tmp_path / "valid.tsv", rows[:20]))
     tok = train_tokenizer_for(cfg)
@@ -348,7 +348,7 @@ def test_classification_and_lm_stores_hold_what_the_lists_held(tmp_path):
     assert got == expected and len(got) == 200 and store.manifest["counts"]["too_long"] == 1
     text = "To be, or not to be: that is the question.\n" * 50
     (tmp_path / "lm.txt").write_text(text)
-    lm = DataConfig(task="lm", dataset="", tokenizer="char", train_file=str(tmp_path / "lm.txt"),
+    lm = DataConfig(kind="lm", dataset="", tokenizer="char", train_file=str(tmp_path / "lm.txt"),
                     valid_file=str(tmp_path / "lm.txt"))
     tok = train_tokenizer_for(lm)
     assert lm_store(lm, tok, "train").row("text", 0).tolist() == tok.encode(text)

@@ -166,6 +166,6 @@ def test_lowercase_is_part_of_the_saved_tokenizer(tmp_path):
     tok.save(str(path))
     assert Tokenizer.from_file(path).encode("A Dog RUNS") == tok.encode("a dog runs")
     with pytest.raises(ConfigError, match="data.lowercase needs a subword tokenizer"):
-        DataConfig(task="lm", tokenizer="char", lowercase=True)
+        DataConfig(kind="lm", tokenizer="char", lowercase=True)
     with pytest.raises(DataError, match="lower-casing needs a subword tokenizer"):
         train_tokenizer(["abc"], "char", 10, lowercase=True)

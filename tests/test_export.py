@@ -28,6 +28,7 @@ from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.decode.generate import generate
 from aiayn.errors import ConfigError
 from aiayn.export import export_model
+from aiayn.runtime.onnx_backend import OnnxBackend
 from aiayn.folder import load_model_folder
 from aiayn.model import Transformer, TransformerClassifier, TransformerLM
 
@@ -54,12 +55,10 @@ def save(folder: Path, model, kind: str, **extra) -> Path:
 
 
 def exported(tmp_path: Path, model, kind: str, fmt: str = "onnx", **options):
-    from aiayn.export.engines import load_exported
-
+    """(the export's model as its backend runs it, its config.json)."""
     src = save(tmp_path / "model", model, kind)
     out = export_model(src, fmt, tmp_path / fmt, **options)
-    engine, _, meta = load_exported(out)
-    return engine, meta
+    return load_model_folder(out).model, json.loads((out / "config.json").read_text())
 
 
 def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -170,7 +169,7 @@ def test_onnx_search_tokens_equal_torch_greedy_beam_nbest_ensemble(tmp_path):
         cfg = DecodeConfig(beam=beam, nbest=nbest, max_len_a=0.0, max_len_b=12)
         native = translate_ids(model, sources, cfg)
         for runner in (engine, Ensemble([engine])):
-            onnx = translate_ids(runner, sources, cfg)
+            onnx = OnnxBackend(runner).translate_ids(sources, cfg)  # through the protocol
             assert [[h.tokens for h in line] for line in onnx] == [
                 [h.tokens for h in line] for line in native
             ]
@@ -207,7 +206,8 @@ def test_onnx_lm_logits_and_sampling_equal_torch(tmp_path):
         for chunk in (ids[:, :3], ids[:, 3:4], ids[:, 4:]):
             assert (model(chunk, ours) - engine(chunk, theirs)).abs().max() < 1e-4
     a = generate(model, [5, 6, 7], 20, window=16, seed=0)
-    b = generate(engine, [5, 6, 7], 20, window=16, seed=0)  # past the window: cache restarts
+    # past the window: cache restarts
+    b = OnnxBackend(engine).generate_ids([5, 6, 7], 16, max_new_tokens=20, seed=0)
     assert a == b and len(a) == 20
 
 
@@ -304,18 +304,17 @@ def _tokens(results) -> list[list[list[int]]]:
 def test_trained_model_onnx_and_ctranslate2_tokens_equal_native(trained, tmp_path):
     needs("onnxruntime", "export")
     needs("ctranslate2", "ctranslate2")
-    from aiayn.export.engines import load_exported
-
     folder, texts = trained
     opened = load_model_folder(folder)
-    model, tokenizer = opened.model, opened.tokenizer
+    tokenizer = opened.tokenizer
     sources = [tokenizer.encode(t) for t in texts]
-    onnx, _, _ = load_exported(export_model(folder, "onnx", tmp_path / "onnx"))
-    ct2, _, _ = load_exported(export_model(folder, "ctranslate2", tmp_path / "ct2"))
+    onnx = load_model_folder(export_model(folder, "onnx", tmp_path / "onnx")).backend
+    ct2 = load_model_folder(export_model(folder, "ctranslate2", tmp_path / "ct2")).backend
+    assert (onnx.name, ct2.name) == ("onnx", "ctranslate2")
     for beam in (1, 5):
         cfg = DecodeConfig(beam=beam, length_penalty="average")
-        native = translate_ids(model, sources, cfg)
-        assert _tokens(translate_ids(onnx, sources, cfg)) == _tokens(native)
+        native = opened.backend.translate_ids(sources, cfg)  # the one protocol, every backend
+        assert _tokens(onnx.translate_ids(sources, cfg)) == _tokens(native)
         if beam == 5:  # CTranslate2's beam search ranks as aiayn's with length penalty "average"
             theirs = ct2.translate_ids(sources, cfg)
             assert _tokens(theirs) == _tokens(native)
@@ -654,3 +653,31 @@ def test_loader_and_commands_open_exports_of_every_kind(tmp_path, capsys):
         == 0
     )
     fails(capsys, ["classify", str(exported_lm), "-i", str(text)], "holds a 'lm' model")
+
+
+def test_a_backend_refuses_what_it_cannot_do_in_one_line_naming_itself(model_dir, tmp_path, capsys):
+    """Capabilities are declared by each backend and asked for: an ensemble of CTranslate2
+    models, a CTranslate2 language model and bf16 autocast on ONNX are refused, naming the
+    backend, exit 2 on the command line."""
+    needs("onnxruntime", "export")
+    needs("ctranslate2", "ctranslate2")
+    from aiayn.runtime import Unsupported
+
+    ct2 = export_model(model_dir, "ctranslate2", tmp_path / "ct2")
+    assert load_model_folder(ct2).backend.capabilities == {"translate", "nbest"}
+    with pytest.raises(Unsupported, match="the ctranslate2 backend has no ensembles"):
+        load_model_folder([ct2, ct2])
+    text = tmp_path / "in.txt"
+    text.write_text("abc\n")
+    fails(capsys, ["translate", str(ct2), str(ct2), "-i", str(text)],
+          "the ctranslate2 backend has no ensembles of several model folders")
+    torch.manual_seed(5)
+    lm = save(tmp_path / "lm", TransformerLM(small_cfg(n_encoder_layers=0)), "lm")
+    lm_ct2 = export_model(lm, "ctranslate2", tmp_path / "lm-ct2")
+    with pytest.raises(Unsupported, match="the ctranslate2 backend has no language models"):
+        load_model_folder(lm_ct2)
+    onnx = load_model_folder(export_model(model_dir, "onnx", tmp_path / "onnx"))
+    assert "attention" not in onnx.backend.capabilities and onnx.engine == "onnx"
+    with pytest.raises(Unsupported, match="the onnx backend has no bf16 autocast"):
+        onnx.translate(["abc"], bf16=True)
+    assert load_model_folder(model_dir).backend.capabilities >= {"attention", "bf16", "ensemble"}

@@ -5,7 +5,6 @@ recipe's [decode]; old names still load."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 
@@ -50,16 +49,19 @@ def test_evaluate_takes_a_flag_over_the_folder_over_the_default(tmp_path):
         assert (decoding["beam"], decoding["alpha"]) == (beam, alpha)
 
 
-def test_old_kind_names_and_renamed_keys_still_load(tmp_path):
+def test_old_kind_names_and_renamed_keys_still_load(tmp_path, caplog):
     folder, _ = make_model_dir(tmp_path / "m", sentences(300, 0), train={"bleu_every": 7})
     meta = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**meta, "kind": "seq2seq"}))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    (folder / "config.json").write_text(json.dumps({  # as written before data.kind
+        **meta, "kind": "seq2seq", "task": "translation", "data": {"task": "translation"}}))
+    with caplog.at_level("WARNING"):
         model = load_model_folder(folder, expect_kind="translation")
-    assert model.kind == "translation" and model.config.train.metrics_every == 7
-    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == [
-        f"{folder / 'config.json'}: 'train.bleu_every' is now called 'train.metrics_every'"]
+    assert model.kind == model.config.data.kind == "translation"
+    assert model.config.train.metrics_every == 7
+    path = folder / "config.json"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{path}: 'train.bleu_every' is now called 'train.metrics_every'",
+        f"{path}: 'data.task' is now called 'data.kind'"]
 
 
 def test_a_translation_folder_refuses_other_uses(tmp_path):

@@ -68,9 +68,10 @@ def test_no_module_but_the_parser_reads_config_json():
     assert offenders == {}, f"read config.json through aiayn.folder_config: {offenders}"
 
 
-def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path):
+def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path, caplog):
     old = {
         "kind": "seq2seq",
+        "task": "translation",  # data.task's copy, written before data.kind: left out
         "model": {"d_model": 16, "n_heads": 2},
         "train": {"bleu_every": 7},
         "decode": {"beam": 5, "alpha": 1.4},
@@ -79,8 +80,10 @@ def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path):
         "aiayn_version": "0.1",
         "onnx_opset": 17,
     }
-    with pytest.warns(Warning):
+    with caplog.at_level("WARNING"):
         parsed = parse_folder_config(old, tmp_path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'config.json'}: 'train.bleu_every' is now called 'train.metrics_every'"]
     assert isinstance(parsed, FolderConfig) and parsed.kind == "translation"
     assert parsed.config.train.metrics_every == 7 and parsed.config.model.d_model == 16
     assert parsed.decode_set == {"beam": 5, "alpha": 1.4} and not parsed.has_data

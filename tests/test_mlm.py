@@ -1,4 +1,4 @@
-"""Masked-language-model pre-training (``data.task = "masked_lm"``) and starting a classifier from
+"""Masked-language-model pre-training (``data.kind = "masked_lm"``) and starting a classifier from
 it (``train.init_from``): BERT's corruption in the right proportions and never on padding, a
 padded text predicted as it is alone, the pre-trained embedding and encoder copied exactly into a
 classifier that shares the tokenizer, and one clear error for models that do not fit together."""
@@ -108,7 +108,7 @@ def pretrained(tmp_path_factory):
     model = {"model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
              "model.n_encoder_layers": 1, "model.n_decoder_layers": 0, "model.dropout": 0.0,
              "model.max_len": 100}
-    cfg = write_toml(tmp / "mlm.toml", {**model, **data, "data.task": "masked_lm", **SHAPE_TRAIN,
+    cfg = write_toml(tmp / "mlm.toml", {**model, **data, "data.kind": "masked_lm", **SHAPE_TRAIN,
                                         "train.max_steps": 150, "train.valid_every": 50,
                                         "train.save_every": 50})
     assert main(["train", str(cfg), "--out", str(tmp / "mlm")]) == 0
@@ -128,7 +128,7 @@ def test_pretraining_learns_and_a_classifier_starts_from_it(pretrained):
     assert json.loads((run / "config.json").read_text())["kind"] == "masked_lm"
     # data.vocab_size differs: the pretrained tokenizer is used, and config.json says so
     cfg = write_toml(tmp / "clf.toml", {**model, **data, "data.vocab_size": 40,
-                                        "data.task": "classification",
+                                        "data.kind": "classification",
                                         "model.pooling": "mean", **SHAPE_TRAIN,
                                         "train.max_steps": 1, "train.lr": 1e-9,
                                         "train.warmup_steps": 0,
@@ -145,20 +145,20 @@ def test_pretraining_learns_and_a_classifier_starts_from_it(pretrained):
 
 def test_models_that_do_not_fit_together_fail_in_one_line(pretrained, capsys, tmp_path):
     tmp, model, data = pretrained
-    base = {**model, **data, "data.task": "classification", **SHAPE_TRAIN, "train.max_steps": 1}
+    base = {**model, **data, "data.kind": "classification", **SHAPE_TRAIN, "train.max_steps": 1}
     cfg = write_toml(tmp_path / "a.toml", {**base, "model.d_model": 16,
                                            "train.init_from": str(tmp / "mlm" / "best")})
     fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "a")], "settings differ")
     assert not (tmp_path / "a" / "model.safetensors").exists()
     cfg = write_toml(tmp_path / "b.toml", {**base, "train.init_from": str(tmp_path / "nope")})
     fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "b")], "model folder not found")
-    cfg = write_toml(tmp_path / "c.toml", {**base, "data.task": "masked_lm", "data.mask_prob": 0})
+    cfg = write_toml(tmp_path / "c.toml", {**base, "data.kind": "masked_lm", "data.mask_prob": 0})
     fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "c")], "data.mask_prob")
-    cfg = write_toml(tmp_path / "d.toml", {**base, "data.task": "masked_lm",
+    cfg = write_toml(tmp_path / "d.toml", {**base, "data.kind": "masked_lm",
                                            "model.pooling": "cls"})
     fails(capsys, ["train", str(cfg), "--out", str(tmp_path / "d")], "no CLS token")
     for i, setting in enumerate(({"model.bigram_buckets": 64}, {"model.token_dropout": 0.1})):
-        cfg = write_toml(tmp_path / f"e{i}.toml", {**base, "data.task": "masked_lm", **setting})
+        cfg = write_toml(tmp_path / f"e{i}.toml", {**base, "data.kind": "masked_lm", **setting})
         fails(capsys, ["train", str(cfg), "--out", str(tmp_path / f"e{i}")],
               f"set {next(iter(setting))} in the classifier run")
     fails(capsys, ["classify", str(tmp / "mlm" / "best")], "this command needs 'classification'")

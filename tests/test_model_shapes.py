@@ -120,7 +120,7 @@ def _adversarial_task(eps: float):
     from aiayn.train.classification import ClassificationTask
     from aiayn.train.config import build_run_config
 
-    return ClassificationTask(build_run_config({"data.task": "classification",
+    return ClassificationTask(build_run_config({"data.kind": "classification",
                                                 "train.adversarial_eps": eps,
                                                 "train.label_smoothing": 0.0}))
 

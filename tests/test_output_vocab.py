@@ -128,7 +128,7 @@ def test_output_vocab_is_for_translation_without_bpe_dropout(tmp_path):
     values.update({"data.tokenizer": "bpe", "data.vocab_size": 60, "data.bpe_dropout": 0.1})
     with pytest.raises(Exception, match="does not go with data.bpe_dropout"):
         build_task(build_run_config(values))
-    lm = {"data.task": "lm", "model.n_encoder_layers": 0, "model.output_vocab": "targets",
+    lm = {"data.kind": "lm", "model.n_encoder_layers": 0, "model.output_vocab": "targets",
           "data.dataset": "", "data.train_src": str(tmp_path / "data/train.src")}
-    with pytest.raises(Exception, match="applies to data.task = 'translation' only"):
+    with pytest.raises(Exception, match="applies to data.kind = 'translation' only"):
         build_task(build_run_config(lm))

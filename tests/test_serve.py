@@ -714,7 +714,6 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsy
         reason=f"the '{'export' if engine == 'onnx' else 'ctranslate2'}' extra is not installed",
     )
     from aiayn.export import export_model
-    from aiayn.export.engines import Ct2Translator, load_exported
     from aiayn.folder import load_model_folder
 
     out = export_model(folder_dir, engine, tmp_path / engine)
@@ -723,10 +722,8 @@ def test_exported_model_served_by_its_engine(folder_dir, tmp_path, engine, capsy
     with TestClient(create_app(served, Limits())) as c:
         r = c.post("/v1/translate", json={"texts": texts, "beam": 2, "nbest": 2})
         assert r.status_code == 200, r.text
-        model, tok, _ = load_exported(out)
         decode = DecodeConfig(beam=2, alpha=1.0, max_len_a=0.0, max_len_b=8, nbest=2)
-        search = Ct2Translator.translate_ids if engine == "ctranslate2" else None
-        expected = translate_hypotheses(model, tok, texts, decode, search=search)
+        expected = load_model_folder(out).translate_hypotheses(texts, decode)
         assert [[h["text"] for h in t["nbest"]] for t in r.json()["translations"]] == [
             [text for text, _ in line] for line in expected
         ]

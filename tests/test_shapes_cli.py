@@ -39,7 +39,7 @@ def classifier_run(tmp_path_factory):
         "model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64, "model.n_encoder_layers": 1,
         "model.n_decoder_layers": 0, "model.dropout": 0.0, "model.max_len": 100,
         "model.pooling": "max",
-        "data.task": "classification", "data.dataset": "", "data.train_file": train,
+        "data.kind": "classification", "data.dataset": "", "data.train_file": train,
         "data.valid_file": valid, "data.tokenizer": "char", "data.vocab_size": 60,
         "data.max_len": 90, "data.long_examples": "truncate", "data.max_tokens": 1200,
         **SHAPE_TRAIN, "train.max_steps": 60, "train.valid_every": 30, "train.metrics_every": 30,
@@ -60,7 +60,7 @@ def lm_run(tmp_path_factory):
         "model.d_model": 48, "model.n_heads": 2, "model.d_ff": 96, "model.n_encoder_layers": 0,
         "model.n_decoder_layers": 2, "model.dropout": 0.0, "model.max_len": 48,
         "model.norm_first": True,
-        "data.task": "lm", "data.dataset": "", "data.train_file": str(text),
+        "data.kind": "lm", "data.dataset": "", "data.train_file": str(text),
         "data.valid_file": str(text), "data.tokenizer": "char", "data.vocab_size": 80,
         "data.max_len": 48, "data.max_tokens": 768,
         **SHAPE_TRAIN, "train.lr_schedule": "constant", "train.lr": 3e-3, "train.max_steps": 300,
@@ -78,7 +78,7 @@ def lm_run(tmp_path_factory):
 def test_classifier_overfits_and_classify_gives_the_labels(classifier_run, capsys):
     tmp, run = classifier_run
     meta = json.loads((run / "config.json").read_text())
-    assert meta["kind"] == "classification" and meta["task"] == "classification"
+    assert meta["kind"] == meta["data"]["kind"] == "classification" and "task" not in meta
     assert meta["model"]["n_decoder_layers"] == 0 and meta["model"]["pooling"] == "max"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["valid_acc"] == 1.0 and metrics[-1]["loss"] < 0.1
@@ -221,7 +221,7 @@ def test_generate_cli_cached_equals_no_cache(lm_run, capsys):
 def test_lm_batches_are_deterministic_and_validation_covers_every_token(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("abcdefghij" * 50 + "xyz", encoding="utf-8")
-    cfg = build_run_config({"data.task": "lm", "data.dataset": "", "data.train_file": str(text),
+    cfg = build_run_config({"data.kind": "lm", "data.dataset": "", "data.train_file": str(text),
                             "data.valid_file": str(text), "data.tokenizer": "char",
                             "data.max_len": 16, "data.max_tokens": 64, "model.max_len": 16})
     task = LanguageModelTask(cfg)
@@ -261,7 +261,7 @@ def test_bad_input_is_one_clear_line(classifier_run, lm_run, capsys, tmp_path):
 
 def test_config_errors_name_the_problem(classifier_run, capsys, tmp_path):
     tmp, _ = classifier_run
-    base = {"data.task": "classification", "data.dataset": "", "data.tokenizer": "char",
+    base = {"data.kind": "classification", "data.dataset": "", "data.tokenizer": "char",
             "data.train_file": str(tmp / "train.tsv"), "data.valid_file": str(tmp / "valid.tsv"),
             "model.n_encoder_layers": 1, "model.d_model": 16, "model.n_heads": 2, **SHAPE_TRAIN}
     cfg = write_toml(tmp_path / "a.toml", {**base, "model.n_classes": 1, "data.max_len": 24,

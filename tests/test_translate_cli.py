@@ -130,13 +130,9 @@ def test_incomplete_model_folder_is_a_clear_error(tmp_path, capsys, damage, mess
           message, unchanged=[tmp_path])
 
 
-def test_wrong_kind_and_corrupt_weights_are_clear_errors(tmp_path, capsys, monkeypatch):
-    from aiayn.train import task
-    from aiayn.train.translation import TranslationTask
-
+def test_wrong_kind_and_corrupt_weights_are_clear_errors(tmp_path, capsys):
     folder, _ = make_model_dir(tmp_path / "m", sentences(200, 0))
     meta = json.loads((folder / "config.json").read_text())
-    monkeypatch.setitem(task.SHAPES, "lm", TranslationTask)
     (folder / "config.json").write_text(json.dumps({**meta, "kind": "lm"}))
     src = write_lines(tmp_path / "in.txt", ["a cat"])
     fails(capsys, ["translate", folder, "--input", src],
@@ -237,10 +233,10 @@ def test_a_trained_copy_model_translates_and_scores_near_100(tmp_path, capsys):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, caplog, native):
-    import aiayn.train.distributed as distributed
+    import aiayn.threads as threads
     from aiayn.folder import precision
 
-    monkeypatch.setattr(distributed, "cpu_has_bf16", lambda: native)
+    monkeypatch.setattr(threads, "cpu_has_bf16", lambda: native)
     with caplog.at_level("WARNING"), precision(torch.device("cpu"), True):
         assert torch.is_autocast_enabled("cpu")  # asked for: still applied, only warned about
     with caplog.at_level("WARNING"), precision(torch.device("cpu"), False):

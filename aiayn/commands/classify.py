@@ -12,6 +12,7 @@ import sys
 
 from aiayn.commands.options import add_device, inference_device, read_input_lines
 from aiayn.decode.classify import MAX_TOKENS
+from aiayn.kinds import CLASSIFICATION
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from aiayn.folder import load_model_folder
 
-    model = load_model_folder(args.model, inference_device(args.device), "classification")
+    model = load_model_folder(args.model, inference_device(args.device), CLASSIFICATION)
     out = []
     for result in model.classify(read_input_lines(args.input), args.max_tokens):
         label = result["label"]

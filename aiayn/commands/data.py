@@ -35,6 +35,8 @@ from aiayn.data import (
 )
 from aiayn.data.readers import read_text
 from aiayn.errors import ConfigError
+from aiayn.kinds import LM, TRANSLATION
+from aiayn.run_config import data_keys
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +124,8 @@ def data_config(args: argparse.Namespace) -> DataConfig:
             table = tomllib.loads(read_text(args.config))
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{args.config}: {err}") from None
-        values.update(table.get("data", {}))
-    for text in args.overrides:
-        key, value = parse_override(text)
-        values[key.removeprefix("data.")] = value
+        values.update(data_keys(table.get("data", {}), args.config))
+    values.update(data_keys(dict(map(parse_override, args.overrides)), "--set"))
     return apply_overrides(DataConfig(), values, prefix="data.")
 
 
@@ -184,15 +184,15 @@ def run_stats(args: argparse.Namespace) -> int:
     fitted = time.perf_counter()
     stores = split_stores(cfg, tokenizer)
     train, valid = stores["train"], stores["valid"]
-    if cfg.task == "lm":
+    if cfg.kind == LM:
         print(
-            f"{cfg.task}: {len(train.row('text', 0))} training and {len(valid.row('text', 0))} "
+            f"{cfg.kind}: {len(train.row('text', 0))} training and {len(valid.row('text', 0))} "
             f"validation tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
         )
         print(store_line(train))
         return 0
     lengths: tuple[np.ndarray, np.ndarray | None]
-    if cfg.task == "translation":
+    if cfg.kind == TRANSLATION:
         lengths = (train.lengths("src"), train.lengths("tgt") + 1)
     else:
         lengths = (train.lengths("text"), None)
@@ -201,7 +201,7 @@ def run_stats(args: argparse.Namespace) -> int:
     done = time.perf_counter()
     n_tokens = sum(int(x.sum()) for x in lengths if x is not None)
     print(
-        f"{cfg.task}: {len(train)} training and {len(valid)} validation examples, "
+        f"{cfg.kind}: {len(train)} training and {len(valid)} validation examples, "
         f"{n_tokens} training tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
     )
     print(

@@ -11,6 +11,7 @@ import sys
 
 from aiayn.commands.options import add_device, inference_device
 from aiayn.errors import ConfigError
+from aiayn.kinds import LM
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.folder import load_model_folder
 
     _check(args)
-    model = load_model_folder(args.model, inference_device(args.device), "lm")
+    model = load_model_folder(args.model, inference_device(args.device), LM)
 
     def show(text: str) -> None:
         sys.stdout.write(text)

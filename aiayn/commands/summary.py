@@ -11,6 +11,8 @@ import torch
 
 from aiayn.config import ModelConfig, apply_overrides, parse_override
 from aiayn.errors import ConfigError
+from aiayn.kinds import KINDS, TRANSLATION
+from aiayn.run_config import data_keys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, str]:
     """(ModelConfig, model kind) from a preset name (translation), a TOML file ([model] section,
-    optional `preset` key; the kind from data.task, the vocabulary from data.vocab_size) or a
+    optional `preset` key; the kind from data.kind, the vocabulary from data.vocab_size) or a
     model folder's config.json, then `--set` overrides."""
     sets = dict(parse_override(o) for o in overrides)
     sets = {k.removeprefix("model."): v for k, v in sets.items()}
@@ -62,27 +64,19 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
         section = dict(table.get("model", {}))
         preset = section.pop("preset", None)
         base = ModelConfig.preset(preset) if preset else ModelConfig()
-        data = table.get("data", {})
-        task = data.get("task", "translation")
+        data = data_keys(table.get("data", {}), str(path))
+        kind = data.get("kind", TRANSLATION)
         if "vocab_size" in data:  # what a subword tokenizer trains to (for char: an upper bound)
             section = {
                 "src_vocab_size": data["vocab_size"],
                 "tgt_vocab_size": data["vocab_size"],
                 **section,
             }
-        from aiayn.train import SHAPES
-
-        if not isinstance(task, str) or task not in SHAPES:
-            raise ConfigError(f"{path}: data.task = {task!r} is not one of {', '.join(SHAPES)}")
-        # The stack the task's model has (as the trainer's Task.model_config sets it).
-        stack = (
-            {"n_decoder_layers": 0}
-            if task in ("classification", "masked_lm")
-            else {"n_encoder_layers": 0}
-            if task == "lm"
-            else {}
-        )
-        return apply_overrides(base, {**section, **sets, **stack}), task
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ConfigError(f"{path}: data.kind = {kind!r} is not one of {', '.join(KINDS)}")
+        # The stack the kind's model has (as the trainer's Task.model_config sets it).
+        stack = dict(KINDS[kind].stack)
+        return apply_overrides(base, {**section, **sets, **stack}), kind
     if spec not in ModelConfig.PRESETS:
         if os.sep in spec or path.suffix:
             raise ConfigError(
@@ -93,24 +87,28 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
             ModelConfig.preset(spec)
         except ConfigError as err:
             raise ConfigError(f"{err}; and no folder or file is named '{spec}'") from None
-    return apply_overrides(ModelConfig.preset(spec), sets), "translation"
+    return apply_overrides(ModelConfig.preset(spec), sets), TRANSLATION
 
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.model.summary import format_summary, summarize
-    from aiayn.train import SHAPES
 
     for name in ("batch", "src_len", "tgt_len"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     cfg, kind = resolve_model_config(args.model, args.overrides)
     torch.manual_seed(0)
-    model = SHAPES[kind].model_class(cfg).eval()
+    model = KINDS[kind].model_class(cfg).eval()
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
     src = torch.randint(low, cfg.src_vocab_size, (args.batch, args.src_len))
     tgt = torch.randint(low, cfg.tgt_vocab_size, (args.batch, args.tgt_len))
-    forward = {"translation": lambda: model(src, tgt), "lm": lambda: model(tgt)}.get(
-        kind, lambda: model(src)
+    # an encoder and a decoder read both sides; a decoder alone the target; an encoder the source
+    forward = (
+        (lambda: model(src, tgt))
+        if cfg.n_encoder_layers and cfg.n_decoder_layers
+        else (lambda: model(tgt))
+        if cfg.n_decoder_layers
+        else (lambda: model(src))
     )
     rows, total = summarize(model, forward, depth=args.depth)
     print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))

@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _resolve(args: argparse.Namespace):
     from aiayn.config import flatten_keys
-    from aiayn.train.config import build_run_config, load_run_config, parse_sets, run_config_to_dict
+    from aiayn.run_config import build_run_config, load_run_config, parse_sets, run_config_to_dict
 
     if args.config is None:
         if not (args.resume and args.out):

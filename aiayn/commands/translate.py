@@ -20,6 +20,7 @@ from aiayn.commands.options import (
     open_models,
     read_input_lines,
 )
+from aiayn.kinds import TRANSLATION
 
 if TYPE_CHECKING:
     from aiayn.decode.config import DecodeConfig
@@ -89,7 +90,7 @@ def interactive(model: ModelFolder, cfg: DecodeConfig) -> int:
 def run(args: argparse.Namespace) -> int:
     from aiayn.io import write_text
 
-    model = open_models(args, inference_device(args.device), "translation")
+    model = open_models(args, inference_device(args.device), TRANSLATION)
     cfg = model.decode_config(**decode_overrides(args))
     if args.input == "-" and sys.stdin.isatty():
         return interactive(model, cfg)

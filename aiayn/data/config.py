@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aiayn.errors import ConfigError
+from aiayn.kinds import KINDS, TRANSLATION
 
 __all__ = ["DataConfig"]
 
@@ -23,7 +24,9 @@ class DataConfig:
     # What the examples are: sentence pairs, labelled texts, or one running text.
     # masked_lm: BERT's masked-token pre-training of an encoder on a classification dataset's
     # texts (labels unused), for a classifier run to start from (train.init_from).
-    task: Literal["translation", "classification", "lm", "masked_lm"] = "translation"
+    # One of aiayn.kinds.KINDS: translation, classification, lm, masked_lm; the same word as
+    # config.json's "kind". Was `data.task` (still read, with a warning).
+    kind: str = TRANSLATION
     # A registered dataset (`aiayn data list`), or "" to read your own files given below.
     dataset: str = "multi30k"
     # Source and target language of a translation dataset (Multi30k: en, de).
@@ -85,14 +88,17 @@ class DataConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the field when a value makes no sense."""
+        if self.kind not in KINDS:
+            kinds = ", ".join(map(repr, KINDS))
+            raise ConfigError(f"data.kind: {self.kind!r} is not one of {kinds}")
         for name in ("vocab_size", "max_tokens", "max_len", "tokenizer_sample"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
-        if self.bpe_dropout and (self.tokenizer != "bpe" or self.task != "translation"):
+        if self.bpe_dropout and (self.tokenizer != "bpe" or self.kind != TRANSLATION):
             raise ConfigError(
-                "data.bpe_dropout needs data.tokenizer = 'bpe' and data.task = 'translation'"
+                "data.bpe_dropout needs data.tokenizer = 'bpe' and data.kind = 'translation'"
             )
         if self.max_len_ratio and self.max_len_ratio < 1.0:
             raise ConfigError(
@@ -112,5 +118,5 @@ class DataConfig:
                 f"data.dataset='{self.dataset}' and data.{given[0]} are both set; "
                 "set data.dataset='' to use your own files"
             )
-        if self.task == "translation" and self.src_lang == self.tgt_lang and self.dataset:
+        if self.kind == TRANSLATION and self.src_lang == self.tgt_lang and self.dataset:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both '{self.src_lang}'")

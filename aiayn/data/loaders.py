@@ -24,6 +24,7 @@ from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
 from aiayn.data.tokenizer import Tokenizer, tokenizer_digest, train_tokenizer
 from aiayn.errors import DataError
+from aiayn.kinds import CLASSIFICATION, LM, MASKED_LM, TRANSLATION
 
 __all__ = [
     "translation_files",
@@ -58,7 +59,7 @@ _LM_TRAIN_FRACTION = 0.9
 def _registered(cfg: DataConfig, task: str, split: str) -> Path:
     spec = get_spec(cfg.dataset)
     if spec.task != task:
-        raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {task} (data.task)")
+        raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {task} (data.kind)")
     if split not in spec.splits:
         raise DataError(
             f"dataset '{cfg.dataset}' has no split '{split}'; splits: {', '.join(spec.splits)}"
@@ -87,7 +88,7 @@ def translation_files(cfg: DataConfig, split: str) -> tuple[Path, Path]:
     if cfg.uses_own_files:
         which = _own_split(cfg, split)
         return Path(_own_path(cfg, f"{which}_src")), Path(_own_path(cfg, f"{which}_tgt"))
-    folder = _registered(cfg, "translation", split)
+    folder = _registered(cfg, TRANSLATION, split)
     for lang in (cfg.src_lang, cfg.tgt_lang):
         if not (folder / f"{split}.{lang}.gz").is_file():
             raise DataError(
@@ -105,7 +106,7 @@ def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[in
     """Raw (texts, integer labels) of ``split``."""
     if cfg.uses_own_files:
         return read_labelled(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
-    folder = _registered(cfg, "classification", split)
+    folder = _registered(cfg, CLASSIFICATION, split)
     if split == "test":
         return read_labelled(folder / "test.tsv.gz")
     texts, labels = read_labelled(folder / "train.tsv.gz")
@@ -133,7 +134,7 @@ def classification_source(
     if cfg.uses_own_files:
         path = Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
         return [path], lambda: iter_labelled(path)
-    folder = _registered(cfg, "classification", split)
+    folder = _registered(cfg, CLASSIFICATION, split)
     name = "test.tsv.gz" if split == "test" else "train.tsv.gz"
     return [folder / name], lambda: zip(*load_classification(cfg, split))
 
@@ -142,7 +143,7 @@ def lm_file(cfg: DataConfig, split: str) -> Path:
     """The file holding ``split``'s running text."""
     if cfg.uses_own_files:
         return Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
-    return _registered(cfg, "lm", split) / "input.txt"
+    return _registered(cfg, LM, split) / "input.txt"
 
 
 def load_lm_text(cfg: DataConfig, split: str) -> str:
@@ -156,23 +157,23 @@ def load_lm_text(cfg: DataConfig, split: str) -> str:
 
 def training_texts(cfg: DataConfig) -> list[str]:
     """The training split's text, both sides for translation: what the tokenizer learns from."""
-    if cfg.task == "translation":
+    if cfg.kind == TRANSLATION:
         src, tgt = load_translation(cfg, cfg.train_split)
         return src + tgt
-    if cfg.task in ("classification", "masked_lm"):
+    if cfg.kind in (CLASSIFICATION, MASKED_LM):
         return load_classification(cfg, cfg.train_split)[0]
     return [load_lm_text(cfg, cfg.train_split)]
 
 
 def _shape(cfg: DataConfig) -> str:
     """The data a task reads: masked_lm reads the classification data (texts and labels)."""
-    return "classification" if cfg.task == "masked_lm" else cfg.task
+    return CLASSIFICATION if cfg.kind == MASKED_LM else cfg.kind
 
 
 def _split_files(cfg: DataConfig, split: str) -> list[Path]:
-    if cfg.task == "translation":
+    if cfg.kind == TRANSLATION:
         return list(translation_files(cfg, split))
-    if cfg.task in ("classification", "masked_lm"):
+    if cfg.kind in (CLASSIFICATION, MASKED_LM):
         return classification_source(cfg, split)[0]
     return [lm_file(cfg, split)]
 
@@ -191,7 +192,7 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
         "task": _shape(cfg),
         "dataset": cfg.dataset,
         "split": cfg.train_split,
-        "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.task == "translation" else [],
+        "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.kind == TRANSLATION else [],
         "tokenizer": [cfg.tokenizer, cfg.vocab_size, cfg.lowercase, cfg.tokenizer_sample],
         "sources": [fingerprint(p) for p in _split_files(cfg, cfg.train_split)],
     }
@@ -207,9 +208,9 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
 def _train_on_sample(cfg: DataConfig) -> Tokenizer:
     k, split = cfg.tokenizer_sample, cfg.train_split
     kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
-    if cfg.task == "lm":
+    if cfg.kind == LM:
         return train_tokenizer([load_lm_text(cfg, split)], kind, size, lower)
-    if cfg.task == "translation":
+    if cfg.kind == TRANSLATION:
         pairs, n = reservoir_sample(iter_parallel(*translation_files(cfg, split)), k)
         _log_sample(len(pairs), n, "pairs")
         src, tgt = [x for x, _ in pairs], [y for _, y in pairs]
@@ -249,7 +250,7 @@ def _store(
         "task": shape,
         "dataset": cfg.dataset,
         "split": split,
-        "langs": [cfg.src_lang, cfg.tgt_lang] if shape == "translation" else [],
+        "langs": [cfg.src_lang, cfg.tgt_lang] if shape == TRANSLATION else [],
         "tokenizer_sha256": tokenizer_digest(tokenizer.to_str()),
         "cleaning": asdict(cleaning),
     }
@@ -321,8 +322,8 @@ def lm_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
 
 def split_stores(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, TokenStore]:
     """The token stores of the training and validation splits (``"train"``, ``"valid"``) of
-    ``data.task``, built on first use."""
-    make = {"translation": translation_store, "lm": lm_store}.get(cfg.task, classification_store)
+    ``data.kind``, built on first use."""
+    make = {TRANSLATION: translation_store, LM: lm_store}.get(cfg.kind, classification_store)
     return {
         "train": make(cfg, tokenizer, cfg.train_split),
         "valid": make(cfg, tokenizer, cfg.valid_split),

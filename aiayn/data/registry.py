@@ -27,6 +27,7 @@ from aiayn.data.download import SourceMissing, fetch, is_url, sha256_of
 from aiayn.data.wmt import WMT14_EN_DE, WMT14_EN_FR, WmtData
 from aiayn.errors import DataError
 from aiayn.io import atomic_path, write_json
+from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION
 
 __all__ = [
     "RemoteFile",
@@ -160,7 +161,7 @@ def _wmt_spec(name: str, data: WmtData, description: str) -> DatasetSpec:
     return DatasetSpec(
         name=name,
         folder=name,
-        task="translation",
+        task=TRANSLATION,
         splits=data.splits,
         description=description,
         terms=data.terms,
@@ -179,7 +180,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "multi30k": DatasetSpec(
         name="multi30k",
         folder="multi30k",
-        task="translation",
+        task=TRANSLATION,
         splits=("train", "val", "test_2016_flickr", "test_2017_flickr"),
         description="Multi30k task 1, English-German image captions (29,000 training pairs)",
         terms="non-commercial research and education; cite Elliott et al. 2016 (W16-3210)",
@@ -189,7 +190,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "imdb": DatasetSpec(
         name="imdb",
         folder="imdb",
-        task="classification",
+        task=CLASSIFICATION,
         splits=("train", "val", "train_full", "test", "train_head", "val_tail"),
         description="IMDB movie reviews, positive/negative (25,000 train, 25,000 test)",
         terms="cite Maas et al., ACL 2011",
@@ -199,7 +200,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "tiny_shakespeare": DatasetSpec(
         name="tiny_shakespeare",
         folder="shakespeare",
-        task="lm",
+        task=LM,
         splits=("train", "val"),
         description="Tiny Shakespeare, 1.1M characters for character-level language modelling",
         terms="public-domain text (char-rnn repository: MIT)",

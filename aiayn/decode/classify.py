@@ -11,7 +11,7 @@ pooling, so a text's prediction does not depend on which texts share its batch (
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from aiayn.data.batching import TokenBatchSampler, pad_sequences
 from aiayn.data.clean import clean_text
+from aiayn.decode.step import decoding_device
 from aiayn.errors import ConfigError
 from aiayn.model.classifier import TransformerClassifier
 
@@ -55,7 +56,7 @@ def predict_ids(
     """
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
-    model.eval()
+    decoding_device(model, torch.device(device))  # eval mode for a torch module
     probs = torch.empty(len(items), model.cfg.n_classes)
     if not items:
         return probs
@@ -68,20 +69,20 @@ def predict_ids(
 
 
 def evaluate_classifier(
-    model: TransformerClassifier,
+    class_probs: Callable[[Sequence[Sequence[int]], int | None], Tensor],
     tokenizer: Any,
     texts: Sequence[str],
     labels: Sequence[int],
     limit: int,
     max_tokens: int | None = None,
-    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
-    """Accuracy (and counts, timing) of ``model`` on labelled ``texts``, cut to ``limit`` tokens
-    as in training."""
+    """Accuracy (and counts, timing) of a classifier on labelled ``texts``, cut to ``limit``
+    tokens as in training; ``class_probs(ids, max_tokens)`` runs it (a backend's, or
+    :func:`predict_ids` over a model)."""
     start = time.perf_counter()
     ids = encode_texts(tokenizer, texts)
     n_cut = sum(len(x) > limit for x in ids)
-    probs = predict_ids(model, [x[:limit] for x in ids], max_tokens, device)
+    probs = class_probs([x[:limit] for x in ids], max_tokens)
     seconds = time.perf_counter() - start
     correct = int((probs.argmax(-1) == torch.as_tensor(list(labels))).sum())
     return {

@@ -71,8 +71,10 @@ class Ensemble(nn.Module):
                         f"{getattr(first, name)}: ensembled models must share "
                         "their vocabulary"
                     )
-        self.models = nn.ModuleList(models)  # registered: .to(), .eval() and parameters reach them
-        self.members = list(models)  # the same models, typed
+        # the torch models registered (.to(), .eval() and parameters reach them); an ONNX model
+        # has no weights to register
+        self.models = nn.ModuleList(m for m in models if isinstance(m, nn.Module))
+        self.members = list(models)  # every model, typed
         self.cfg = dataclasses.replace(first, max_len=min(m.cfg.max_len for m in models))
 
     def encode(self, src: Tensor) -> list[Tensor]:

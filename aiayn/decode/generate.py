@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.search import StepFn, sample
+from aiayn.decode.step import decoding_device
 from aiayn.errors import ConfigError
 from aiayn.model.cache import DecoderCache
 from aiayn.model.lm import TransformerLM
@@ -97,18 +98,19 @@ def generate(
     seed: int | None = None,
     use_cache: bool = True,
     on_token: Callable[[int], Any] | None = None,
+    device: torch.device | None = None,
 ) -> list[int]:
     """Sample ``max_new_tokens`` tokens after ``prompt_ids``; returns them (prompt excluded).
 
-    ``on_token(id)`` is called for each token as soon as it is drawn (streaming).
+    ``on_token(id)`` is called for each token as soon as it is drawn (streaming). ``device``:
+    where the model runs (default: where its weights are).
     """
     if not prompt_ids:
         raise ValueError("the prompt must have at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_seed(seed)
-    model.eval()
-    device = next(model.parameters()).device
+    device = decoding_device(model, device)
     prefix = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, t0)
     rng = torch.Generator(device).manual_seed(seed) if seed is not None else None
     step, reported = lm_step(model, window, use_cache), prefix.size(1)

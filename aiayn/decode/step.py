@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.decode.search import StepFn
 
-__all__ = ["Seq2SeqModel", "transformer_step"]
+__all__ = ["Seq2SeqModel", "transformer_step", "decoding_device"]
 
 
 class Seq2SeqModel(Protocol):
@@ -55,3 +56,11 @@ def transformer_step(model: Seq2SeqModel, memory: Any) -> StepFn:
         return model.log_probs(new, memory, cache)[:, -1], cache  # (N, V), a fresh tensor
 
     return step
+
+
+def decoding_device(model: Any, device: torch.device | None = None) -> torch.device:
+    """Where ``model`` decodes: ``device`` when given (a runtime without torch weights says it),
+    else the device of its weights. A torch module is put in eval mode."""
+    if isinstance(model, nn.Module):
+        model.eval()
+    return device if device is not None else next(model.parameters()).device

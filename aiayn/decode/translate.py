@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, beam_search, greedy_search
-from aiayn.decode.step import Seq2SeqModel, transformer_step
+from aiayn.decode.step import Seq2SeqModel, decoding_device, transformer_step
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +106,17 @@ def translate_ids(
     sources: Sequence[list[int]],
     cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
+    device: torch.device | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode source id sequences in token-bounded batches; input order kept.
 
     Empty sources give no hypotheses (an empty list). ``progress(n)`` is called after each batch.
     With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
     each batch's result does not depend on it. ``cfg.bf16`` runs it under bfloat16 autocast.
+    ``device``: where the model runs (default: where its weights are).
     """
-    module = cast(nn.Module, model)  # a Transformer, an Ensemble, or an exported engine's module
-    device, was_training = next(module.parameters()).device, module.training
-    module.eval()
+    was_training = isinstance(model, nn.Module) and model.training
+    device = decoding_device(model, device)
     results: list[list[Hypothesis]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lock = threading.Lock()
@@ -139,7 +140,8 @@ def translate_ids(
                 decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
             )
     finally:
-        module.train(was_training)
+        if was_training:
+            cast(nn.Module, model).train()
     return results
 
 

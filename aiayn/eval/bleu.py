@@ -15,6 +15,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF
 
 from aiayn.errors import DataError
+from aiayn.eval.paper_bleu import paper_bleu
 
 __all__ = ["corpus_scores"]
 
@@ -40,7 +41,5 @@ def corpus_scores(
         out[f"{name}_signature"] = str(metric.get_signature())
         out[f"{name}_text"] = result.format()
     if paper_lang is not None:
-        from aiayn.eval.paper_bleu import paper_bleu
-
         out.update(paper_bleu(hyps, refs, paper_lang))
     return out

@@ -26,7 +26,6 @@ How aiayn's options map:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aiayn.errors import ConfigError
-from aiayn.export import require
+from aiayn.errors import ConfigError, require
+from aiayn.export.exporter import QUANTIZATIONS, Exporter, ExportOptions
+from aiayn.kinds import TRANSLATION, check_kind
 from aiayn.model.embeddings import SinusoidalPositionalEncoding
+from aiayn.runtime.ct2_backend import token_strings
 
 MODEL_DIR = "ctranslate2"  # the CTranslate2 model inside the exported folder
 MASKED_BIAS = -1e9  # output bias of tokens outside output_mask (probability exactly 0)
@@ -44,11 +45,9 @@ MASKED_BIAS = -1e9  # output bias of tokens outside output_mask (probability exa
 
 def check_exportable(model: Any, kind: str) -> None:
     """ConfigError naming the first option of ``model`` that CTranslate2 cannot express."""
-    if kind not in ("translation", "lm"):
-        raise ConfigError(
-            f"--format ctranslate2 exports translation and lm models; a '{kind}' model has no "
-            "CTranslate2 equivalent (its pooling head): use --format onnx"
-        )
+    check_kind(
+        "ctranslate2", kind, "its pooling head has no CTranslate2 equivalent: use --format onnx"
+    )
     cfg = model.cfg
     if cfg.head_dim_v != cfg.head_dim_k:
         raise ConfigError(
@@ -60,62 +59,6 @@ def check_exportable(model: Any, kind: str) -> None:
             f"model.d_k={cfg.head_dim_k} × n_heads={cfg.n_heads} != d_model={cfg.d_model}: "
             "CTranslate2 splits d_model into the heads; use --format onnx"
         )
-
-
-def token_strings(tokenizer: Any, size: int) -> list[str]:
-    """One distinct string per token id 0 … size-1: CTranslate2's vocabulary (and what its
-    translator reads and writes). Ids without a name of their own get ``<aiayn:ID>``."""
-    from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
-
-    names: list[str] = []
-    seen: set[str] = set()
-    for i in range(size):
-        name = SPECIAL_TOKENS[i] if i < len(SPECIAL_TOKENS) else None
-        if name is None and isinstance(tokenizer, SubwordTokenizer):
-            name = tokenizer.hf.id_to_token(i)
-        elif (
-            name is None
-            and isinstance(tokenizer, CharTokenizer)
-            and i - len(SPECIAL_TOKENS) < len(tokenizer.chars)
-        ):
-            name = tokenizer.chars[i - len(SPECIAL_TOKENS)]
-        if name is None or name in seen:
-            name = f"<aiayn:{i}>"
-        seen.add(name)
-        names.append(name)
-    return names
-
-
-def check_vocabulary(model_dir: Path, tokens: list[str], cfg: Any) -> None:
-    """CheckpointError when the CTranslate2 model's vocabularies are not ``tokens`` (the token
-    strings of the folder's tokenizer.json, :func:`token_strings`) cut to config.json's sizes:
-    a tokenizer.json or config.json from another model. A file CTranslate2 did not write here
-    (an older layout) is left to CTranslate2's own reader."""
-    from aiayn.errors import CheckpointError
-
-    expected = {
-        "shared_vocabulary.json": ("src_vocab_size", cfg.src_vocab_size),
-        "source_vocabulary.json": ("src_vocab_size", cfg.src_vocab_size),
-        "target_vocabulary.json": ("tgt_vocab_size", cfg.tgt_vocab_size),
-    }
-    for name, (field, size) in expected.items():
-        try:
-            vocabulary = json.loads((model_dir / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(vocabulary, list):
-            continue
-        if len(vocabulary) != size:
-            raise CheckpointError(
-                f"{model_dir.parent}: config.json says {field} = {size}, the CTranslate2 model "
-                f"has {len(vocabulary)} tokens (the folder's parts come from different models)"
-            )
-        if vocabulary != tokens[:size]:
-            raise CheckpointError(
-                f"{model_dir.parent}: tokenizer.json is not the tokenizer the CTranslate2 model "
-                "was exported with (their tokens differ; the folder's parts come from different "
-                "models)"
-            )
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -217,19 +160,39 @@ def lm_spec(model: Any, tokens: list[str]) -> Any:
     return spec
 
 
-def write(model: Any, kind: str, tokenizer: Any, folder: Path, quantization: str | None) -> dict:
-    """The CTranslate2 model into ``folder/ctranslate2``; returns config.json entries."""
-    import ctranslate2
+class Ct2Exporter(Exporter):
+    """``aiayn export --format ctranslate2``: a translation model or a language model as a
+    CTranslate2 model, its weights in ``--quantization``'s type."""
 
-    cfg = model.cfg
-    tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
-    spec = (translation_spec if kind == "translation" else lm_spec)(model, tokens)
-    spec.validate()
-    spec.optimize(quantization=quantization or "float32")
-    (folder / MODEL_DIR).mkdir()
-    spec.save(str(folder / MODEL_DIR))
-    return {
-        "files": {"model": MODEL_DIR},
-        "quantization": quantization or "float32",
-        "ctranslate2_version": ctranslate2.__version__,
-    }
+    name = "ctranslate2"
+    dependency = ("ctranslate2", "ctranslate2")
+
+    def check_options(self, options: ExportOptions) -> None:
+        q = options.quantization
+        if q is not None and q not in QUANTIZATIONS:
+            raise ConfigError(
+                f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got '{q}'"
+            )
+
+    def check(self, model: Any, kind: str) -> None:
+        check_exportable(model, kind)
+
+    def write(
+        self, model: Any, kind: str, tokenizer: Any, folder: Path, options: ExportOptions
+    ) -> dict:
+        """The CTranslate2 model into ``folder/ctranslate2``; returns config.json entries."""
+        import ctranslate2
+
+        quantization = options.quantization or "float32"
+        cfg = model.cfg
+        tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
+        spec = (translation_spec if kind == TRANSLATION else lm_spec)(model, tokens)
+        spec.validate()
+        spec.optimize(quantization=quantization)
+        (folder / MODEL_DIR).mkdir()
+        spec.save(str(folder / MODEL_DIR))
+        return {
+            "files": {"model": MODEL_DIR},
+            "quantization": quantization,
+            "ctranslate2_version": ctranslate2.__version__,
+        }

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.model.classifier import bigram_ids
 from aiayn.model.embeddings import SinusoidalPositionalEncoding
 
 
@@ -218,8 +219,6 @@ class ClassifierGraph(nn.Module):
         self.model = model
 
     def forward(self, ids: Tensor) -> Tensor:
-        from aiayn.model.classifier import bigram_ids
-
         m, cfg = self.model, self.model.cfg
         keep = ids != cfg.pad_id  # (B, S)
         delta = None

@@ -22,15 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from aiayn.export.exporter import Exporter, ExportOptions
 from aiayn.export.graphs import ClassifierGraph, DecoderStepGraph, EncoderGraph, LMStepGraph
+from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION, check_kind
+from aiayn.runtime.onnx_backend import CLASSIFIER, DECODER, ENCODER, state_names
 
 OPSET = 17  # LayerNormalization is a single op from opset 17 on
 ENCODER_FILE, DECODER_FILE, CLASSIFIER_FILE = "encoder.onnx", "decoder.onnx", "classifier.onnx"
-
-
-def state_names(prefix: str, n_layers: int) -> list[str]:
-    """[prefix_k.0, prefix_v.0, prefix_k.1, …]: one key and one value tensor per layer."""
-    return [f"{prefix}_{kv}.{i}" for i in range(n_layers) for kv in ("k", "v")]
 
 
 def _export(
@@ -123,7 +121,7 @@ def export_translation(model: Any, folder: Path) -> dict[str, str]:
         ["logits", *present],
         axes,
     )
-    return {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}
+    return {ENCODER: ENCODER_FILE, DECODER: DECODER_FILE}
 
 
 def _step_axes(past: list[str], present: list[str]) -> dict[str, dict[int, str]]:
@@ -153,7 +151,7 @@ def export_lm(model: Any, folder: Path) -> dict[str, str]:
         ["logits", *present],
         _step_axes(past, present),
     )
-    return {"decoder": DECODER_FILE}
+    return {DECODER: DECODER_FILE}
 
 
 def export_classifier(model: Any, folder: Path) -> dict[str, str]:
@@ -167,30 +165,32 @@ def export_classifier(model: Any, folder: Path) -> dict[str, str]:
         ["logits"],
         {"ids": {0: "batch", 1: "len"}, "logits": {0: "batch"}},
     )
-    return {"classifier": CLASSIFIER_FILE}
+    return {CLASSIFIER: CLASSIFIER_FILE}
 
 
 EXPORTERS = {
-    "translation": export_translation,
-    "lm": export_lm,
-    "classification": export_classifier,
+    TRANSLATION: export_translation,
+    LM: export_lm,
+    CLASSIFICATION: export_classifier,
 }
 
 
-def check_exportable(model: Any, kind: str) -> None:
-    """ConfigError when there is no ONNX graph for this kind of model."""
-    from aiayn.errors import ConfigError
+class OnnxExporter(Exporter):
+    """``aiayn export --format onnx``: the graphs of a translation model, a language model or a
+    classifier."""
 
-    if kind not in EXPORTERS:
-        raise ConfigError(
-            f"--format onnx exports {', '.join(EXPORTERS)} models; this one is '{kind}'"
-        )
+    name = "onnx"
+    dependency = ("onnx", "export")
 
+    def check(self, model: Any, kind: str) -> None:
+        """ConfigError when there is no ONNX graph for this kind of model."""
+        check_kind(self.name, kind)
 
-def write(
-    model: Any, kind: str, tokenizer: object, folder: Path, quantization: str | None = None
-) -> dict:
-    """The graphs of ``model`` into ``folder``; returns the config.json entries that name them."""
-    model.eval()
-    files = EXPORTERS[kind](model, folder)
-    return {"files": files, "onnx_opset": OPSET, "torch_version": torch.__version__}
+    def write(
+        self, model: Any, kind: str, tokenizer: Any, folder: Path, options: ExportOptions
+    ) -> dict:
+        """The graphs of ``model`` into ``folder``; the config.json entries that name them."""
+        model.eval()
+        graphs = {TRANSLATION: export_translation, LM: export_lm, CLASSIFICATION: export_classifier}
+        files = graphs[kind](model, folder)
+        return {"files": files, "onnx_opset": OPSET, "torch_version": torch.__version__}

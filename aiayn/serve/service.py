@@ -18,29 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import Module
 
 from aiayn.config import to_dict
-from aiayn.decode import DecodeConfig, Ensemble
+from aiayn.decode import DecodeConfig
 from aiayn.decode.generate import check_seed
 from aiayn.errors import ConfigError
 from aiayn.folder import ModelFolder
-from aiayn.model import Transformer
+from aiayn.kinds import KINDS
+from aiayn.runtime import Unsupported, require
 from aiayn.serve.batching import DynamicBatcher
 from aiayn.serve.limits import Limits
 from aiayn.threads import DEFAULT_THREADS, threads_for_load, user_threads
+from aiayn.viz.attention import attention_of_translation
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RequestError", "ModelService", "ROUTES_OF_KIND"]
-
-# Which model routes each kind of model folder answers.
-ROUTES_OF_KIND = {
-    "translation": ("translate", "attention"),
-    "classification": ("classify",),
-    "lm": ("generate",),
-    "masked_lm": (),
-}
+__all__ = ["RequestError", "ModelService"]
 
 
 class RequestError(Exception):
@@ -61,12 +54,8 @@ class ModelService:
     def __init__(self, folder: ModelFolder, limits: Limits, worker_thread: bool = True) -> None:
         self.folder, self.limits, self.engine = folder, limits, folder.engine
         self.kind: str = folder.kind
-        # An exported model (ONNX, CTranslate2) has no PyTorch weights to record attention from.
-        self.routes = [
-            r
-            for r in ROUTES_OF_KIND.get(self.kind, ())
-            if self.engine == "torch" or r != "attention"
-        ]
+        # The kind's routes that its backend can answer (no attention weights from an export).
+        self.routes = [r for r in KINDS[self.kind].routes if r in folder.backend.capabilities]
         self.max_text_tokens = min(limits.max_text_tokens, folder.config.model.max_len)
         self.batcher = DynamicBatcher(
             self._run,
@@ -92,12 +81,11 @@ class ModelService:
         """404 with the routes this model does answer when ``route`` is not one of them."""
         if route in self.routes:
             return
-        if route == "attention" and self.kind == "translation":
-            raise RequestError(
-                404,
-                f"no /v1/attention with the {self.engine} engine: attention is recorded from "
-                "the PyTorch model (serve its model folder with --engine torch)",
-            )
+        if route in KINDS[self.kind].routes:  # the kind's, but not this backend's
+            try:
+                require(self.folder.backend, route, "serve its model folder with --engine torch")
+            except Unsupported as err:
+                raise RequestError(404, f"no /v1/{route}: {err}") from None
         routes = ", ".join(f"/v1/{r}" for r in self.routes) or "none"
         raise RequestError(
             404, f"this server holds a {self.kind} model: no /v1/{route} (it answers {routes})"
@@ -159,15 +147,11 @@ class ModelService:
 
     def attention(self, text: str, decode: DecodeConfig, rank: int) -> Future:
         """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best)."""
-        from aiayn.viz.attention import attention_of_translation
-
         self.require("attention")
         self.check_texts([text])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
         model, tokenizer = self.folder.model, self.folder.tokenizer
-        if not isinstance(model, (Transformer, Ensemble)):  # an engine without weights
-            raise RequestError(404, f"no /v1/attention with the {self.engine} engine")
         return self.batcher.call(
             lambda: attention_of_translation(
                 model, tokenizer, text, decode=decode, rank=rank
@@ -218,8 +202,7 @@ class ModelService:
         """Kind, config, parameters, vocabulary, data, decoding, measured scores, limits."""
         folder = self.folder
         config = to_dict(folder.config)
-        model = folder.model  # CTranslate2's translator is no torch module
-        params = {id(p): p.numel() for p in model.parameters()} if isinstance(model, Module) else {}
+        params = {id(p): p.numel() for p in folder.parameters()}
         return {
             "kind": self.kind,
             "engine": self.engine,

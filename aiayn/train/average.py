@@ -22,6 +22,7 @@ from aiayn.checkpoint import (
     write_safetensors,
 )
 from aiayn.errors import CheckpointError, ConfigError
+from aiayn.folder import load_model_dir
 from aiayn.folder_config import write_folder_config
 from aiayn.io import (
     CHECKPOINT_DIR,
@@ -125,8 +126,6 @@ def average_checkpoints(
             with atomic_path(tmp / TOKENIZER_FILE) as path:
                 path.write_bytes(tokenizer)
         write_folder_config(tmp, meta)
-        from aiayn.folder import load_model_dir
-
         load_model_dir(tmp)  # the result must load before it replaces anything
         write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
     return steps

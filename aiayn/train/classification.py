@@ -20,23 +20,25 @@ import torch
 from torch import nn
 
 from aiayn.config import ModelConfig
+from aiayn.data import Tokenizer, collate_classification, split_stores, train_tokenizer_for
+from aiayn.decode.classify import predict_ids
 from aiayn.errors import ConfigError, DataError
+from aiayn.kinds import CLASSIFICATION
 from aiayn.model import TransformerClassifier
 from aiayn.train.loss import label_smoothed_nll_loss
-from aiayn.train.task import Lengths, StepStats, TokenBatchedTask, register_shape
+from aiayn.train.task import Lengths, StepStats, TokenBatchedTask
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ClassificationTask"]
 
 
-@register_shape("classification", TransformerClassifier)
 class ClassificationTask(TokenBatchedTask):
     """Cross-entropy over (text, label) pairs with a :class:`TransformerClassifier`."""
 
-    def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
+    kind = CLASSIFICATION
 
+    def setup(self, tokenizer_json: str | None) -> str:
         data = self.cfg.data
         if tokenizer_json is None:
             log.info(
@@ -83,8 +85,6 @@ class ClassificationTask(TokenBatchedTask):
         return self.stores[split].lengths("text") + extra, None
 
     def collate(self, split: str, indices: list[int]) -> Any:
-        from aiayn.data import collate_classification
-
         store = self.stores[split]
         items = zip(store.rows("text", indices), store.labels[indices].tolist())
         return collate_classification(list(items), self.cfg.model.pad_id)
@@ -131,8 +131,6 @@ class ClassificationTask(TokenBatchedTask):
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Accuracy on the validation split (when ``train.metrics_every`` is due)."""
-        from aiayn.decode.classify import predict_ids
-
         store = self.stores["valid"]
         if not len(store):
             return {}

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from aiayn.errors import ConfigError
+from aiayn.threads import cpu_has_bf16
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,6 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     elif device.type != "cpu":
         raise ConfigError(f"train.device: '{name}' is not supported (auto, cpu, cuda, cuda:N)")
     return device
-
-
-def cpu_has_bf16() -> bool:
-    """True on CPUs with native bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "AMX" in torch.backends.cpu.get_cpu_capability()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:

@@ -21,23 +21,23 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
 from aiayn.errors import ConfigError
-from aiayn.model import TransformerLM
+from aiayn.kinds import LM
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.task import StepStats, Task, output_weight, register_shape
+from aiayn.train.task import StepStats, Task, output_weight
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LanguageModelTask"]
 
 
-@register_shape("lm", TransformerLM)
 class LanguageModelTask(Task):
     """Next-token cross-entropy over windows of a running text with a :class:`TransformerLM`."""
 
-    def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
+    kind = LM
 
+    def setup(self, tokenizer_json: str | None) -> str:
         data = self.cfg.data
         if tokenizer_json is None:
             log.info("training a %s tokenizer on the training text", data.tokenizer)

@@ -26,10 +26,10 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.model import TransformerMaskedLM
+from aiayn.kinds import MASKED_LM
 from aiayn.train.classification import ClassificationTask
 from aiayn.train.loss import projected_label_smoothed_nll_loss
-from aiayn.train.task import StepStats, output_weight, register_shape
+from aiayn.train.task import StepStats, output_weight
 
 __all__ = ["MaskedLMTask", "mask_tokens"]
 
@@ -63,9 +63,10 @@ def mask_tokens(
     return inputs, targets
 
 
-@register_shape("masked_lm", TransformerMaskedLM)
 class MaskedLMTask(ClassificationTask):
     """Masked-token cross-entropy over the texts of a classification dataset."""
+
+    kind = MASKED_LM
 
     def _check_labels(self) -> None:
         if not len(self.stores["train"]):
@@ -74,13 +75,13 @@ class MaskedLMTask(ClassificationTask):
     def model_config(self, model: ModelConfig) -> ModelConfig:
         if model.pooling == "cls":
             raise ConfigError(
-                "data.task = 'masked_lm' pre-trains for mean or max pooling; "
+                "data.kind = 'masked_lm' pre-trains for mean or max pooling; "
                 "model.pooling = 'cls' has no CLS token to pre-train"
             )
         for name in ("bigram_buckets", "token_dropout"):  # the masked-LM model has neither
             if getattr(model, name):
                 raise ConfigError(
-                    f"data.task = 'masked_lm' pre-trains the embeddings and encoder "
+                    f"data.kind = 'masked_lm' pre-trains the embeddings and encoder "
                     f"only; set model.{name} in the classifier run that starts from "
                     "it (train.init_from), not here"
                 )

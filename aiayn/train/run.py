@@ -15,13 +15,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiayn.errors as errors
 from aiayn import __version__
 from aiayn.card import write_model_card
+from aiayn.checkpoint import TOKENIZER_FILE
 from aiayn.config import flatten_keys
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
+from aiayn.folder import read_folder_config
 from aiayn.io import check_not_input, recover_folder
-from aiayn.train.config import RunConfig, run_config_to_dict, run_inputs
+from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.task import Task, build_task
@@ -48,8 +51,6 @@ def _on_main(dist: DistContext, fn: Callable[[], T]) -> T:
     result, error = dist.broadcast((result, error))
     if error is not None:
         name, _, message = error.partition(":")
-        import aiayn.errors as errors
-
         raise getattr(errors, name, AiaynError)(message)
     return result
 
@@ -94,9 +95,6 @@ def init_tokenizer(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     """The tokenizer of the model folder ``train.init_from`` (the run must use its vocabulary)
     and that model's tokenizer settings (``data.tokenizer``/``vocab_size``/``lowercase``), which
     the run then records as its own; warns about settings that differ from that model's."""
-    from aiayn.checkpoint import TOKENIZER_FILE
-    from aiayn.folder import read_folder_config
-
     folder = Path(cfg.train.init_from)
     parsed = read_folder_config(folder)
     path = folder / TOKENIZER_FILE
@@ -185,7 +183,6 @@ def _run_meta(cfg: RunConfig, task: Task, extra_meta: dict[str, Any] | None) -> 
     return {
         "kind": task.kind,
         **run_config_to_dict(cfg),
-        "task": cfg.data.task,
         "aiayn_version": __version__,
         "hardware": hardware_name(cfg.train.device),
         **(extra_meta or {}),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from aiayn.train.config import TrainConfig
+from aiayn.run_config import TrainConfig
 
 Schedule = Callable[[int, float], float]  # (update, share of the post-warm-up time used) -> lr
 

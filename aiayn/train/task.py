@@ -1,21 +1,21 @@
-"""Tasks: what the one training loop needs to know about a model shape, and the registry of shapes.
+"""Tasks: what the one training loop needs to know about a model kind.
 
 The trainer (:mod:`aiayn.train.trainer`) owns optimisation, precision, processes, checkpoints and
-logging. A :class:`Task` owns the data and the model shape: it loads and tokenises the data,
+logging. A :class:`Task` owns the data and the model kind: it loads and tokenises the data,
 builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
 and token counts, and computes expensive validation metrics (BLEU for translation).
 
-Each model shape has one name (``data.task`` in a recipe, ``kind`` in a model folder's
-config.json), one Task class and one model class. A shape registers itself in its own module with
-:func:`register_shape` (fairseq's ``@register_task``); this module never imports them, so no
-import cycle is possible. The built-in shapes are imported by :mod:`aiayn.train` (``__init__``):
-adding a shape is one new module and one import line there.
+Each model kind has one name (``data.kind`` in a recipe, ``kind`` in a model folder's
+config.json), one Task class and one model class, declared together in :mod:`aiayn.kinds`, which
+names the Task class by its dotted path: :func:`build_task` imports it when a run starts. This
+module never imports the Task modules, so no import cycle is possible. Adding a kind is one new
+Task module and one entry in :data:`aiayn.kinds.KINDS`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,17 +24,14 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.errors import ConfigError
-from aiayn.train.config import RunConfig, check_run_config, warn_run_config
+from aiayn.data import TokenBatchSampler
+from aiayn.kinds import KINDS, get_kind
+from aiayn.run_config import RunConfig, check_run_config, warn_run_config
 
 __all__ = [
     "StepStats",
     "Task",
     "TokenBatchedTask",
-    "SHAPES",
-    "OLD_NAMES",
-    "register_shape",
-    "shape_name",
     "task_class",
     "build_task",
     "output_weight",
@@ -48,7 +45,7 @@ Lengths = Sequence[int] | np.ndarray
 def output_weight(model: nn.Module) -> Tensor:
     """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
     generator = getattr(model, "module", model).generator
-    assert isinstance(generator, nn.Linear)  # every shape's output projection
+    assert isinstance(generator, nn.Linear)  # every kind's output projection
     return generator.weight
 
 
@@ -63,16 +60,15 @@ class StepStats:
 
 
 class Task(ABC):
-    """The interface between the trainer and one model shape (see the module docstring).
+    """The interface between the trainer and one model kind (see the module docstring).
 
     Lifecycle: ``setup`` (data + tokenizer) -> ``model_config`` (vocabulary size filled in) ->
     ``build_model`` -> per epoch ``epoch_batches`` -> per micro-batch ``collate`` + ``loss``;
     validation: ``valid_batches`` + ``loss``, and ``valid_metrics`` when due.
     """
 
-    #: the shape's name (config.json "kind", data.task) and model class, set by register_shape
+    #: the kind's name (config.json "kind", data.kind): its entry in aiayn.kinds.KINDS
     kind: ClassVar[str] = ""
-    model_class: ClassVar[Callable[[ModelConfig], nn.Module]]
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -87,7 +83,7 @@ class Task(ABC):
         return model
 
     def build_model(self, model: ModelConfig) -> nn.Module:
-        return type(self).model_class(model)
+        return KINDS[self.kind].model_class(model)
 
     @abstractmethod
     def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
@@ -115,18 +111,8 @@ class Task(ABC):
         return {}
 
 
-# --------------------------------------------------------------------------------------------
-# The registry of model shapes
-# --------------------------------------------------------------------------------------------
-
-#: shape name -> its Task class (which names its model class)
-SHAPES: dict[str, type[Task]] = {}
-#: names older model folders wrote in config.json "kind"
-OLD_NAMES = {"seq2seq": "translation", "classifier": "classification"}
-
-
 class TokenBatchedTask(Task):
-    """A shape whose examples are batched by token count (:class:`~aiayn.data.TokenBatchSampler`),
+    """A kind whose examples are batched by token count (:class:`~aiayn.data.TokenBatchSampler`),
     one sampler per split and process, made on first use. Subclasses give
     :meth:`example_lengths`."""
 
@@ -141,8 +127,6 @@ class TokenBatchedTask(Task):
 
     def _sampler(self, split: str, rank: int, world_size: int) -> Any:
         """``split``'s sampler for this process; None when the split has no examples."""
-        from aiayn.data import TokenBatchSampler
-
         key = (split, rank, world_size)
         if key not in self._samplers:
             lengths, target_lengths = self.example_lengths(split)
@@ -172,41 +156,14 @@ class TokenBatchedTask(Task):
         return sampler.batches(0)[rank::world_size]
 
 
-def register_shape(
-    name: str, model_class: Callable[[ModelConfig], nn.Module]
-) -> Callable[[type[Task]], type[Task]]:
-    """Class decorator: ``@register_shape("lm", TransformerLM)`` on the shape's Task class."""
-
-    def register(cls: type[Task]) -> type[Task]:
-        if name in SHAPES:
-            raise ValueError(f"model shape '{name}' is registered twice")
-        cls.kind, cls.model_class = name, model_class
-        SHAPES[name] = cls
-        return cls
-
-    return register
-
-
-def shape_name(name: str) -> str:
-    """The current name of a shape (old config.json names mapped)."""
-    return OLD_NAMES.get(name, name)
-
-
 def task_class(name: str) -> type[Task]:
-    """The Task class of shape ``name``; ConfigError naming the registered shapes otherwise."""
-    name = shape_name(name)
-    if name not in SHAPES:
-        raise ConfigError(f"unknown model shape '{name}' (have: {', '.join(SHAPES)})")
-    return SHAPES[name]
+    """The Task class of kind ``name`` (an old name too); ConfigError naming the kinds otherwise."""
+    cls: type[Task] = get_kind(name).task_class()
+    return cls
 
 
 def build_task(cfg: RunConfig) -> Task:
-    """The Task for ``data.task``."""
-    name = cfg.data.task
-    if name not in SHAPES:
-        raise ConfigError(
-            f"data.task = '{name}' has no trainer task yet (have: {', '.join(SHAPES)})"
-        )
+    """The Task for ``data.kind``."""
     check_run_config(cfg)  # the cross-field checks, for a RunConfig built in Python too
     warn_run_config(cfg)
-    return SHAPES[name](cfg)
+    return task_class(cfg.data.kind)(cfg)

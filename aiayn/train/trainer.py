@@ -26,11 +26,13 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
+from aiayn.checkpoint import init_from_model_dir, load_weights, save_model_dir
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.threads import ThreadGovernor
+from aiayn.run_config import RunConfig, micro_batches_per_update
+from aiayn.threads import ThreadGovernor, threads_for_load
 from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory
-from aiayn.train.config import RunConfig, micro_batches_per_update
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
@@ -195,8 +197,6 @@ class Trainer:
         )
 
     def _init_from(self, folder: str) -> None:
-        from aiayn.checkpoint import init_from_model_dir
-
         copied, fresh = init_from_model_dir(self.model, folder)
         log.info(
             "train.init_from: %d tensors from %s; initialised here: %s",
@@ -217,8 +217,6 @@ class Trainer:
                         st["step"] = st["step"].to(param.device, torch.float32)
 
     def _restore(self) -> None:
-        from aiayn.checkpoint import load_weights
-
         state = self.folder.load_state()
         snapshot = self.folder.checkpoints / state["snapshot"]
         self.folder.check_parts(snapshot, self.cfg.model)  # config.json edited since?
@@ -281,8 +279,6 @@ class Trainer:
     def _thread_governor(self) -> Any:
         """On the CPU: threads for the load now, then re-measured now and then (aiayn/threads.py);
         nothing when the user set a thread count."""
-        from aiayn.threads import threads_for_load
-
         governor = ThreadGovernor(active=self.device.type == "cpu")
         if governor.active:
             threads_for_load()
@@ -563,8 +559,6 @@ class Trainer:
         self._last_save_wall = self._synced_wall
 
     def _save_best(self, value: float) -> None:
-        from aiayn.checkpoint import save_model_dir
-
         extra = {k: v for k, v in self.meta.items() if k not in ("kind", "model")}
         save_model_dir(
             self.folder.best,
@@ -594,8 +588,6 @@ class Trainer:
     def _progress_bar(self) -> Any:
         if not (self.train_cfg.progress and self.dist.is_main):
             return None
-        from tqdm import tqdm
-
         total = self.train_cfg.max_steps or None
         return tqdm(
             total=total,

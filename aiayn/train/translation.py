@@ -17,7 +17,18 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.data import (
+    SubwordTokenizer,
+    Tokenizer,
+    collate_translation,
+    load_translation,
+    split_stores,
+    train_tokenizer_for,
+)
+from aiayn.decode import translate_texts
 from aiayn.errors import ConfigError
+from aiayn.eval.bleu import corpus_scores
+from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer
 from aiayn.train.loss import projected_label_smoothed_nll_loss
 from aiayn.train.task import (
@@ -25,7 +36,6 @@ from aiayn.train.task import (
     StepStats,
     TokenBatchedTask,
     output_weight,
-    register_shape,
 )
 
 log = logging.getLogger(__name__)
@@ -53,15 +63,14 @@ def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor,
     return weight.index_select(0, ids), position[target], -1
 
 
-@register_shape("translation", Transformer)
 class TranslationTask(TokenBatchedTask):
     """Teacher-forced encoder–decoder training on (source, target) token-id pairs."""
+
+    kind = TRANSLATION
 
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
     def setup(self, tokenizer_json: str | None) -> str:
-        from aiayn.data import SubwordTokenizer, Tokenizer, split_stores, train_tokenizer_for
-
         data = self.cfg.data
         if tokenizer_json is None:
             log.info(
@@ -93,8 +102,6 @@ class TranslationTask(TokenBatchedTask):
     def _kept_texts(self) -> list[tuple[str, str]]:
         """The (source, target) texts of the stored training pairs, which BPE-dropout re-encodes
         (held in memory: a BPE-dropout run keeps its corpus' text in RAM)."""
-        from aiayn.data import load_translation
-
         src, tgt = load_translation(self.cfg.data, self.cfg.data.train_split)
         return [(src[i], tgt[i]) for i in self.stores["train"].lines.tolist()]
 
@@ -123,8 +130,6 @@ class TranslationTask(TokenBatchedTask):
         return store.lengths("src"), store.lengths("tgt") + 1  # the target gains BOS/EOS
 
     def collate(self, split: str, indices: list[int]) -> Any:
-        from aiayn.data import collate_translation
-
         store, m = self.stores[split], self.cfg.model
         chosen: list[tuple[Any, Any]]
         if split == "train" and self.noisy_tokenizer is not None:
@@ -161,15 +166,6 @@ class TranslationTask(TokenBatchedTask):
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Corpus BLEU (sacreBLEU) of the model's translations of the validation sources."""
-        try:
-            from aiayn.decode import translate_texts
-            from aiayn.eval.bleu import corpus_scores
-        except ImportError as err:
-            raise ConfigError(
-                f"train.metrics_every needs aiayn.decode and aiayn.eval ({err})"
-            ) from None
-        from aiayn.data import load_translation
-
         t = self.cfg.train
         if not hasattr(self, "_bleu_data"):
             src, ref = load_translation(self.cfg.data, self.cfg.data.valid_split)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import AiaynError
+from aiayn.io import atomic_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -44,8 +45,6 @@ def panels(fig: Figure) -> list[Any]:
 def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as a PNG (atomically) and close it. The PNG's ``Description`` holds the panel
     titles, one per line, so a reader (or a test) can tell what the image contains."""
-    from aiayn.io import atomic_path
-
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise AiaynError(f"{path}: plots are written as PNG; give a file name ending in .png")

@@ -11,6 +11,7 @@ layer of one kind, its columns the heads. Layers and heads are numbered from 1, 
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,12 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
+from aiayn.data.tokenizer import SPECIAL_TOKENS
+from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.decode.translate import encode_sources
 from aiayn.errors import AiaynError
+from aiayn.folder import load_model_folder
+from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer
 from aiayn.viz import pyplot
 
@@ -194,22 +200,20 @@ class TranslationAttention:
         def lists(maps: list[Tensor]) -> list:
             return [w.round(decimals=digits).tolist() for w in maps]
 
-        return {
-            "translation": self.translation,
-            "score": self.score,
-            "src_tokens": self.src_tokens,
-            "tgt_tokens": self.tgt_tokens,
-            "encoder": lists(self.maps.encoder),
-            "decoder": lists(self.maps.decoder),
-            "cross": lists(self.maps.cross),
-        }
+        return dict(  # keyword names: these are JSON fields, not model kinds
+            translation=self.translation,
+            score=self.score,
+            src_tokens=self.src_tokens,
+            tgt_tokens=self.tgt_tokens,
+            encoder=lists(self.maps.encoder),
+            decoder=lists(self.maps.decoder),
+            cross=lists(self.maps.cross),
+        )
 
 
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     """A readable label per id: special tokens by name, a piece as the text it decodes to, a
     leading space (a word start) shown as '▁'."""
-    from aiayn.data.tokenizer import SPECIAL_TOKENS
-
     labels = []
     for i in ids:
         if 0 <= i < len(SPECIAL_TOKENS):
@@ -237,11 +241,6 @@ def attention_of_translation(
     hypothesis of the n-best list (1: the best). An :class:`~aiayn.decode.Ensemble` translates
     as one model; the weights shown are then those of its first model reading that translation.
     """
-    import dataclasses
-
-    from aiayn.decode import DecodeConfig, Ensemble, translate_ids
-    from aiayn.decode.translate import encode_sources
-
     decode = decode or DecodeConfig()
     if beam is not None:
         decode = dataclasses.replace(decode, beam=beam, nbest=min(decode.nbest, beam))
@@ -273,9 +272,7 @@ def attention_of_translation(
 
 def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> TranslationAttention:
     """:func:`attention_of_translation` for a model folder (config.json, weights, tokenizer.json)."""
-    from aiayn.folder import load_model_folder
-
     # An exported folder has no PyTorch weights: engine="torch" refuses it with one line.
-    folder = load_model_folder(model_dir, expect_kind="translation", engine="torch")
+    folder = load_model_folder(model_dir, expect_kind=TRANSLATION, engine="torch")
     assert isinstance(folder.model, Transformer)  # one translation folder
     return attention_of_translation(folder.model, folder.tokenizer, text, beam)

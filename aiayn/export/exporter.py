@@ -1,0 +1,96 @@
+"""The one interface of the exporters: an :class:`Exporter` writes a model folder as one format.
+
+:meth:`Exporter.export` is the template every format follows (CTranslate2's converters: load →
+validate → write → record): open the model folder with the one loader (its checks and messages),
+let the format refuse what it cannot express before the output folder is touched, write into a
+temporary folder that replaces ``out`` only when complete, then record config.json (the source's
+sections, provenance, the sha256 of every part) and the model card. A format gives its ``name``,
+the optional dependency it needs, and :meth:`check` and :meth:`write`; the kinds it writes are
+declared in :mod:`aiayn.kinds`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aiayn.card import write_model_card
+from aiayn.errors import CheckpointError, ConfigError, require
+from aiayn.folder import load_model_folder
+from aiayn.folder_config import parse_folder_config, read_folder_config, write_folder_config
+from aiayn.folder_parts import record_parts
+from aiayn.io import check_not_input, check_output_folder, new_folder
+from aiayn.kinds import KINDS
+
+__all__ = ["ExportOptions", "Exporter", "QUANTIZATIONS"]
+
+# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What `aiayn export` takes besides the folders."""
+
+    quantization: str | None = None  # CTranslate2's weight type (default float32)
+    overwrite: bool = False  # replace an existing output folder
+
+
+class Exporter(ABC):
+    """One export format (see the module docstring)."""
+
+    name: ClassVar[str]  # `aiayn export --format NAME`, config.json "format"
+    dependency: ClassVar[tuple[str, str]]  # (module, the aiayn extra that installs it)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The model kinds this format writes (declared per kind in aiayn.kinds)."""
+        return tuple(k.name for k in KINDS.values() if self.name in k.exporters)
+
+    def check_options(self, options: ExportOptions) -> None:
+        """ConfigError for an option this format cannot express."""
+        if options.quantization is not None:
+            raise ConfigError("--quantization applies to --format ctranslate2 only")
+
+    @abstractmethod
+    def check(self, model: Any, kind: str) -> None:
+        """ConfigError naming what of ``model`` this format cannot express."""
+
+    @abstractmethod
+    def write(
+        self, model: Any, kind: str, tokenizer: Any, folder: Path, options: ExportOptions
+    ) -> dict:
+        """Write the model into ``folder``; the config.json entries that describe what was written."""
+
+    def export(self, folder: str | Path, out: str | Path, options: ExportOptions) -> Path:
+        """Export the model folder ``folder`` into ``out`` (see the module docstring)."""
+        source, out = Path(folder), Path(out)
+        self.check_options(options)
+        check_not_input(out, [source], "-o")  # --overwrite would delete the model being exported
+        check_output_folder(out, options.overwrite)  # before any work
+        module, extra = self.dependency
+        require(module, extra, f"--format {self.name}")
+        meta = read_folder_config(source)
+        if meta.format is not None:
+            raise CheckpointError(
+                f"{source}: already an exported '{meta.format}' model; export the model "
+                "folder it was written from"
+            )
+        loaded = load_model_folder(source)  # the one loader: its checks and messages
+        model, kind, tokenizer = loaded.model, loaded.kind, loaded.tokenizer
+        self.check(model, kind)  # before touching the output folder
+        with new_folder(out, options.overwrite) as tmp:
+            extra_keys = self.write(model, kind, tokenizer, tmp, options)
+            tokenizer.save(tmp / "tokenizer.json")
+            # the source's sections as the loader read them (renamed keys under their new names;
+            # a section it did not record stays unrecorded), its provenance, what the writer says
+            parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened
+            written = {**meta.to_dict(), **extra_keys, "exported_from": str(source), "parts": parts}
+            written = {"format": self.name, **written, "kind": kind}
+            if written.get("decode"):  # bf16 is PyTorch's autocast; an export runs as exported
+                written["decode"] = {**written["decode"], "bf16": False}
+            write_folder_config(tmp, parse_folder_config(written, tmp))
+            write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
+        return out

@@ -1,0 +1,99 @@
+"""The one protocol every runtime implements: what running a model folder takes.
+
+Shape legend: N texts · C classes.
+
+A :class:`Backend` is what :func:`aiayn.load` puts behind a :class:`~aiayn.folder.ModelFolder`:
+PyTorch (:mod:`aiayn.runtime.torch_backend`), ONNX Runtime (:mod:`aiayn.runtime.onnx_backend`)
+and CTranslate2 (:mod:`aiayn.runtime.ct2_backend`) implement it. A backend declares what it can
+do in ``capabilities``; the caller asks (:func:`require`), never checks a type or a format
+string, and a missing capability is one line that names the backend (:class:`Unsupported`: exit 2
+on the command line, 404 or 422 from the server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol
+
+import torch
+from torch import Tensor
+
+from aiayn.config import ModelConfig
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
+from aiayn.errors import ConfigError
+
+__all__ = ["CAPABILITIES", "ENGINES", "Backend", "Unsupported", "require", "refuse"]
+
+#: the runtimes, by the name `--engine` and config.json "format" give them ("torch": a model folder)
+ENGINES = ("torch", "onnx", "ctranslate2")
+
+#: what a backend may declare
+CAPABILITIES = {
+    "translate": "translations",
+    "nbest": "n-best lists",
+    "ensemble": "ensembles of several model folders",
+    "attention": "attention weights",
+    "bf16": "bf16 autocast (--bf16)",
+    "generate": "language models",
+    "classify": "classifiers",
+}
+
+
+class Unsupported(ConfigError):
+    """A capability the backend does not have (one line naming the backend and what it lacks)."""
+
+
+class Declares(Protocol):
+    """What a backend (class or instance) declares about itself."""
+
+    name: str
+    capabilities: frozenset[str]
+
+
+class Backend(Protocol):
+    """A model folder (or an ensemble of translation folders), opened by one runtime."""
+
+    name: str  # "torch", "onnx", "ctranslate2": what `--engine` and config.json "format" call it
+    capabilities: frozenset[str]  # keys of CAPABILITIES
+    cfg: ModelConfig  # special ids, max_len, n_classes (the first folder's, for an ensemble)
+    device: torch.device
+
+    def parameters(self) -> list[Tensor]:
+        """The model's torch weights (an exported model has none)."""
+        ...
+
+    def translate_ids(
+        self,
+        sources: Sequence[list[int]],
+        cfg: DecodeConfig,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Per source its ``cfg.nbest`` hypotheses, best first ([] for an empty source): aiayn's
+        search over the model's encode and step (:class:`~aiayn.decode.step.Seq2SeqModel`), or
+        the engine's own search."""
+        ...
+
+    def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
+        """Shape: N id lists -> (N, C) float32 class probabilities."""
+        ...
+
+    def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
+        """New token ids sampled after ``prompt_ids`` (options of
+        :func:`aiayn.decode.generate.generate`)."""
+        ...
+
+
+def require(backend: Declares, capability: str, hint: str = "") -> None:
+    """:class:`Unsupported` naming the backend when it lacks ``capability`` (``hint``: what to do
+    instead, appended)."""
+    if capability not in backend.capabilities:
+        refuse(backend, capability, hint)
+
+
+def refuse(backend: Declares, capability: str, hint: str = "") -> NoReturn:
+    """Raise :class:`Unsupported`: the backend has no ``capability``."""
+    raise Unsupported(
+        f"the {backend.name} backend has no {CAPABILITIES[capability]}"
+        + (f" ({hint})" if hint else "")
+    )

@@ -1,0 +1,231 @@
+"""The CTranslate2 backend: a translation model written by ``aiayn export --format ctranslate2``,
+decoded by CTranslate2's own beam search on the CPU.
+
+CTranslate2 reads and writes token strings: :func:`token_strings` names every id (the exporter
+writes the same list as the model's vocabulary, :func:`check_vocabulary` checks it when the folder
+is opened). It runs translation with n-best lists, its threads split between ``workers`` batches
+decoded at once; no ensembles, attention weights, bf16 autocast (quantise at export instead),
+language models or classifiers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.config import ModelConfig
+from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
+from aiayn.decode.translate import max_output_lengths
+from aiayn.errors import CheckpointError, require
+from aiayn.runtime.backend import refuse
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Ct2Translator", "Ct2Backend", "token_strings", "check_vocabulary", "open_ct2"]
+
+
+def token_strings(tokenizer: Any, size: int) -> list[str]:
+    """One distinct string per token id 0 … size-1: CTranslate2's vocabulary (and what its
+    translator reads and writes). Ids without a name of their own get ``<aiayn:ID>``."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for i in range(size):
+        name = SPECIAL_TOKENS[i] if i < len(SPECIAL_TOKENS) else None
+        if name is None and isinstance(tokenizer, SubwordTokenizer):
+            name = tokenizer.hf.id_to_token(i)
+        elif (
+            name is None
+            and isinstance(tokenizer, CharTokenizer)
+            and i - len(SPECIAL_TOKENS) < len(tokenizer.chars)
+        ):
+            name = tokenizer.chars[i - len(SPECIAL_TOKENS)]
+        if name is None or name in seen:
+            name = f"<aiayn:{i}>"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def check_vocabulary(model_dir: Path, tokens: list[str], cfg: Any) -> None:
+    """CheckpointError when the CTranslate2 model's vocabularies are not ``tokens`` (the token
+    strings of the folder's tokenizer.json, :func:`token_strings`) cut to config.json's sizes:
+    a tokenizer.json or config.json from another model. A file CTranslate2 did not write here
+    (an older layout) is left to CTranslate2's own reader."""
+    expected = {
+        "shared_vocabulary.json": ("src_vocab_size", cfg.src_vocab_size),
+        "source_vocabulary.json": ("src_vocab_size", cfg.src_vocab_size),
+        "target_vocabulary.json": ("tgt_vocab_size", cfg.tgt_vocab_size),
+    }
+    for name, (field, size) in expected.items():
+        try:
+            vocabulary = json.loads((model_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(vocabulary, list):
+            continue
+        if len(vocabulary) != size:
+            raise CheckpointError(
+                f"{model_dir.parent}: config.json says {field} = {size}, the CTranslate2 model "
+                f"has {len(vocabulary)} tokens (the folder's parts come from different models)"
+            )
+        if vocabulary != tokens[:size]:
+            raise CheckpointError(
+                f"{model_dir.parent}: tokenizer.json is not the tokenizer the CTranslate2 model "
+                "was exported with (their tokens differ; the folder's parts come from different "
+                "models)"
+            )
+
+
+class Ct2Translator:
+    """A translation model exported by ``aiayn export --format ctranslate2``, decoded
+    by CTranslate2's own beam search (see :meth:`translate_ids` for how settings map)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        cfg: ModelConfig,
+        tokens: list[str],
+        threads: int | None = None,
+        workers: int = 1,
+        compute_type: str = "default",
+    ) -> None:
+        ct2 = require("ctranslate2", "ctranslate2", "running a CTranslate2 model")
+        self.cfg = cfg
+        self.tokens = tokens
+        self.ids = {token: i for i, token in enumerate(tokens)}
+        try:
+            self.translator = ct2.Translator(
+                str(folder),
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=workers,
+                intra_threads=max(1, (threads or torch.get_num_threads()) // workers),
+            )
+        except Exception as err:  # RuntimeError, IndexError, ValueError…: whatever the reader met
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CheckpointError(
+                f"{folder}: not a readable CTranslate2 model ({first[:200]})"
+            ) from None
+
+    def translate_ids(
+        self,
+        sources: Sequence[list[int]],
+        cfg: DecodeConfig = DecodeConfig(),
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Decode source ids; per source its ``cfg.nbest`` hypotheses ([] for an empty source).
+
+        Settings map onto ``translate_batch`` as follows. Length penalty: CTranslate2 ranks
+        finished hypotheses by log P / |Y|^lp, |Y| counting EOS here (``return_end_token``), so
+        ``average`` is lp = 1 and ranks exactly as aiayn does; ``none`` is lp = 0, but CTranslate2
+        then stops a sentence as soon as its best beam ends instead of waiting for k finished
+        hypotheses; GNMT's ((5 + |Y|) / 6)^α has no equivalent and is approximated by |Y|^α
+        (a warning says so). The cap a·src_len + b is per sentence: sentences are sent in groups
+        of one cap each.
+        """
+        if cfg.length_penalty == "gnmt":
+            log.warning(
+                "ctranslate2 has no GNMT length penalty; ranking by log P / |Y|^%s instead "
+                "(--length-penalty average ranks exactly as aiayn does)",
+                cfg.alpha,
+            )
+        lp = {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0}[cfg.length_penalty]
+        todo = [i for i, s in enumerate(sources) if s]
+        caps = max_output_lengths(
+            torch.tensor([len(sources[i]) for i in todo]), cfg, self.cfg.max_len
+        ).tolist()
+        groups: dict[int, list[int]] = {}
+        for i, cap in zip(todo, caps):
+            groups.setdefault(cap, []).append(i)
+        pending = []
+        for cap, index in groups.items():
+            batch = [[self.tokens[t] for t in sources[i]] for i in index]
+            pending.append(
+                (
+                    index,
+                    self.translator.translate_batch(
+                        batch,
+                        max_batch_size=cfg.max_tokens,
+                        batch_type="tokens",
+                        asynchronous=True,
+                        beam_size=cfg.beam,
+                        num_hypotheses=cfg.nbest,
+                        length_penalty=lp,
+                        return_end_token=True,
+                        return_scores=True,
+                        max_input_length=0,
+                        max_decoding_length=cap,
+                        min_decoding_length=cfg.min_len,
+                    ),
+                )
+            )
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        for index, futures in pending:
+            for i, future in zip(index, futures):
+                results[i] = [
+                    self._hypothesis(h, s, lp)
+                    for h, s in zip(future.result().hypotheses, future.result().scores)
+                ]
+            if progress is not None:
+                progress(len(index))
+        return results
+
+    def _hypothesis(self, tokens: list[str], score: float, lp: float) -> Hypothesis:
+        ids = [self.ids[t] for t in tokens]
+        finished = bool(ids) and ids[-1] == self.cfg.eos_id
+        body = ids[:-1] if finished else ids
+        log_prob = score * max(len(ids), 1) ** lp  # undo the length normalisation
+        return Hypothesis(body, score, log_prob, finished)
+
+
+class Ct2Backend:
+    """A CTranslate2 translator behind the :class:`~aiayn.runtime.backend.Backend` protocol."""
+
+    name = "ctranslate2"
+    capabilities = frozenset({"translate", "nbest"})
+    device = torch.device("cpu")
+
+    def __init__(self, translator: Ct2Translator) -> None:
+        self.model = translator
+        self.cfg: ModelConfig = translator.cfg
+
+    def parameters(self) -> list[Tensor]:
+        return []
+
+    def translate_ids(
+        self,
+        sources: Sequence[list[int]],
+        cfg: DecodeConfig,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        return self.model.translate_ids(sources, cfg, progress)
+
+    def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
+        refuse(self, "classify")
+
+    def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
+        refuse(self, "generate")
+
+
+def open_ct2(
+    folder: Path,
+    cfg: ModelConfig,
+    tokenizer: Any,
+    files: dict[str, str],
+    threads: int,
+    workers: int,
+) -> Ct2Translator:
+    """The CTranslate2 translator in ``folder`` (``files["model"]``), its vocabulary checked
+    against the folder's tokenizer and config.json."""
+    tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
+    model_dir = folder / files.get("model", "ctranslate2")
+    check_vocabulary(model_dir, tokens, cfg)
+    return Ct2Translator(model_dir, cfg, tokens, threads, workers)
