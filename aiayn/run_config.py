@@ -218,13 +218,22 @@ SECTIONS = ("model", "data", "train", "decode")
 RENAMED = {"train.bleu_every": "train.metrics_every", "data.task": "data.kind"}
 
 
-def renamed_keys(values: dict[str, Any], where: str = "config") -> dict[str, Any]:
+def renamed_keys(
+    values: dict[str, Any], where: str = "config", *, warn: bool = True
+) -> dict[str, Any]:
     """``values`` (dotted keys) with renamed keys under their new name, one logged warning line
-    per key (the new name wins when both are given)."""
+    per key (the new name wins when both are given). ``warn=False`` (a model folder written by an
+    older aiayn, which its user cannot fix and need not) maps them with a debug line only."""
     out = dict(values)
     for old, new in RENAMED.items():
         if old in out:
-            log.warning("%s: '%s' is now called '%s'", where, old, new)
+            log.log(
+                logging.WARNING if warn else logging.DEBUG,
+                "%s: '%s' is now called '%s'",
+                where,
+                old,
+                new,
+            )
             value = out.pop(old)
             out.setdefault(new, value)
     return out
@@ -390,7 +399,7 @@ def run_config_from_dict(data: dict[str, Any], where: str = "config.json") -> Ru
     """Rebuild the RunConfig saved in a run's config.json (extra top-level keys are ignored; a
     missing section takes its defaults)."""
     sections = {k: data[k] for k in SECTIONS if k in data}
-    return apply_overrides(RunConfig(), renamed_keys(flatten_keys(sections), where))
+    return apply_overrides(RunConfig(), renamed_keys(flatten_keys(sections), where, warn=False))
 
 
 def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:

@@ -58,10 +58,8 @@ def test_old_kind_names_and_renamed_keys_still_load(tmp_path, caplog):
         model = load_model_folder(folder, expect_kind="translation")
     assert model.kind == model.config.data.kind == "translation"
     assert model.config.train.metrics_every == 7
-    path = folder / "config.json"
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"{path}: 'train.bleu_every' is now called 'train.metrics_every'",
-        f"{path}: 'data.task' is now called 'data.kind'"]
+    # an old folder is valid as it is: its user has nothing to fix, so no warning on every load
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
 
 
 def test_a_translation_folder_refuses_other_uses(tmp_path):
