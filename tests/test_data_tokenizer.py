@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -131,6 +133,15 @@ def test_char_vocabulary_cap_keeps_the_most_frequent():
     # counted as the texts come, ties kept in the order first seen: pieces give the whole's
     assert train_tokenizer(iter(["ccab", "ab"]), "char", 6).chars == ["a", "c"]
     assert train_tokenizer(["ccabab"], "char", 6).chars == ["a", "c"]
+    from aiayn.data.tokenizer import _char_counts
+
+    texts = ["ba", "", "c😀b", "\ud800a\n", "zzzz", "é"]
+    expected = Counter()
+    for text in texts:
+        expected.update(text)
+    for group in (1, 3, 1 << 16):  # counted with numpy, a few texts joined at a time
+        counts = _char_counts(iter(texts), group)
+        assert list(counts.items()) == list(expected.items())  # the order first seen, too
 
 
 def test_char_batch_array_and_running_encodings_equal_encode():

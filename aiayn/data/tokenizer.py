@@ -261,8 +261,7 @@ class CharTokenizer(Tokenizer):
     def encode_array(self, text: str) -> np.ndarray:
         """``encode(text)`` as an int32 array, vectorised: the text's code points (UTF-32) looked
         up in a table of ids by code point."""
-        points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
-        table = self._table
+        points, table = _code_points(text), self._table
         return table[np.minimum(points, len(table) - 1)]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -356,11 +355,43 @@ def _running_texts(pieces: Iterable[str], lowercase: bool) -> Iterator[str]:
         first = False
 
 
+def _code_points(text: str) -> np.ndarray:
+    """The code points of ``text`` (uint32; a lone surrogate as itself)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+
+
+def _char_counts(texts: Iterable[str], group: int = 1 << 16) -> Counter[str]:
+    """How often each character occurs in ``texts``, in the order first seen (as
+    ``Counter.update`` over the texts counts them), vectorised: a bincount of the code points of
+    about ``group`` characters of the texts at a time."""
+    counts: dict[int, int] = {}
+
+    def count(text: str) -> None:
+        points = _code_points(text)
+        bins = np.bincount(points)
+        present = np.flatnonzero(bins).tolist()
+        if any(p not in counts for p in present):  # new characters: in the order first seen
+            unique, first = np.unique(points, return_index=True)
+            for p in unique[np.argsort(first)].tolist():
+                counts.setdefault(p, 0)
+        for p, n in zip(present, bins[present].tolist()):
+            counts[p] += n
+
+    pending: list[str] = []
+    size = 0
+    for text in texts:
+        pending.append(text)
+        size += len(text)
+        if size >= group:
+            count("".join(pending))
+            pending, size = [], 0
+    count("".join(pending))
+    return Counter({chr(p): n for p, n in counts.items()})
+
+
 def _char_tokenizer(texts: Iterable[str], vocab_size: int) -> CharTokenizer:
     """The ``vocab_size`` - 4 most frequent characters of ``texts`` (read one at a time)."""
-    counts: Counter[str] = Counter()
-    for text in texts:
-        counts.update(text)
+    counts = _char_counts(texts)
     if all(c.isspace() for c in counts):
         raise DataError("no training text to build a tokenizer from")
     keep = max(vocab_size - len(SPECIAL_TOKENS), 1)
