@@ -1,5 +1,6 @@
 """The character tokenizer: its per-character Python encoding (before) against the vectorised one
-(CharTokenizer.encode_array / encode_batch), and the LM store built from the file read whole
+(CharTokenizer.encode_array / encode_batch), the characters counted with Counter against
+numpy (training), and the LM store built from the file read whole
 against the streamed one; the same run, interleaved, median of 5. Not a timed test: the one-off
 measurement behind docs/data.md's figure, kept to be rerun.
 
@@ -16,11 +17,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+
 import numpy as np
+
 from aiayn.data import train_tokenizer
 from aiayn.data.build import Cleaning, running_pieces, write_examples, write_running_text
 from aiayn.data.readers import iter_text, read_text
+from aiayn.data.tokenizer import _char_counts
 
 LOAD_BEFORE = open("/proc/loadavg").read().split()[:3]
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 8
@@ -70,7 +75,18 @@ def lines_store(f):  # one example per line (a classification-like split), CHUNK
     )
 
 
+def old_counts():  # the characters counted before: Counter.update over the pieces
+    counts = Counter()
+    for piece in running_pieces([text]):
+        counts.update(piece)
+    return counts
+
+
 cases = {
+    "character counts (tokenizer training)": (
+        old_counts,
+        lambda: _char_counts(running_pieces([text])),
+    ),
     "running text to an id array": (
         lambda: np.fromiter(tok.encode(text), np.int64, len(text)),
         lambda: tok.encode_array(text),
