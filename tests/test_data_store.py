@@ -373,7 +373,7 @@ def lm_config(path: Path, kind: str, **over):
 
     return build_run_config({"data.task": "lm", "data.dataset": "", "data.train_file": str(path),
                              "data.valid_file": str(path), "data.tokenizer": kind,
-                             "data.vocab_size": 120, "data.max_len": 16, "data.max_tokens": 128,
+                             "data.vocab_size": 400, "data.max_len": 16, "data.max_tokens": 128,
                              "model.max_len": 16, **over})
 
 
@@ -393,7 +393,7 @@ def test_lm_store_streams_to_the_whole_texts_ids_and_batches(tmp_path, monkeypat
     # today's path: the text read whole, the tokenizer trained on it, encoded whole
     whole = path.read_bytes().decode("utf-8")
     assert len(whole) > 15 * 1000  # many blocks, many more pieces
-    tok = train_tokenizer([whole], kind, 120)
+    tok = train_tokenizer([whole], kind, 400)  # bpe: 140 merges
     assert task.tokenizer.to_str() == tok.to_str()
     reference = copy.copy(task)
     reference.ids = {split: np.asarray(tok.encode(whole)) for split in ("train", "valid")}
@@ -410,6 +410,23 @@ def test_lm_store_streams_to_the_whole_texts_ids_and_batches(tmp_path, monkeypat
     with caplog.at_level(logging.INFO):
         LanguageModelTask(cfg).setup(task.tokenizer.to_str())
     assert caplog.text.count("built before, reused") == 2 and "built in" not in caplog.text
+
+
+def test_lm_subword_tokenizer_learns_from_a_sample_of_lines_beyond_the_bound(tmp_path, caplog):
+    path = tmp_path / "lm.txt"
+    text = running_text(3000, seed=5)
+    path.write_text(text, encoding="utf-8")
+    lines = text.split("\n")
+    cfg = DataConfig(task="lm", dataset="", tokenizer="bpe", vocab_size=400, train_file=str(path),
+                     valid_file=str(path), tokenizer_sample=len(lines))
+    whole = train_tokenizer([text], "bpe", 400)
+    assert train_tokenizer_for(cfg).to_str() == whole.to_str()  # every line: the whole text's
+    for k in (len(lines) - 1, 50):
+        with caplog.at_level(logging.INFO):
+            sampled = train_tokenizer_for(DataConfig(**{**cfg.__dict__, "tokenizer_sample": k}))
+        assert f"a sample of {k} of the {len(lines)} training lines" in caplog.text
+        expected = train_tokenizer(reservoir_sample(lines, k)[0], "bpe", 400)
+        assert sampled.to_str() == expected.to_str() != whole.to_str()
 
 
 @pytest.mark.skipif(not MIRROR, reason="real data: AIAYN_DATA_MIRROR is not set")

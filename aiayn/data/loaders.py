@@ -238,9 +238,8 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
 def _train_on_sample(cfg: DataConfig) -> Tokenizer:
     k, split = cfg.tokenizer_sample, cfg.train_split
     kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
-    if cfg.task == "lm":  # streamed in pieces, learnt from as the whole text
-        pieces = running_pieces(lm_blocks(cfg, split))
-        return train_tokenizer(pieces, kind, size, lower, running=True)
+    if cfg.task == "lm":
+        return _train_lm_tokenizer(cfg)
     if cfg.task == "translation":
         pairs, n = reservoir_sample(iter_parallel(*translation_files(cfg, split)), k)
         _log_sample(len(pairs), n, "pairs")
@@ -251,6 +250,30 @@ def _train_on_sample(cfg: DataConfig) -> Tokenizer:
     )
     _log_sample(len(texts), n, "texts")
     return train_tokenizer(texts, kind, size, lower)
+
+
+def _train_lm_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """The LM's tokenizer, from its training text streamed: characters counted over all of it; a
+    subword model learnt from the whole text in pieces (the tokenizer of the text read whole)
+    while it has at most ``data.tokenizer_sample`` lines, else from a seeded sample of that many
+    lines (the text is read once more to count them)."""
+    kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
+    split, k = cfg.train_split, cfg.tokenizer_sample
+    if kind != "char" and sum(b.count("\n") for b in lm_blocks(cfg, split)) >= k:
+        lines, n = reservoir_sample(_lines(lm_blocks(cfg, split)), k)
+        _log_sample(len(lines), n, "lines")
+        return train_tokenizer(lines, kind, size, lower)
+    pieces = running_pieces(lm_blocks(cfg, split))
+    return train_tokenizer(pieces, kind, size, lower, running=True)
+
+
+def _lines(blocks: Iterable[str]) -> Iterator[str]:
+    """The lines of the text of ``blocks`` (without their ``\n``), one at a time."""
+    rest = ""
+    for block in blocks:
+        *complete, rest = (rest + block).split("\n")
+        yield from complete
+    yield rest
 
 
 def _log_sample(k: int, n: int, what: str) -> None:
