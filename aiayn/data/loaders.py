@@ -218,7 +218,7 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     Kept in the data cache by what it was trained from (the files' fingerprints and these
     settings), so a second run on the same files gets the same tokenizer without training."""
     key = {
-        "format": 1,
+        "format": 2 if cfg.task == "lm" else 1,  # 2: an LM samples lines past the bound
         "task": _shape(cfg),
         "dataset": cfg.dataset,
         "split": cfg.train_split,
