@@ -268,7 +268,7 @@ def _train_lm_tokenizer(cfg: DataConfig) -> Tokenizer:
 
 
 def _lines(blocks: Iterable[str]) -> Iterator[str]:
-    """The lines of the text of ``blocks`` (without their ``\n``), one at a time."""
+    """The lines of the text of ``blocks`` (without their newlines), one at a time."""
     rest = ""
     for block in blocks:
         *complete, rest = (rest + block).split("\n")

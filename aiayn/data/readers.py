@@ -69,17 +69,17 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def iter_text(path: str | os.PathLike, block: int | None = None) -> Iterator[str]:
-    """:func:`read_text` in pieces of the text of ``block`` bytes (default :data:`TEXT_BLOCK`;
-    ``.gz`` decompressed), read as
-    it goes: the file is never held in memory whole. The same errors (missing, unreadable, not
-    UTF-8 with line and column, empty), raised when met; a leading byte-order mark is dropped."""
+    """:func:`read_text` in consecutive parts, the text of ``block`` bytes each (default
+    :data:`TEXT_BLOCK`; ``.gz`` decompressed), read as it goes: the file is never held in memory
+    whole. The same errors (missing, unreadable, not UTF-8 with line and column, empty), raised
+    when met; a leading byte-order mark is dropped."""
     path = Path(path)
     decoder, seen_text = _Utf8Decoder(path), False
     with _open_binary(path) as f:
         try:
             while raw := f.read(block or TEXT_BLOCK):
                 text = decoder.decode(raw)
-                seen_text = seen_text or not (text.isspace() or not text)
+                seen_text = seen_text or (bool(text) and not text.isspace())
                 if text:
                     yield text
         except (OSError, EOFError, zlib.error) as err:

@@ -79,9 +79,10 @@ class Tokenizer:
 
     def encode_running(self, pieces: Sequence[str], start: bool, end: bool) -> np.ndarray:
         """The ids of ``pieces``, consecutive pieces of one running text, as ``encode`` of the
-        whole text gives them (an integer array): ``start`` when the first piece begins the text, ``end``
-        when the last one ends it. Every piece but the text's first begins at a run of whitespace
-        that follows a non-space character (:func:`aiayn.data.build.running_pieces` cuts so)."""
+        whole text gives them (an integer array): ``start`` when the first piece begins the text,
+        ``end`` when the last one ends it. Every piece but the text's first begins at a run of
+        whitespace that follows a non-space character (as
+        :func:`aiayn.data.build.running_pieces` cuts them)."""
         raise NotImplementedError
 
     def min_tokens(self, text: str) -> int:
