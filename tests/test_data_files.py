@@ -263,3 +263,22 @@ def test_real_splits(use_real_cache):
     lm = DataConfig(kind="lm", dataset="tiny_shakespeare", tokenizer="char")
     train, val = load_lm_text(lm, "train"), load_lm_text(lm, "val")
     assert len(train) + len(val) == 1115394 and len(val) == 111540 and train.startswith("First Citizen")
+
+
+def test_iter_text_streams_what_read_text_reads(tmp_path):
+    from aiayn.data.readers import iter_text, read_text
+
+    path = tmp_path / "t.txt"
+    data = "\ufeffé€𝄞 a\r\nb\n".encode() * 3  # multi-byte characters cut by every small block
+    path.write_bytes(data)
+    whole = read_text(path)
+    assert not whole.startswith("\ufeff") and whole.count("\ufeff") == 2  # only the leading one
+    for block in (1, 2, 3, 7):
+        assert "".join(iter_text(path, block)) == whole
+    path.write_bytes(data + "x€".encode() + b"\xff")
+    for block in (1, 2, 5, 1000):  # the line and column in the whole file, whatever the blocks
+        with pytest.raises(DataError, match=r"t\.txt:7: not valid UTF-8 \(byte 0xff at column 5\)"):
+            "".join(iter_text(path, block))
+    path.write_bytes(b" \n\t" * 100)
+    with pytest.raises(DataError, match=r"t\.txt: file is empty"):
+        "".join(iter_text(path, 16))

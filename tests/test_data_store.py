@@ -4,9 +4,11 @@ cleaning with counts, and the bounded tokenizer sample."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -352,3 +354,227 @@ def test_classification_and_lm_stores_hold_what_the_lists_held(tmp_path):
                     valid_file=str(tmp_path / "lm.txt"))
     tok = train_tokenizer_for(lm)
     assert lm_store(lm, tok, "train").row("text", 0).tolist() == tok.encode(text)
+
+
+# ---- the LM's running text streams into its store; IMDB's splits stream ------------------------
+
+def running_text(n_words: int, seed: int = 0) -> str:
+    """Words with the whitespace and characters that a piecewise encoding could get wrong: runs
+    of spaces, tabs, CRLF, blank lines, NBSP, ligatures, combining accents, leading and trailing
+    whitespace."""
+    rng = random.Random(seed)
+    words = "the king ﬁne café cafe\u0301 don't Speak, 12 speak. ÆTHER \u00a0 — ".split(" ")
+    seps = [" ", " ", " ", "  ", "\n", "\n\n", "\t", "\r\n", " \n "]
+    return "  \n" + "".join(rng.choice(words) + rng.choice(seps) for _ in range(n_words)) + " \n"
+
+
+def lm_config(path: Path, kind: str, **over):
+    from aiayn.train.config import build_run_config
+
+    return build_run_config({"data.task": "lm", "data.dataset": "", "data.train_file": str(path),
+                             "data.valid_file": str(path), "data.tokenizer": kind,
+                             "data.vocab_size": 400, "data.max_len": 16, "data.max_tokens": 128,
+                             "model.max_len": 16, **over})
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_lm_store_streams_to_the_whole_texts_ids_and_batches(tmp_path, monkeypatch, caplog, kind):
+    from aiayn.data import build, readers
+    from aiayn.train.lm import LanguageModelTask
+
+    monkeypatch.setattr(readers, "TEXT_BLOCK", 1000)  # bytes read at a time
+    monkeypatch.setattr(build, "PIECE", 300)  # characters per piece, 3 pieces encoded at a time
+    monkeypatch.setattr(build, "PIECES", 3)
+    path = tmp_path / "lm.txt"
+    path.write_bytes(running_text(4000).encode("utf-8"))
+    cfg = lm_config(path, kind)
+    task = LanguageModelTask(cfg)
+    task.setup(None)
+    # today's path: the text read whole, the tokenizer trained on it, encoded whole
+    whole = path.read_bytes().decode("utf-8")
+    assert len(whole) > 15 * 1000  # many blocks, many more pieces
+    tok = train_tokenizer([whole], kind, 400)  # bpe: 140 merges
+    assert task.tokenizer.to_str() == tok.to_str()
+    reference = copy.copy(task)
+    reference.ids = {split: np.asarray(tok.encode(whole)) for split in ("train", "valid")}
+    assert all(np.array_equal(task.ids[s], reference.ids[s]) for s in ("train", "valid"))
+    for rank, world_size in ((0, 1), (0, 2), (1, 2)):
+        for epoch in (1, 2):
+            batches = task.epoch_batches(epoch, rank, world_size)
+            assert batches == reference.epoch_batches(epoch, rank, world_size) and batches
+            for indices in batches[:10]:
+                assert all(map(torch.equal, task.collate("train", indices),
+                               reference.collate("train", indices)))
+    assert task.valid_batches(0, 1) == reference.valid_batches(0, 1)
+    # a resumed run (the tokenizer restored) opens the same store, built once
+    with caplog.at_level(logging.INFO):
+        LanguageModelTask(cfg).setup(task.tokenizer.to_str())
+    assert caplog.text.count("built before, reused") == 2 and "built in" not in caplog.text
+
+
+def test_lm_subword_tokenizer_learns_from_a_sample_of_lines_beyond_the_bound(tmp_path, caplog):
+    path = tmp_path / "lm.txt"
+    text = running_text(3000, seed=5)
+    path.write_text(text, encoding="utf-8")
+    lines = text.split("\n")
+    cfg = DataConfig(task="lm", dataset="", tokenizer="bpe", vocab_size=400, train_file=str(path),
+                     valid_file=str(path), tokenizer_sample=len(lines))
+    whole = train_tokenizer([text], "bpe", 400)
+    assert train_tokenizer_for(cfg).to_str() == whole.to_str()  # every line: the whole text's
+    for k in (len(lines) - 1, 50):
+        with caplog.at_level(logging.INFO):
+            sampled = train_tokenizer_for(DataConfig(**{**cfg.__dict__, "tokenizer_sample": k}))
+        assert f"a sample of {k} of the {len(lines)} training lines" in caplog.text
+        expected = train_tokenizer(reservoir_sample(lines, k)[0], "bpe", 400)
+        assert sampled.to_str() == expected.to_str() != whole.to_str()
+
+
+@pytest.mark.skipif(not MIRROR, reason="real data: AIAYN_DATA_MIRROR is not set")
+def test_shakespeare_store_streams_its_90_10_split(use_real_cache, monkeypatch):
+    from aiayn.data import readers
+    from aiayn.data.loaders import lm_file
+
+    monkeypatch.setattr(readers, "TEXT_BLOCK", 65537)  # the 90% cut falls inside a block
+    cfg = DataConfig(task="lm", dataset="tiny_shakespeare", tokenizer="char")
+    whole = lm_file(cfg, "train").read_text(encoding="utf-8")
+    cut = int(len(whole) * 0.9)
+    tok = train_tokenizer_for(cfg)
+    assert tok.to_str() == train_tokenizer([whole[:cut]], "char", cfg.vocab_size).to_str()
+    stores = split_stores(cfg, tok)
+    assert stores["train"].row("text", 0).tolist() == tok.encode(whole[:cut])
+    assert stores["valid"].row("text", 0).tolist() == tok.encode(whole[cut:])
+
+
+def test_lm_bad_byte_late_in_the_text_leaves_no_store(tmp_path, monkeypatch, caplog):
+    from aiayn.data import CharTokenizer, build, lm_store, readers
+
+    monkeypatch.setattr(readers, "TEXT_BLOCK", 512)
+    monkeypatch.setattr(build, "PIECE", 100)
+    lines = [f"line {i} of the text" for i in range(1000)]
+    path = tmp_path / "lm.txt"
+    path.write_bytes("\n".join(lines[:299]).encode() + b"\n\xff" + "\n".join(lines[299:]).encode())
+    cfg = DataConfig(task="lm", dataset="", tokenizer="char", train_file=str(path),
+                     valid_file=str(path))
+    tok = CharTokenizer(sorted(set("".join(lines))))
+    stores = Path(os.environ["AIAYN_CACHE"]) / "stores"
+    before = set(stores.iterdir()) if stores.is_dir() else set()
+    with pytest.raises(DataError, match=r"lm\.txt:300: not valid UTF-8 \(byte 0xff at column 1\)"):
+        lm_store(cfg, tok, "train")  # pieces of the first 299 lines were written by then
+    assert all(p.name.endswith(".lock") for p in set(stores.iterdir()) - before)
+    path.write_text("\n".join(lines), encoding="utf-8")
+    with caplog.at_level(logging.INFO):
+        store = lm_store(cfg, tok, "train")
+        again = lm_store(cfg, tok, "train")
+    assert store.row("text", 0).tolist() == tok.encode("\n".join(lines))
+    assert again.path == store.path and "built before, reused" in caplog.text
+
+
+def old_imdb_split(path: Path, split: str):
+    """The in-memory IMDB splits that streaming replaced (loaders.load_classification before),
+    kept here as the reference."""
+    from aiayn.data import read_labelled
+
+    texts, labels = read_labelled(path)
+    if split == "train_full":
+        return texts, labels
+    if split in ("train_head", "val_tail"):
+        tail: set[int] = set()
+        for label in sorted(set(labels)):
+            ids = [i for i, y in enumerate(labels) if y == label]
+            tail.update(ids[len(ids) - len(ids) // 10:])
+        keep = [i for i in range(len(texts)) if (i in tail) == (split == "val_tail")]
+    else:
+        keep = [i for i in range(len(texts)) if (i % 10 == 9) == (split == "val")]
+    return [texts[i] for i in keep], [labels[i] for i in keep]
+
+
+def fake_imdb(tmp_path: Path, monkeypatch, n: int, repeat: int = 8) -> Path:
+    """A registered-IMDB folder of ``n`` generated training reviews (uneven classes, 3 labels),
+    each the text of trainutil's review ``repeat`` times."""
+    import gzip
+
+    from aiayn.data import loaders
+    from trainutil import reviews
+
+    folder = tmp_path / "imdb"
+    folder.mkdir(parents=True)
+    rows = [(label if i % 7 else 2, text * repeat)
+            for i, (label, text) in enumerate(reviews(n, seed=2))]
+    for name in ("train", "test"):
+        with gzip.open(folder / f"{name}.tsv.gz", "wt", encoding="utf-8") as f:
+            f.writelines(f"{y}\t{t}\n" for y, t in rows)
+    monkeypatch.setattr(loaders, "download_dataset", lambda name: folder)
+    return folder
+
+
+def test_imdb_splits_stream_as_the_in_memory_splits(tmp_path, monkeypatch):
+    from aiayn.data import classification_store, load_classification
+    from aiayn.data.clean import clean_text
+
+    folder = fake_imdb(tmp_path, monkeypatch, 997)
+    cfg = DataConfig(task="classification", dataset="imdb", tokenizer="char", max_len=4000)
+    tok = train_tokenizer_for(cfg)
+    for split in ("train", "val", "train_full", "train_head", "val_tail"):
+        texts, labels = old_imdb_split(folder / "train.tsv.gz", split)
+        assert load_classification(cfg, split) == (texts, labels)
+        store = classification_store(cfg, tok, split)
+        assert store.labels.tolist() == labels
+        assert [x.tolist() for x in store.rows("text", range(len(store)))] == \
+            [tok.encode(clean_text(t)) for t in texts]
+    assert load_classification(cfg, "test") == old_imdb_split(folder / "test.tsv.gz", "train_full")
+
+
+def traced_peak(build_store, folder: Path) -> int:
+    """The most memory (bytes, tracemalloc) that ``build_store(folder)`` held at once."""
+    import tracemalloc
+
+    folder.mkdir(parents=True)
+    tracemalloc.start()
+    try:
+        build_store(folder)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_building_memory_is_bounded_by_the_chunks_not_the_file(tmp_path, monkeypatch):
+    """tracemalloc over the two streaming builders, on a file and on one 4 times as large: the
+    LM's running text (pieces of 4,096 characters) and IMDB's training split (16 examples at a
+    time, from its .gz, 4 times as many reviews). The LM's peak does not grow with the file;
+    IMDB's grows by the few integers kept per example (its index), not by the text; both stay
+    far below the file."""
+    from aiayn.data import CharTokenizer, build, readers
+    from aiayn.data.build import Cleaning, running_pieces, write_examples, write_running_text
+    from aiayn.data.clean import clean_text
+    from aiayn.data.loaders import classification_source
+
+    monkeypatch.setattr(readers, "TEXT_BLOCK", 1 << 14)
+    monkeypatch.setattr(build, "PIECE", 1 << 12)
+    monkeypatch.setattr(build, "PIECES", 4)
+    monkeypatch.setattr(build, "CHUNK", 16)
+    tok = CharTokenizer(sorted(set(running_text(1000))))
+    tok.encode_array("")  # its lookup table (256 KiB: "ﬁ" is U+FB01) belongs to the tokenizer
+    peaks, sizes = {}, {}
+    cfg = DataConfig(task="classification", dataset="imdb", tokenizer="char", max_len=10**6)
+    for scale in (1, 4):
+        text = running_text(150_000 * scale, seed=scale)
+        path = tmp_path / f"lm{scale}.txt"
+        path.write_text(text, encoding="utf-8")
+        peaks["lm", scale] = traced_peak(
+            lambda f: write_running_text(f, tok, running_pieces(readers.iter_text(path))),
+            tmp_path / "stores" / f"lm{scale}")
+        stored = np.fromfile(tmp_path / "stores" / f"lm{scale}" / "text.bin", np.uint16)
+        assert np.array_equal(stored, tok.encode_array(text))
+        sizes["lm", scale] = path.stat().st_size
+        fake_imdb(tmp_path / f"imdb{scale}", monkeypatch, 1000 * scale, repeat=24)
+        items = classification_source(cfg, "train")[1]  # from fake_imdb's folder
+        peaks["imdb", scale] = traced_peak(
+            lambda f: write_examples(f, tok, ["text"], (((t,), y) for t, y in items()),
+                                     Cleaning(limits=(10**6,)), clean_text),
+            tmp_path / "stores" / f"imdb{scale}")
+        sizes["imdb", scale] = sum(len(t.encode()) for t, _ in items())
+    for name, per_example in (("lm", 0), ("imdb", 64)):
+        assert sizes[name, 4] > 3.5 * sizes[name, 1] and sizes[name, 4] > 2 * 2**20
+        growth = 1.1 * peaks[name, 1] + per_example * 900 * 3  # 900 of 1000 reviews: "train"
+        assert peaks[name, 4] < growth, (name, peaks)
+        assert peaks[name, 4] < sizes[name, 4] / 6, (name, peaks, sizes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -128,6 +130,47 @@ def test_char_tokenizer_round_trips_text_exactly(tmp_path):
 def test_char_vocabulary_cap_keeps_the_most_frequent():
     tok = train_tokenizer(["aaaabbbc"], "char", vocab_size=6)
     assert tok.chars == ["a", "b"] and tok.encode("abc") == [4, 5, 3]
+    # counted as the texts come, ties kept in the order first seen: pieces give the whole's
+    assert train_tokenizer(iter(["ccab", "ab"]), "char", 6).chars == ["a", "c"]
+    assert train_tokenizer(["ccabab"], "char", 6).chars == ["a", "c"]
+    from aiayn.data.tokenizer import _char_counts
+
+    texts = ["ba", "", "c😀b", "\ud800a\n", "zzzz", "é"]
+    expected = Counter()
+    for text in texts:
+        expected.update(text)
+    for group in (1, 3, 1 << 16):  # counted with numpy, a few texts joined at a time
+        counts = _char_counts(iter(texts), group)
+        assert list(counts.items()) == list(expected.items())  # the order first seen, too
+
+
+def test_char_batch_array_and_running_encodings_equal_encode():
+    tok = train_tokenizer([SHAKESPEARE + "é😀"], "char", vocab_size=1000)
+    texts = [SHAKESPEARE, "", "FQ é😀 漢字 \U000e0001", "lone \ud800 surrogate", "a" * 5]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    assert tok.encode_batch([]) == [] and tok.encode_batch([""]) == [[]]
+    assert tok.encode_array(texts[2]).tolist() == tok.encode(texts[2])  # unknown: <unk>, any code
+    pieces = ["First", " Citizen:", "\nBefore"]
+    assert tok.encode_running(pieces, False, False).tolist() == tok.encode("".join(pieces))
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_running_pieces_encode_and_train_as_the_whole_text(subword, lowercase):
+    from aiayn.data.build import running_pieces
+
+    whole = "  \n" + "\r\n".join(TRICKY[:4] + CORPUS[:12]).replace("Mann", "Mann \t\n ") + " \n"
+    tok = train_tokenizer([whole], subword.kind, 300, lowercase)
+    for size in (5, 40, 1000):
+        blocks = [whole[i : i + 17] for i in range(0, len(whole), 17)]
+        pieces = list(running_pieces(blocks, size))
+        assert "".join(pieces) == whole and (size > len(whole) or len(pieces) > 3)
+        got = [tok.encode_running(pieces[i : i + 3], i == 0, i + 3 >= len(pieces))
+               for i in range(0, len(pieces), 3)]
+        assert [int(x) for ids in got for x in ids] == tok.encode(whole)
+        if subword.kind == "bpe":  # Unigram's training is not repeatable even on the same text
+            streamed = train_tokenizer(running_pieces(blocks, size), "bpe", 300, lowercase,
+                                       running=True)
+            assert streamed.to_str() == tok.to_str()
 
 
 # ---- Multi30k -----------------------------------------------------------------------------------

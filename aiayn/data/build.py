@@ -1,5 +1,6 @@
 """Building token stores: examples streamed from their files, cleaned, encoded in parallel
-chunks and appended to a :class:`~aiayn.data.store.StoreWriter`; and the bounded, seeded sample a
+chunks and appended to a :class:`~aiayn.data.store.StoreWriter`; a running text (the language
+model's) streamed in pieces into a store of one example; and the bounded, seeded sample a
 tokenizer is trained on.
 
 Cleaning (recorded in the store's manifest with what it dropped): an example longer than the
@@ -16,8 +17,9 @@ import hashlib
 import itertools
 import logging
 import random
+import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,13 +27,28 @@ from typing import Any, TypeVar
 from aiayn.data.store import StoreWriter
 from aiayn.data.tokenizer import Tokenizer
 
-__all__ = ["Cleaning", "write_examples", "reservoir_sample", "log_counts", "CHUNK"]
+__all__ = [
+    "Cleaning",
+    "write_examples",
+    "running_pieces",
+    "write_running_text",
+    "reservoir_sample",
+    "log_counts",
+    "CHUNK",
+    "PIECE",
+]
 
 log = logging.getLogger(__name__)
 
 # Examples read, encoded (tokenizers' encode_batch: Rust threads on every core) and written at a
 # time: the most text held in memory while building.
 CHUNK = 20_000
+# Characters of a running text (LM) per piece, and pieces encoded at a time (tokenizers' threads
+# take one piece each): the most text held in memory while building is PIECE * PIECES.
+PIECE = 1 << 16
+PIECES = 16
+# Where a running text may be cut: before a run of whitespace that follows a non-space character.
+_BREAK = re.compile(r"\S(?=[ \t\n\r])")
 
 T = TypeVar("T")
 # (texts of the example's fields, label or None)
@@ -132,6 +149,72 @@ def _write_chunk(
         [int(rows[i][2] or 0) for i in kept] if chunk[0][1][1] is not None else None,
         [_hash(rows[i][1], rows[i][2]) for i in kept] if cleaning.dedup else None,
     )
+
+
+def running_pieces(blocks: Iterable[str], size: int | None = None) -> Iterator[str]:
+    """The text of ``blocks`` (consecutive parts of one text) in pieces of about ``size``
+    characters (default :data:`PIECE`), each after the first beginning at a run of ASCII
+    whitespace that follows a non-space character: there the byte-level pre-tokenizer breaks and
+    whitespace collapses the same in a piece as in the whole text, so that the pieces encode to
+    the whole text's ids (:meth:`~aiayn.data.tokenizer.Tokenizer.encode_running`). A stretch of
+    ``8 * size`` characters without such a place is cut where it is (logged: a subword tokenizer
+    may segment the word there otherwise). Memory: a block and the rest of the one before."""
+    size, carry = size or PIECE, ""
+    for block in blocks:
+        text, pos = carry + block, 0
+        while len(text) - pos >= size:
+            cut = _break(text, pos, pos + size)
+            if cut is None and len(text) - pos < 8 * size:
+                break  # wait for more text
+            if cut is None:
+                log.warning("running text: %d characters without a space, cut there", 8 * size)
+                cut = pos + size
+            yield text[pos:cut]
+            pos = cut
+        carry = text[pos:]
+    if carry:
+        yield carry
+
+
+def _break(text: str, lo: int, hi: int) -> int | None:
+    """The last place to cut ``text`` in (lo, hi], else the first after hi, else None."""
+    for start in (max(lo, hi - 4096), lo):
+        last = None
+        for last in _BREAK.finditer(text, start, hi + 1):  # noqa: B007 (the last one is wanted)
+            pass
+        if last is not None and last.end() > lo:
+            return last.end()
+    after = _BREAK.search(text, hi)
+    return after.end() if after else None
+
+
+def write_running_text(folder: Path, tokenizer: Tokenizer, pieces: Iterable[str]) -> dict[str, Any]:
+    """Encode one running text, given as consecutive :func:`running_pieces`, into a store of one
+    example (field ``text``) in ``folder``, :data:`PIECES` pieces at a time (in parallel for a
+    subword tokenizer, vectorised for characters); the manifest's entries."""
+    writer = StoreWriter(folder, ("text",), tokenizer.vocab_size)
+    characters, start = 0, True
+    it = iter(pieces)
+    groups = iter(lambda: list(itertools.islice(it, PIECES)), [])
+    try:
+        group = next(groups, None)
+        while group is not None:
+            following = next(groups, None)
+            writer.append("text", tokenizer.encode_running(group, start, following is None))
+            characters += sum(map(len, group))
+            group, start = following, False
+        writer.end_example(0)
+        writer.finish()
+    finally:
+        writer.close()
+    return {
+        "fields": ["text"],
+        "dtype": writer.dtype.name,
+        "examples": 1,
+        "tokens": dict(writer.tokens_written),
+        "labels": False,
+        "counts": {"characters": characters, "kept": 1},
+    }
 
 
 def _rejected(ids: list[list[int]], cleaning: Cleaning) -> str:

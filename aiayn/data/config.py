@@ -69,9 +69,9 @@ class DataConfig:
     max_len_ratio: float = 0.0
     dedup: bool = False
     # The subword (or char) tokenizer learns from at most this many training examples (pairs,
-    # texts): a uniform sample with a fixed seed when there are more, so its time and memory stop
-    # growing with the corpus (~1 GB of RAM at 1 M WMT-length pairs). A split with fewer gives the
-    # tokenizer of the whole split.
+    # texts, lines of an LM's text; an LM's characters are all counted): a uniform sample with a
+    # fixed seed when there are more, so its time and memory stop growing with the corpus (~1 GB
+    # of RAM at 1 M WMT-length pairs). A split with fewer gives the tokenizer of the whole split.
     tokenizer_sample: int = 1_000_000
     # masked_lm: the share of each text's tokens the model must predict (BERT: 0.15).
     mask_prob: float = 0.15

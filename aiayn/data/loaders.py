@@ -8,7 +8,8 @@ user's own files (``dataset = ""``). Splits of the user's files are ``train`` an
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from aiayn.data.build import Cleaning, log_counts, reservoir_sample, write_examples
+from aiayn.data.build import (
+    Cleaning,
+    log_counts,
+    reservoir_sample,
+    running_pieces,
+    write_examples,
+    write_running_text,
+)
 from aiayn.data.clean import clean_text
 from aiayn.data.config import DataConfig
-from aiayn.data.readers import iter_labelled, iter_parallel, read_labelled, read_parallel, read_text
+from aiayn.data.readers import iter_labelled, iter_parallel, iter_text, read_parallel
 from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
 from aiayn.data.tokenizer import Tokenizer, tokenizer_digest, train_tokenizer
@@ -30,6 +38,7 @@ __all__ = [
     "translation_files",
     "classification_source",
     "lm_file",
+    "lm_blocks",
     "translation_store",
     "classification_store",
     "lm_store",
@@ -103,40 +112,48 @@ def load_translation(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]
 
 
 def load_classification(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
-    """Raw (texts, integer labels) of ``split``."""
-    if cfg.uses_own_files:
-        return read_labelled(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
-    folder = _registered(cfg, CLASSIFICATION, split)
-    if split == "test":
-        return read_labelled(folder / "test.tsv.gz")
-    texts, labels = read_labelled(folder / "train.tsv.gz")
-    if split == "train_full":
-        return texts, labels
-    if split in ("train_head", "val_tail"):
-        tail: set[int] = set()
-        for label in sorted(set(labels)):
-            ids = [i for i, y in enumerate(labels) if y == label]
-            tail.update(ids[len(ids) - len(ids) // _IMDB_VAL_EVERY :])
-        keep = [i for i in range(len(texts)) if (i in tail) == (split == "val_tail")]
-    else:
-        held_out = split == "val"
-        keep = [
-            i for i in range(len(texts)) if (i % _IMDB_VAL_EVERY == _IMDB_VAL_EVERY - 1) == held_out
-        ]
-    return [texts[i] for i in keep], [labels[i] for i in keep]
+    """Raw (texts, integer labels) of ``split``, in memory (:func:`classification_source`
+    streams them)."""
+    texts: list[str] = []
+    labels: list[int] = []
+    for text, label in classification_source(cfg, split)[1]():
+        texts.append(text)
+        labels.append(label)
+    return texts, labels
 
 
 def classification_source(
     cfg: DataConfig, split: str
-) -> tuple[list[Path], Callable[[], Iterable[tuple[str, int]]]]:
-    """The files ``split`` is read from, and a function that yields its (text, label) items (read
-    as it goes from the user's own file; a registered dataset's derived splits from memory)."""
+) -> tuple[list[Path], Callable[[], Iterator[tuple[str, int]]]]:
+    """The files ``split`` is read from, and a function that yields its (text, label) items, read
+    as it goes: never the whole split in memory."""
     if cfg.uses_own_files:
         path = Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
         return [path], lambda: iter_labelled(path)
     folder = _registered(cfg, CLASSIFICATION, split)
-    name = "test.tsv.gz" if split == "test" else "train.tsv.gz"
-    return [folder / name], lambda: zip(*load_classification(cfg, split))
+    if split == "test":
+        return [folder / "test.tsv.gz"], lambda: iter_labelled(folder / "test.tsv.gz")
+    return [folder / "train.tsv.gz"], lambda: _imdb_training_split(folder / "train.tsv.gz", split)
+
+
+def _imdb_training_split(path: Path, split: str) -> Iterator[tuple[str, int]]:
+    """The items of a split carved from IMDB's official training set, in file order: ``val``
+    every 10th, ``train`` the rest, ``val_tail`` the last 10% of each class, ``train_head`` the
+    rest, ``train_full`` all. ``val_tail``/``train_head`` read the file twice (first to count
+    each class); memory: a count per class."""
+    every = _IMDB_VAL_EVERY
+    if split in ("train_head", "val_tail"):
+        total = Counter(label for _, label in iter_labelled(path))
+        seen: Counter[int] = Counter()
+        for text, label in iter_labelled(path):
+            tail = seen[label] >= total[label] - total[label] // every
+            seen[label] += 1
+            if tail == (split == "val_tail"):
+                yield text, label
+        return
+    for i, item in enumerate(iter_labelled(path)):
+        if split == "train_full" or (i % every == every - 1) == (split == "val"):
+            yield item
 
 
 def lm_file(cfg: DataConfig, split: str) -> Path:
@@ -146,13 +163,27 @@ def lm_file(cfg: DataConfig, split: str) -> Path:
     return _registered(cfg, LM, split) / "input.txt"
 
 
-def load_lm_text(cfg: DataConfig, split: str) -> str:
-    """Raw running text of ``split``."""
-    text = read_text(lm_file(cfg, split))
+def lm_blocks(cfg: DataConfig, split: str) -> Iterator[str]:
+    """``split``'s running text in consecutive blocks, read as it goes (never whole). A
+    registered dataset's split is its first 90% or last 10% of the characters: its file is read
+    twice, first to count them."""
+    path = lm_file(cfg, split)
     if cfg.uses_own_files:
-        return text
-    cut = int(len(text) * _LM_TRAIN_FRACTION)
-    return text[:cut] if split == "train" else text[cut:]
+        yield from iter_text(path)
+        return
+    total = sum(map(len, iter_text(path)))
+    cut = int(total * _LM_TRAIN_FRACTION)
+    lo, hi = (0, cut) if split == "train" else (cut, total)
+    pos = 0
+    for block in iter_text(path):
+        if lo < pos + len(block) and pos < hi:
+            yield block[max(lo - pos, 0) : hi - pos]
+        pos += len(block)
+
+
+def load_lm_text(cfg: DataConfig, split: str) -> str:
+    """Raw running text of ``split``, in memory (:func:`lm_blocks` streams it)."""
+    return "".join(lm_blocks(cfg, split))
 
 
 def training_texts(cfg: DataConfig) -> list[str]:
@@ -188,7 +219,7 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     Kept in the data cache by what it was trained from (the files' fingerprints and these
     settings), so a second run on the same files gets the same tokenizer without training."""
     key = {
-        "format": 1,
+        "format": 2 if cfg.kind == LM else 1,  # 2: an LM samples lines past the bound
         "task": _shape(cfg),
         "dataset": cfg.dataset,
         "split": cfg.train_split,
@@ -209,7 +240,7 @@ def _train_on_sample(cfg: DataConfig) -> Tokenizer:
     k, split = cfg.tokenizer_sample, cfg.train_split
     kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
     if cfg.kind == LM:
-        return train_tokenizer([load_lm_text(cfg, split)], kind, size, lower)
+        return _train_lm_tokenizer(cfg)
     if cfg.kind == TRANSLATION:
         pairs, n = reservoir_sample(iter_parallel(*translation_files(cfg, split)), k)
         _log_sample(len(pairs), n, "pairs")
@@ -220,6 +251,30 @@ def _train_on_sample(cfg: DataConfig) -> Tokenizer:
     )
     _log_sample(len(texts), n, "texts")
     return train_tokenizer(texts, kind, size, lower)
+
+
+def _train_lm_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """The LM's tokenizer, from its training text streamed: characters counted over all of it; a
+    subword model learnt from the whole text in pieces (the tokenizer of the text read whole)
+    while it has at most ``data.tokenizer_sample`` lines, else from a seeded sample of that many
+    lines (the text is read once more to count them)."""
+    kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
+    split, k = cfg.train_split, cfg.tokenizer_sample
+    if kind != "char" and sum(b.count("\n") for b in lm_blocks(cfg, split)) >= k:
+        lines, n = reservoir_sample(_lines(lm_blocks(cfg, split)), k)
+        _log_sample(len(lines), n, "lines")
+        return train_tokenizer(lines, kind, size, lower)
+    pieces = running_pieces(lm_blocks(cfg, split))
+    return train_tokenizer(pieces, kind, size, lower, running=True)
+
+
+def _lines(blocks: Iterable[str]) -> Iterator[str]:
+    """The lines of the text of ``blocks`` (without their newlines), one at a time."""
+    rest = ""
+    for block in blocks:
+        *complete, rest = (rest + block).split("\n")
+        yield from complete
+    yield rest
 
 
 def _log_sample(k: int, n: int, what: str) -> None:
@@ -239,12 +294,11 @@ def _store(
     cfg: DataConfig,
     tokenizer: Tokenizer,
     split: str,
-    cleaning: Cleaning,
-    fields: tuple[str, ...],
-    examples: Callable[[], Iterable[tuple[Sequence[str], int | None]]],
-    prepare: Callable[[str], str] | None = None,
+    settings: dict[str, Any],
+    build: Callable[[Path], dict[str, Any]],
 ) -> TokenStore:
-    """The token store of ``split`` (built on first use; see :mod:`aiayn.data.store`)."""
+    """The token store of ``split`` made with ``settings`` by ``build`` (on first use; see
+    :mod:`aiayn.data.store`)."""
     shape = _shape(cfg)
     key = {
         "task": shape,
@@ -252,14 +306,27 @@ def _store(
         "split": split,
         "langs": [cfg.src_lang, cfg.tgt_lang] if shape == TRANSLATION else [],
         "tokenizer_sha256": tokenizer_digest(tokenizer.to_str()),
-        "cleaning": asdict(cleaning),
+        **settings,
     }
+    name = f"{cfg.dataset or 'files'}-{shape}-{split}"
+    return open_store(name, key, _split_files(cfg, split), build)
+
+
+def _examples_store(
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    split: str,
+    cleaning: Cleaning,
+    fields: tuple[str, ...],
+    examples: Callable[[], Iterable[tuple[Sequence[str], int | None]]],
+    prepare: Callable[[str], str] | None = None,
+) -> TokenStore:
+    """The store of ``split``'s examples (texts per field, label), cleaned as ``cleaning`` says."""
 
     def build(folder: Path) -> dict[str, Any]:
         return write_examples(folder, tokenizer, fields, examples(), cleaning, prepare)
 
-    name = f"{cfg.dataset or 'files'}-{shape}-{split}"
-    return open_store(name, key, _split_files(cfg, split), build)
+    return _store(cfg, tokenizer, split, {"cleaning": asdict(cleaning)}, build)
 
 
 def translation_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
@@ -276,7 +343,7 @@ def translation_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> Toke
         dedup=cfg.dedup and train,
     )
     files = translation_files(cfg, split)
-    store = _store(
+    store = _examples_store(
         cfg,
         tokenizer,
         split,
@@ -299,7 +366,7 @@ def classification_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> T
         dedup=cfg.dedup and train,
     )
     items = classification_source(cfg, split)[1]
-    store = _store(
+    store = _examples_store(
         cfg,
         tokenizer,
         split,
@@ -313,11 +380,14 @@ def classification_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> T
 
 
 def lm_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
-    """The token ids of ``split``'s running text: one example, field ``text``, never cut."""
-    cleaning = Cleaning(limits=(2**62,), cut=True)
-    return _store(
-        cfg, tokenizer, split, cleaning, ("text",), lambda: [((load_lm_text(cfg, split),), None)]
-    )
+    """The token ids of ``split``'s running text: one example, field ``text``, never cut,
+    streamed into the store in pieces (:func:`~aiayn.data.build.write_running_text`): the text
+    is never in memory whole."""
+
+    def build(folder: Path) -> dict[str, Any]:
+        return write_running_text(folder, tokenizer, running_pieces(lm_blocks(cfg, split)))
+
+    return _store(cfg, tokenizer, split, {"running_text": 1}, build)
 
 
 def split_stores(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, TokenStore]:

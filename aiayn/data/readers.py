@@ -28,7 +28,11 @@ __all__ = [
     "iter_lines",
     "iter_parallel",
     "iter_labelled",
+    "iter_text",
 ]
+
+# Bytes read at a time by iter_text: a running text is streamed in blocks of about this size.
+TEXT_BLOCK = 1 << 20
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -61,10 +65,74 @@ def decode_utf8(path: str | os.PathLike, data: bytes) -> str:
 
 def read_text(path: str | os.PathLike) -> str:
     """The whole file as text; DataError when missing, empty or not UTF-8."""
-    text = decode_utf8(path, read_bytes(path))
-    if not text.strip():
+    return "".join(iter_text(path))
+
+
+def iter_text(path: str | os.PathLike, block: int | None = None) -> Iterator[str]:
+    """:func:`read_text` in consecutive parts, the text of ``block`` bytes each (default
+    :data:`TEXT_BLOCK`; ``.gz`` decompressed), read as it goes: the file is never held in memory
+    whole. The same errors (missing, unreadable, not UTF-8 with line and column, empty), raised
+    when met; a leading byte-order mark is dropped."""
+    path = Path(path)
+    decoder, seen_text = _Utf8Decoder(path), False
+    with _open_binary(path) as f:
+        try:
+            while raw := f.read(block or TEXT_BLOCK):
+                text = decoder.decode(raw)
+                seen_text = seen_text or (bool(text) and not text.isspace())
+                if text:
+                    yield text
+        except (OSError, EOFError, zlib.error) as err:
+            raise DataError(f"{path}: cannot read ({err})") from None
+    text = decoder.decode(b"", final=True)
+    if text:
+        seen_text = seen_text or not text.isspace()
+        yield text
+    if not seen_text:
         raise DataError(f"{path}: file is empty")
-    return text
+
+
+class _Utf8Decoder:
+    """Strict UTF-8 of a byte stream given in blocks: a character cut by a block's end waits for
+    the next; an invalid byte is a DataError naming its line and column in the whole file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.carry = path, b""
+        self.line, self.column = 1, 0  # where the next byte is: its line, bytes before it there
+        self.first = True
+
+    def decode(self, raw: bytes, final: bool = False) -> str:
+        data = self.carry + raw
+        cut = len(data) if final else _complete(data)
+        try:
+            text = data[:cut].decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = self.line + data.count(b"\n", 0, err.start)
+            newline = data.rfind(b"\n", 0, err.start)
+            column = err.start - newline if newline >= 0 else self.column + err.start + 1
+            raise DataError(
+                f"{self.path}:{line}: not valid UTF-8 "
+                f"(byte 0x{data[err.start]:02x} at column {column})"
+            ) from None
+        self.carry = data[cut:]
+        newline = data.rfind(b"\n", 0, cut)
+        self.line += data.count(b"\n", 0, cut)
+        self.column = cut - newline - 1 if newline >= 0 else self.column + cut
+        if self.first and text:
+            self.first = False
+            text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first line
+        return text
+
+
+def _complete(data: bytes) -> int:
+    """How many bytes of ``data`` end with a complete UTF-8 character (a lead byte among the last
+    three whose sequence runs past the end is held back)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead (or ASCII) byte
+            need = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return len(data) - back if need > back else len(data)
+    return len(data)
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:

@@ -119,6 +119,27 @@ class StoreWriter:
         }
         self._chunks.update({f"{f}.idx": [] for f in self.fields})
         self._chunks.update({f"{f}.len": [] for f in self.fields})
+        self._open = dict.fromkeys(self.fields, 0)  # ids appended to the example not yet ended
+
+    def append(self, field: str, ids: np.ndarray) -> None:
+        """Append ``ids`` to the example being written, one piece at a time (a running text);
+        :meth:`end_example` ends it."""
+        ids.astype(self.dtype, copy=False).tofile(self._files[field])
+        self.tokens_written[field] += len(ids)
+        self._open[field] += len(ids)
+
+    def end_example(self, line: int) -> None:
+        """End the example whose ids :meth:`append` wrote, taken from ``line`` of the source."""
+        for field, n in self._open.items():
+            if n >= 2**31:
+                raise DataError(
+                    f"an example of {n} tokens is more than a store holds (2**31 - 1); "
+                    "split the text into several files"
+                )
+            self._chunks[f"{field}.idx"].append(np.array([self.tokens_written[field] - n]))
+            self._chunks[f"{field}.len"].append(np.array([n], np.int32))
+            self._open[field] = 0
+        self._chunks["lines"].append(np.array([line], np.int64))
 
     def add(
         self,

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
+import numpy as np
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -73,6 +76,14 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def encode_running(self, pieces: Sequence[str], start: bool, end: bool) -> np.ndarray:
+        """The ids of ``pieces``, consecutive pieces of one running text, as ``encode`` of the
+        whole text gives them (an integer array): ``start`` when the first piece begins the text,
+        ``end`` when the last one ends it. Every piece but the text's first begins at a run of
+        whitespace that follows a non-space character (as
+        :func:`aiayn.data.build.running_pieces` cuts them)."""
+        raise NotImplementedError
 
     def min_tokens(self, text: str) -> int:
         """A lower bound of ``len(self.encode(text))``, found without encoding (0: no bound)."""
@@ -179,6 +190,31 @@ class SubwordTokenizer(Tokenizer):
         """Encodes in parallel (Rust threads; ``TOKENIZERS_PARALLELISM`` controls them)."""
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
+    def encode_running(self, pieces: Sequence[str], start: bool, end: bool) -> np.ndarray:
+        """Encodes in parallel like :meth:`encode_batch`. A piece is normalised as within the
+        whole text: its ends are stripped only where the text's are (the normaliser's Strip is
+        the one step that is not local), and a pre-token never spans two pieces, as the byte-level
+        pre-tokenizer breaks before every run of whitespace that follows a non-space."""
+        texts = list(pieces)
+        running, plain = self._running
+        ids = [e.ids for e in running.encode_batch(texts, add_special_tokens=False)]
+        edges = {i for i, edge in ((0, start), (len(texts) - 1, end)) if edge}
+        for i in sorted(edges):
+            text = running.normalizer.normalize_str(texts[i]) if running.normalizer else texts[i]
+            text = text.lstrip(" ") if start and i == 0 else text
+            text = text.rstrip(" ") if end and i == len(texts) - 1 else text
+            ids[i] = plain.encode(text, add_special_tokens=False).ids
+        return np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+
+    @functools.cached_property
+    def _running(self) -> tuple[HFTokenizer, HFTokenizer]:
+        """Two copies of the Hugging Face tokenizer: normalising without Strip, and not
+        normalising (for a piece normalised and stripped here)."""
+        obj = json.loads(self.hf.to_str())
+        running, plain = dict(obj), dict(obj, normalizer=None)
+        running["normalizer"] = _without_strip(obj.get("normalizer"))
+        return HFTokenizer.from_str(json.dumps(running)), HFTokenizer.from_str(json.dumps(plain))
+
     def decode(self, ids: Iterable[int]) -> str:
         text = self.hf.decode(_ids(ids), skip_special_tokens=True)
         return self.recaser(text) if self.recaser else text
@@ -223,6 +259,29 @@ class CharTokenizer(Tokenizer):
         get, unk = self._stoi.get, self.unk_id
         return [get(c, unk) for c in text]
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode(text)`` as an int32 array, vectorised: the text's code points (UTF-32) looked
+        up in a table of ids by code point."""
+        points, table = _code_points(text), self._table
+        return table[np.minimum(points, len(table) - 1)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Every text at once through :meth:`encode_array` (the texts joined, the ids split)."""
+        flat = self.encode_array("".join(texts)).tolist()
+        ends = list(itertools.accumulate(map(len, texts)))
+        return [flat[a:b] for a, b in zip([0, *ends], ends)]
+
+    def encode_running(self, pieces: Sequence[str], start: bool, end: bool) -> np.ndarray:
+        return self.encode_array("".join(pieces))
+
+    @functools.cached_property
+    def _table(self) -> np.ndarray:
+        """Id by code point up to the vocabulary's largest, then one more entry: ``<unk>``."""
+        points = [ord(c) for c in self.chars]
+        table = np.full(max(points, default=0) + 2, self.unk_id, np.int32)
+        table[points] = np.arange(len(SPECIAL_TOKENS), self.vocab_size, dtype=np.int32)
+        return table
+
     def min_tokens(self, text: str) -> int:
         return len(text)  # one token per character, unknown ones included
 
@@ -245,28 +304,131 @@ class CharTokenizer(Tokenizer):
         return cls(obj["chars"])
 
 
-def _normalizer(lowercase: bool = False) -> normalizers.Normalizer:
-    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
-    return normalizers.Sequence(steps + [normalizers.Lowercase()] * lowercase)
+def _normalizer(lowercase: bool = False, strip: bool = True) -> normalizers.Normalizer:
+    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " ")]
+    steps += [normalizers.Strip()] * strip + [normalizers.Lowercase()] * lowercase
+    return normalizers.Sequence(steps)
 
 
-def _without_long_words(texts: list[str]) -> list[str]:
+def _without_strip(normalizer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tokenizer.json normaliser without its Strip steps (at the top or in a Sequence)."""
+    if not normalizer or normalizer.get("type") == "Strip":
+        return None
+    if normalizer.get("type") != "Sequence":
+        return normalizer
+    steps = [n for n in normalizer.get("normalizers", []) if n.get("type") != "Strip"]
+    return {"type": "Sequence", "normalizers": steps}
+
+
+def _without_long_words(texts: Iterable[str]) -> Iterator[str]:
     """``texts`` without those holding a run of more than MAX_WORD_CHARS non-space characters
-    (a binary file read as text, a line of base64, a page without spaces); the count is logged."""
-    kept = [
-        t
-        for t in texts
-        if len(t) <= MAX_WORD_CHARS or max(map(len, t.split()), default=0) <= MAX_WORD_CHARS
-    ]
-    if len(kept) < len(texts):
+    (a binary file read as text, a line of base64, a page without spaces); the count is logged
+    once the texts are read."""
+    n = dropped = 0
+    for t in texts:
+        n += 1
+        if len(t) <= MAX_WORD_CHARS or max(map(len, t.split()), default=0) <= MAX_WORD_CHARS:
+            yield t
+        else:
+            dropped += 1
+    if dropped:
         log.warning(
             "tokenizer training: left out %d of %d texts with more than %d characters without "
             "a space",
-            len(texts) - len(kept),
-            len(texts),
+            dropped,
+            n,
             MAX_WORD_CHARS,
         )
-    return kept
+
+
+def _running_texts(pieces: Iterable[str], lowercase: bool) -> Iterator[str]:
+    """Consecutive pieces of one running text, each normalised as within the whole text (see
+    :meth:`SubwordTokenizer.encode_running`): the text's first piece stripped on the left, its
+    last on the right. Read one piece ahead, never all at once."""
+    normalize = _normalizer(lowercase, strip=False).normalize_str
+    it = iter(pieces)
+    ahead = next(it, None)
+    first = True
+    while ahead is not None:
+        piece, ahead = normalize(ahead), next(it, None)
+        piece = piece.lstrip(" ") if first else piece
+        yield piece.rstrip(" ") if ahead is None else piece
+        first = False
+
+
+def _code_points(text: str) -> np.ndarray:
+    """The code points of ``text`` (uint32; a lone surrogate as itself)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+
+
+def _char_counts(texts: Iterable[str], group: int = 1 << 16) -> Counter[str]:
+    """How often each character occurs in ``texts``, in the order first seen (as
+    ``Counter.update`` over the texts counts them), vectorised: a bincount of the code points of
+    about ``group`` characters of the texts at a time."""
+    counts: dict[int, int] = {}
+
+    def count(text: str) -> None:
+        points = _code_points(text)
+        bins = np.bincount(points)
+        present = np.flatnonzero(bins).tolist()
+        if any(p not in counts for p in present):  # new characters: in the order first seen
+            unique, first = np.unique(points, return_index=True)
+            for p in unique[np.argsort(first)].tolist():
+                counts.setdefault(p, 0)
+        for p, n in zip(present, bins[present].tolist()):
+            counts[p] += n
+
+    pending: list[str] = []
+    size = 0
+    for text in texts:
+        pending.append(text)
+        size += len(text)
+        if size >= group:
+            count("".join(pending))
+            pending, size = [], 0
+    count("".join(pending))
+    return Counter({chr(p): n for p, n in counts.items()})
+
+
+def _char_tokenizer(texts: Iterable[str], vocab_size: int) -> CharTokenizer:
+    """The ``vocab_size`` - 4 most frequent characters of ``texts`` (read one at a time)."""
+    counts = _char_counts(texts)
+    if all(c.isspace() for c in counts):
+        raise DataError("no training text to build a tokenizer from")
+    keep = max(vocab_size - len(SPECIAL_TOKENS), 1)
+    if len(counts) > keep:
+        log.warning(
+            "char tokenizer: %d distinct characters, keeping the %d most frequent",
+            len(counts),
+            keep,
+        )
+    return CharTokenizer(sorted(c for c, _ in counts.most_common(keep)))
+
+
+def _subword_model(kind: str, vocab_size: int) -> tuple[HFTokenizer, Any]:
+    """An untrained byte-level BPE or Unigram tokenizer and its trainer."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = list(SPECIAL_TOKENS)
+    if kind == "bpe":
+        hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+        trainer: Any = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
+    else:
+        hf = HFTokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            unk_token="<unk>",
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    return hf, trainer
 
 
 def train_tokenizer(
@@ -275,6 +437,7 @@ def train_tokenizer(
     vocab_size: int = 8000,
     lowercase: bool = False,
     recase_texts: Iterable[str] | None = None,
+    running: bool = False,
 ) -> Tokenizer:
     """Train a tokenizer on ``texts`` (the training split only; source and target together).
 
@@ -282,53 +445,39 @@ def train_tokenizer(
     most frequent characters are kept; the others become ``<unk>``). ``lowercase`` (subword
     kinds only) adds lower-casing to the normaliser saved with the tokenizer; with it,
     ``recase_texts`` (cased text of the kind the model writes: a translation's targets) trains a
-    :class:`Recaser` that ``decode`` applies.
+    :class:`Recaser` that ``decode`` applies. ``running``: ``texts`` are consecutive pieces of
+    one running text (:func:`aiayn.data.build.running_pieces`), learnt from as the whole text
+    would be. The char kind and running texts are read as they come, never all in memory.
     """
-    texts = _without_long_words(list(texts)) if kind != "char" else list(texts)
-    if not any(t.strip() for t in texts):
-        raise DataError("no training text to build a tokenizer from")
     if kind == "char":
         if lowercase:
             raise DataError("lower-casing needs a subword tokenizer (bpe or unigram), not char")
-        counts: Counter[str] = Counter()
-        for text in texts:
-            counts.update(text)
-        keep = max(vocab_size - len(SPECIAL_TOKENS), 1)
-        if len(counts) > keep:
-            log.warning(
-                "char tokenizer: %d distinct characters, keeping the %d most frequent",
-                len(counts),
-                keep,
-            )
-        return CharTokenizer(sorted(c for c, _ in counts.most_common(keep)))
+        return _char_tokenizer(texts, vocab_size)
     if kind not in ("bpe", "unigram"):
         raise DataError(f"unknown tokenizer kind '{kind}'; choose bpe, unigram or char")
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer: trainers.BpeTrainer | trainers.UnigramTrainer
-    if kind == "bpe":
-        hf = HFTokenizer(models.BPE(unk_token="<unk>"))
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=alphabet,
-            show_progress=False,
+    hf, trainer = _subword_model(kind, vocab_size)
+    seen = Counter[str]()
+
+    def counted(items: Iterable[str]) -> Iterator[str]:
+        for t in items:
+            seen["texts"] += 1
+            seen["text"] += bool(t.strip())
+            yield t
+
+    if running:  # normalised here, piece by piece; the tokenizer's own normaliser is set after
+        hf.train_from_iterator(
+            counted(_running_texts(_without_long_words(texts), lowercase)), trainer
         )
     else:
-        hf = HFTokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(
-            vocab_size=vocab_size,
-            special_tokens=list(SPECIAL_TOKENS),
-            unk_token="<unk>",
-            initial_alphabet=alphabet,
-            show_progress=False,
-        )
+        kept = list(_without_long_words(texts))
+        hf.normalizer = _normalizer(lowercase)
+        hf.train_from_iterator(counted(kept), trainer, length=len(kept))
+    if not seen["text"]:
+        raise DataError("no training text to build a tokenizer from")
     hf.normalizer = _normalizer(lowercase)
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.train_from_iterator(texts, trainer, length=len(texts))
     recaser = Recaser.fit(recase_texts) if lowercase and recase_texts is not None else None
     tokenizer = SubwordTokenizer(hf, recaser=recaser)
     log.info(
-        "trained a %s tokenizer: %d tokens from %d texts", kind, tokenizer.vocab_size, len(texts)
+        "trained a %s tokenizer: %d tokens from %d texts", kind, tokenizer.vocab_size, seen["texts"]
     )
     return tokenizer
