@@ -371,7 +371,7 @@ def running_text(n_words: int, seed: int = 0) -> str:
 def lm_config(path: Path, kind: str, **over):
     from aiayn.train.config import build_run_config
 
-    return build_run_config({"data.task": "lm", "data.dataset": "", "data.train_file": str(path),
+    return build_run_config({"data.kind": "lm", "data.dataset": "", "data.train_file": str(path),
                              "data.valid_file": str(path), "data.tokenizer": kind,
                              "data.vocab_size": 400, "data.max_len": 16, "data.max_tokens": 128,
                              "model.max_len": 16, **over})
@@ -417,7 +417,7 @@ def test_lm_subword_tokenizer_learns_from_a_sample_of_lines_beyond_the_bound(tmp
     text = running_text(3000, seed=5)
     path.write_text(text, encoding="utf-8")
     lines = text.split("\n")
-    cfg = DataConfig(task="lm", dataset="", tokenizer="bpe", vocab_size=400, train_file=str(path),
+    cfg = DataConfig(kind="lm", dataset="", tokenizer="bpe", vocab_size=400, train_file=str(path),
                      valid_file=str(path), tokenizer_sample=len(lines))
     whole = train_tokenizer([text], "bpe", 400)
     assert train_tokenizer_for(cfg).to_str() == whole.to_str()  # every line: the whole text's
@@ -435,7 +435,7 @@ def test_shakespeare_store_streams_its_90_10_split(use_real_cache, monkeypatch):
     from aiayn.data.loaders import lm_file
 
     monkeypatch.setattr(readers, "TEXT_BLOCK", 65537)  # the 90% cut falls inside a block
-    cfg = DataConfig(task="lm", dataset="tiny_shakespeare", tokenizer="char")
+    cfg = DataConfig(kind="lm", dataset="tiny_shakespeare", tokenizer="char")
     whole = lm_file(cfg, "train").read_text(encoding="utf-8")
     cut = int(len(whole) * 0.9)
     tok = train_tokenizer_for(cfg)
@@ -453,7 +453,7 @@ def test_lm_bad_byte_late_in_the_text_leaves_no_store(tmp_path, monkeypatch, cap
     lines = [f"line {i} of the text" for i in range(1000)]
     path = tmp_path / "lm.txt"
     path.write_bytes("\n".join(lines[:299]).encode() + b"\n\xff" + "\n".join(lines[299:]).encode())
-    cfg = DataConfig(task="lm", dataset="", tokenizer="char", train_file=str(path),
+    cfg = DataConfig(kind="lm", dataset="", tokenizer="char", train_file=str(path),
                      valid_file=str(path))
     tok = CharTokenizer(sorted(set("".join(lines))))
     stores = Path(os.environ["AIAYN_CACHE"]) / "stores"
@@ -512,7 +512,7 @@ def test_imdb_splits_stream_as_the_in_memory_splits(tmp_path, monkeypatch):
     from aiayn.data.clean import clean_text
 
     folder = fake_imdb(tmp_path, monkeypatch, 997)
-    cfg = DataConfig(task="classification", dataset="imdb", tokenizer="char", max_len=4000)
+    cfg = DataConfig(kind="classification", dataset="imdb", tokenizer="char", max_len=4000)
     tok = train_tokenizer_for(cfg)
     for split in ("train", "val", "train_full", "train_head", "val_tail"):
         texts, labels = old_imdb_split(folder / "train.tsv.gz", split)
@@ -555,7 +555,7 @@ def test_building_memory_is_bounded_by_the_chunks_not_the_file(tmp_path, monkeyp
     tok = CharTokenizer(sorted(set(running_text(1000))))
     tok.encode_array("")  # its lookup table (256 KiB: "ﬁ" is U+FB01) belongs to the tokenizer
     peaks, sizes = {}, {}
-    cfg = DataConfig(task="classification", dataset="imdb", tokenizer="char", max_len=10**6)
+    cfg = DataConfig(kind="classification", dataset="imdb", tokenizer="char", max_len=10**6)
     for scale in (1, 4):
         text = running_text(150_000 * scale, seed=scale)
         path = tmp_path / f"lm{scale}.txt"
