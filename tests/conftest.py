@@ -78,6 +78,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_make_results": UNIT,
     "test_mlm": UNIT,
     "test_model": UNIT,
+    "test_model_options": UNIT,
     "test_model_parity": UNIT,
     "test_model_shapes": UNIT,
     "test_output_vocab": UNIT,

@@ -49,6 +49,11 @@ def output_weight(model: nn.Module) -> Tensor:
     """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
     generator = getattr(model, "module", model).generator
     assert isinstance(generator, nn.Linear)  # every shape's output projection
+    if generator.bias is not None:  # the chunked loss projects with the weight alone
+        raise ConfigError(
+            "model.final_logits_bias: training with an output bias is not supported "
+            "(imported Marian models decode with it; train with final_logits_bias=false)"
+        )
     return generator.weight
 
 
