@@ -5,13 +5,19 @@ Shape legend: B batch · T len · D d_model · F d_ff.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.model.dropout import Dropout
 
 # The FFN non-linearities by name: the paper's ReLU, GELU (BERT/GPT), SiLU ("swish", Marian).
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+}
 
 
 class PositionwiseFeedForward(nn.Module):
