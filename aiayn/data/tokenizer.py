@@ -82,6 +82,10 @@ class Tokenizer:
         """Text of ``ids`` (a list or a 1-D tensor), special tokens skipped."""
         raise NotImplementedError
 
+    def special_name(self, i: int) -> str | None:
+        """The name of special id ``i`` (``<pad>``, ``<s>``, ``</s>``, ``<unk>``), else None."""
+        return SPECIAL_TOKENS[i] if 0 <= i < len(SPECIAL_TOKENS) else None
+
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
 
@@ -104,6 +108,10 @@ class Tokenizer:
             ) from None
         if isinstance(obj, dict) and obj.get("type") == _CHAR_TYPE:
             return CharTokenizer.from_obj(obj, origin)
+        if isinstance(obj, dict) and obj.get("type") == "aiayn-sentencepiece":
+            from aiayn.data.spm import SentencePieceTokenizer  # needs the optional sentencepiece
+
+            return SentencePieceTokenizer.from_obj(obj, origin)
         recaser = None
         if isinstance(obj, dict) and obj.get("type") == _RECASED_TYPE:
             recaser = Recaser.from_obj(obj.get("recaser"), origin)

@@ -208,12 +208,11 @@ class TranslationAttention:
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     """A readable label per id: special tokens by name, a piece as the text it decodes to, a
     leading space (a word start) shown as '▁'."""
-    from aiayn.data.tokenizer import SPECIAL_TOKENS
-
     labels = []
     for i in ids:
-        if 0 <= i < len(SPECIAL_TOKENS):
-            labels.append(SPECIAL_TOKENS[i])
+        special = tokenizer.special_name(i)
+        if special is not None:
+            labels.append(special)
             continue
         text = tokenizer.decode([i]).replace("\n", "\\n")
         labels.append("▁" + text[1:] if text.startswith(" ") else text)
