@@ -91,6 +91,14 @@ def _summary(meta: FolderConfig, kind: str) -> str:
         "classification": f"classifies texts into {meta.config.model.n_classes} classes",
         "language model": "continues a text, one token at a time",
     }.get(kind, "predicts masked tokens (for `train.init_from`)")
+    imported = meta.extra.get("imported_from")
+    if isinstance(imported, dict):  # `aiayn import hf`: someone else's model, their licence
+        langs = _langs(imported)
+        return (
+            f"A Transformer that translates {langs}, imported from the Hugging Face Marian "
+            f"folder `{imported.get('source')}` (licence: {imported.get('licence')}); not "
+            "trained by aiayn. Its decoding settings are that folder's generation settings."
+        )
     dataset = data.get("dataset") or "files of your own"
     return f"A Transformer that {what}, trained with aiayn on {dataset}."
 

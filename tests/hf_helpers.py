@@ -47,6 +47,7 @@ def _train_spm(lines: list[str], prefix: Path) -> Path:
         vocab_size=VOCAB,
         character_coverage=1.0,
         minloglevel=2,
+        num_threads=1,  # the same pieces on every run
     )
     return prefix.with_suffix(".model")
 
@@ -134,6 +135,7 @@ def build_marian(folder: Path, seed: int = 0, **config) -> Path:
         decoder_start_token_id=pad,
         forced_eos_token_id=0,
     )
+    torch.manual_seed(seed)  # the same model on every run
     model = MarianMTModel(MarianConfig(**{**values, **config}))
     tokenizer = MarianTokenizer(
         str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import Hypothesis, beam_search, greedy_search
+from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, transformer_step
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[l
             cfg.min_len,
             model_cfg.pad_id,
             src.device,
+            search_rules(cfg),
         )
         return [[h] for h in hyps]
     cache = model.init_cache(memory, src=src).with_beam(k)  # B·k rows share B memory rows
@@ -98,7 +99,14 @@ def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[l
         cfg.min_len,
         cfg.nbest,
         src.device,
+        search_rules(cfg),
+        cfg.early_stopping,
     )
+
+
+def search_rules(cfg: DecodeConfig) -> Rules:
+    """The per-step rules of search (:class:`~aiayn.decode.search.Rules`) that ``cfg`` sets."""
+    return Rules(tuple(cfg.bad_ids), cfg.forced_eos, cfg.renormalize)
 
 
 def translate_ids(

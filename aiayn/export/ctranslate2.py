@@ -67,8 +67,11 @@ def check_exportable(model: Any, kind: str) -> None:
 def token_strings(tokenizer: Any, size: int) -> list[str]:
     """One distinct string per token id 0 … size-1: CTranslate2's vocabulary (and what its
     translator reads and writes). Ids without a name of their own get ``<aiayn:ID>``."""
+    from aiayn.data.spm import SentencePieceTokenizer
     from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
 
+    if isinstance(tokenizer, SentencePieceTokenizer):  # its own pieces, its own special ids
+        return [tokenizer.piece(i) for i in range(size)]
     names: list[str] = []
     seen: set[str] = set()
     for i in range(size):
@@ -186,6 +189,12 @@ def _activation(cfg: Any) -> Any:
     }[cfg.activation]
 
 
+def _special_tokens(config: Any, cfg: Any, tokens: list[str]) -> None:
+    """The model's own special tokens (a Marian model's decoder starts from ``<pad>``)."""
+    config.unk_token, config.eos_token = tokens[cfg.unk_id], tokens[cfg.eos_id]
+    config.bos_token = config.decoder_start_token = tokens[cfg.bos_id]
+
+
 def translation_spec(model: Any, tokens: list[str]) -> Any:
     """The ``TransformerSpec`` of a :class:`~aiayn.model.Transformer` with its weights."""
     specs = require("ctranslate2", "ctranslate2", "--format ctranslate2").specs
@@ -197,6 +206,7 @@ def translation_spec(model: Any, tokens: list[str]) -> Any:
         activation=_activation(cfg),
     )
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    _special_tokens(spec.config, cfg, tokens)
     encoder = spec.encoder
     _embeddings(encoder, model.src_embed, encoder.embeddings[0])
     for layer_spec, layer in zip(encoder.layer, model.encoder.layers):
