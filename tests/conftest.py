@@ -71,6 +71,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_folder_config": UNIT,
     "test_gpu_check": ("process",),
     "test_inference_edges": UNIT,
+    "test_hf_export": UNIT,
     "test_hf_import": UNIT,
     "test_hf_tokenizer": UNIT,
     "test_imports": UNIT,

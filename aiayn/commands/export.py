@@ -28,8 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         required=True,
-        choices=("onnx", "ctranslate2"),
-        help="onnx (run by ONNX Runtime through aiayn's search) or ctranslate2",
+        choices=("onnx", "ctranslate2", "hf"),
+        help="onnx (run by ONNX Runtime through aiayn's search), ctranslate2, or hf (a Hugging "
+        "Face MarianMTModel folder for transformers)",
     )
     p.add_argument(
         "--quantization",

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # "torch" is a plain model folder; the others are written by `aiayn export`.
 FORMATS = ("torch", "onnx", "ctranslate2")
+# What `aiayn export --format` writes: the engines' formats, and a Hugging Face folder (which
+# aiayn runs again only through `aiayn import hf`).
+EXPORT_FORMATS = (*FORMATS[1:], "hf")
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
 
@@ -60,7 +63,8 @@ def export_model(
     quantization: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Export the model folder ``source`` as ``fmt`` ('onnx' or 'ctranslate2') into ``out``.
+    """Export the model folder ``source`` as ``fmt`` ('onnx', 'ctranslate2' or 'hf': a Hugging
+    Face Marian folder, :mod:`aiayn.export.hf`) into ``out``.
 
     ``quantization`` (CTranslate2 only) is one of :data:`QUANTIZATIONS` (default float32). An
     option the format cannot express is a ConfigError that names it. Returns ``out``.
@@ -71,8 +75,8 @@ def export_model(
     from aiayn.io import check_not_input, check_output_folder, new_folder
 
     source, out = Path(source), Path(out)
-    if fmt not in FORMATS[1:]:
-        raise ConfigError(f"--format must be one of {', '.join(FORMATS[1:])}, got '{fmt}'")
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got '{fmt}'")
     if quantization is not None and fmt != "ctranslate2":
         raise ConfigError("--quantization applies to --format ctranslate2 only")
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -83,9 +87,16 @@ def export_model(
     check_output_folder(out, overwrite)  # before any work
     if fmt == "onnx":
         require("onnx", "export", "--format onnx")
-    else:
+    elif fmt == "ctranslate2":
         require("ctranslate2", "ctranslate2", "--format ctranslate2")
     model, kind, tokenizer, meta = _load_source(source)
+    if fmt == "hf":  # a transformers folder, not an aiayn one: its own config.json and card
+        from aiayn.export import hf
+
+        hf.check_exportable(model, kind, tokenizer)
+        with new_folder(out, overwrite) as tmp:
+            hf.write_folder(model, tokenizer, meta.config.decode, tmp, source)
+        return out
     if fmt == "onnx":
         from aiayn.export import onnx as writer
     else:
