@@ -1,12 +1,13 @@
-"""A tiny random Hugging Face Marian model in the Hub's layout, built locally (no network).
+"""A tiny Hugging Face Marian model in the Hub's layout, built locally (no network).
 
-``marian_folder`` (a session fixture) trains two small SentencePiece models on Multi30k
-(English source, German target, from the data mirror), writes the joint ``vocab.json`` the way
-OPUS-MT folders have it (``</s>`` 0, ``<unk>`` 1, the pieces of both models, ``<pad>`` last),
-builds a ``MarianMTModel`` with random weights large enough for peaked predictions (and an EOS
-bias, so that outputs end at different lengths), and saves model, tokenizer and generation
-settings with ``save_pretrained``. The tests skip, saying why, without transformers,
-sentencepiece or the data.
+:func:`build_marian` (the session fixture ``marian_folder`` of conftest.py) trains two small
+SentencePiece models on Multi30k (English source, German target, from the data mirror), writes
+the joint ``vocab.json`` the way OPUS-MT folders have it (``</s>`` 0, ``<unk>`` 1, the pieces of
+both models, ``<pad>`` last), builds a seeded ``MarianMTModel``, trains it for a few seconds (a
+random one repeats one token to max_length) and gives it a random ``final_logits_bias`` with an
+EOS bias (outputs end at different lengths, some at max_length), and saves model, tokenizer and
+generation settings as ``save_pretrained`` does. The tests skip, saying why, without
+transformers, sentencepiece or the data.
 """
 
 from __future__ import annotations
@@ -147,11 +148,3 @@ def build_marian(folder: Path, seed: int = 0, **config) -> Path:
     generation["pad_token_id"] = pad
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return folder
-
-
-@pytest.fixture(scope="session")
-def marian_folder(tmp_path_factory) -> Path:
-    """The tiny Marian model's folder (built once per test session)."""
-    pytest.importorskip("transformers", reason="needs transformers (the test extra)")
-    pytest.importorskip("sentencepiece", reason="needs sentencepiece (the test or hf extra)")
-    return build_marian(tmp_path_factory.mktemp("marian") / "opus-mt-tiny")

@@ -16,7 +16,7 @@ from aiayn.data.tokenizer import train_tokenizer
 from aiayn.export import export_model
 from aiayn.folder import load_model_folder
 from aiayn.model import Transformer
-from tests.trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml
+from trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml
 
 pytest.importorskip("transformers", reason="needs transformers (the test or hf extra)")
 

@@ -15,12 +15,12 @@ from aiayn.decode import DecodeConfig
 from aiayn.decode.translate import translate_ids
 from aiayn.folder import load_model_folder
 from aiayn.interop.marian import decode_settings, import_marian, read_generation
-from tests.hf_helpers import marian_folder, sentences  # noqa: F401 (a fixture)
-from tests.trainutil import fails, torch_threads
+from hf_helpers import sentences
+from trainutil import fails, torch_threads
 
 
 @pytest.fixture(scope="module")
-def imported(marian_folder, tmp_path_factory):  # noqa: F811
+def imported(marian_folder, tmp_path_factory):
     """(HF folder, imported aiayn folder, MarianMTModel, MarianTokenizer)."""
     from transformers import MarianMTModel, MarianTokenizer
 
@@ -118,7 +118,7 @@ def test_exports_of_the_imported_folder_give_the_same_tokens(imported, tmp_path,
             assert "no early_stopping=false" in caplog.text
 
 
-def test_the_folder_records_source_licence_and_settings(marian_folder, tmp_path):  # noqa: F811
+def test_the_folder_records_source_licence_and_settings(marian_folder, tmp_path):
     source = tmp_path / "opus-mt-en-de"
     shutil.copytree(marian_folder, source)
     (source / "README.md").write_text("---\nlanguage: [en, de]\nlicense: cc-by-4.0\n---\n# x\n")
@@ -134,7 +134,7 @@ def test_the_folder_records_source_licence_and_settings(marian_folder, tmp_path)
     assert "cc-by-4.0" in card and str(source.resolve()) in card
 
 
-def test_pytorch_model_bin_is_read_without_pickled_code(marian_folder, tmp_path):  # noqa: F811
+def test_pytorch_model_bin_is_read_without_pickled_code(marian_folder, tmp_path):
     from safetensors.torch import load_file
 
     source = tmp_path / "bin"
@@ -207,7 +207,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD)
-def test_what_cannot_be_mapped_is_one_clear_line(marian_folder, tmp_path, capsys, case):  # noqa: F811
+def test_what_cannot_be_mapped_is_one_clear_line(marian_folder, tmp_path, capsys, case):
     edit, message = BAD[case]
     source = tmp_path / "src"
     shutil.copytree(marian_folder, source)
@@ -217,7 +217,7 @@ def test_what_cannot_be_mapped_is_one_clear_line(marian_folder, tmp_path, capsys
     assert "pickled code ran" not in capsys.readouterr().out
 
 
-def test_bad_paths_are_one_clear_line(marian_folder, tmp_path, capsys):  # noqa: F811
+def test_bad_paths_are_one_clear_line(marian_folder, tmp_path, capsys):
     source = tmp_path / "src"
     shutil.copytree(marian_folder, source)
     argv = ["import", "hf", source, "-o"]

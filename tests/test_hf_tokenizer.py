@@ -9,7 +9,7 @@ import pytest
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import DataError
 from aiayn.interop.marian import read_tokenizer
-from tests.hf_helpers import marian_folder, sentences  # noqa: F401 (a fixture)
+from hf_helpers import sentences
 
 ODD = [
     ">>de<< A dog runs.",  # a language code: a token of its own (here <unk>: not in vocab.json)
@@ -21,7 +21,7 @@ ODD = [
 
 
 @pytest.fixture(scope="module")
-def both(marian_folder):  # noqa: F811
+def both(marian_folder):
     from transformers import MarianTokenizer
 
     return read_tokenizer(marian_folder), MarianTokenizer.from_pretrained(marian_folder)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.model import PositionwiseFeedForward, Transformer, sinusoidal_table
-from tests.trainutil import tiny_model_config
+from trainutil import tiny_model_config
 
 
 def test_defaults_are_the_papers():
