@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml
 
 from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
@@ -16,7 +17,6 @@ from aiayn.data.tokenizer import train_tokenizer
 from aiayn.export import export_model
 from aiayn.folder import load_model_folder
 from aiayn.model import Transformer
-from trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml
 
 pytest.importorskip("transformers", reason="needs transformers (the test or hf extra)")
 

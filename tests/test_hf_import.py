@@ -10,13 +10,13 @@ import shutil
 
 import pytest
 import torch
+from hf_helpers import sentences
+from trainutil import fails, torch_threads
 
 from aiayn.decode import DecodeConfig
 from aiayn.decode.translate import translate_ids
 from aiayn.folder import load_model_folder
 from aiayn.interop.marian import decode_settings, import_marian, read_generation
-from hf_helpers import sentences
-from trainutil import fails, torch_threads
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ its tokenizer.json saved and read back."""
 import json
 
 import pytest
+from hf_helpers import sentences
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import DataError
 from aiayn.interop.marian import read_tokenizer
-from hf_helpers import sentences
 
 ODD = [
     ">>de<< A dog runs.",  # a language code: a token of its own (here <unk>: not in vocab.json)

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 from hf_helpers import sentences
+from trainutil import torch_threads
 
 import aiayn
 from aiayn.cli import main
 from aiayn.interop.marian import import_marian
-from trainutil import torch_threads
 
 pytest.importorskip("fastapi", reason="the 'serve' extra (fastapi) is not installed")
 pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not installed")

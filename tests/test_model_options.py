@@ -6,11 +6,11 @@ decoder that starts from the pad id. The defaults stay the paper's."""
 import pytest
 import torch
 import torch.nn.functional as F
+from trainutil import tiny_model_config
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.model import PositionwiseFeedForward, Transformer, sinusoidal_table
-from trainutil import tiny_model_config
 
 
 def test_defaults_are_the_papers():
