@@ -121,6 +121,9 @@ def _facts_table(folder: Path, meta: FolderConfig, kind: str) -> str:
         ("training", _training(folder, meta, train)),
         ("hardware", meta.hardware or "not recorded"),
     ]
+    imported = meta.extra.get("imported_from")
+    if isinstance(imported, dict):
+        rows = _imported_rows(rows, imported)
     if meta.format:
         fmt = FORMATS.get(meta.format, meta.format)
         quantization = f", {meta.quantization}" if meta.quantization else ""
@@ -128,6 +131,21 @@ def _facts_table(folder: Path, meta: FolderConfig, kind: str) -> str:
         rows.append(("format", f"{fmt}{quantization}, exported from `{source}`"))
     lines = ["| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in rows]
     return "\n".join(lines)
+
+
+def _imported_rows(rows: list[tuple[str, str]], imported: dict[str, Any]) -> list[tuple[str, str]]:
+    """The facts of a folder made by `aiayn import hf`: its source, not a run of aiayn's."""
+    source = f"`{imported.get('source')}`"
+    facts = {
+        "task": f"translation ({_langs(imported)})",
+        "data": f"see the model card of {source}",
+        "tokenizer": "SentencePiece: source and target models over one joint vocabulary",
+        "weights": f"imported from {source} (Hugging Face Marian)",
+        "training": "not by aiayn",
+    }
+    return [(key, facts.get(key, value)) for key, value in rows] + [
+        ("licence", str(imported.get("licence")))
+    ]
 
 
 def _data(data: dict[str, Any]) -> str:

@@ -131,7 +131,8 @@ def test_the_folder_records_source_licence_and_settings(marian_folder, tmp_path)
     )
     assert config["decode"]["beam"] == 4 and config["decode"]["length_penalty"] == "power"
     card = (out / "README.md").read_text()
-    assert "cc-by-4.0" in card and str(source.resolve()) in card
+    assert "| licence | cc-by-4.0 |" in card and str(source.resolve()) in card
+    assert "| task | translation (en → de) |" in card
 
 
 def test_pytorch_model_bin_is_read_without_pickled_code(marian_folder, tmp_path):
@@ -226,3 +227,17 @@ def test_bad_paths_are_one_clear_line(marian_folder, tmp_path, capsys):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
     fails(capsys, argv + [tmp_path / "full"], "--overwrite", unchanged=[tmp_path])
+
+
+def test_a_bad_id_outside_the_vocabulary_is_one_clear_line(imported, tmp_path, capsys):
+    _, out, _, _ = imported
+    folder = tmp_path / "edited"
+    shutil.copytree(out, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["decode"]["bad_ids"] = [100000]
+    (folder / "config.json").write_text(json.dumps(config))
+    (tmp_path / "in.txt").write_text("A dog.\n")
+    argv = ["translate", folder, "--input", tmp_path / "in.txt"]
+    fails(
+        capsys, argv, "decode.bad_ids [100000]: ids must be in the vocabulary", unchanged=[folder]
+    )

@@ -25,6 +25,7 @@ from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, transformer_step
+from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,11 @@ def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
 def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Search one padded batch. Shape: src (B, S) -> B lists of ``cfg.nbest`` hypotheses."""
     model_cfg, B, k = model.cfg, src.size(0), cfg.beam
+    if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
+        raise ConfigError(
+            f"decode.bad_ids {list(cfg.bad_ids)}: ids must be in the vocabulary "
+            f"(0 … {model_cfg.tgt_vocab_size - 1})"
+        )
     src_lengths = (src != model_cfg.pad_id).sum(1).cpu()
     max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len)
     memory = model.encode(src)  # (B, S, D)
