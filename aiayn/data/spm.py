@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aiayn.data.tokenizer import Tokenizer, _ids
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError, DataError
 
 __all__ = ["SentencePieceTokenizer", "SPM_TYPE"]
@@ -118,7 +118,8 @@ class SentencePieceTokenizer(Tokenizer):
         """Text of ``ids``, special tokens skipped (``MarianTokenizer.decode(ids,
         skip_special_tokens=True)``)."""
         n = len(self.pieces)
-        pieces = [self.pieces[i] for i in _ids(ids) if 0 <= i < n and i not in self._special_ids]
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # a list or a 1-D tensor
+        pieces = [self.pieces[i] for i in ids if 0 <= i < n and i not in self._special_ids]
         return self.source.decode_pieces(pieces).replace(_WORD, " ").strip()
 
     def to_str(self) -> str:
