@@ -241,3 +241,27 @@ def test_a_bad_id_outside_the_vocabulary_is_one_clear_line(imported, tmp_path, c
     fails(
         capsys, argv, "decode.bad_ids [100000]: ids must be in the vocabulary", unchanged=[folder]
     )
+
+
+def test_an_imported_folder_exports_back_to_the_model_it_came_from(imported, tmp_path):
+    """Marian -> aiayn -> Marian: the same weights, tokenizer and generate() output."""
+    from safetensors.torch import load_file
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from aiayn.export import export_model
+
+    folder, out, hf, tok = imported
+    back = export_model(out, "hf", tmp_path / "back")
+    original, written = (
+        load_file(str(folder / "model.safetensors")),
+        load_file(str(back / "model.safetensors")),
+    )
+    assert set(written) == set(original)
+    assert all(torch.equal(written[k], original[k]) for k in original)
+    texts = short_sources(8)
+    their_tok = MarianTokenizer.from_pretrained(back)
+    assert their_tok(texts).input_ids == tok(texts).input_ids
+    model = MarianMTModel.from_pretrained(back).eval()
+    batch = tok(texts, return_tensors="pt", padding=True)
+    with torch_threads(1):
+        assert torch.equal(model.generate(**batch), hf.generate(**batch))

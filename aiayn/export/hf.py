@@ -2,7 +2,8 @@
 
 The output is what ``save_pretrained`` writes for a ``MarianMTModel``: ``config.json``,
 ``generation_config.json``, ``model.safetensors`` (transformers' names), ``tokenizer.json`` with
-``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``) and a ``README.md`` card, so that
+``tokenizer_config.json`` (a ``PreTrainedTokenizerFast``; an imported Marian model's
+SentencePiece files as ``MarianTokenizer`` reads them) and a ``README.md`` card, so that
 ``AutoModelForSeq2SeqLM`` and ``AutoTokenizer`` load it and ``generate()`` gives aiayn's
 translations (tests/test_hf_export.py; transformers < 5 also ``pipeline("translation")``). No
 transformers is needed to write it.
@@ -44,6 +45,7 @@ ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 
 def check_exportable(model: Any, kind: str, tokenizer: Any) -> None:
     """ConfigError naming the first thing of ``model`` that a MarianMTModel cannot express."""
+    from aiayn.data.spm import SentencePieceTokenizer
     from aiayn.data.tokenizer import SubwordTokenizer
 
     if kind != "translation":
@@ -59,10 +61,11 @@ def check_exportable(model: Any, kind: str, tokenizer: Any) -> None:
         ),
         (cfg.layer_norm_eps != 1e-5, "model.layer_norm_eps: Marian's LayerNorms use 1e-5"),
         (
-            not isinstance(tokenizer, SubwordTokenizer) or tokenizer.recaser is not None,
+            not isinstance(tokenizer, SentencePieceTokenizer | SubwordTokenizer)
+            or getattr(tokenizer, "recaser", None) is not None,
             f"a {tokenizer.kind} tokenizer"
             + (" with a recaser" if getattr(tokenizer, "recaser", None) else "")
-            + ": --format hf needs a plain subword (bpe/unigram) tokenizer",
+            + ": --format hf needs a plain subword (bpe/unigram) or SentencePiece tokenizer",
         ),
     ]
     for failed, why in checks:
@@ -224,16 +227,33 @@ def card(source: Path, cfg: Any) -> str:
     )
 
 
+def write_marian_tokenizer(tokenizer: Any, cfg: Any, folder: Path) -> None:
+    """An imported model's SentencePiece tokenizer as MarianTokenizer's files (source.spm,
+    target.spm, vocab.json, tokenizer_config.json): the folder it came from, round trip."""
+    from aiayn.io import write_bytes, write_json
+
+    write_bytes(folder / "source.spm", tokenizer.source_model)
+    write_bytes(folder / "target.spm", tokenizer.target_model)
+    write_json(folder / "vocab.json", tokenizer.vocab)
+    specials = {f"{role}_token": piece for role, piece in tokenizer.specials.items()}
+    config = {"tokenizer_class": "MarianTokenizer", "model_max_length": cfg.max_len}
+    write_json(folder / "tokenizer_config.json", {**config, **specials, "separate_vocabs": False})
+
+
 def write_folder(model: Any, tokenizer: Any, decode: Any, folder: Path, source: Path) -> None:
     """The whole Hugging Face folder into ``folder`` (a fresh one, :func:`aiayn.io.new_folder`)."""
     from aiayn.checkpoint import write_safetensors
+    from aiayn.data.spm import SentencePieceTokenizer
     from aiayn.io import write_json, write_text
 
     cfg = model.cfg
     write_safetensors(marian_state(model), folder / "model.safetensors", {"format": "pt"})
     write_json(folder / "config.json", marian_config(cfg))
     write_json(folder / "generation_config.json", generation_config(cfg, decode))
-    write_text(folder / "tokenizer.json", tokenizer.hf.to_str())
-    write_json(folder / "tokenizer_config.json", tokenizer_config(tokenizer, cfg))
+    if isinstance(tokenizer, SentencePieceTokenizer):  # an imported Marian model, back
+        write_marian_tokenizer(tokenizer, cfg, folder)
+    else:
+        write_text(folder / "tokenizer.json", tokenizer.hf.to_str())
+        write_json(folder / "tokenizer_config.json", tokenizer_config(tokenizer, cfg))
     write_text(folder / "README.md", card(source, cfg))
     log.debug("wrote %s", json.dumps(sorted(p.name for p in folder.iterdir())))
