@@ -244,7 +244,7 @@ def beam_search(
         last = _last_rows(state, lengths, t) if rules.force_eos else None
         log_probs = _apply_rules(log_probs, eos_id, t < min_len, rules, last)
         cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
-        room = [len(finished[i]) < beam for i in state.sentence.tolist()]  # before this step
+        room = [len(f) < beam for f in finished]  # per sentence, before this step's endings
         _finish_eos(
             state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty, beam
         )
@@ -403,7 +403,7 @@ def _done(
     alpha: float,
     penalty: str,
     early_stopping: bool = True,
-    room: list[bool] | None = None,
+    room: list[bool] | None = None,  # by sentence (original index)
 ) -> Tensor:
     """Which active sentences are done (b,) bool: k finished hypotheses (and, without
     ``early_stopping``, no live beam that could beat them), no live beam left, or max_len
@@ -412,8 +412,12 @@ def _done(
     sentences = state.sentence.tolist()  # host tensors: no sync
     at_cap = (lengths[state.sentence] <= generated).tolist()
     dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
-    room = room if room is not None else [len(finished[s]) < beam for s in sentences]
-    cut = [i for i, cap in enumerate(at_cap) if cap and (room[i] or not early_stopping)]
+    room = room if room is not None else [len(f) < beam for f in finished]
+    cut = [
+        i
+        for i, (s, cap) in enumerate(zip(sentences, at_cap))
+        if cap and (room[s] or not early_stopping)
+    ]
     for i, hyps in zip(cut, _cut(state, cut, beam, alpha, penalty)):
         finished[sentences[i]].extend(hyps)
     full = [len(finished[s]) >= beam for s in sentences]
