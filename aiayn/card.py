@@ -85,6 +85,14 @@ def _sections(meta: FolderConfig) -> dict[str, dict[str, Any]]:
 def _summary(meta: FolderConfig, kind: Kind) -> str:
     data = _sections(meta)["data"]
     what = kind.summary.format(langs=_langs(data), n_classes=meta.config.model.n_classes)
+    imported = meta.extra.get("imported_from")
+    if isinstance(imported, dict):  # `aiayn import hf`: someone else's model, their licence
+        langs = _langs(imported)
+        return (
+            f"A Transformer that translates {langs}, imported from the Hugging Face Marian "
+            f"folder `{imported.get('source')}` (licence: {imported.get('licence')}); not "
+            "trained by aiayn. Its decoding settings are that folder's generation settings."
+        )
     dataset = data.get("dataset") or "files of your own"
     return f"A Transformer that {what}, trained with aiayn on {dataset}."
 
@@ -107,6 +115,9 @@ def _facts_table(folder: Path, meta: FolderConfig, kind: Kind) -> str:
         ("training", _training(folder, meta, train)),
         ("hardware", meta.hardware or "not recorded"),
     ]
+    imported = meta.extra.get("imported_from")
+    if isinstance(imported, dict):
+        rows = _imported_rows(rows, imported)
     if meta.format:
         fmt = FORMATS.get(meta.format, meta.format)
         quantization = f", {meta.quantization}" if meta.quantization else ""
@@ -114,6 +125,21 @@ def _facts_table(folder: Path, meta: FolderConfig, kind: Kind) -> str:
         rows.append(("format", f"{fmt}{quantization}, exported from `{source}`"))
     lines = ["| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in rows]
     return "\n".join(lines)
+
+
+def _imported_rows(rows: list[tuple[str, str]], imported: dict[str, Any]) -> list[tuple[str, str]]:
+    """The facts of a folder made by `aiayn import hf`: its source, not a run of aiayn's."""
+    source = f"`{imported.get('source')}`"
+    facts = {
+        "task": f"translation ({_langs(imported)})",
+        "data": f"see the model card of {source}",
+        "tokenizer": "SentencePiece: source and target models over one joint vocabulary",
+        "weights": f"imported from {source} (Hugging Face Marian)",
+        "training": "not by aiayn",
+    }
+    return [(key, facts.get(key, value)) for key, value in rows] + [
+        ("licence", str(imported.get("licence")))
+    ]
 
 
 def _data(data: dict[str, Any]) -> str:

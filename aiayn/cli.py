@@ -28,6 +28,7 @@ COMMANDS: list[str] = [
     "generate",
     "serve",
     "export",
+    "import",
 ]
 
 
@@ -44,6 +45,7 @@ EXAMPLES: dict[str, str] = {
     "generate": 'aiayn generate runs/shakespeare_char/best --prompt "ROMEO:" --seed 1',
     "serve": "aiayn serve runs/demo/avg5",
     "export": "aiayn export runs/demo/avg5 --format onnx -o runs/demo/onnx",
+    "import": "aiayn import hf opus-mt-en-de -o models/opus-mt-en-de",
 }
 FIRST_STEPS = """first steps:
   make demo && make test     in a checkout: train, translate and score a 15-minute model; run the tests

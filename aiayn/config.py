@@ -211,14 +211,19 @@ class ModelConfig:
     attention_dropout: float | None = 0.0
     # Dropout after the FFN's inner activation; 0 as in the paper.
     activation_dropout: float = 0.0
-    # FFN non-linearity: the paper's ReLU, or GELU (BERT/GPT).
-    activation: Literal["relu", "gelu"] = "relu"
+    # FFN non-linearity: the paper's ReLU, GELU (BERT/GPT), or SiLU x·σ(x) ("swish": what
+    # OPUS-MT's Marian models use; see docs/huggingface.md).
+    activation: Literal["relu", "gelu", "silu"] = "relu"
     # Post-LN (the paper: LayerNorm(x + Sublayer(x))) or pre-LN (x + Sublayer(LayerNorm(x))).
     norm_first: bool = False
     # LayerNorm epsilon (PyTorch's default; the paper does not state one).
     layer_norm_eps: float = 1e-5
     # Positional information: the paper's fixed sinusoids, or learned embeddings (§3.5, Table 3 E).
     positional: Literal["sinusoidal", "learned"] = "sinusoidal"
+    # How the fixed sinusoids are laid out over the D dimensions: the paper's interleaved
+    # sin, cos, sin, cos … (§3.5), or all sines then all cosines ("halves": Marian, fairseq,
+    # tensor2tensor). The same frequencies either way; imported Marian models need "halves".
+    sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
     # Longest position the positional table covers.
     max_len: int = 1024
     # Share source embeddings, target embeddings and the output projection (§3.4). Needs one vocab.
@@ -233,6 +238,9 @@ class ModelConfig:
     output_vocab: Literal["all", "targets"] = "all"
     # Multiply embeddings by sqrt(d_model) (§3.4).
     scale_embeddings: bool = True
+    # Not in the paper: a bias on the pre-softmax projection (§3.4 has none). Marian's
+    # `final_logits_bias`; imported models carry it, aiayn's own are trained without.
+    final_logits_bias: bool = False
     # Biases in the linear projections (the paper's equations omit them; most code keeps them).
     bias: bool = True
     # Classifier head (encoder-only models): number of labels, and how token states are pooled
@@ -330,6 +338,10 @@ class ModelConfig:
         for name in ("dropout", "activation_dropout", "token_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.final_logits_bias and (self.n_encoder_layers == 0 or self.n_decoder_layers == 0):
+            raise ConfigError(
+                "model.final_logits_bias applies to encoder–decoder (translation) models"
+            )
         if self.bigram_buckets < 0:
             raise ConfigError(f"bigram_buckets must be >= 0, got {self.bigram_buckets}")
         if self.bigram_buckets and self.n_decoder_layers > 0:

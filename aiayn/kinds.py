@@ -89,7 +89,7 @@ KINDS: dict[str, Kind] = {
             "aiayn.train.translation:TranslationTask",
             uses=("translate", "score"),
             routes=("translate", "attention"),
-            exporters=("onnx", "ctranslate2"),
+            exporters=("onnx", "ctranslate2", "hf"),
             reads=TRANSLATION,
             stack={},
             title="translation",

@@ -71,6 +71,10 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_folder_config": UNIT,
     "test_gpu_check": ("process",),
     "test_inference_edges": UNIT,
+    "test_hf_export": UNIT,
+    "test_hf_import": UNIT,
+    "test_hf_tokenizer": UNIT,
+    "test_hf_tools": ("serve",),
     "test_imports": UNIT,
     "test_io": UNIT,
     "test_io_hosts": UNIT,
@@ -79,6 +83,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_make_results": UNIT,
     "test_mlm": UNIT,
     "test_model": UNIT,
+    "test_model_options": UNIT,
     "test_model_parity": UNIT,
     "test_model_shapes": UNIT,
     "test_output_vocab": UNIT,
@@ -205,3 +210,14 @@ def _unit_phase(item: pytest.Item):
             f"{item.nodeid} is marked unit but {seen[0]}: give it the kind it has in "
             "tests/conftest.py (TEST_KINDS or MODULE_KINDS)", pytrace=False)
     return result
+
+
+@pytest.fixture(scope="session")
+def marian_folder(tmp_path_factory):
+    """A tiny Hugging Face Marian folder (tests/hf_helpers.py), built once a session; skipped,
+    saying why, without transformers, sentencepiece or the Multi30k mirror."""
+    from hf_helpers import build_marian
+
+    pytest.importorskip("transformers", reason="needs transformers (the test extra)")
+    pytest.importorskip("sentencepiece", reason="needs sentencepiece (the test or hf extra)")
+    return build_marian(tmp_path_factory.mktemp("marian") / "opus-mt-tiny")

@@ -258,3 +258,49 @@ def test_decode_config_validates():
         DecodeConfig(beam=0)
     with pytest.raises(ConfigError):
         DecodeConfig(beam=2, nbest=3)
+
+
+# ---- the rules of Hugging Face's generate() (imported Marian models, issue #44) ----------------
+
+
+def test_power_length_penalty_is_length_to_alpha():
+    assert length_penalty(4, 0.5, "power") == pytest.approx(2.0)
+    assert length_penalty(7, 0.0, "power") == pytest.approx(1.0)
+
+
+def test_suppressed_tokens_are_never_output_and_keep_their_mass_unless_renormalized():
+    from aiayn.decode.search import Rules
+
+    table = {(): dist(eos=0.1, a=0.6, b=0.3), (B,): dist(eos=0.9, a=0.1)}
+    (hyp,) = run_greedy([table], rules=Rules(suppress=(A,)))
+    assert hyp.tokens == [B] and hyp.log_prob == pytest.approx(math.log(0.3) + math.log(0.9))
+    (hyp,) = run_greedy([table], rules=Rules(suppress=(A,), renormalize=True))
+    assert hyp.log_prob == pytest.approx(math.log(0.3 / 0.4) + math.log(0.9 / 0.9))
+
+
+def test_forced_eos_ends_a_hypothesis_at_the_cap_with_log_prob_zero():
+    from aiayn.decode.search import Rules
+
+    table = {(): dist(eos=0.1, a=0.9), (A,): dist(eos=0.1, a=0.9), (A, A): dist(eos=0.1, a=0.9)}
+    (hyp,) = run_greedy([table], max_len=3, rules=Rules(force_eos=True))
+    assert hyp.tokens == [A, A] and hyp.finished
+    assert hyp.log_prob == pytest.approx(2 * math.log(0.9))  # the forced EOS adds 0
+    rules = Rules(force_eos=True)
+    (best,) = run_beam([table], 2, max_len=3, rules=rules, early_stopping=False)[0]
+    assert best.tokens == [A, A] and best.finished
+    assert best.score == pytest.approx(2 * math.log(0.9) / ((5 + 3) / 6) ** 0.6)
+
+
+def test_without_early_stopping_beam_search_goes_on_while_a_live_beam_can_win():
+    """Two quick endings fill a beam of 2; early stopping keeps the better of them, the Hugging
+    Face heuristic goes on (the live beam's score over its length still beats the worse) and
+    finds the long confident ending."""
+    table = {
+        (): dist(eos=0.3, a=0.7),
+        (A,): dist(eos=0.3, a=0.7),
+        (A, A): dist(eos=0.01, a=0.99),
+        (A, A, A): dist(eos=0.99, a=0.01),
+    }
+    early = run_beam([table], 2, alpha=1.0, penalty="power")[0][0]
+    late = run_beam([table], 2, alpha=1.0, penalty="power", early_stopping=False)[0][0]
+    assert early.tokens == [A] and late.tokens == [A, A, A]

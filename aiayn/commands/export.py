@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from aiayn.commands.options import add_output_folder_options
 from aiayn.export import QUANTIZATIONS
 
 log = logging.getLogger(__name__)
@@ -27,20 +28,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         required=True,
-        choices=("onnx", "ctranslate2"),
-        help="onnx (run by ONNX Runtime through aiayn's search) or ctranslate2",
+        choices=("onnx", "ctranslate2", "hf"),
+        help="onnx (run by ONNX Runtime through aiayn's search), ctranslate2, or hf (a Hugging "
+        "Face MarianMTModel folder for transformers)",
     )
-    p.add_argument("--out", "-o", required=True, metavar="OUT_DIR", help="the folder to write")
     p.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,
         help="CTranslate2 weight type (default: float32); int8 is the fast one on CPUs",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace OUT_DIR if it exists (never MODEL_DIR or a folder holding it)",
-    )
+    add_output_folder_options(p, "MODEL_DIR")
     p.set_defaults(run=run)
     return p
 

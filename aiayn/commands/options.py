@@ -34,6 +34,17 @@ def add_model_dirs(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_output_folder_options(p: argparse.ArgumentParser, source: str) -> None:
+    """``--out/-o OUT_DIR`` and ``--overwrite`` of a command that writes a folder from
+    ``source`` (the metavar of what it reads)."""
+    p.add_argument("--out", "-o", required=True, metavar="OUT_DIR", help="the folder to write")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace OUT_DIR if it exists (never {source} or a folder holding it)",
+    )
+
+
 def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's."""
     d = DEFAULTS
@@ -41,8 +52,9 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: {d.alpha}, §6.1)")
     p.add_argument(
         "--length-penalty",
-        choices=("gnmt", "average", "none"),
-        help="normalise scores by the GNMT penalty, by length, or not at all "
+        choices=("gnmt", "average", "none", "power"),
+        help="normalise scores by the GNMT penalty, by length, not at all, or by length^α "
+        "(Hugging Face's) "
         f"(default: {d.length_penalty})",
     )
     p.add_argument(

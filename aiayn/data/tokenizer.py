@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import itertools
 import json
 import logging
@@ -43,6 +44,9 @@ MAX_WORD_CHARS = 1000
 # In id order: pad 0, bos 1, eos 2, unk 3 (ModelConfig's defaults).
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 _CHAR_TYPE = "aiayn-char"
+# tokenizer.json "type"s of tokenizers in modules of their own, imported when a file needs one
+# (they build on this module; sentencepiece is an optional dependency): type -> "module:class".
+TOKENIZER_TYPES = {"aiayn-sentencepiece": "aiayn.data.spm:SentencePieceTokenizer"}
 _RECASED_TYPE = "aiayn-recased"  # {"type", "recaser", "tokenizer": a Hugging Face tokenizer.json}
 
 
@@ -93,6 +97,10 @@ class Tokenizer:
         """Text of ``ids`` (a list or a 1-D tensor), special tokens skipped."""
         raise NotImplementedError
 
+    def special_name(self, i: int) -> str | None:
+        """The name of special id ``i`` (``<pad>``, ``<s>``, ``</s>``, ``<unk>``), else None."""
+        return SPECIAL_TOKENS[i] if 0 <= i < len(SPECIAL_TOKENS) else None
+
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
 
@@ -115,6 +123,10 @@ class Tokenizer:
             ) from None
         if isinstance(obj, dict) and obj.get("type") == _CHAR_TYPE:
             return CharTokenizer.from_obj(obj, origin)
+        if isinstance(obj, dict) and obj.get("type") in TOKENIZER_TYPES:
+            module, _, name = TOKENIZER_TYPES[obj["type"]].partition(":")
+            tokenizer_class = getattr(importlib.import_module(module), name)
+            return tokenizer_class.from_obj(obj, origin)
         recaser = None
         if isinstance(obj, dict) and obj.get("type") == _RECASED_TYPE:
             recaser = Recaser.from_obj(obj.get("recaser"), origin)

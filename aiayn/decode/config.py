@@ -25,8 +25,23 @@ class DecodeConfig:
     # GNMT length penalty exponent α (Wu et al. 2016, Eq. 14): lp(Y) = ((5 + |Y|) / 6)^α.
     alpha: float = 0.6
     # How a finished hypothesis's log-probability is normalised for ranking: the GNMT penalty
-    # above, plain length normalisation (log P / |Y|), or none (raw log P, favours short output).
-    length_penalty: Literal["gnmt", "average", "none"] = "gnmt"
+    # above, plain length normalisation (log P / |Y|), none (raw log P, favours short output), or
+    # log P / |Y|^α ("power": Hugging Face's length_penalty = α; CTranslate2's too).
+    length_penalty: Literal["gnmt", "average", "none", "power"] = "gnmt"
+    # Beam search stops a sentence once it has `beam` finished hypotheses (true: fairseq, and
+    # Hugging Face's early_stopping=True), or only when no live beam can still beat the worst of
+    # them, judged by its score so far over the length penalty of its current length (false:
+    # Hugging Face's default heuristic, what imported Marian models decode with).
+    early_stopping: bool = True
+    # Token ids never output: their log-probability is -inf after the softmax (Hugging Face's
+    # bad_words_ids of single tokens; Marian models forbid <pad>, their decoder start).
+    bad_ids: tuple[int, ...] = ()
+    # Normalise the log-probabilities again after removing tokens (Hugging Face's
+    # renormalize_logits); without it the removed tokens' mass is simply lost, as there.
+    renormalize: bool = False
+    # The last token the output cap allows is EOS, with log-probability 0 (Hugging Face's
+    # forced_eos_token_id): a hypothesis cut at the cap ends with EOS instead of one more token.
+    forced_eos: bool = False
     # Output length cap a · src_len + b tokens, EOS included (§6.1: a = 1, b = 50).
     max_len_a: float = 1.0
     max_len_b: int = 50

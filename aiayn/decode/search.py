@@ -35,6 +35,7 @@ __all__ = [
     "beam_search",
     "sample",
     "filter_log_probs",
+    "Rules",
 ]
 
 
@@ -51,15 +52,18 @@ class Hypothesis:
 def length_penalty(length: int | Tensor, alpha: float, kind: str = "gnmt") -> float | Tensor:
     """The divisor of a hypothesis's log-probability; ``length`` counts tokens, EOS included.
 
-    gnmt: ((5 + |Y|) / 6)^α (Wu et al. 2016, Eq. 14) · average: |Y| · none: 1.
+    gnmt: ((5 + |Y|) / 6)^α (Wu et al. 2016, Eq. 14) · average: |Y| · none: 1 · power: |Y|^α
+    (Hugging Face's ``length_penalty``).
     """
     if kind == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
+    if kind == "power":
+        return length**alpha * 1.0
     if kind == "average":
         return length * 1.0
     if kind == "none":
         return length * 0.0 + 1.0
-    raise ValueError(f"length_penalty must be 'gnmt', 'average' or 'none', got {kind!r}")
+    raise ValueError(f"length_penalty must be 'gnmt', 'average', 'none' or 'power', got {kind!r}")
 
 
 def _as_lengths(max_len: int | Tensor, n: int) -> Tensor:
@@ -78,6 +82,35 @@ def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool) -> Tensor:
     log_probs = log_probs.float()
     if forbid:
         log_probs[:, eos_id] = float("-inf")
+    return log_probs
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What search does to each step's log-probabilities before choosing (Hugging Face's logits
+    processors, in their order): ``suppress`` tokens to -inf, EOS to -inf before ``min_len``,
+    ``force_eos`` at a row's last allowed token (EOS at log-probability 0, everything else -inf),
+    then ``renormalize`` (log-softmax again)."""
+
+    suppress: tuple[int, ...] = ()
+    force_eos: bool = False
+    renormalize: bool = False
+
+
+def _apply_rules(
+    log_probs: Tensor, eos_id: int, forbid: bool, rules: Rules, last: Tensor | None
+) -> Tensor:
+    """(N, V) -> (N, V) float32 after ``rules``; ``last`` (N,) bool marks the rows whose next
+    token is the last their cap allows. In place when already float32 (step functions return
+    fresh tensors)."""
+    log_probs = _forbid_eos(log_probs, eos_id, forbid)
+    if rules.suppress:
+        log_probs[:, list(rules.suppress)] = float("-inf")
+    if rules.force_eos and last is not None:
+        log_probs.masked_fill_(last[:, None], float("-inf"))
+        log_probs[:, eos_id] = torch.where(last, 0.0, log_probs[:, eos_id])
+    if rules.renormalize:
+        log_probs = log_probs.log_softmax(-1)
     return log_probs
 
 
@@ -104,11 +137,12 @@ def greedy_search(
     min_len: int = 0,
     pad_id: int = 0,
     device: Any = None,
+    rules: Rules = Rules(),
 ) -> list[Hypothesis]:
     """The most probable token at every step, for B sentences at once.
 
     Shape: max_len int or (B,) -> B hypotheses (score = log_prob). Finished rows keep being fed
-    ``pad_id`` until every row is done.
+    ``pad_id`` until every row is done. ``rules`` (:class:`Rules`) adjust each step's scores.
     """
     lengths = _as_lengths(max_len, batch_size).to(device)
     tokens = _start(bos_id, batch_size, device)  # (B, 1)
@@ -117,7 +151,8 @@ def greedy_search(
     ended, count = done.clone(), torch.zeros(batch_size, dtype=torch.long, device=device)
     for t in range(int(lengths.max())):
         log_probs, cache = step(tokens, cache)
-        best, nxt = _forbid_eos(log_probs, eos_id, t < min_len).max(-1)  # (B,), (B,)
+        last = count >= lengths - 1 if rules.force_eos else None  # (B,) the cap's last token
+        best, nxt = _apply_rules(log_probs, eos_id, t < min_len, rules, last).max(-1)  # (B,)
         tokens, done = _extend(tokens, nxt, best, log_prob, done, ended, count, eos_id, pad_id)
         done |= count >= lengths
         if bool(done.all()):
@@ -182,6 +217,8 @@ def beam_search(
     min_len: int = 0,
     nbest: int = 1,
     device: Any = None,
+    rules: Rules = Rules(),
+    early_stopping: bool = True,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses of every sentence, best first.
 
@@ -192,7 +229,10 @@ def beam_search(
     step the 2k best continuations of each sentence are taken (fairseq); EOS among the first k
     ends a hypothesis, scored log P / lp(|Y|); the k best others continue. A sentence is done
     when it has k finished hypotheses or reaches its max_len; done sentences leave the batch
-    (``cache.reorder``).
+    (``cache.reorder``). With ``early_stopping=False`` a sentence with k finished hypotheses goes
+    on while its best live beam, scored over the length penalty of its current length, beats the
+    worst of its k best finished ones (Hugging Face's heuristic). ``rules`` (:class:`Rules`)
+    adjust each step's scores.
     """
     lengths = _as_lengths(max_len, batch_size)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
@@ -201,13 +241,15 @@ def beam_search(
     state = _Beams(_start(bos_id, batch_size, device), scores, torch.arange(batch_size))
     for t in range(int(lengths.max())):
         log_probs, cache = step(state.tokens, cache)
-        log_probs = _forbid_eos(log_probs, eos_id, t < min_len)
+        last = _last_rows(state, lengths, t) if rules.force_eos else None
+        log_probs = _apply_rules(log_probs, eos_id, t < min_len, rules, last)
         cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
+        room = [len(f) < beam for f in finished]  # per sentence, before this step's endings
         _finish_eos(
             state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty, beam
         )
         state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
-        done = _done(state, lengths, finished, beam, t + 1, alpha, penalty)
+        done = _done(state, lengths, finished, beam, t + 1, alpha, penalty, early_stopping, room)
         keep = (~done).nonzero().squeeze(1)  # (b',) on the CPU
         if keep.numel() == 0:
             break
@@ -222,6 +264,13 @@ def beam_search(
         if cache is not None:
             cache = cache.reorder(rows)
     return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
+
+
+def _last_rows(state: _Beams, lengths: Tensor, t: int) -> Tensor:
+    """(b·k,) or (b,) bool on the device: rows whose next token is the last their cap allows."""
+    rows_per_sentence = state.tokens.size(0) // state.sentence.numel()
+    last = (lengths[state.sentence] <= t + 1).repeat_interleave(rows_per_sentence)
+    return last.to(state.tokens.device, non_blocking=True)
 
 
 def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -353,21 +402,33 @@ def _done(
     generated: int,
     alpha: float,
     penalty: str,
+    early_stopping: bool = True,
+    room: list[bool] | None = None,  # by sentence (original index)
 ) -> Tensor:
-    """Which active sentences are done (b,) bool: k finished hypotheses, no live beam left, or
-    max_len reached (their live beams are then kept, cut)."""
+    """Which active sentences are done (b,) bool: k finished hypotheses (and, without
+    ``early_stopping``, no live beam that could beat them), no live beam left, or max_len
+    reached (their live beams are then kept, cut, where the sentence had fewer than k finished
+    hypotheses before this step, ``room``: they compete with this step's EOS endings)."""
     sentences = state.sentence.tolist()  # host tensors: no sync
     at_cap = (lengths[state.sentence] <= generated).tolist()
     dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
+    room = room if room is not None else [len(f) < beam for f in finished]
     cut = [
-        i for i, (s, cap) in enumerate(zip(sentences, at_cap)) if cap and len(finished[s]) < beam
+        i
+        for i, (s, cap) in enumerate(zip(sentences, at_cap))
+        if cap and (room[s] or not early_stopping)
     ]
     for i, hyps in zip(cut, _cut(state, cut, beam, alpha, penalty)):
         finished[sentences[i]].extend(hyps)
-    done = torch.zeros(len(sentences), dtype=torch.bool)
-    for i, (s, cap) in enumerate(zip(sentences, at_cap)):
-        done[i] = cap or dead[i] or len(finished[s]) >= beam
-    return done
+    full = [len(finished[s]) >= beam for s in sentences]
+    if not early_stopping and any(full):
+        divisor = float(length_penalty(generated, alpha, penalty))
+        best_live = (state.scores[:, 0] / divisor).tolist()  # live beams are ranked: 0 is best
+        for i, s in enumerate(sentences):
+            if full[i]:
+                worst = sorted(h.score for h in finished[s])[-beam]  # the k-th best finished
+                full[i] = best_live[i] <= worst
+    return torch.tensor([cap or d or f for cap, d, f in zip(at_cap, dead, full)], dtype=torch.bool)
 
 
 def _cut(

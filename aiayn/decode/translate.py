@@ -23,8 +23,9 @@ from torch import Tensor, nn
 
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import Hypothesis, beam_search, greedy_search
+from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, decoding_device, transformer_step
+from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,11 @@ def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
 def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Search one padded batch. Shape: src (B, S) -> B lists of ``cfg.nbest`` hypotheses."""
     model_cfg, B, k = model.cfg, src.size(0), cfg.beam
+    if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
+        raise ConfigError(
+            f"decode.bad_ids {list(cfg.bad_ids)}: ids must be in the vocabulary "
+            f"(0 … {model_cfg.tgt_vocab_size - 1})"
+        )
     src_lengths = (src != model_cfg.pad_id).sum(1).cpu()
     max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len)
     memory = model.encode(src)  # (B, S, D)
@@ -82,6 +88,7 @@ def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[l
             cfg.min_len,
             model_cfg.pad_id,
             src.device,
+            search_rules(cfg),
         )
         return [[h] for h in hyps]
     cache = model.init_cache(memory, src=src).with_beam(k)  # B·k rows share B memory rows
@@ -98,7 +105,14 @@ def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[l
         cfg.min_len,
         cfg.nbest,
         src.device,
+        search_rules(cfg),
+        cfg.early_stopping,
     )
+
+
+def search_rules(cfg: DecodeConfig) -> Rules:
+    """The per-step rules of search (:class:`~aiayn.decode.search.Rules`) that ``cfg`` sets."""
+    return Rules(tuple(cfg.bad_ids), cfg.forced_eos, cfg.renormalize)
 
 
 def translate_ids(

@@ -16,6 +16,7 @@ from pathlib import Path
 from aiayn.errors import ConfigError, require
 from aiayn.export.ctranslate2 import Ct2Exporter
 from aiayn.export.exporter import QUANTIZATIONS, Exporter, ExportOptions
+from aiayn.export.hf import HfExporter
 from aiayn.export.onnx import OnnxExporter
 from aiayn.runtime import ENGINES
 
@@ -32,7 +33,7 @@ __all__ = [
 #: "torch" is a plain model folder; the others are written by `aiayn export`
 FORMATS = ENGINES
 #: the export formats, by `--format` name
-EXPORTERS: dict[str, Exporter] = {e.name: e for e in (OnnxExporter(), Ct2Exporter())}
+EXPORTERS: dict[str, Exporter] = {e.name: e for e in (OnnxExporter(), Ct2Exporter(), HfExporter())}
 
 
 def export_model(
@@ -42,8 +43,8 @@ def export_model(
     quantization: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Export the model folder ``source`` as ``fmt`` ('onnx' or 'ctranslate2') into ``out``
-    (:meth:`Exporter.export`).
+    """Export the model folder ``source`` as ``fmt`` ('onnx', 'ctranslate2' or 'hf': a Hugging
+    Face Marian folder, :mod:`aiayn.export.hf`) into ``out`` (:meth:`Exporter.export`).
 
     ``quantization`` (CTranslate2 only) is one of :data:`QUANTIZATIONS` (default float32). An
     option the format cannot express is a ConfigError that names it. Returns ``out``.

@@ -12,7 +12,9 @@ How aiayn's options map:
   ``self_attention.layer_norm``, ``attention.layer_norm``, ``ffn.layer_norm``, and pre-LN's final
   norms ``encoder.layer_norm`` / ``decoder.layer_norm``; ``layer_norm_eps`` is the model's
   ``layer_norm_epsilon``;
-- positions: aiayn's own table (interleaved sinusoids, or the learned weights) is written as
+- activation: ReLU, GELU, SiLU (CTranslate2's SWISH); ``final_logits_bias`` is the output
+  projection's bias;
+- positions: aiayn's own table (sinusoids in either layout, or the learned weights) is written as
   ``position_encodings`` (CTranslate2 would otherwise generate its own, laid out differently);
   ``scale_embeddings`` as is;
 - self-attention Q, K, V become one fused projection, cross-attention K, V another;
@@ -112,15 +114,25 @@ def _decoder(spec: Any, model: Any, embed: Any, cross: bool) -> None:
     _linear(spec.projection, model.generator)
     mask = getattr(model, "output_mask", None)
     if mask is not None:  # output_vocab = "targets": the kept tokens only, as a bias
-        spec.projection.bias = np.where(_np(mask.float()) > 0, 0.0, MASKED_BIAS).astype(np.float32)
+        bias = _np(model.generator.bias) if model.generator.bias is not None else 0.0
+        kept = _np(mask.float()) > 0
+        spec.projection.bias = np.where(kept, bias, MASKED_BIAS).astype(np.float32)
 
 
 def _activation(cfg: Any) -> Any:
     from ctranslate2.specs import common_spec
 
-    return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[
-        cfg.activation
-    ]
+    return {
+        "relu": common_spec.Activation.RELU,
+        "gelu": common_spec.Activation.GELU,
+        "silu": common_spec.Activation.SWISH,
+    }[cfg.activation]
+
+
+def _special_tokens(config: Any, cfg: Any, tokens: list[str]) -> None:
+    """The model's own special tokens (a Marian model's decoder starts from ``<pad>``)."""
+    config.unk_token, config.eos_token = tokens[cfg.unk_id], tokens[cfg.eos_id]
+    config.bos_token = config.decoder_start_token = tokens[cfg.bos_id]
 
 
 def translation_spec(model: Any, tokens: list[str]) -> Any:
@@ -134,6 +146,7 @@ def translation_spec(model: Any, tokens: list[str]) -> Any:
         activation=_activation(cfg),
     )
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    _special_tokens(spec.config, cfg, tokens)
     encoder = spec.encoder
     _embeddings(encoder, model.src_embed, encoder.embeddings[0])
     for layer_spec, layer in zip(encoder.layer, model.encoder.layers):

@@ -19,7 +19,12 @@ from typing import Any, ClassVar
 from aiayn.card import write_model_card
 from aiayn.errors import CheckpointError, ConfigError, require
 from aiayn.folder import load_model_folder
-from aiayn.folder_config import parse_folder_config, read_folder_config, write_folder_config
+from aiayn.folder_config import (
+    FolderConfig,
+    parse_folder_config,
+    read_folder_config,
+    write_folder_config,
+)
 from aiayn.folder_parts import record_parts
 from aiayn.io import check_not_input, check_output_folder, new_folder
 from aiayn.kinds import KINDS
@@ -67,20 +72,8 @@ class Exporter(ABC):
     def export(self, folder: str | Path, out: str | Path, options: ExportOptions) -> Path:
         """Export the model folder ``folder`` into ``out`` (see the module docstring)."""
         source, out = Path(folder), Path(out)
-        self.check_options(options)
-        check_not_input(out, [source], "-o")  # --overwrite would delete the model being exported
-        check_output_folder(out, options.overwrite)  # before any work
-        module, extra = self.dependency
-        require(module, extra, f"--format {self.name}")
-        meta = read_folder_config(source)
-        if meta.format is not None:
-            raise CheckpointError(
-                f"{source}: already an exported '{meta.format}' model; export the model "
-                "folder it was written from"
-            )
-        loaded = load_model_folder(source)  # the one loader: its checks and messages
+        meta, loaded = self.open_source(source, out, options)
         model, kind, tokenizer = loaded.model, loaded.kind, loaded.tokenizer
-        self.check(model, kind)  # before touching the output folder
         with new_folder(out, options.overwrite) as tmp:
             extra_keys = self.write(model, kind, tokenizer, tmp, options)
             tokenizer.save(tmp / "tokenizer.json")
@@ -94,3 +87,24 @@ class Exporter(ABC):
             write_folder_config(tmp, parse_folder_config(written, tmp))
             write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
         return out
+
+    def open_source(
+        self, source: Path, out: Path, options: ExportOptions
+    ) -> tuple[FolderConfig, Any]:
+        """Every check before any work (options, folders, the optional dependency, what the
+        format cannot express), then the model folder opened by the one loader: (its parsed
+        config.json, the loaded folder)."""
+        self.check_options(options)
+        check_not_input(out, [source], "-o")  # --overwrite would delete the model being exported
+        check_output_folder(out, options.overwrite)  # before any work
+        module, extra = self.dependency
+        require(module, extra, f"--format {self.name}")
+        meta = read_folder_config(source)
+        if meta.format is not None:
+            raise CheckpointError(
+                f"{source}: already an exported '{meta.format}' model; export the model "
+                "folder it was written from"
+            )
+        loaded = load_model_folder(source)  # the one loader: its checks and messages
+        self.check(loaded.model, loaded.kind)  # before touching the output folder
+        return meta, loaded

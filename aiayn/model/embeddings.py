@@ -13,13 +13,21 @@ from torch import Tensor, nn
 from aiayn.model.dropout import Dropout
 
 
-def sinusoidal_table(length: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(…) (§3.5). -> (length, D)."""
+def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(…) (§3.5). -> (length, D).
+
+    ``layout="halves"`` puts the same sines in the first ⌈D/2⌉ columns and the cosines after
+    them (Marian's ``MarianSinusoidalPositionalEmbedding``, tested against it).
+    """
+    if layout not in ("interleaved", "halves"):
+        raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
     position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
     div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    sin, cos = torch.sin(position / div), torch.cos(position / div[: d_model // 2])
+    if layout == "halves":
+        return torch.cat([sin, cos], dim=1).float()  # (L, ⌈D/2⌉ + ⌊D/2⌋)
     table = torch.zeros(length, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position / div)
-    table[:, 1::2] = torch.cos(position / div[: d_model // 2])
+    table[:, 0::2], table[:, 1::2] = sin, cos
     return table.float()
 
 
@@ -28,10 +36,11 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     table: Tensor  # a buffer, not saved with the weights
 
-    def __init__(self, d_model: int, max_len: int) -> None:
+    def __init__(self, d_model: int, max_len: int, layout: str = "interleaved") -> None:
         super().__init__()
         self.max_len = max_len
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        table = sinusoidal_table(max_len, d_model, layout)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Encodings of positions offset … offset+length-1. -> (length, D)."""

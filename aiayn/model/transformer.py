@@ -71,7 +71,7 @@ class Decoder(nn.Module):
 def positional_encoding(cfg: ModelConfig) -> nn.Module:
     if cfg.positional == "learned":
         return LearnedPositionalEncoding(cfg.d_model, cfg.max_len)
-    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len, cfg.sinusoid_layout)
 
 
 def init_weights(module: nn.Module) -> None:
@@ -117,7 +117,8 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         # The pre-softmax linear transformation (§3.4); "Generator" in the Annotated Transformer.
-        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        # cfg.final_logits_bias: not the paper's; Marian's per-token bias (imported models).
+        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.final_logits_bias)
         init_weights(self)
         if cfg.share_embeddings or cfg.tie_output:
             self.generator.weight = tgt_token.weight
@@ -134,6 +135,13 @@ class Transformer(nn.Module):
     def src_mask(self, src: Tensor) -> Tensor:
         """(B, S) -> (B, 1, 1, S), True at real source tokens."""
         return padding_mask(src, self.cfg.pad_id)
+
+    def tgt_mask(self, tgt: Tensor) -> Tensor:
+        """(B, T) -> (B, 1, T, T): causal, padded keys masked. Where the decoder starts from the
+        pad id (Marian: bos_id == pad_id) only causal: right padding is never a real query's key."""
+        if self.cfg.bos_id == self.cfg.pad_id:
+            return causal_mask(tgt.size(1), tgt.device)
+        return target_mask(tgt, self.cfg.pad_id)
 
     # ---- the three entry points --------------------------------------------------------------
     def encode(
@@ -173,11 +181,7 @@ class Transformer(nn.Module):
             )
         else:
             memory_mask = as_attention_mask(src_mask) if src_mask is not None else None
-            self_mask = (
-                target_mask(tgt, self.cfg.pad_id)
-                if tgt_mask is None
-                else as_attention_mask(tgt_mask)
-            )
+            self_mask = self.tgt_mask(tgt) if tgt_mask is None else as_attention_mask(tgt_mask)
         x = self.tgt_embed(tgt, offset)  # (B, T, D)
         h = self.decoder(x, memory, self_mask, memory_mask, cache, attn_record)
         if cache is not None:

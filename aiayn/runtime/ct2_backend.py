@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
+from aiayn.data.spm import SentencePieceTokenizer
 from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
@@ -35,6 +36,8 @@ __all__ = ["Ct2Translator", "Ct2Backend", "token_strings", "check_vocabulary", "
 def token_strings(tokenizer: Any, size: int) -> list[str]:
     """One distinct string per token id 0 … size-1: CTranslate2's vocabulary (and what its
     translator reads and writes). Ids without a name of their own get ``<aiayn:ID>``."""
+    if isinstance(tokenizer, SentencePieceTokenizer):  # its own pieces, its own special ids
+        return [tokenizer.piece(i) for i in range(size)]
     names: list[str] = []
     seen: set[str] = set()
     for i in range(size):
@@ -128,8 +131,11 @@ class Ct2Translator:
         ``average`` is lp = 1 and ranks exactly as aiayn does; ``none`` is lp = 0, but CTranslate2
         then stops a sentence as soon as its best beam ends instead of waiting for k finished
         hypotheses; GNMT's ((5 + |Y|) / 6)^α has no equivalent and is approximated by |Y|^α
-        (a warning says so). The cap a·src_len + b is per sentence: sentences are sent in groups
-        of one cap each.
+        (a warning says so); ``power`` is lp = α. ``bad_ids`` are ``suppress_sequences``;
+        ``forced_eos`` replaces the last token of a hypothesis cut at the cap by EOS (exact for
+        greedy search; a beam's ranking then differs from aiayn's, as ``early_stopping=False``
+        has no CTranslate2 equivalent). The cap a·src_len + b is per sentence: sentences are
+        sent in groups of one cap each.
         """
         if cfg.length_penalty == "gnmt":
             log.warning(
@@ -137,7 +143,16 @@ class Ct2Translator:
                 "(--length-penalty average ranks exactly as aiayn does)",
                 cfg.alpha,
             )
-        lp = {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0}[cfg.length_penalty]
+        if cfg.beam > 1 and not cfg.early_stopping:
+            log.warning(
+                "ctranslate2 has no early_stopping=false (Hugging Face's heuristic); a sentence "
+                "stops at %d finished hypotheses instead",
+                cfg.beam,
+            )
+        lp = {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0, "power": cfg.alpha}[
+            cfg.length_penalty
+        ]
+        suppress = [[self.tokens[i]] for i in cfg.bad_ids] or None
         todo = [i for i, s in enumerate(sources) if s]
         caps = max_output_lengths(
             torch.tensor([len(sources[i]) for i in todo]), cfg, self.cfg.max_len
@@ -164,22 +179,27 @@ class Ct2Translator:
                         max_input_length=0,
                         max_decoding_length=cap,
                         min_decoding_length=cfg.min_len,
+                        suppress_sequences=suppress,
                     ),
                 )
             )
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        for index, futures in pending:
+        for (index, futures), cap in zip(pending, groups):
             for i, future in zip(index, futures):
                 results[i] = [
-                    self._hypothesis(h, s, lp)
+                    self._hypothesis(h, s, lp, cfg.forced_eos and len(h) >= cap)
                     for h, s in zip(future.result().hypotheses, future.result().scores)
                 ]
             if progress is not None:
                 progress(len(index))
         return results
 
-    def _hypothesis(self, tokens: list[str], score: float, lp: float) -> Hypothesis:
+    def _hypothesis(self, tokens: list[str], score: float, lp: float, force: bool) -> Hypothesis:
+        """``force``: a hypothesis that reached the cap, whose last token becomes EOS (what
+        ``forced_eos`` does; CTranslate2 has no such option)."""
         ids = [self.ids[t] for t in tokens]
+        if force and ids[-1] != self.cfg.eos_id:
+            ids[-1] = self.cfg.eos_id
         finished = bool(ids) and ids[-1] == self.cfg.eos_id
         body = ids[:-1] if finished else ids
         log_prob = score * max(len(ids), 1) ** lp  # undo the length normalisation

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.data import TokenBatchSampler
+from aiayn.errors import ConfigError
 from aiayn.kinds import KINDS, get_kind
 from aiayn.run_config import RunConfig, check_run_config, warn_run_config
 
@@ -46,6 +47,11 @@ def output_weight(model: nn.Module) -> Tensor:
     """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
     generator = getattr(model, "module", model).generator
     assert isinstance(generator, nn.Linear)  # every kind's output projection
+    if generator.bias is not None:  # the chunked loss projects with the weight alone
+        raise ConfigError(
+            "model.final_logits_bias: training with an output bias is not supported "
+            "(imported Marian models decode with it; train with final_logits_bias=false)"
+        )
     return generator.weight
 
 

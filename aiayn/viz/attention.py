@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
-from aiayn.data.tokenizer import SPECIAL_TOKENS
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import AiaynError
@@ -216,8 +215,9 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     leading space (a word start) shown as '▁'."""
     labels = []
     for i in ids:
-        if 0 <= i < len(SPECIAL_TOKENS):
-            labels.append(SPECIAL_TOKENS[i])
+        special = tokenizer.special_name(i)
+        if special is not None:
+            labels.append(special)
             continue
         text = tokenizer.decode([i]).replace("\n", "\\n")
         labels.append("▁" + text[1:] if text.startswith(" ") else text)
