@@ -240,6 +240,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("kinds.py", "importlib.import_module"):
         "a kind's training task, by dotted path: loading a model for inference imports nothing "
         "from aiayn.train (tests/test_kinds_registry.py)",
+    ("data/tokenizer.py", "importlib.import_module"):
+        "a tokenizer.json of another module's type (TOKENIZER_TYPES: SentencePiece, in "
+        "aiayn.data.spm, which itself builds on aiayn.data.tokenizer), looked up by name",
     ("errors.py", "importlib.import_module"):
         "require(module, extra, purpose): an optional dependency, named by the caller",
 }

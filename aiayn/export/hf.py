@@ -35,9 +35,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint import write_safetensors
+from aiayn.data.spm import SentencePieceTokenizer
+from aiayn.data.tokenizer import SubwordTokenizer
 from aiayn.errors import ConfigError
 from aiayn.export.exporter import Exporter, ExportOptions
-from aiayn.io import new_folder
+from aiayn.interop.marian import marian_names
+from aiayn.io import new_folder, write_bytes, write_json, write_text
 from aiayn.kinds import check_kind
 
 log = logging.getLogger(__name__)
@@ -48,9 +52,6 @@ ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 
 def check_exportable(model: Any, kind: str, tokenizer: Any) -> None:
     """ConfigError naming the first thing of ``model`` that a MarianMTModel cannot express."""
-    from aiayn.data.spm import SentencePieceTokenizer
-    from aiayn.data.tokenizer import SubwordTokenizer
-
     check_kind("hf", kind)
     cfg = model.cfg
     checks = [
@@ -87,8 +88,6 @@ def hidden_order(cfg: Any) -> Tensor:
 def marian_state(model: Any) -> dict[str, Tensor]:
     """``MarianMTModel``'s state dict of ``model``: every weight renamed, the residual stream's
     dimensions in :func:`hidden_order`."""
-    from aiayn.interop.marian import marian_names
-
     cfg, order = model.cfg, hidden_order(model.cfg)
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     ours = {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
@@ -232,8 +231,6 @@ def card(source: Path, cfg: Any) -> str:
 def write_marian_tokenizer(tokenizer: Any, cfg: Any, folder: Path) -> None:
     """An imported model's SentencePiece tokenizer as MarianTokenizer's files (source.spm,
     target.spm, vocab.json, tokenizer_config.json): the folder it came from, round trip."""
-    from aiayn.io import write_bytes, write_json
-
     write_bytes(folder / "source.spm", tokenizer.source_model)
     write_bytes(folder / "target.spm", tokenizer.target_model)
     write_json(folder / "vocab.json", tokenizer.vocab)
@@ -244,10 +241,6 @@ def write_marian_tokenizer(tokenizer: Any, cfg: Any, folder: Path) -> None:
 
 def write_folder(model: Any, tokenizer: Any, decode: Any, folder: Path, source: Path) -> None:
     """The whole Hugging Face folder into ``folder`` (a fresh one, :func:`aiayn.io.new_folder`)."""
-    from aiayn.checkpoint import write_safetensors
-    from aiayn.data.spm import SentencePieceTokenizer
-    from aiayn.io import write_json, write_text
-
     cfg = model.cfg
     write_safetensors(marian_state(model), folder / "model.safetensors", {"format": "pt"})
     write_json(folder / "config.json", marian_config(cfg))

@@ -28,11 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
+from aiayn.card import write_model_card
+from aiayn.checkpoint import save_model_dir
 from aiayn.config import ModelConfig
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.data.spm import SentencePieceTokenizer
+from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.io import check_not_input, check_output_folder
 from aiayn.kinds import TRANSLATION
+from aiayn.model import Transformer
+from aiayn.model.embeddings import sinusoidal_table
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +191,6 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
             raise ConfigError(f"{folder}: sharded weights ({index}) are not supported")
     safetensors, pickle = folder / "model.safetensors", folder / "pytorch_model.bin"
     if safetensors.is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             state = load_file(str(safetensors))
         except (SafetensorError, OSError, ValueError, RuntimeError) as err:
@@ -241,8 +246,6 @@ def _shared_embedding(weights: dict[str, Tensor], folder: Path) -> tuple[Tensor,
 def to_aiayn(weights: dict[str, Tensor], cfg: ModelConfig, folder: Path) -> dict[str, Tensor]:
     """aiayn's state dict (tied tensors once) from a MarianMTModel's; CheckpointError naming a
     missing tensor, a tensor aiayn has no place for, or positions that are not the sinusoids."""
-    from aiayn.model.embeddings import sinusoidal_table
-
     shared, used = _shared_embedding(weights, folder)
     state = {"src_embed.token.weight": shared}
     bias = weights.get("final_logits_bias", torch.zeros(1, shared.size(0)))
@@ -287,9 +290,6 @@ def _token_name(value: Any, default: str) -> str:
 def read_tokenizer(folder: Path) -> Any:
     """The :class:`~aiayn.data.spm.SentencePieceTokenizer` of a Marian folder: source.spm,
     target.spm, vocab.json, and the special tokens tokenizer_config.json names."""
-    from aiayn.data.spm import SentencePieceTokenizer
-    from aiayn.errors import DataError
-
     for name in MARIAN_FILES:
         if not (folder / name).is_file():
             raise ConfigError(f"{folder}: not a Marian folder ({name} is missing)")
@@ -433,8 +433,6 @@ def _languages(folder: Path) -> tuple[str | None, str | None]:
 
 def read_marian(folder: str | Path) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, decoding settings) of a Hugging Face Marian folder, checked whole."""
-    from aiayn.model import Transformer
-
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such folder")
@@ -462,10 +460,6 @@ def import_marian(source: str | Path, out: str | Path, overwrite: bool = False) 
     """``aiayn import hf SOURCE -o OUT``: a Marian folder as an aiayn model folder (config.json
     with the decoding settings, model.safetensors, tokenizer.json, README.md). Nothing is
     written when the source cannot be mapped; OUT is written whole or not at all."""
-    from aiayn.card import write_model_card
-    from aiayn.checkpoint import save_model_dir
-    from aiayn.io import check_not_input, check_output_folder
-
     source, out = Path(source), Path(out)
     check_not_input(out, [source], "-o")
     check_output_folder(out, overwrite)  # before any work
