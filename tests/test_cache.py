@@ -239,3 +239,42 @@ def test_workers_share_the_threads_and_keep_autocast():
 
     with pytest.raises(ValueError, match="bad batch"):
         in_workers(boom, [0, 1, 2], 2)
+
+
+@torch.no_grad()
+def test_the_packed_output_projection_equals_f_linear():
+    """aiayn/model/packed.py: oneDNN's packed weight gives F.linear's values, in fp32 and under
+    bf16 autocast (bf16 out, as autocast's linear); no packing where gradients are wanted."""
+    from aiayn.model.packed import available, pack
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(300, 32), torch.randn(7, 1, 32)
+    if not available(weight.device):
+        pytest.skip("this torch build has no oneDNN linear")
+    packed = pack(weight)
+    assert packed is not None and packed.dtype == torch.float32
+    torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight), **TOL)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed16 = pack(weight)
+        assert packed16 is not None
+        out = packed16(x)
+        expected = torch.nn.functional.linear(x, weight)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+    with torch.enable_grad():
+        assert pack(weight.requires_grad_()) is None
+
+
+@torch.no_grad()
+def test_the_cache_packs_the_output_projection_once_per_decoding():
+    torch.manual_seed(0)
+    model = tiny()
+    src, tgt = batch()
+    memory = model.encode(src)
+    cache = model.init_cache(memory, src=src)
+    first = model.decode(tgt[:, :1], memory, cache=cache)
+    packed = cache.output
+    model.decode(tgt[:, 1:2], memory, cache=cache)
+    assert cache.output is packed  # made at the first step only
+    full = model.decode(tgt[:, :1], memory, src_mask=model.src_mask(src))  # F.linear
+    torch.testing.assert_close(first, full, **TOL)

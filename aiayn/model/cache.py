@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from aiayn.model.packed import PackedLinear
+
 
 @dataclass
 class LayerCache:
@@ -121,6 +123,9 @@ class DecoderCache:
     memory_mask: Tensor | None = None  # (B, 1, 1, S), True = real source token
     length: int = 0  # tokens decoded so far (the position of the next token)
     beam: int = 1  # decoder rows per source row (memory, cross K/V, memory_mask)
+    # The output projection packed for this decoding (aiayn/model/packed.py), made at the first
+    # step; None until then, and where no packed linear can run.
+    output: PackedLinear | None = field(default=None, repr=False)
 
     @classmethod
     def empty(cls, n_layers: int, memory_mask: Tensor | None = None) -> DecoderCache:
