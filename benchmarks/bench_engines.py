@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="batches at once, each on threads/workers threads (aiayn workers, "
         "CTranslate2 inter_threads)",
     )
+    p.add_argument(
+        "--max-tokens", type=int, default=0, help="tokens per batch (0: DecodeConfig's default)"
+    )
     p.add_argument("--limit", type=int, default=0, help="first N sentences only")
     p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported")
     p.add_argument(
@@ -138,6 +141,7 @@ def run_one(args: argparse.Namespace) -> dict:
         length_penalty=args.length_penalty,
         workers=workers,
         bf16=args.worker == "native bf16",
+        **({"max_tokens": args.max_tokens} if args.max_tokens else {}),
     )
     start = time.perf_counter()
     folder = load_model_folder([args.folder], "cpu", workers=workers)  # any engine
@@ -217,7 +221,8 @@ def table(report: dict) -> str:
         f"Measured {report['date']} on {report['hardware']}, commit {report['commit']}, "
         f"`{report['command']}`: {report['model']}, {report['split']} "
         f"({report['sentences']} sentences), beam {report['beam']}, length penalty "
-        f"{report['length_penalty']}, {report['threads']} threads × {report['workers']} workers "
+        f"{report['length_penalty']}, {report['max_tokens']} tokens per batch, {report['threads']} "
+        f"threads × {report['workers']} workers "
         f"(batch 1: the first {report['latency_sentences']} sentences one at a time, "
         f"{report['latency_threads']} thread), medians of {report['repeats']} rounds with the "
         f"engines alternating, each run in a process of its own. Load average before/after "
@@ -248,7 +253,7 @@ def worker(args: argparse.Namespace, name: str, folder: Path, mode: str, env: di
     """One engine, one measurement, in a subprocess of its own; its JSON result."""
     cmd = [sys.executable, __file__, "--worker", name, "--mode", mode, "--folder", str(folder)]
     for flag in ("model", "split", "beam", "length_penalty", "threads", "workers", "limit",
-                 "latency", "latency_threads"):  # fmt: skip
+                 "latency", "latency_threads", "max_tokens"):  # fmt: skip
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     threads = args.latency_threads if mode == "latency" else args.threads
     env = {**env, "OMP_NUM_THREADS": str(threads)}
@@ -293,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(run_one(args)))
         return
+    from aiayn.decode import DecodeConfig
     from aiayn.env import cpu_name
     from aiayn.io import write_json, write_section
 
@@ -311,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         "length_penalty": args.length_penalty,
         "threads": args.threads,
         "workers": args.workers,
+        "max_tokens": args.max_tokens or DecodeConfig().max_tokens,
         "repeats": args.repeats,
         "latency_sentences": args.latency,
         "latency_threads": args.latency_threads,

@@ -42,6 +42,9 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    # The self-attention q/k/v weights and biases stacked, made at the first step of a decoding
+    # (MultiHeadAttention.stacked_qkv) instead of at every step.
+    qkv: tuple[Tensor, Tensor | None] | None = field(default=None, repr=False)
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's self-attention keys/values; return all of them so far."""
