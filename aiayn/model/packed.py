@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["PackedLinear", "pack", "available"]
@@ -55,7 +54,7 @@ def pack(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None:
     """``weight`` (V, D) packed for the precision in force (bf16 under CPU autocast, else the
     weight's own); None where a packed linear cannot run (not a CPU tensor, no oneDNN, a dtype
     other than float32 or bfloat16, or gradients wanted: oneDNN's op has no backward): the
-    caller then uses ``F.linear``."""
+    caller then runs the layer itself."""
     if not available(weight.device) or (torch.is_grad_enabled() and weight.requires_grad):
         return None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
@@ -64,8 +63,3 @@ def pack(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None:
     w = weight.detach().to(dtype)
     b = None if bias is None else bias.detach().to(dtype)
     return PackedLinear(torch.ops.mkldnn._reorder_linear_weight(w), b, dtype)
-
-
-def linear(x: Tensor, weight: Tensor, packed: PackedLinear | None) -> Tensor:
-    """The packed linear when there is one, else ``F.linear(x, weight)``."""
-    return F.linear(x, weight) if packed is None else packed(x)

@@ -23,7 +23,7 @@ from aiayn.model.embeddings import (
 )
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import as_attention_mask, causal_mask, padding_mask, target_mask
-from aiayn.model.packed import linear, pack
+from aiayn.model.packed import pack
 
 
 class Encoder(nn.Module):
@@ -187,8 +187,9 @@ class Transformer(nn.Module):
             return h  # (B, T, D)
         if cache is not None and offset == 0:
             cache.output = pack(self.generator.weight)  # once per decoding, in its precision
+        packed = cache.output if cache is not None else None
         # (B, T, V); with a cache, through the packed weight (same values, faster on CPU)
-        logits = linear(h, self.generator.weight, cache.output if cache is not None else None)
+        logits = self.generator(h) if packed is None else packed(h)
         if self.output_mask is not None:
             logits = logits.masked_fill(~self.output_mask, float("-inf"))
         return logits
