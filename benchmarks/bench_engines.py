@@ -1,15 +1,22 @@
-"""One trained model, five ways to run it: speed, BLEU, peak memory and size on disk.
+"""One trained model, six ways to run it: speed, latency, BLEU, peak memory and size on disk.
 
-Native PyTorch fp32, native bf16 autocast, ONNX Runtime fp32 (aiayn's search over the exported
-graphs), CTranslate2 float32 and int8 (its own beam search) translate the same test set with the
-same beam and length penalty. Each engine runs in a subprocess of its own, so that its peak RSS
-is its own; the exports are written first to a temporary folder (their size is the size on disk).
-Every engine ranks finished hypotheses by log P / |Y| (length penalty "average"), the setting
-under which CTranslate2's beam search is aiayn's (docs/export.md), so that BLEU differences come
-from the numerics alone.
+Native PyTorch fp32, native bf16 autocast, native int8 (dynamic quantization of the linear layers
+that run as modules; measured, not shipped: docs/decoding.md), ONNX Runtime fp32 (aiayn's search
+over the exported graphs), CTranslate2 float32 and int8 (its own beam search) translate the same
+test set with the same beam and length penalty. Every engine ranks finished hypotheses by
+log P / |Y| (length penalty "average"), the setting under which CTranslate2's beam search is
+aiayn's (docs/export.md), so that BLEU differences come from the numerics alone.
 
-    make bench-engines                      # runs/demo/avg5, test_2016_flickr, beam 5, 2 threads
-    python benchmarks/bench_engines.py --model RUN/avg5 --limit 200
+Each measurement runs in a subprocess of its own, so that its peak RSS is its own, and the engines
+alternate within each of ``--repeats`` rounds (the machine's load moves all of them alike); the
+table gives medians over the rounds and the median of the per-round ratios to CTranslate2
+float32. Two measurements per engine and round: the whole test set in token-bounded batches
+(sentences/s, ``--threads`` × ``--workers``), and the first ``--latency`` sentences one at a time
+(batch 1, ``--latency-threads``, one worker). The RSS of the batch process is read after
+``import torch``, after loading the model and after the warm-up batch, and its peak at the end.
+
+    make bench-engines                      # runs/demo/avg5, test_2016_flickr, beam 5, 5 rounds
+    python benchmarks/bench_engines.py --model RUN/avg5 --limit 200 --repeats 3
 
 Writes docs/experiments/engines.json and the table between the markers in docs/decoding.md.
 """
@@ -20,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,10 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ENGINES = (
     "native fp32",
     "native bf16",
+    "native int8",
     "onnxruntime fp32",
     "ctranslate2 float32",
     "ctranslate2 int8",
 )
+NATIVE = ("native fp32", "native bf16", "native int8")
+REFERENCE = "ctranslate2 float32"  # the engine the ratios are taken against
 BEGIN, END = "<!-- engines:begin (benchmarks/bench_engines.py) -->", "<!-- engines:end -->"
 
 
@@ -52,12 +63,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="batches at once, each on threads/workers threads (aiayn workers, "
         "CTranslate2 inter_threads)",
     )
+    p.add_argument(
+        "--max-tokens", type=int, default=0, help="tokens per batch (0: DecodeConfig's default)"
+    )
     p.add_argument("--limit", type=int, default=0, help="first N sentences only")
+    p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported")
+    p.add_argument(
+        "--latency", type=int, default=100, help="sentences decoded one at a time (0: none)"
+    )
+    p.add_argument("--latency-threads", type=int, default=1)
     p.add_argument("--engines", nargs="*", default=list(ENGINES))
     p.add_argument("--note", default="", help="what else ran on the machine")
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "engines.json"))
     p.add_argument("--doc", default=str(ROOT / "docs" / "decoding.md"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine, print JSON
+    p.add_argument("--mode", default="batch", help=argparse.SUPPRESS)  # batch | latency
     p.add_argument("--folder", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -73,10 +93,35 @@ def folder_size(path: Path) -> int:
     )
 
 
+def rss_mb() -> float:
+    """This process's resident memory now (/proc/self/statm), MB."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6, 1)
+
+
+def quantize_int8(model):
+    """Dynamic int8 quantization (torch.ao) of the linear layers aiayn runs as modules: the
+    attention output projections, cross-attention queries and the feed-forward layers. The
+    stacked self-attention projections and the output projection read their weights directly
+    and stay in float32."""
+    import torch
+    from torch import nn
+
+    as_modules = ("out_proj", "linear1", "linear2", "cross_attn.q_proj")
+    names = {
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.endswith(as_modules)
+    }
+    return torch.ao.quantization.quantize_dynamic(model, names, dtype=torch.qint8)
+
+
 def run_one(args: argparse.Namespace) -> dict:
-    """In the subprocess: load one engine, translate the test set, score it."""
+    """In the subprocess: load one engine, translate the test set (or its first sentences one at
+    a time), score it."""
     import torch
 
+    after_import = rss_mb()
     from aiayn.data import load_translation
     from aiayn.decode import DecodeConfig
     from aiayn.eval import corpus_scores
@@ -84,7 +129,9 @@ def run_one(args: argparse.Namespace) -> dict:
     from aiayn.folder_config import read_folder_config
     from aiayn.train.allocator import keep_freed_memory
 
-    torch.set_num_threads(args.threads)
+    latency = args.mode == "latency"
+    threads, workers = (args.latency_threads, 1) if latency else (args.threads, args.workers)
+    torch.set_num_threads(threads)
     keep_freed_memory()
     src, ref = load_translation(read_folder_config(args.model).config.data, args.split)
     if args.limit:
@@ -92,13 +139,29 @@ def run_one(args: argparse.Namespace) -> dict:
     cfg = DecodeConfig(
         beam=args.beam,
         length_penalty=args.length_penalty,
-        workers=args.workers,
+        workers=workers,
         bf16=args.worker == "native bf16",
+        **({"max_tokens": args.max_tokens} if args.max_tokens else {}),
     )
     start = time.perf_counter()
-    folder = load_model_folder([args.folder], "cpu", workers=args.workers)  # any engine
+    folder = load_model_folder([args.folder], "cpu", workers=workers)  # any engine
+    if args.worker == "native int8":
+        folder.model = quantize_int8(folder.model)
     loaded = time.perf_counter() - start
+    after_load = rss_mb()
     folder.translate_hypotheses(src[:16], cfg)  # warm-up (allocations, kernels)
+    after_warmup = rss_mb()
+    if latency:
+        times = []
+        for text in src[: args.latency]:
+            start = time.perf_counter()
+            folder.translate_hypotheses([text], cfg)
+            times.append(time.perf_counter() - start)
+        return {
+            "sentences": len(times),
+            "sentences_per_s": round(len(times) / sum(times), 1),
+            "median_ms": round(statistics.median(times) * 1e3, 2),
+        }
     start = time.perf_counter()
     hyps = folder.translate_hypotheses(src, cfg)
     seconds = time.perf_counter() - start
@@ -111,6 +174,9 @@ def run_one(args: argparse.Namespace) -> dict:
         "bleu": round(scores["bleu"], 2),
         "bleu_lc": round(scores["bleu_lc"], 2),
         "chrf": round(scores["chrf"], 2),
+        "rss_after_import_mb": after_import,
+        "rss_after_load_mb": after_load,
+        "rss_after_warmup_mb": after_warmup,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
@@ -119,7 +185,7 @@ def export_all(model: Path, tmp: Path, engines: list[str]) -> dict[str, tuple[Pa
     """Engine -> (folder, model bytes on disk), exporting what the engines need."""
     from aiayn.export import export_model
 
-    folders = {"native fp32": model, "native bf16": model}
+    folders = {name: model for name in NATIVE}
     if "onnxruntime fp32" in engines:
         folders["onnxruntime fp32"] = export_model(model, "onnx", tmp / "onnx")
     for q in ("float32", "int8"):
@@ -151,25 +217,80 @@ def commit() -> str:
 
 
 def table(report: dict) -> str:
-    native = report["engines"].get("native fp32")
     lines = [
         f"Measured {report['date']} on {report['hardware']}, commit {report['commit']}, "
         f"`{report['command']}`: {report['model']}, {report['split']} "
         f"({report['sentences']} sentences), beam {report['beam']}, length penalty "
-        f"{report['length_penalty']}, {report['threads']} threads, {report['workers']} workers. "
-        f"Load average before/after {report['load_before']} / {report['load_after']}"
+        f"{report['length_penalty']}, {report['max_tokens']} tokens per batch, {report['threads']} "
+        f"threads × {report['workers']} workers "
+        f"(batch 1: the first {report['latency_sentences']} sentences one at a time, "
+        f"{report['latency_threads']} thread), medians of {report['repeats']} rounds with the "
+        f"engines alternating, each run in a process of its own. Load average before/after "
+        f"{report['load_before']} / {report['load_after']}"
         f"{'; ' + report['note'] if report['note'] else ''}.",
         "",
-        "| engine | sentences/s | × native fp32 | BLEU | BLEU-lc | chrF | peak RSS (MB) | model on disk (MB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| engine | sentences/s | × {REFERENCE} | batch 1: sentences/s | × {REFERENCE} | "
+        "BLEU | BLEU-lc | chrF | peak RSS (MB) | RSS after import torch / load / warm-up (MB) "
+        "| model on disk (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in report["engines"].items():
-        ratio = r["sentences_per_s"] / native["sentences_per_s"] if native else float("nan")
+        lat = r.get("latency") or {}
         lines.append(
-            f"| {name} | {r['sentences_per_s']} | {ratio:.2f} | {r['bleu']} | {r['bleu_lc']} | "
-            f"{r['chrf']} | {r['peak_rss_mb']} | {r['size_mb']} |"
+            f"| {name} | {r['sentences_per_s']} | {fmt(r.get('ratio'))} | "
+            f"{lat.get('sentences_per_s', '–')} | {fmt(lat.get('ratio'))} | {r['bleu']} | "
+            f"{r['bleu_lc']} | {r['chrf']} | {r['peak_rss_mb']} | {r['rss_after_import_mb']} / "
+            f"{r['rss_after_load_mb']} / {r['rss_after_warmup_mb']} | {r['size_mb']} |"
         )
     return "\n".join(lines)
+
+
+def fmt(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio:.2f}"
+
+
+def worker(args: argparse.Namespace, name: str, folder: Path, mode: str, env: dict) -> dict:
+    """One engine, one measurement, in a subprocess of its own; its JSON result."""
+    cmd = [sys.executable, __file__, "--worker", name, "--mode", mode, "--folder", str(folder)]
+    for flag in ("model", "split", "beam", "length_penalty", "threads", "workers", "limit",
+                 "latency", "latency_threads", "max_tokens"):  # fmt: skip
+        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    threads = args.latency_threads if mode == "latency" else args.threads
+    env = {**env, "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{name} ({mode}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_ratio(rounds: list[dict], reference: list[dict] | None) -> float | None:
+    """The median over rounds of this engine's sentences/s ÷ the reference's in the same round."""
+    if not reference:
+        return None
+    pairs = zip(rounds, reference)
+    return round(
+        statistics.median(r["sentences_per_s"] / q["sentences_per_s"] for r, q in pairs), 2
+    )
+
+
+def summarise(batch: list[dict], latency: list[dict], ref: tuple[list, list], size: int) -> dict:
+    """An engine's rounds -> medians (BLEU: the first round's; the decoding is deterministic)."""
+    out = dict(batch[0])
+    for key in ("seconds", "sentences_per_s", "load_seconds", "peak_rss_mb",
+                "rss_after_import_mb", "rss_after_load_mb", "rss_after_warmup_mb"):  # fmt: skip
+        out[key] = round(statistics.median(r[key] for r in batch), 2)
+    out["rounds"] = [r["sentences_per_s"] for r in batch]
+    out["ratio"] = median_ratio(batch, ref[0])
+    out["size_mb"] = round(size / 1e6, 1)
+    if latency:
+        out["latency"] = {
+            "sentences": latency[0]["sentences"],
+            "sentences_per_s": round(statistics.median(r["sentences_per_s"] for r in latency), 1),
+            "median_ms": round(statistics.median(r["median_ms"] for r in latency), 2),
+            "rounds": [r["sentences_per_s"] for r in latency],
+            "ratio": median_ratio(latency, ref[1]),
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,11 +298,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(run_one(args)))
         return
+    from aiayn.decode import DecodeConfig
     from aiayn.env import cpu_name
     from aiayn.io import write_json, write_section
 
     model = Path(args.model)
-    command = " ".join(["python benchmarks/bench_engines.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(
+        ["python benchmarks/bench_engines.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     report = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "hardware": cpu_name(),
@@ -193,6 +317,10 @@ def main(argv: list[str] | None = None) -> None:
         "length_penalty": args.length_penalty,
         "threads": args.threads,
         "workers": args.workers,
+        "max_tokens": args.max_tokens or DecodeConfig().max_tokens,
+        "repeats": args.repeats,
+        "latency_sentences": args.latency,
+        "latency_threads": args.latency_threads,
         "note": args.note,
         "load_before": [round(x, 1) for x in os.getloadavg()],
         "engines": {},
@@ -200,46 +328,21 @@ def main(argv: list[str] | None = None) -> None:
     # OpenMP threads that sleep instead of spinning while they wait: on a machine shared with other
     # jobs, spinning threads of torch's pool made native decoding 14x slower (2 threads, load 11:
     # 28.5 s instead of 2.0 s for 60 sentences); it changes nothing on an idle machine.
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(args.threads),
-        "OMP_WAIT_POLICY": "PASSIVE",
-        "PYTHONPATH": str(ROOT),
-    }
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    batch: dict[str, list[dict]] = {name: [] for name in args.engines}
+    latency: dict[str, list[dict]] = {name: [] for name in args.engines}
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         folders = export_all(model, Path(tmp), args.engines)
-        for name in args.engines:
-            folder, size = folders[name]
-            cmd = [
-                sys.executable,
-                __file__,
-                "--worker",
-                name,
-                "--folder",
-                str(folder),
-                "--model",
-                str(model),
-                "--split",
-                args.split,
-                "--beam",
-                str(args.beam),
-                "--length-penalty",
-                args.length_penalty,
-                "--threads",
-                str(args.threads),
-                "--workers",
-                str(args.workers),
-                "--limit",
-                str(args.limit),
-            ]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            result["size_mb"] = round(size / 1e6, 1)
-            report["engines"][name] = result
-            report["sentences"] = result["sentences"]
-            print(name, result, flush=True)
+        for round_ in range(args.repeats):
+            for name in args.engines:  # alternating: every engine once per round
+                batch[name].append(worker(args, name, folders[name][0], "batch", env))
+                if args.latency:
+                    latency[name].append(worker(args, name, folders[name][0], "latency", env))
+                print(f"round {round_ + 1}", name, batch[name][-1], flush=True)
+    ref = (batch.get(REFERENCE, []), latency.get(REFERENCE, []))
+    for name in args.engines:
+        report["engines"][name] = summarise(batch[name], latency[name], ref, folders[name][1])
+        report["sentences"] = batch[name][0]["sentences"]
     report["load_after"] = [round(x, 1) for x in os.getloadavg()]
     write_json(args.out, report)
     write_section(args.doc, BEGIN, END, table(report))

@@ -34,6 +34,33 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+# Two threads allocating at once (decoding workers), then glibc's malloc_stats(), which lists
+# every arena on stderr: with M_ARENA_MAX = 1 both threads allocate from the main arena (memory
+# one frees can serve the other), otherwise each gets an arena of its own that keeps its own peak.
+ARENAS = """
+import ctypes, threading, torch
+from aiayn.train.allocator import keep_freed_memory
+applied = keep_freed_memory()
+def work():
+    torch.empty(4 << 20).fill_(1.0)
+threads = [threading.Thread(target=work) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(applied, flush=True)
+ctypes.CDLL("libc.so.6").malloc_stats()
+"""
+
+
+def _arenas(**env: str) -> tuple[bool, int]:
+    """(applied, arenas glibc made) for ARENAS."""
+    clean = {k: v for k, v in os.environ.items() if k != "AIAYN_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", ARENAS], env={**clean, **env}, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.split()[0] == "True", out.stderr.count("Arena ")
+
+
 def _probe(**env: str) -> tuple[bool, int]:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("MALLOC_") and k not in ("AIAYN_MALLOC", "GLIBC_TUNABLES", "LD_PRELOAD")}
@@ -72,6 +99,13 @@ def test_freed_memory_is_reused_without_page_faults():
     default, default_faults = _probe(AIAYN_MALLOC="default")
     assert not default
     assert default_faults > 45_000  # glibc's default: munmap on free, every page faulted in again
+
+
+@glibc
+def test_threads_allocate_from_one_arena():
+    assert _arenas() == (True, 1)
+    applied, arenas = _arenas(AIAYN_MALLOC="default")
+    assert not applied and arenas > 1
 
 
 @glibc

@@ -111,24 +111,27 @@ def test_reorder_follows_beams_and_dropped_sentences():
 
 
 @torch.no_grad()
-def test_reorders_alternate_two_buffers_and_stay_exact():
-    """Each reorder writes into the buffers the previous one left (no allocation per step), and
-    after many reorders (beams swapped, duplicated) decoding still equals a full pass."""
+def test_reorders_keep_room_for_one_step_and_stay_exact():
+    """Each reorder copies the kept rows into buffers with room for exactly the next position
+    (the cache holds no more than it decoded), and after many reorders (beams swapped,
+    duplicated) decoding still equals a full pass."""
+    from aiayn.model.cache import _room
+
     model, k = tiny(), 2
     src, _ = batch(B=2)
     memory = model.encode(src)
     cache = model.init_cache(memory, src=src).with_beam(k)
     hist = torch.ones(4, 0, dtype=torch.long)
     perms = [torch.tensor(p) for p in ([1, 0, 3, 2], [0, 0, 2, 3], [1, 1, 3, 2], [0, 1, 2, 2])]
-    buffers = []
     for t in range(8):
         x = torch.randint(4, 23, (4, 1)) if t else torch.ones(4, 1, dtype=torch.long)
         hist = torch.cat([hist, x], 1)
         model.decode(x, memory, cache=cache)
         p = perms[t % len(perms)]
         hist, cache = hist[p], cache.reorder(p)
-        buffers.append(cache.layers[0].self_k.data_ptr())
-    assert len(set(buffers[1:])) == 2 and buffers[1] != buffers[2]  # two buffers, alternating
+        for layer in cache.layers:
+            for kv in (layer.self_k, layer.self_v):
+                assert kv.size(2) == t + 1 and _room(kv) == t + 2
     x = torch.randint(4, 23, (4, 1))
     last = model.decode(x, memory, cache=cache)[:, -1]
     full = model(src.repeat_interleave(k, 0), torch.cat([hist, x], 1))[:, -1]
@@ -239,3 +242,42 @@ def test_workers_share_the_threads_and_keep_autocast():
 
     with pytest.raises(ValueError, match="bad batch"):
         in_workers(boom, [0, 1, 2], 2)
+
+
+@torch.no_grad()
+def test_the_packed_output_projection_equals_f_linear():
+    """aiayn/model/packed.py: oneDNN's packed weight gives F.linear's values, in fp32 and under
+    bf16 autocast (bf16 out, as autocast's linear); no packing where gradients are wanted."""
+    from aiayn.model.packed import available, pack
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(300, 32), torch.randn(7, 1, 32)
+    if not available(weight.device):
+        pytest.skip("this torch build has no oneDNN linear")
+    packed = pack(weight)
+    assert packed is not None and packed.dtype == torch.float32
+    torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight), **TOL)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed16 = pack(weight)
+        assert packed16 is not None
+        out = packed16(x)
+        expected = torch.nn.functional.linear(x, weight)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+    with torch.enable_grad():
+        assert pack(weight.requires_grad_()) is None
+
+
+@torch.no_grad()
+def test_the_cache_packs_the_output_projection_once_per_decoding():
+    torch.manual_seed(0)
+    model = tiny()
+    src, tgt = batch()
+    memory = model.encode(src)
+    cache = model.init_cache(memory, src=src)
+    first = model.decode(tgt[:, :1], memory, cache=cache)
+    packed = cache.output
+    model.decode(tgt[:, 1:2], memory, cache=cache)
+    assert cache.output is packed  # made at the first step only
+    full = model.decode(tgt[:, :1], memory, src_mask=model.src_mask(src))  # F.linear
+    torch.testing.assert_close(first, full, **TOL)

@@ -117,10 +117,14 @@ def smoke_bench_decode(tmp: Path) -> None:
 def smoke_bench_engines(tmp: Path, runs: list[Path]) -> None:
     out, doc = tmp / "engines.json", tmp / "decoding.md"
     run_main("benchmarks/bench_engines.py", "--model", runs[0] / "best", "--limit", "4",
-             "--beam", "2", "--threads", "1", "--workers", "2", "--out", out, "--doc", doc)
+             "--beam", "2", "--threads", "1", "--workers", "2", "--repeats", "1", "--latency",
+             "2", "--out", out, "--doc", doc)
     engines = read_json(out)["engines"]
     assert list(engines) == list(load("benchmarks/bench_engines.py").ENGINES)
     assert all(e["sentences"] == 4 and e["size_mb"] >= 0 for e in engines.values())
+    assert all(e["latency"]["sentences"] == 2 and e["peak_rss_mb"] >= e["rss_after_import_mb"]
+               for e in engines.values())
+    assert engines["ctranslate2 float32"]["ratio"] == 1.0
     assert "| ctranslate2 int8 |" in doc.read_text()
 
 

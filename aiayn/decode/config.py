@@ -49,8 +49,12 @@ class DecodeConfig:
     min_len: int = 0
     # Hypotheses returned per input, best first (at most `beam`).
     nbest: int = 1
-    # Token budget of one batch: sentences × longest padded source length.
-    max_tokens: int = 4096
+    # Token budget of one batch: sentences × longest padded source length. With beam 5 the
+    # decoder then holds ~5 × max_tokens / source length rows; past ~1,000 tokens a batch decoded
+    # no faster on a 2-core CPU and only held more memory (demo model, test2016, 2 workers:
+    # 0.73x CTranslate2 float32 at 1,024 tokens and 680 MB peak RSS, 0.67x at 4,096 and
+    # 1,305 MB; docs/decoding.md).
+    max_tokens: int = 1024
     # Batches decoded at once, each on its share of torch's intra-op threads (CTranslate2's
     # inter_threads). On a CPU, 2 workers of 1 thread beat 1 worker of 2 threads: small per-step
     # ops and Python overlap instead of waiting for each other (docs/decoding.md).

@@ -79,6 +79,19 @@ def scaled_dot_product_attention(
     return out.masked_fill(dead, 0.0), None
 
 
+def _stack(projections: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
+    """Several linear layers' weights (and biases) stacked, for one matrix multiply.
+
+    Rebuilt on every call in training and for the encoder: a stack kept on the module would need
+    to know when the weights change, and the fused AdamW kernel updates them in place without
+    bumping their version counter (a cache keyed on it served stale weights to validation). A
+    decoding makes its stack once (``LayerCache.qkv``) and drops it with its cache.
+    """
+    weight = torch.cat([p.weight for p in projections])
+    bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+    return weight, bias
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -129,24 +142,28 @@ class MultiHeadAttention(nn.Module):
         k, v = self._fused(key, (self.k_proj, self.v_proj))
         return self._split(k, self.d_k), self._split(v, self.d_v)
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's three projections of x as one matrix multiply.
+    def project_qkv(
+        self, x: Tensor, stacked: tuple[Tensor, Tensor | None] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's three projections of x as one matrix multiply, over ``stacked``
+        (:meth:`stacked_qkv`, made once by a decoding) when given.
         (B, T, D) -> q (B, H, T, K), k (B, H, T, K), v (B, H, T, Kv)."""
-        q, k, v = self._fused(x, (self.q_proj, self.k_proj, self.v_proj))
+        weight, bias = stacked or self.stacked_qkv()
+        q, k, v = F.linear(x, weight, bias).split(self._qkv_sizes(), dim=-1)
         return self._split(q, self.d_k), self._split(k, self.d_k), self._split(v, self.d_v)
+
+    def stacked_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """The q, k, v projections' weights (3 · H · K, D) and biases stacked: one GEMM."""
+        return _stack((self.q_proj, self.k_proj, self.v_proj))
+
+    def _qkv_sizes(self) -> list[int]:
+        return [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
 
     @staticmethod
     def _fused(x: Tensor, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
-        """x through several linear layers at once: weights stacked, output split back.
-
-        The stack is rebuilt on every call, also when decoding: a cached one would need to know
-        when the weights change, and the fused AdamW kernel updates them in place without
-        bumping their version counter (a cache keyed on it served stale weights to validation).
-        """
-        weight = torch.cat([p.weight for p in projections])
-        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
-        sizes = [p.out_features for p in projections]
-        return F.linear(x, weight, bias).split(sizes, dim=-1)
+        """x through several linear layers at once: weights stacked, output split back."""
+        weight, bias = _stack(projections)
+        return F.linear(x, weight, bias).split([p.out_features for p in projections], dim=-1)
 
     def attend(
         self,

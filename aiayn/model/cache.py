@@ -19,28 +19,32 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from aiayn.model.packed import PackedLinear
+
 
 @dataclass
 class LayerCache:
     """One decoder layer's keys and values, each (B, H, ·, K or Kv).
 
-    Self-attention keys/values live in buffers with room for more positions (doubling when
-    full): ``self_k``/``self_v`` are views of their first t positions, so appending a step
-    writes only the new position, and a reorder copies each kept row once, straight into the
-    new buffers, instead of a concatenation and then a selection copying everything twice.
-    A reorder writes into the buffers the keys/values left at the previous reorder (when they
-    have the room and enough rows), so the two buffers of each alternate instead of a new one
-    being allocated and first written at every step.
+    Self-attention keys/values live in buffers with room for more positions: ``self_k``/``self_v``
+    are views of their first t positions, so appending a step writes only the new position. A
+    reorder (beam search's every step) copies the kept rows once, straight into new buffers with
+    room for exactly one more position (the next step's), and drops the old ones: the cache holds
+    what it has decoded and no more, and a reorder's transient is one layer's keys or values.
+    (Keeping the old buffers for the next reorder to write into, and doubling the room, had held
+    up to 4x that: 1.3 GB of a 2-worker decoding's peak RSS at 4,096 tokens per batch.)
+    Appends that outgrow the room (greedy search, several tokens at once) double it.
     Two caches must not share a buffer (a shallow copy that both append to would write the same
-    positions), and a view taken from a cache is valid until the second reorder after it.
+    positions).
     """
 
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
-    # The buffers self_k/self_v lived in before the last reorder: the next reorder's destination.
-    spare: list[Tensor | None] = field(default_factory=lambda: [None, None], repr=False)
+    # The self-attention q/k/v weights and biases stacked, made at the first step of a decoding
+    # (MultiHeadAttention.stacked_qkv) instead of at every step.
+    qkv: tuple[Tensor, Tensor | None] | None = field(default=None, repr=False)
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's self-attention keys/values; return all of them so far."""
@@ -49,9 +53,9 @@ class LayerCache:
         return self.self_k, self.self_v
 
     def reorder_self(self, index: Tensor) -> None:
-        """Keep self-attention rows ``index`` (with their room to grow)."""
-        self.self_k, self.spare[0] = _select_rows(self.self_k, index, self.spare[0])
-        self.self_v, self.spare[1] = _select_rows(self.self_v, index, self.spare[1])
+        """Keep self-attention rows ``index``, with room for one more position."""
+        self.self_k = _select_rows(self.self_k, index)
+        self.self_v = _select_rows(self.self_v, index)
 
 
 MIN_ROOM = 16  # positions a self-attention buffer holds at first
@@ -86,31 +90,14 @@ def _append(cached: Tensor | None, new: Tensor) -> Tensor:
     return out
 
 
-def _select_rows(
-    cached: Tensor | None, index: Tensor, spare: Tensor | None
-) -> tuple[Tensor | None, Tensor | None]:
-    """Rows ``index`` of a (B, H, t, K) view, copied once into a buffer of the same room: the
-    first rows of ``spare`` (B'', H, room, K) when it fits, else a new one. Returns the copy and
-    the next spare (the whole buffer behind ``cached``)."""
+def _select_rows(cached: Tensor | None, index: Tensor) -> Tensor | None:
+    """Rows ``index`` of a (B, H, t, K) view, copied once into a new (B', H, t + 1, K) buffer;
+    returns the view of its first t positions."""
     if cached is None:
-        return None, spare
-    ours = _room(cached)
-    rows, room = index.numel(), ours or cached.size(2)
-    shape = (cached.size(1), room, cached.size(3))
-    if (
-        spare is None
-        or spare.size(0) < rows
-        or spare.shape[1:] != shape
-        or spare.dtype != cached.dtype
-        or spare.device != cached.device
-    ):
-        spare = _buffer_like(cached, rows, room)
-    out = spare[:rows, :, : cached.size(2)]
-    torch.index_select(cached, 0, index, out=out)
-    if not ours:  # not a buffer of ours: nothing to reuse
-        return out, None
-    B, H, _, K = cached.shape
-    return out, cached.as_strided((B, H, room, K), cached.stride())
+        return None
+    t = cached.size(2)
+    out = _buffer_like(cached, index.numel(), t + 1)[:, :, :t]
+    return torch.index_select(cached, 0, index, out=out)
 
 
 @dataclass
@@ -121,6 +108,9 @@ class DecoderCache:
     memory_mask: Tensor | None = None  # (B, 1, 1, S), True = real source token
     length: int = 0  # tokens decoded so far (the position of the next token)
     beam: int = 1  # decoder rows per source row (memory, cross K/V, memory_mask)
+    # The output projection packed for this decoding (aiayn/model/packed.py), made at the first
+    # step; None until then, and where no packed linear can run.
+    output: PackedLinear | None = field(default=None, repr=False)
 
     @classmethod
     def empty(cls, n_layers: int, memory_mask: Tensor | None = None) -> DecoderCache:

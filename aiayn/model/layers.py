@@ -136,7 +136,9 @@ class DecoderLayer(nn.Module):
         need = attn_record is not None
 
         def self_attention(h: Tensor) -> Tensor:
-            q, k, v = self.self_attn.project_qkv(h)
+            if cache is not None and cache.qkv is None:
+                cache.qkv = self.self_attn.stacked_qkv()  # once per decoding
+            q, k, v = self.self_attn.project_qkv(h, cache.qkv if cache is not None else None)
             if cache is not None:
                 k, v = cache.append_self(k, v)  # (B, H, t + T, K)
             out, w = self.self_attn.attend(q, k, v, tgt_mask, need_weights=need)

@@ -23,6 +23,7 @@ from aiayn.model.embeddings import (
 )
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import as_attention_mask, causal_mask, padding_mask, target_mask
+from aiayn.model.packed import pack
 
 
 class Encoder(nn.Module):
@@ -188,7 +189,11 @@ class Transformer(nn.Module):
             cache.length += tgt.size(1)
         if features_only:
             return h  # (B, T, D)
-        logits = self.generator(h)  # (B, T, V)
+        if cache is not None and offset == 0:
+            cache.output = pack(self.generator.weight)  # once per decoding, in its precision
+        packed = cache.output if cache is not None else None
+        # (B, T, V); with a cache, through the packed weight (same values, faster on CPU)
+        logits = self.generator(h) if packed is None else packed(h)
         if self.output_mask is not None:
             logits = logits.masked_fill(~self.output_mask, float("-inf"))
         return logits

@@ -1,0 +1,65 @@
+"""A linear layer's weight prepacked for oneDNN: the output projection of CPU decoding.
+
+Shape legend: N rows · D in features · V out features (the vocabulary).
+
+torch runs an fp32 ``F.linear`` on the CPU through MKL's sgemm, which on non-Intel CPUs takes a
+generic code path; oneDNN picks its kernels by instruction set (CTranslate2 makes the same choice
+on such CPUs: "SGEMM backend: DNNL"). oneDNN is fastest with the weight reordered once into its
+blocked layout, which is what :func:`pack` does. The decoder's output projection, (N, D) × (D, V)
+at every step with V = 8000 and N = 5 (one sentence, beam 5), took 0.38 ms packed against 1.37 ms
+through MKL on a 2-core AMD EPYC (AVX-512), and 67 ms against 97 ms at N = 1000; the outputs were
+identical (docs/decoding.md). Under bf16 autocast the packed weight is bf16, which also saves
+autocast's cast of the whole (V, D) weight at every step.
+
+A packed weight is a copy: it is made for one decoding call (:class:`~aiayn.model.DecoderCache`
+holds it) and never outlives the weights it was made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["PackedLinear", "pack", "available"]
+
+
+def available(device: torch.device) -> bool:
+    """Whether this torch build can run a packed oneDNN linear on ``device``."""
+    return (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    """``F.linear(x, weight, bias)`` with the weight in oneDNN's layout, computed in ``dtype``."""
+
+    weight: Tensor  # opaque: oneDNN's blocked layout of the (V, D) weight
+    bias: Tensor | None  # (V,) in dtype
+    dtype: torch.dtype
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """Shape: x (..., D) -> (..., V) in ``dtype`` (as autocast's linear returns)."""
+        return torch.ops.mkldnn._linear_pointwise(
+            x.to(self.dtype), self.weight, self.bias, "none", [], ""
+        )
+
+
+def pack(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None:
+    """``weight`` (V, D) packed for the precision in force (bf16 under CPU autocast, else the
+    weight's own); None where a packed linear cannot run (not a CPU tensor, no oneDNN, a dtype
+    other than float32 or bfloat16, or gradients wanted: oneDNN's op has no backward): the
+    caller then runs the layer itself."""
+    if not available(weight.device) or (torch.is_grad_enabled() and weight.requires_grad):
+        return None
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
+    w = weight.detach().to(dtype)
+    b = None if bias is None else bias.detach().to(dtype)
+    return PackedLinear(torch.ops.mkldnn._reorder_linear_weight(w), b, dtype)
