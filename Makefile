@@ -45,10 +45,11 @@ lint: install
 	$(BIN)/ruff format --check aiayn
 	$(BIN)/mypy
 
-# The tests on every core (pytest-xdist; TEST_WORKERS=0 runs them in this one process).
+# The tests on every core (pytest-xdist; TEST_WORKERS=0 runs them in this one process). loadgroup:
+# a module's tests run on one worker, the longest modules first (tests/conftest.py).
 TEST_WORKERS ?= auto
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow

@@ -540,10 +540,10 @@ class Worker:
             raise RuntimeError(f"benchmark worker '{self.name}' died (exit code "
                                f"{self.proc.wait()}); its error is above") from None
 
-    def close(self) -> None:
+    def quit(self) -> None:
+        """Ask the worker to exit, without waiting for it (a group's workers exit side by side)."""
         if self.proc.poll() is None:
             _send(self.proc.stdin, ("quit",))
-            self.proc.wait(timeout=60)
 
 
 def run_group(systems: list[str], spec: dict[str, Any], n_steps: int) -> dict[str, Any]:
@@ -566,7 +566,9 @@ def run_group(systems: list[str], spec: dict[str, Any], n_steps: int) -> dict[st
                 result[w.name]["max_gpu_mib"] = mem["max_gpu_mib"]
     finally:
         for w in workers:
-            w.close()
+            w.quit()
+        for w in workers:
+            w.proc.wait(timeout=60)
     return result
 
 

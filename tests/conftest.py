@@ -11,6 +11,8 @@ import pytest
 import torch
 from trainutil import thread_fixture
 
+from aiayn.threads import cores
+
 # Token stores and tokenizers are cached in the data cache (aiayn/data/store.py): a test session
 # gets its own, removed at exit, so that tests never fill the user's ~/.cache/aiayn. Datasets are
 # copied into it from the data mirror when a test needs them.
@@ -19,10 +21,27 @@ if not os.environ.get("AIAYN_CACHE"):
     atexit.register(shutil.rmtree, os.environ["AIAYN_CACHE"], ignore_errors=True)
 
 
+def _workers_fill_the_cores() -> bool:
+    """This process is one of pytest-xdist's workers, and there are as many as cores (or more)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and workers >= cores()
+
+
+# One torch thread per xdist worker when the workers already fill the cores (`make test`: -n auto):
+# torch's own count (one thread per core in every worker) only adds threads that wait on each
+# other's cores, which burns CPU time and, on a loaded machine, minutes. Set once here (before any
+# fixture trains) and again after each test, as a test or the trainer may change it.
+WORKER_THREADS = 1 if _workers_fill_the_cores() else None
+if WORKER_THREADS:
+    torch.set_num_threads(WORKER_THREADS)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)
     yield
+    if WORKER_THREADS:
+        torch.set_num_threads(WORKER_THREADS)
 
 
 # Opt-in (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny models, one thread.
@@ -136,6 +155,7 @@ def _kinds_of(item: pytest.Item) -> set[str]:
     return {mark.name for mark in item.iter_markers() if mark.name in KINDS}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist names the groups (_order_and_group)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.name.removesuffix(".py")
@@ -148,6 +168,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"tests without a kind ({', '.join(KINDS)}): {len(unmarked)}, e.g. {unmarked[0]}: add "
             "the module to MODULE_KINDS in tests/conftest.py (or the test to TEST_KINDS)")
     _keep_slow_out_unless_asked(config, items)
+    _order_and_group(items)
+
+
+# ---- order and distribution over pytest-xdist's workers (`make test`: -n auto --dist loadgroup) ----
+# The modules that take longest start first, then those with a test that starts processes, then
+# the rest (many short unit tests, which fill the end evenly), so that the workers finish together.
+# Each module's tests go to one worker (an xdist_group per module), so that a module-scoped
+# fixture (a trained model folder…) is built once, not once per worker; but the modules in SPREAD,
+# whose tests are long and independent, are spread over the workers test by test.
+LONGEST_FIRST = ("test_scripts_smoke", "test_gpu_check")
+SPREAD = ("test_scripts_smoke",)
+
+
+def _order_and_group(items: list[pytest.Item]) -> None:
+    def module(item: pytest.Item) -> str:
+        return item.path.name.removesuffix(".py")
+
+    starts_processes = {module(item) for item in items if "process" in _kinds_of(item)}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = module(item)
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        return (1 if name in starts_processes else 2), 0
+
+    items.sort(key=rank)  # stable: a module's tests stay together and in their order
+    for item in items:
+        if module(item) not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(module(item)))
 
 
 def _keep_slow_out_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
