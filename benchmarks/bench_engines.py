@@ -146,7 +146,7 @@ def run_one(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     folder = load_model_folder([args.folder], "cpu", workers=workers)  # any engine
     if args.worker == "native int8":
-        folder.model = quantize_int8(folder.model)
+        folder.backend.model = quantize_int8(folder.model)  # the torch backend runs it
     loaded = time.perf_counter() - start
     after_load = rss_mb()
     folder.translate_hypotheses(src[:16], cfg)  # warm-up (allocations, kernels)

@@ -190,7 +190,9 @@ class Transformer(nn.Module):
         if features_only:
             return h  # (B, T, D)
         if cache is not None and offset == 0:
-            cache.output = pack(self.generator.weight)  # once per decoding, in its precision
+            cache.output = pack(
+                self.generator.weight, self.generator.bias
+            )  # once per decoding, in its precision
         packed = cache.output if cache is not None else None
         # (B, T, V); with a cache, through the packed weight (same values, faster on CPU)
         logits = self.generator(h) if packed is None else packed(h)
