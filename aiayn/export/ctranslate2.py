@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import ConfigError, require
-from aiayn.export.exporter import QUANTIZATIONS, Exporter, ExportOptions
+from aiayn.export.exporter import QUANTIZATIONS, ExportOptions, FolderExporter
 from aiayn.kinds import TRANSLATION, check_kind
 from aiayn.model.embeddings import SinusoidalPositionalEncoding
 from aiayn.runtime.ct2_backend import token_strings
@@ -173,7 +173,7 @@ def lm_spec(model: Any, tokens: list[str]) -> Any:
     return spec
 
 
-class Ct2Exporter(Exporter):
+class Ct2Exporter(FolderExporter):
     """``aiayn export --format ctranslate2``: a translation model or a language model as a
     CTranslate2 model, its weights in ``--quantization``'s type."""
 
@@ -187,7 +187,7 @@ class Ct2Exporter(Exporter):
                 f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got '{q}'"
             )
 
-    def check(self, model: Any, kind: str) -> None:
+    def check(self, model: Any, kind: str, tokenizer: Any) -> None:
         check_exportable(model, kind)
 
     def write(

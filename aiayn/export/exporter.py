@@ -5,8 +5,10 @@ validate → write → record): open the model folder with the one loader (its c
 let the format refuse what it cannot express before the output folder is touched, write into a
 temporary folder that replaces ``out`` only when complete, then record config.json (the source's
 sections, provenance, the sha256 of every part) and the model card. A format gives its ``name``,
-the optional dependency it needs, and :meth:`check` and :meth:`write`; the kinds it writes are
-declared in :mod:`aiayn.kinds`.
+the optional dependency it needs, :meth:`check`, and :meth:`~Exporter.write_output`; a format
+aiayn runs again (:class:`FolderExporter`: ONNX, CTranslate2) gives only :meth:`~FolderExporter.write`
+and gets the record; one that leaves aiayn (Hugging Face) writes its own layout. The kinds a
+format writes are declared in :mod:`aiayn.kinds`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from aiayn.folder_parts import record_parts
 from aiayn.io import check_not_input, check_output_folder, new_folder
 from aiayn.kinds import KINDS
 
-__all__ = ["ExportOptions", "Exporter", "QUANTIZATIONS"]
+__all__ = ["ExportOptions", "Exporter", "FolderExporter", "QUANTIZATIONS"]
 
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
@@ -60,32 +62,27 @@ class Exporter(ABC):
             raise ConfigError("--quantization applies to --format ctranslate2 only")
 
     @abstractmethod
-    def check(self, model: Any, kind: str) -> None:
-        """ConfigError naming what of ``model`` this format cannot express."""
+    def check(self, model: Any, kind: str, tokenizer: Any) -> None:
+        """ConfigError naming what of ``model`` (or its tokenizer) this format cannot express."""
 
     @abstractmethod
-    def write(
-        self, model: Any, kind: str, tokenizer: Any, folder: Path, options: ExportOptions
-    ) -> dict:
-        """Write the model into ``folder``; the config.json entries that describe what was written."""
+    def write_output(
+        self,
+        loaded: Any,
+        meta: FolderConfig,
+        source: Path,
+        tmp: Path,
+        out: Path,
+        options: ExportOptions,
+    ) -> None:
+        """Write the whole output into ``tmp`` (which becomes ``out`` when complete)."""
 
     def export(self, folder: str | Path, out: str | Path, options: ExportOptions) -> Path:
         """Export the model folder ``folder`` into ``out`` (see the module docstring)."""
         source, out = Path(folder), Path(out)
         meta, loaded = self.open_source(source, out, options)
-        model, kind, tokenizer = loaded.model, loaded.kind, loaded.tokenizer
         with new_folder(out, options.overwrite) as tmp:
-            extra_keys = self.write(model, kind, tokenizer, tmp, options)
-            tokenizer.save(tmp / "tokenizer.json")
-            # the source's sections as the loader read them (renamed keys under their new names;
-            # a section it did not record stays unrecorded), its provenance, what the writer says
-            parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened
-            written = {**meta.to_dict(), **extra_keys, "exported_from": str(source), "parts": parts}
-            written = {"format": self.name, **written, "kind": kind}
-            if written.get("decode"):  # bf16 is PyTorch's autocast; an export runs as exported
-                written["decode"] = {**written["decode"], "bf16": False}
-            write_folder_config(tmp, parse_folder_config(written, tmp))
-            write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised
+            self.write_output(loaded, meta, source, tmp, out, options)
         return out
 
     def open_source(
@@ -106,5 +103,38 @@ class Exporter(ABC):
                 "folder it was written from"
             )
         loaded = load_model_folder(source)  # the one loader: its checks and messages
-        self.check(loaded.model, loaded.kind)  # before touching the output folder
+        self.check(loaded.model, loaded.kind, loaded.tokenizer)  # before touching the output
         return meta, loaded
+
+
+class FolderExporter(Exporter):
+    """A format that aiayn runs again (ONNX, CTranslate2): its files, then an aiayn model
+    folder's record (tokenizer.json, config.json with the sha256 of every part, the card)."""
+
+    @abstractmethod
+    def write(
+        self, model: Any, kind: str, tokenizer: Any, folder: Path, options: ExportOptions
+    ) -> dict:
+        """Write the model into ``folder``; the config.json entries that describe what was written."""
+
+    def write_output(
+        self,
+        loaded: Any,
+        meta: FolderConfig,
+        source: Path,
+        tmp: Path,
+        out: Path,
+        options: ExportOptions,
+    ) -> None:
+        kind, tokenizer = loaded.kind, loaded.tokenizer
+        extra_keys = self.write(loaded.model, kind, tokenizer, tmp, options)
+        tokenizer.save(tmp / "tokenizer.json")
+        # the source's sections as the loader read them (renamed keys under their new names; a
+        # section it did not record stays unrecorded), its provenance, what the writer says
+        parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened
+        written = {**meta.to_dict(), **extra_keys, "exported_from": str(source), "parts": parts}
+        written = {"format": self.name, **written, "kind": kind}
+        if written.get("decode"):  # bf16 is PyTorch's autocast; an export runs as exported
+            written["decode"] = {**written["decode"], "bf16": False}
+        write_folder_config(tmp, parse_folder_config(written, tmp))
+        write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised

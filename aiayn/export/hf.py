@@ -41,7 +41,7 @@ from aiayn.data.tokenizer import SubwordTokenizer
 from aiayn.errors import ConfigError
 from aiayn.export.exporter import Exporter, ExportOptions
 from aiayn.interop.marian import marian_names
-from aiayn.io import new_folder, write_bytes, write_json, write_text
+from aiayn.io import write_bytes, write_json, write_text
 from aiayn.kinds import check_kind
 
 log = logging.getLogger(__name__)
@@ -262,18 +262,10 @@ class HfExporter(Exporter):
     name = "hf"
     dependency = ("safetensors", "hf")  # a core dependency: writing needs nothing optional
 
-    def check(self, model: Any, kind: str) -> None:
-        check_kind(self.name, kind)
+    def check(self, model: Any, kind: str, tokenizer: Any) -> None:
+        check_exportable(model, kind, tokenizer)
 
-    def write(
-        self, model: Any, kind: str, tokenizer: Any, folder: Path, options: ExportOptions
-    ) -> dict:
-        raise NotImplementedError("HfExporter.export writes transformers' own layout")
-
-    def export(self, folder: str | Path, out: str | Path, options: ExportOptions) -> Path:
-        source, out = Path(folder), Path(out)
-        meta, loaded = self.open_source(source, out, options)
-        check_exportable(loaded.model, loaded.kind, loaded.tokenizer)  # before the output folder
-        with new_folder(out, options.overwrite) as tmp:
-            write_folder(loaded.model, loaded.tokenizer, meta.config.decode, tmp, source)
-        return out
+    def write_output(
+        self, loaded: Any, meta: Any, source: Path, tmp: Path, out: Path, options: ExportOptions
+    ) -> None:
+        write_folder(loaded.model, loaded.tokenizer, meta.config.decode, tmp, source)

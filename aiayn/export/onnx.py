@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from aiayn.export.exporter import Exporter, ExportOptions
+from aiayn.export.exporter import ExportOptions, FolderExporter
 from aiayn.export.graphs import ClassifierGraph, DecoderStepGraph, EncoderGraph, LMStepGraph
 from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION, check_kind
 from aiayn.runtime.onnx_backend import CLASSIFIER, DECODER, ENCODER, state_names
@@ -175,14 +175,14 @@ EXPORTERS = {
 }
 
 
-class OnnxExporter(Exporter):
+class OnnxExporter(FolderExporter):
     """``aiayn export --format onnx``: the graphs of a translation model, a language model or a
     classifier."""
 
     name = "onnx"
     dependency = ("onnx", "export")
 
-    def check(self, model: Any, kind: str) -> None:
+    def check(self, model: Any, kind: str, tokenizer: Any) -> None:
         """ConfigError when there is no ONNX graph for this kind of model."""
         check_kind(self.name, kind)
 
