@@ -269,9 +269,13 @@ def test_the_packed_output_projection_equals_f_linear():
 
 
 @torch.no_grad()
-def test_the_cache_packs_the_output_projection_once_per_decoding():
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_cache_packs_the_output_projection_once_per_decoding(bias):
+    """The packed projection gives the module's logits, its bias included (final_logits_bias)."""
     torch.manual_seed(0)
-    model = tiny()
+    model = tiny(final_logits_bias=bias)
+    if bias:
+        torch.nn.init.normal_(model.generator.bias)  # zeros would hide a dropped bias
     src, tgt = batch()
     memory = model.encode(src)
     cache = model.init_cache(memory, src=src)

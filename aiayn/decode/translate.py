@@ -206,13 +206,12 @@ def translate_hypotheses(
     texts: Sequence[str],
     cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
-    search: Callable[..., list[list[Hypothesis]]] | None = None,
 ) -> list[list[tuple[str, Hypothesis]]]:
-    """Translate raw text lines; per line its ``cfg.nbest`` (detokenised text, hypothesis) pairs,
-    best first ([] for a blank line). ``search(model, sources, cfg, progress)``: an engine's own
-    search (CTranslate2's), else :func:`translate_ids`."""
+    """Translate raw text lines with aiayn's search over ``model`` (:func:`translate_ids`); per
+    line its ``cfg.nbest`` (detokenised text, hypothesis) pairs, best first ([] for a blank line).
+    Another backend's own search runs through :mod:`aiayn.runtime`."""
     sources = encode_sources(tokenizer, texts, model.cfg.max_len)
-    hyps = (search or translate_ids)(model, sources, cfg, progress)
+    hyps = translate_ids(model, sources, cfg, progress)
     return [[(tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
 
 

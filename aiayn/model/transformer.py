@@ -190,9 +190,8 @@ class Transformer(nn.Module):
         if features_only:
             return h  # (B, T, D)
         if cache is not None and offset == 0:
-            cache.output = pack(
-                self.generator.weight, self.generator.bias
-            )  # once per decoding, in its precision
+            # once per decoding, in its precision; the bias is final_logits_bias (or None)
+            cache.output = pack(self.generator.weight, self.generator.bias)
         packed = cache.output if cache is not None else None
         # (B, T, V); with a cache, through the packed weight (same values, faster on CPU)
         logits = self.generator(h) if packed is None else packed(h)
