@@ -7,6 +7,7 @@ Launched by ``torchrun`` (which sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, `
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -118,5 +119,10 @@ def init_distributed(device_name: str) -> DistContext:
 
 
 def shutdown_distributed() -> None:
+    """Leave the process group. What still holds it (a DistributedDataParallel wrapper the
+    caller has dropped) is collected first, so that gloo's threads stop here, while the
+    interpreter is whole: left to the interpreter's exit, a 2-rank CPU run that had trained
+    and saved could still abort there ("terminate called without an active exception")."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

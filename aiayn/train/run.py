@@ -138,6 +138,7 @@ def train_run(
     folder = RunFolder(out)
     new = not folder.path.exists()
     owned = False  # whether what the folder holds is this run's own (to tidy after a failure)
+    trainer: Trainer | None = None
     try:
         check_not_input(folder.path, [*run_inputs(cfg), *inputs], "--out")
         start = _on_main(dist, lambda: folder.prepare(resume, overwrite))
@@ -175,6 +176,9 @@ def train_run(
                 folder.discard_uncommitted()  # a run folder that the next train starts again
         raise
     finally:
+        # The DDP wrapper holds the process group: dropped first, the group is torn down in
+        # shutdown_distributed, after the last collective, not by the interpreter's exit.
+        trainer = None
         shutdown_distributed()
 
 
