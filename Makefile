@@ -20,10 +20,11 @@ $(BIN)/python:
 # Neither compiles bytecode ahead: the first import writes it, for the modules used (see test).
 PIP     := $(BIN)/pip install -q --disable-pip-version-check --no-compile
 INSTALL  = $(BIN)/uv pip install -q --python $(BIN)/python $(1) || $(PIP) $(1)
+DEV      := -e '.[test,plot,serve,export,ctranslate2]'
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(PIP) $(TORCH)
 	-$(PIP) uv
-	$(call INSTALL,-e '.[test,plot,serve,export,ctranslate2]')
+	$(call INSTALL,$(DEV))
 	touch $@
 
 install: $(VENV)/.installed
