@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from aiayn.errors import AiaynError
@@ -101,6 +102,23 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default: this process's arguments); returns the exit code.
+
+    A ``torchrun`` worker (WORLD_SIZE > 1) run as a process of its own leaves at once, its output
+    flushed, without the interpreter's teardown: a 2-rank gloo run that had trained, saved and
+    left its process group once aborted there ("terminate called without an active exception",
+    SIGABRT, after "trained to step 3"), which turned a finished run into a failed one.
+    """
+    code = _run(argv)
+    if argv is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # bare `aiayn`: the commands and first steps
         print(parser.format_help(), end="")
