@@ -237,6 +237,14 @@ def smoke_seed_pairs(tmp: Path, runs: list[Path]) -> None:
     assert "every two-model ensemble" in out.with_suffix(".md").read_text()
 
 
+def smoke_bench_char_tokenizer(tmp: Path) -> None:
+    mirror_or_skip()
+    out = tmp / "char.json"
+    run_main("benchmarks/bench_char_tokenizer.py", "--smoke", "--json", out)
+    results = read_json(out)["results"]
+    assert len(results) == 4 and all(r["speedup_median"] > 0 for r in results.values())
+
+
 def smoke_bench_loss(tmp: Path) -> None:
     out = tmp / "loss.json"
     run_main("benchmarks/bench_loss.py", "--device", "cpu", "--vocab", "300", "--d-model", "16",
@@ -287,6 +295,7 @@ def smoke_wmt_projection(tmp: Path, capsys) -> None:
 ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
 
 SMOKE: dict[str, Callable[..., None] | str] = {
+    "benchmarks/bench_char_tokenizer.py": smoke_bench_char_tokenizer,
     "benchmarks/bench_components.py": smoke_bench_components,
     "benchmarks/bench_data_scale.py": smoke_bench_data_scale,
     "benchmarks/bench_decode.py": smoke_bench_decode,
