@@ -2,7 +2,7 @@
 
 Shape legend: S source len · T target len (decoder inputs: BOS + produced tokens) · H heads.
 
-:func:`record_attention` runs the model once with ``attn_record`` lists, which makes every layer
+:func:`~aiayn.decode.align.record_attention` runs the model once with ``attn_record`` lists, which makes every layer
 take the explicit-math path (:func:`aiayn.model.attention.attention_weights`) and keep its weights:
 encoder self-attention, decoder (masked) self-attention and encoder–decoder ("cross") attention.
 :func:`plot_attention` draws them, one panel per (kind, layer, head); a row of the figure is one
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.decode.align import AttentionMaps, record_attention
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import AiaynError
 from aiayn.folder import load_model_folder
@@ -45,52 +45,6 @@ LEGEND = (
     "enc-dec: decoder queries over the encoder output.  Rows: queries, columns: keys; "
     "colour: attention weight, 0 to 1."
 )
-
-
-@dataclass
-class AttentionMaps:
-    """Per-layer attention weights of one sentence pair, batch dimension removed.
-
-    ``encoder[l]`` (H, S, S), ``decoder[l]`` (H, T, T), ``cross[l]`` (H, T, S).
-    """
-
-    encoder: list[Tensor]
-    decoder: list[Tensor]
-    cross: list[Tensor]
-
-    def of(self, kind: str) -> list[Tensor]:
-        return getattr(self, kind)
-
-
-@torch.no_grad()
-def record_attention(
-    model: Transformer, src_ids: Sequence[int] | Tensor, tgt_ids: Sequence[int] | Tensor
-) -> AttentionMaps:
-    """Attention weights of ``model`` (a :class:`aiayn.model.Transformer`) for one pair.
-
-    ``src_ids`` are the source ids as the model encodes them; ``tgt_ids`` the decoder inputs
-    (BOS followed by the tokens it produced). The model is run in eval mode (no dropout), the
-    same computation that produced the translation.
-    """
-    device = next(model.parameters()).device
-    src = torch.as_tensor(src_ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, S)
-    tgt = torch.as_tensor(tgt_ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, T)
-    if src.size(1) == 0 or tgt.size(1) == 0:
-        raise AiaynError("attention needs at least one source and one target token")
-    was_training = model.training
-    model.eval()
-    try:
-        enc_record: list = []
-        dec_record: list = []
-        memory = model.encode(src, attn_record=enc_record)  # (1, S, D)
-        model.decode(tgt, memory, model.src_mask(src), attn_record=dec_record)
-    finally:
-        model.train(was_training)
-    return AttentionMaps(
-        encoder=[w[0].float().cpu() for _, w in enc_record],  # each (H, S, S)
-        decoder=[w[0].float().cpu() for kind, w in dec_record if kind == "self"],  # (H, T, T)
-        cross=[w[0].float().cpu() for kind, w in dec_record if kind == "cross"],  # (H, T, S)
-    )
 
 
 def _select(requested: Sequence[int] | None, available: int, what: str) -> list[int]:
