@@ -145,6 +145,9 @@ class TranslationAttention:
     tgt_tokens: list[str]  # T labels: <s>, then the produced pieces (the decoder inputs)
     maps: AttentionMaps
     score: float = float("nan")  # the hypothesis's search score (log-prob / length penalty)
+    # [first, count, label]: the pieces of whole characters, for display (character_spans)
+    src_spans: list[list] = dataclasses.field(default_factory=list)
+    tgt_spans: list[list] = dataclasses.field(default_factory=list)
 
     def to_dict(self, digits: int = 4) -> dict:
         """Plain lists for JSON: ``encoder[l][h][i][j]`` is the weight of query i on key j in
@@ -158,6 +161,8 @@ class TranslationAttention:
             score=self.score,
             src_tokens=self.src_tokens,
             tgt_tokens=self.tgt_tokens,
+            src_spans=self.src_spans,
+            tgt_spans=self.tgt_spans,
             encoder=lists(self.maps.encoder),
             decoder=lists(self.maps.decoder),
             cross=lists(self.maps.cross),
@@ -167,15 +172,41 @@ class TranslationAttention:
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     """A readable label per id: special tokens by name, a piece as the text it decodes to, a
     leading space (a word start) shown as '▁'."""
-    labels = []
-    for i in ids:
-        special = tokenizer.special_name(i)
-        if special is not None:
-            labels.append(special)
-            continue
-        text = tokenizer.decode([i]).replace("\n", "\\n")
-        labels.append("▁" + text[1:] if text.startswith(" ") else text)
-    return labels
+    return [_label(tokenizer, [i]) for i in ids]
+
+
+def _label(tokenizer, ids: Sequence[int]) -> str:
+    """The label of one piece, or of the pieces of one character (:func:`character_spans`)."""
+    special = tokenizer.special_name(ids[0]) if len(ids) == 1 else None
+    if special is not None:
+        return special
+    text = tokenizer.decode(list(ids)).replace("\n", "\\n")
+    return "▁" + text[1:] if text.startswith(" ") else text
+
+
+def character_spans(tokenizer, ids: Sequence[int], longest: int = 8) -> list[list]:
+    """The pieces of ``ids`` grouped into whole characters, for display: ``[first, count,
+    label]`` per group. Byte-level BPE cuts a character outside its training text (a Chinese
+    character, an emoji) into pieces that each decode to "�"; consecutive pieces are grouped
+    until they decode to whole characters (at most ``longest``; a piece that never completes
+    stays alone). Other pieces are groups of one, labelled as :func:`token_labels` does."""
+    spans: list[list] = []
+    i = 0
+    while i < len(ids):
+        n = 1
+        if tokenizer.special_name(ids[i]) is None:
+            while (
+                "\ufffd" in tokenizer.decode(list(ids[i : i + n]))
+                and i + n < len(ids)
+                and n < longest
+                and tokenizer.special_name(ids[i + n]) is None
+            ):
+                n += 1
+            if "\ufffd" in tokenizer.decode(list(ids[i : i + n])):
+                n = 1
+        spans.append([i, n, _label(tokenizer, ids[i : i + n])])
+        i += n
+    return spans
 
 
 def attention_of_translation(
@@ -221,6 +252,8 @@ def attention_of_translation(
         token_labels(tokenizer, tgt),
         record_attention(reader, src, tgt),
         chosen.score,
+        character_spans(tokenizer, src),
+        character_spans(tokenizer, tgt),
     )
 
 
