@@ -11,10 +11,11 @@ Routes (all but ``/health`` need the API key when one is set):
                            (alignments: token index pairs), timing
     POST /v1/classify      {"texts": [...]} -> label and probabilities per text
     POST /v1/generate      {"prompt", ...} -> tokens as server-sent events
-    POST /v1/attention     {"text", "beam", "alpha", "rank"} -> tokens and every layer's and
-                           head's attention weights for that translation
-    GET  /docs             OpenAPI (Swagger UI; /redoc: ReDoc; both served from the package,
-                           no CDN), /openapi.json the schema
+    POST /v1/attention     {"text", "beam", "alpha", "rank", the controls, "prefix"} -> tokens
+                           (and their spans of whole characters) and every layer's and head's
+                           attention weights for that translation
+    GET  /docs             OpenAPI (Swagger UI, served from the package: no CDN),
+                           /openapi.json the schema
 
 Every error is one line of JSON, ``{"error": "..."}``, with its status: 400 malformed JSON, 401
 API key, 404/405 route, 413 body too large, 422 a value out of range (the reason names it; a
@@ -76,9 +77,10 @@ def create_app(
         yield
         service.close()
 
-    # Swagger UI (/docs) and ReDoc (/redoc) from fastapi-offline's copies: no CDN, so the API
-    # page works on a machine without internet access.
+    # Swagger UI (/docs) from fastapi-offline's copy: no CDN, so the API page works on a machine
+    # without internet access. No ReDoc: its page fetches a logo from Redocly's CDN.
     app = FastAPIOffline(
+        redoc_url=None,
         static_url="/docs-assets",
         title="aiayn",
         summary="A Transformer model folder served over HTTP (docs/serving.md).",
@@ -127,6 +129,13 @@ _Alpha = Annotated[
 ]
 
 
+_Penalty = Annotated[
+    float | None,
+    Field(strict=True, gt=0.0, le=10.0, allow_inf_nan=False, description="1: off"),
+]
+_NGram = Annotated[int | None, Field(strict=True, ge=0, le=64, description="0: off")]
+
+
 class TranslateBody(BaseModel):
     """Texts to translate; beam and alpha default to the model folder's settings, nbest to 1;
     the controls of docs/decoding.md (repetition, a forced prefix per text, alignments)."""
@@ -136,13 +145,8 @@ class TranslateBody(BaseModel):
     beam: _Size = None
     alpha: _Alpha = None
     nbest: _Size = None
-    repetition_penalty: Annotated[
-        float | None,
-        Field(strict=True, gt=0.0, le=10.0, allow_inf_nan=False, description="1: off"),
-    ] = None
-    no_repeat_ngram_size: Annotated[
-        int | None, Field(strict=True, ge=0, le=64, description="0: off")
-    ] = None
+    repetition_penalty: _Penalty = None
+    no_repeat_ngram_size: _NGram = None
     prefixes: Annotated[
         list[Annotated[str, Field(strict=True)] | None] | None,
         Field(description="per text the start its translation must have (null: none)"),
@@ -168,6 +172,11 @@ class AttentionBody(BaseModel):
     beam: _Size = None
     alpha: _Alpha = None
     rank: Annotated[int, Field(strict=True, ge=1, description="at most the beam size")] = 1
+    repetition_penalty: _Penalty = None
+    no_repeat_ngram_size: _NGram = None
+    prefix: Annotated[
+        str | None, Field(strict=True, description="the start the translation must have")
+    ] = None
 
 
 class GenerateBody(BaseModel):
@@ -220,14 +229,19 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
     @app.post("/v1/attention", summary="Attention weights of every layer and head")
     async def attention(body: AttentionBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(body.beam, body.alpha, None)
-        maps = await _answer(
-            service, service.attention(body.text, decode, body.rank), start, limits
+        decode = service.decode_config(
+            body.beam,
+            body.alpha,
+            None,
+            repetition_penalty=body.repetition_penalty,
+            no_repeat_ngram_size=body.no_repeat_ngram_size,
         )
+        queued = service.attention(body.text, decode, body.rank, body.prefix)
+        maps = await _answer(service, queued, start, limits)
         return {
             **maps,
             "rank": body.rank,
-            "decode": {"beam": decode.beam, "alpha": decode.alpha},
+            "decode": {k: v for k, v in _settings(decode).items() if k != "nbest"},
             "timing": {"total_ms": _ms(time.monotonic() - start)},
         }
 

@@ -165,14 +165,7 @@ class ModelService:
         cost = self.check_texts(texts)
         if prefixes is None:
             return self.batcher.submit(("translate", decode), texts, cost)
-        if len(prefixes) != len(texts):
-            raise RequestError(422, f"prefixes: one per text ({len(texts)}), got {len(prefixes)}")
-        for i, prefix in enumerate(prefixes):
-            n = len(self.folder.tokenizer.encode(prefix)) if prefix else 0
-            if n > self.max_text_tokens:
-                raise RequestError(
-                    422, f"prefixes[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
-                )
+        self._check_prefixes(texts, prefixes)
         arrived = time.monotonic()
 
         def alone() -> BatchResult:
@@ -182,6 +175,19 @@ class ModelService:
 
         return self.batcher.call(alone)
 
+    def _check_prefixes(self, texts: Sequence[str], prefixes: Sequence[str | None] | None) -> None:
+        """422 for prefixes that are not one per text, or one past the token limit."""
+        if prefixes is None:
+            return
+        if len(prefixes) != len(texts):
+            raise RequestError(422, f"prefixes: one per text ({len(texts)}), got {len(prefixes)}")
+        for i, prefix in enumerate(prefixes):
+            n = len(self.folder.tokenizer.encode(prefix)) if prefix else 0
+            if n > self.max_text_tokens:
+                raise RequestError(
+                    422, f"prefixes[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
+                )
+
     def classify(self, texts: Sequence[str]) -> Future:
         """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text. A long
         text is cut to the run's ``data.max_len``, as in training and `aiayn classify`."""
@@ -189,16 +195,20 @@ class ModelService:
         cost = self.check_texts(texts, cut=True)
         return self.batcher.submit(("classify",), texts, cost)
 
-    def attention(self, text: str, decode: DecodeConfig, rank: int) -> Future:
-        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best)."""
+    def attention(
+        self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None
+    ) -> Future:
+        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best;
+        ``prefix``: the start it must have)."""
         self.require("attention")
         self.check_texts([text])
+        self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
         model, tokenizer = self.folder.model, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
-                model, tokenizer, text, decode=decode, rank=rank
+                model, tokenizer, text, decode=decode, rank=rank, prefix=prefix
             ).to_dict()
         )
 

@@ -216,6 +216,7 @@ def attention_of_translation(
     beam: int | None = None,
     decode=None,
     rank: int = 1,
+    prefix: str | None = None,
 ) -> TranslationAttention:
     """Translate ``text`` with :func:`aiayn.decode.translate_ids`, then record the attention of the
     model re-reading its own output (teacher forcing over BOS + the produced tokens): the same
@@ -223,7 +224,8 @@ def attention_of_translation(
 
     ``decode`` (a :class:`~aiayn.decode.DecodeConfig`, default: its defaults, the paper's beam
     search) sets the search; ``beam`` overrides its beam size (1: greedy). ``rank`` picks the
-    hypothesis of the n-best list (1: the best). An :class:`~aiayn.decode.Ensemble` translates
+    hypothesis of the n-best list (1: the best); ``prefix``, the start the translation must have
+    (:func:`~aiayn.decode.step.force_prefix`). An :class:`~aiayn.decode.Ensemble` translates
     as one model; the weights shown are then those of its first model reading that translation.
     """
     decode = decode or DecodeConfig()
@@ -238,7 +240,8 @@ def attention_of_translation(
     (src,) = encode_sources(tokenizer, [text], cfg.max_len)
     if not src:
         raise AiaynError("--text is empty: give a sentence to translate")
-    hyps = translate_ids(model, [src], decode)[0]  # the one sentence's n-best list
+    forced = [tokenizer.encode(prefix)] if prefix and prefix.strip() else None
+    hyps = translate_ids(model, [src], decode, prefixes=forced)[0]  # the sentence's n-best
     chosen = hyps[min(rank, len(hyps)) - 1]
     # The decoder inputs the search fed: BOS and every token but one cut at the length cap (the
     # last token of an unfinished hypothesis was produced, never read).
