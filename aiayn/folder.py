@@ -40,6 +40,7 @@ from aiayn.data import (
     read_labelled,
     read_parallel,
 )
+from aiayn.decode.align import align
 from aiayn.decode.classify import LABEL_NAMES, encode_texts, evaluate_classifier
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.generate import TextStream
@@ -214,11 +215,31 @@ class ModelFolder:
         texts: Sequence[str],
         decode: DecodeConfig | None = None,
         progress: Callable[[int], None] | None = None,
+        prefixes: Sequence[str | None] | None = None,
         **overrides: Any,
     ) -> list[list[tuple[str, Hypothesis]]]:
-        """Per text its ``nbest`` (translation, hypothesis) pairs, best first ([] for a blank line)."""
+        """Per text its ``nbest`` (translation, hypothesis) pairs, best first ([] for a blank line).
+
+        ``prefixes``: per text the start its translation must have (interactive translation;
+        None or "" for none), forced, then search goes on; the translation holds it. With
+        ``alignments=True`` each hypothesis carries its source–target token alignment
+        (:func:`aiayn.decode.align.align`; a PyTorch model's)."""
         self._need("translate")
         cfg = self.decode_config(decode, **overrides)
+        self._require_options(cfg)
+        sources = encode_sources(self.tokenizer, texts, self.backend.cfg.max_len)
+        forced = self._prefix_ids(texts, prefixes)
+        with precision(self.device, cfg.bf16):
+            hyps = self.backend.translate_ids(sources, cfg, progress, forced)
+            if cfg.alignments:
+                hyps = [
+                    [replace(h, alignment=align(self.model, src, h)) for h in line]
+                    for src, line in zip(sources, hyps)
+                ]
+        return [[(self.tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
+
+    def _require_options(self, cfg: DecodeConfig) -> None:
+        """:class:`~aiayn.runtime.Unsupported`, naming the backend, for an option it lacks."""
         if cfg.nbest > 1:
             require(self.backend, "nbest")
         if cfg.bf16:
@@ -228,17 +249,43 @@ class ModelFolder:
                 f"--bf16 applies to PyTorch models; {self.path} holds a '{self.engine}' export: "
                 "export with --quantization instead",
             )
-        sources = encode_sources(self.tokenizer, texts, self.backend.cfg.max_len)
-        with precision(self.device, cfg.bf16):
-            hyps = self.backend.translate_ids(sources, cfg, progress)
-        return [[(self.tokenizer.decode(h.tokens), h) for h in line] for line in hyps]
+        if cfg.alignments:
+            require(
+                self.backend,
+                "attention",
+                "alignments are read from a PyTorch model's cross-attention: use the model "
+                "folder it was exported from, with --engine torch",
+            )
+
+    def _prefix_ids(
+        self, texts: Sequence[str], prefixes: Sequence[str | None] | None
+    ) -> list[list[int]] | None:
+        """The token ids of each text's target prefix ([] for none); ConfigError for a list of
+        another length or a prefix the decoder cannot hold."""
+        if prefixes is None:
+            return None
+        if len(prefixes) != len(texts):
+            raise ConfigError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text")
+        ids = [self.tokenizer.encode(p) if p and p.strip() else [] for p in prefixes]
+        limit = self.backend.cfg.max_len - 1
+        for n, prefix in enumerate(ids, 1):
+            if len(prefix) > limit:
+                raise ConfigError(
+                    f"prefix {n} has {len(prefix)} tokens; the decoder holds at most {limit}"
+                )
+        return ids if any(ids) else None
 
     def translate(
-        self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides: Any
+        self,
+        texts: Sequence[str],
+        decode: DecodeConfig | None = None,
+        prefixes: Sequence[str | None] | None = None,
+        **overrides: Any,
     ) -> list[str]:
         """One translation per text ("" for a blank line), with the folder's decoding settings
-        unless ``decode`` or keyword overrides (``beam=1``, ``alpha=1.0`` …) say otherwise."""
-        results = self.translate_hypotheses(texts, decode, **overrides)
+        unless ``decode`` or keyword overrides (``beam=1``, ``no_repeat_ngram_size=3`` …) say
+        otherwise; ``prefixes``: per text the start its translation must have."""
+        results = self.translate_hypotheses(texts, decode, prefixes=prefixes, **overrides)
         return [line[0][0] if line else "" for line in results]
 
     # ---- classification --------------------------------------------------------------------

@@ -8,6 +8,8 @@ busy process ran at 6.3k tokens/s with 2 threads and 12.9k with 1.
 - :func:`threads_for_load` (translate, evaluate, the start of training): the cores that are not
   busy, from the kernel's count of runnable tasks, then a probe of ~0.04 s that times a small
   matrix product with N threads and with 1 (a count read at one instant misses bursty load).
+- :class:`LoadFollower` (`aiayn serve`): :func:`threads_for_load` again, when idle and between
+  batches under steady traffic, at most once per interval.
 - :class:`ThreadGovernor` (training): now and then runs a few updates with the other setting (1
   or N threads) and keeps the faster; a trial stops after one update when that one is far
   slower, and trials are spaced further apart while the choice holds.
@@ -36,6 +38,7 @@ __all__ = [
     "busy_cores",
     "threads_for_load",
     "probe",
+    "LoadFollower",
     "ThreadGovernor",
 ]
 
@@ -72,18 +75,36 @@ def _running() -> int | None:
         return None
 
 
+def _own_running() -> int:
+    """Runnable threads of this process now (its tasks in state R: the caller, and torch's
+    worker threads while they spin after a parallel region); at least 1, the caller."""
+    running = 0
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return 1
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text(encoding="ascii")
+        except OSError:
+            continue  # the thread ended meanwhile
+        running += stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "R"
+    return max(1, running)
+
+
 def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
     """Cores kept busy by other processes: the median count of runnable tasks over a few samples,
-    less this process; 0 where the count cannot be read."""
+    less this process's own runnable threads (a busy server's included); 0 where the count
+    cannot be read."""
     counts = []
     for i in range(samples):
         n = _running()
         if n is None:
             return 0
-        counts.append(n)
+        counts.append(n - _own_running())
         if i < samples - 1:
             time.sleep(interval)
-    return max(0, sorted(counts)[len(counts) // 2] - 1)
+    return max(0, sorted(counts)[len(counts) // 2])
 
 
 def threads_for_load(apply: bool = True, most: int | None = None) -> int:
@@ -130,6 +151,27 @@ def probe(settings: tuple[int, ...], rounds: int = 2, reps: int = 30) -> dict[in
     finally:
         torch.set_num_threads(before)
     return best
+
+
+class LoadFollower:
+    """torch's thread count for a server, chosen again for the load of the moment
+    (:func:`threads_for_load`): call :meth:`choose` when the worker is idle (the batcher spaces
+    those), :meth:`between_batches` before each batch; the latter chooses only when
+    ``busy_every_s`` have passed since the last choice, so that under steady traffic, when
+    the worker is never idle, the count still follows the machine's load. A choice costs
+    ~0.05-0.1 s (the load samples and the probe), once per interval."""
+
+    def __init__(self, most: int, busy_every_s: float = 30.0) -> None:
+        self.most, self.busy_every_s = most, busy_every_s
+        self.last = time.monotonic()  # the count chosen at start fits now
+
+    def choose(self) -> int:
+        self.last = time.monotonic()
+        return threads_for_load(most=self.most)
+
+    def between_batches(self) -> None:
+        if time.monotonic() - self.last >= self.busy_every_s:
+            self.choose()
 
 
 class ThreadGovernor:

@@ -81,6 +81,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_data_download": ("serve",),  # a local HTTP server stands for the dataset sources
     "test_data_files": UNIT,
     "test_data_store": UNIT,
+    "test_decode_controls": UNIT,
     "test_data_wmt": ("serve",),  # WMT14 prepared from a local HTTP server of fake archives
     "test_data_tokenizer": UNIT,
     "test_docs": UNIT,
@@ -112,6 +113,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_search": UNIT,
     "test_seed_pairs": UNIT,
     "test_serve": ("serve",),
+    "test_serve_controls": ("serve",),
     "test_serve_page": ("browser", "serve", "process"),
     "test_shapes_cli": UNIT,
     "test_shipped_configs": UNIT,

@@ -200,3 +200,61 @@ def test_page_classifies_and_streams_generation(tmp_path, one_thread):
     button, text, _, timing = seen["lm"]
     assert button == "Generate" and text.startswith("the cat") and len(text) > len("the cat")
     assert timing.startswith(f"{len(text) - len('the cat')} characters in ")  # as streamed
+
+
+def test_page_shows_whole_characters_offers_the_controls_and_api_docs_offline(tmp_path, one_thread):
+    """Chinese characters and an emoji, cut into byte-level pieces, head the attention axes as
+    whole characters; the decoding controls reach the API (prefix, repetition, alignments); the
+    API page (Swagger UI) renders with every request to another host refused."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium): the page was not tested")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is missing: the page was not tested"
+    )
+    import httpx
+    from serve_helpers import make_trained_folder
+
+    sentence, prefix = "a cat 北京 🙂 sits", "eine katze"
+    folder = make_trained_folder(tmp_path / "model")
+    with serving([folder]) as url, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            outside: list[str] = []
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
+                       else (outside.append(route.request.url), route.abort()))
+            page.goto(url)
+            page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+            page.fill("#input", sentence)
+            page.fill("#no-repeat", "3")
+            page.fill("#rep-penalty", "1.2")
+            page.fill("#prefix", prefix)
+            page.check("#alignments")
+            page.click("#run")
+            page.wait_for_selector("#heatmap tbody tr", timeout=60_000)
+            shown = page.text_content("#output")
+            alignment = page.text_content("#alignment")
+            page.select_option("#att-kind", "encoder")
+            heads = page.eval_on_selector_all(
+                "#heatmap thead th", "ths => ths.map(th => [th.textContent, th.colSpan])")
+            cols = page.locator("#heatmap tbody tr").first.locator("td").count()
+            page.goto(url + "docs")
+            page.wait_for_selector(".opblock-summary-path", timeout=30_000)
+            swagger = page.locator(".opblock-summary-path").all_text_contents()
+        finally:
+            browser.close()
+        body = {"texts": [sentence], "beam": 4, "alpha": 0.6, "nbest": 3, "prefixes": [prefix],
+                "no_repeat_ngram_size": 3, "repetition_penalty": 1.2, "alignments": True}
+        api = httpx.post(url + "v1/translate", json=body, timeout=60).json()
+    assert errors == [] and outside == []
+    best = api["translations"][0]["nbest"][0]
+    assert shown == best["text"] and shown.startswith(prefix)
+    pairs = [f"{best['src_tokens'][i]}→{best['tokens'][j]}" for i, j in best["alignment"]]
+    assert alignment == "alignment: " + " · ".join(pairs)
+    labels = dict(heads[1:])  # the corner cell first
+    assert labels["北"] == 3 and labels["京"] == 3 and labels["🙂"] == 4  # bytes each
+    assert not any("\ufffd" in text for text, _ in heads)
+    assert sum(span for _, span in heads[1:]) == cols  # every piece under its character
+    assert "/v1/translate" in swagger

@@ -64,6 +64,20 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
         "--max-len-b", type=int, help=f"output cap a·src_len + b: b (default: {d.max_len_b})"
     )
     p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        metavar="P",
+        help="make tokens already in the output less likely, Hugging Face's way (1: off, 1.2 is "
+        f"typical; default: {d.repetition_penalty})",
+    )
+    p.add_argument(
+        "--no-repeat-ngram-size",
+        type=int,
+        metavar="N",
+        help="no N-gram of tokens twice in an output (0: off; 3 stops a loop of repeated "
+        f"syllables; default: {d.no_repeat_ngram_size})",
+    )
+    p.add_argument(
         "--max-tokens",
         type=int,
         help=f"batch budget: sentences × padded source length (default: {d.max_tokens})",

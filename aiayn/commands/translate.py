@@ -2,7 +2,9 @@
 
 Reads a file, stdin, or (when stdin is a terminal) an interactive prompt. Every input line gives
 exactly one output line, blank lines included; with ``--nbest K`` each input line gives K lines
-``LINE_NO<TAB>SCORE<TAB>TEXT``.
+``LINE_NO<TAB>SCORE<TAB>TEXT``. ``--alignments`` appends a TAB and the alignment in Pharaoh
+format (``0-0 1-2 …``: source token - output token, 0-based) to each line; ``--prefixes FILE``
+forces, per input line, the start of its translation (docs/decoding.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiayn.commands.options import (
     open_models,
     read_input_lines,
 )
+from aiayn.errors import ConfigError
 from aiayn.kinds import TRANSLATION
 
 if TYPE_CHECKING:
@@ -51,6 +54,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=int,
         help="hypotheses per line, as LINE_NO<TAB>SCORE<TAB>TEXT lines (default: 1)",
     )
+    p.add_argument(
+        "--prefixes",
+        metavar="FILE",
+        help="UTF-8 text, one line per input line: the start each translation must have "
+        "(forced, then search goes on; a blank line: none)",
+    )
+    p.add_argument(
+        "--alignments",
+        action="store_true",
+        default=None,
+        help="append TAB and the source-output token alignment (Pharaoh 'i-j' pairs, read "
+        "from cross-attention; docs/decoding.md) to each line",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -65,12 +81,19 @@ def format_output(results: list[list[tuple[str, Any]]], nbest: int) -> list[str]
     translation become spaces, so that lines stay aligned)."""
     out = []
     for n, hyps in enumerate(results, 1):
-        texts = [(one_line(t), h.score) for t, h in hyps] or [("", float("nan"))]
+        texts = [(one_line(t) + _alignment(h), h.score) for t, h in hyps] or [("", float("nan"))]
         if nbest == 1:
             out.append(texts[0][0])
         else:
             out += [f"{n}\t{score:.4f}\t{text}" for text, score in (texts * nbest)[:nbest]]
     return out
+
+
+def _alignment(hyp: Any) -> str:
+    """TAB and the hypothesis's alignment as Pharaoh pairs ("0-0 1-2"), when it has one."""
+    if hyp.alignment is None:
+        return ""
+    return "\t" + " ".join(f"{i}-{j}" for i, j in hyp.alignment)
 
 
 def interactive(model: ModelFolder, cfg: DecodeConfig) -> int:
@@ -93,8 +116,17 @@ def run(args: argparse.Namespace) -> int:
     model = open_models(args, inference_device(args.device), TRANSLATION)
     cfg = model.decode_config(**decode_overrides(args))
     if args.input == "-" and sys.stdin.isatty():
+        if args.prefixes:
+            raise ConfigError("--prefixes pairs with the lines of --input FILE or a pipe")
         return interactive(model, cfg)
-    results = model.translate_hypotheses(read_input_lines(args.input), cfg)
+    lines = read_input_lines(args.input)
+    prefixes = read_input_lines(args.prefixes) if args.prefixes else None
+    if prefixes is not None and len(prefixes) != len(lines):
+        raise ConfigError(
+            f"--prefixes {args.prefixes}: {len(prefixes)} lines for {len(lines)} input lines "
+            "(one prefix per input line, a blank line for none)"
+        )
+    results = model.translate_hypotheses(lines, cfg, prefixes=prefixes)
     text = "".join(line + "\n" for line in format_output(results, cfg.nbest))
     if args.output:
         write_text(args.output, text)

@@ -42,6 +42,17 @@ class DecodeConfig:
     # The last token the output cap allows is EOS, with log-probability 0 (Hugging Face's
     # forced_eos_token_id): a hypothesis cut at the cap ends with EOS instead of one more token.
     forced_eos: bool = False
+    # Hugging Face's repetition_penalty (Keskar et al. 2019): the log-probability of a token already
+    # in the hypothesis is multiplied by it (it is negative: > 1 makes a repeat less likely);
+    # 1 is off. For output that loops on a syllable or word.
+    repetition_penalty: float = 1.0
+    # Hugging Face's no_repeat_ngram_size: no n-gram of this many tokens occurs twice in an
+    # output (0: off). 3 or 4 stop a loop of repeated syllables without touching normal text.
+    no_repeat_ngram_size: int = 0
+    # Return source–target token alignments with each hypothesis: the cross-attention of the
+    # alignment layer (the decoder's second-to-last), averaged over its heads, read by a
+    # teacher-forced pass over the output (docs/decoding.md). Needs a PyTorch model.
+    alignments: bool = False
     # Output length cap a · src_len + b tokens, EOS included (§6.1: a = 1, b = 50).
     max_len_a: float = 1.0
     max_len_b: int = 50
@@ -79,6 +90,14 @@ class DecodeConfig:
             raise ConfigError(
                 f"min_len ({self.min_len}) must not exceed the output cap max_len_b "
                 f"({self.max_len_b})"
+            )
+        if not (self.repetition_penalty > 0 and self.repetition_penalty < float("inf")):
+            raise ConfigError(
+                f"repetition_penalty must be a number > 0 (1: off), got {self.repetition_penalty}"
+            )
+        if self.no_repeat_ngram_size < 0:
+            raise ConfigError(
+                f"no_repeat_ngram_size must be >= 0 (0: off), got {self.no_repeat_ngram_size}"
             )
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")

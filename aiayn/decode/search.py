@@ -47,6 +47,8 @@ class Hypothesis:
     score: float  # log_prob / length penalty: what hypotheses are ranked by
     log_prob: float  # sum of the model's token log-probabilities, EOS included when emitted
     finished: bool  # True when it ended with EOS, False when cut at max_len
+    # (source token, output token) index pairs, when alignments were asked for (DecodeConfig)
+    alignment: list[tuple[int, int]] | None = None
 
 
 def length_penalty(length: int | Tensor, alpha: float, kind: str = "gnmt") -> float | Tensor:
@@ -88,21 +90,42 @@ def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool) -> Tensor:
 @dataclass(frozen=True)
 class Rules:
     """What search does to each step's log-probabilities before choosing (Hugging Face's logits
-    processors, in their order): ``suppress`` tokens to -inf, EOS to -inf before ``min_len``,
-    ``force_eos`` at a row's last allowed token (EOS at log-probability 0, everything else -inf),
-    then ``renormalize`` (log-softmax again)."""
+    processors, in their order): ``repetition_penalty`` on the tokens so far, ``no_repeat_ngram``
+    bans, ``suppress`` tokens to -inf, EOS to -inf before ``min_len``, ``force_eos`` at a row's
+    last allowed token (EOS at log-probability 0, everything else -inf), then ``renormalize``
+    (log-softmax again)."""
 
     suppress: tuple[int, ...] = ()
     force_eos: bool = False
     renormalize: bool = False
+    # Hugging Face's RepetitionPenaltyLogitsProcessor (Keskar et al. 2019): the score of every
+    # token already in the row (BOS included, as HF's input_ids) times the penalty when negative,
+    # over it when positive; 1 is off. Search sees log-probabilities, so a penalty > 1 always
+    # lowers a repeated token (HF applies it to log-probabilities in beam search too).
+    repetition_penalty: float = 1.0
+    # Hugging Face's NoRepeatNGramLogitsProcessor: a token that would complete an n-gram already
+    # in the row is banned (-inf); 0 is off. A row whose every allowed token would be banned
+    # (a forced prefix token, a tiny vocabulary) keeps its scores instead of dying.
+    no_repeat_ngram: int = 0
 
 
 def _apply_rules(
-    log_probs: Tensor, eos_id: int, forbid: bool, rules: Rules, last: Tensor | None
+    log_probs: Tensor,
+    eos_id: int,
+    forbid: bool,
+    rules: Rules,
+    last: Tensor | None,
+    tokens: Tensor | None = None,
 ) -> Tensor:
     """(N, V) -> (N, V) float32 after ``rules``; ``last`` (N,) bool marks the rows whose next
-    token is the last their cap allows. In place when already float32 (step functions return
-    fresh tensors)."""
+    token is the last their cap allows; ``tokens`` (N, t) are each row's tokens so far, BOS
+    first (what the repetition rules read). In place when already float32 (step functions
+    return fresh tensors)."""
+    log_probs = log_probs.float()
+    if tokens is not None and rules.repetition_penalty != 1.0:
+        _penalize_repeats(log_probs, tokens, rules.repetition_penalty)
+    if tokens is not None and rules.no_repeat_ngram > 0:
+        _ban_repeated_ngrams(log_probs, tokens, rules.no_repeat_ngram)
     log_probs = _forbid_eos(log_probs, eos_id, forbid)
     if rules.suppress:
         log_probs[:, list(rules.suppress)] = float("-inf")
@@ -112,6 +135,34 @@ def _apply_rules(
     if rules.renormalize:
         log_probs = log_probs.log_softmax(-1)
     return log_probs
+
+
+def _penalize_repeats(log_probs: Tensor, tokens: Tensor, penalty: float) -> None:
+    """In place: the scores of the tokens in each row divided by ``penalty`` where positive,
+    multiplied where negative (Hugging Face's RepetitionPenaltyLogitsProcessor).
+
+    Shape: log_probs (N, V), tokens (N, t)."""
+    score = log_probs.gather(1, tokens)  # (N, t); a repeated token gathers the same value
+    score = torch.where(score < 0, score * penalty, score / penalty)
+    log_probs.scatter_(1, tokens, score)
+
+
+def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> None:
+    """In place: -inf for every token that would complete an n-gram already in its row (Hugging
+    Face's NoRepeatNGramLogitsProcessor), unless that bans every token the row still allows.
+
+    Shape: log_probs (N, V), tokens (N, t); nothing is banned before the row holds an n-gram."""
+    t = tokens.size(1)
+    if t < n:
+        return
+    grams = tokens.unfold(1, n, 1)  # (N, t - n + 1, n): every n-gram of each row
+    tail = tokens[:, t - n + 1 :]  # (N, n - 1): what the next token would extend
+    match = (grams[:, :, :-1] == tail[:, None, :]).all(-1)  # (N, t - n + 1)
+    hits = torch.zeros_like(log_probs).scatter_add_(1, grams[:, :, -1], match.float())
+    banned = hits > 0  # (N, V)
+    allowed = log_probs > float("-inf")
+    keep = ~(allowed & ~banned).any(-1, keepdim=True)  # (N, 1): the ban would empty the row
+    log_probs.masked_fill_(banned & ~keep, float("-inf"))
 
 
 def _start(bos_id: int | Tensor, n: int, device: torch.device | str | None) -> Tensor:
@@ -152,7 +203,7 @@ def greedy_search(
     for t in range(int(lengths.max())):
         log_probs, cache = step(tokens, cache)
         last = count >= lengths - 1 if rules.force_eos else None  # (B,) the cap's last token
-        best, nxt = _apply_rules(log_probs, eos_id, t < min_len, rules, last).max(-1)  # (B,)
+        best, nxt = _apply_rules(log_probs, eos_id, t < min_len, rules, last, tokens).max(-1)
         tokens, done = _extend(tokens, nxt, best, log_prob, done, ended, count, eos_id, pad_id)
         done |= count >= lengths
         if bool(done.all()):
@@ -242,7 +293,7 @@ def beam_search(
     for t in range(int(lengths.max())):
         log_probs, cache = step(state.tokens, cache)
         last = _last_rows(state, lengths, t) if rules.force_eos else None
-        log_probs = _apply_rules(log_probs, eos_id, t < min_len, rules, last)
+        log_probs = _apply_rules(log_probs, eos_id, t < min_len, rules, last, state.tokens)
         cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
         room = [len(f) < beam for f in finished]  # per sentence, before this step's endings
         _finish_eos(

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.decode.search import StepFn
 
-__all__ = ["Seq2SeqModel", "transformer_step", "decoding_device"]
+__all__ = ["Seq2SeqModel", "transformer_step", "decoding_device", "PrefixCache", "force_prefix"]
 
 
 class Seq2SeqModel(Protocol):
@@ -56,6 +56,44 @@ def transformer_step(model: Seq2SeqModel, memory: Any) -> StepFn:
         return model.log_probs(new, memory, cache)[:, -1], cache  # (N, V), a fresh tensor
 
     return step
+
+
+class PrefixCache:
+    """A decoder cache and each row's forced target prefix, reordered together.
+
+    Shape: forced (N, P) token ids, -1 past the end of a row's prefix (rows without one: all -1).
+    """
+
+    def __init__(self, inner: Any, forced: Tensor) -> None:
+        self.inner, self.forced = inner, forced
+
+    def reorder(self, index: Tensor) -> PrefixCache:
+        inner = self.inner.reorder(index) if self.inner is not None else None
+        return PrefixCache(inner, self.forced[index.to(self.forced.device)])
+
+
+def force_prefix(step: StepFn, cache: Any, forced: Tensor) -> tuple[StepFn, PrefixCache]:
+    """A step function that forces each row's prefix (interactive translation, CTranslate2's
+    ``target_prefix``): while a row is within its prefix, every token but the prefix's next one
+    is at -inf, and that one keeps the model's log-probability, so scores stay the model's own.
+    Search then goes on from the prefix, and the output holds it.
+
+    Shape: forced (N, P), -1 past the end of a row's prefix; the returned cache wraps ``cache``
+    (search reorders both). A token is forced at generated position g = tokens.size(1) - 1.
+    """
+
+    def step_forced(tokens: Tensor, cache: PrefixCache) -> tuple[Tensor, PrefixCache]:
+        log_probs, inner = step(tokens, cache.inner)  # (N, V)
+        g = tokens.size(1) - 1
+        if g < cache.forced.size(1):
+            token = cache.forced[:, g : g + 1]  # (N, 1)
+            index = token.clamp(min=0)
+            only = torch.full_like(log_probs, float("-inf"))
+            only.scatter_(1, index, log_probs.gather(1, index))
+            log_probs = torch.where(token >= 0, only, log_probs)
+        return log_probs, PrefixCache(inner, cache.forced)
+
+    return step_forced, PrefixCache(cache, forced.to(torch.long))
 
 
 def decoding_device(model: Any, device: torch.device | None = None) -> torch.device:

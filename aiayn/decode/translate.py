@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
-from aiayn.decode.step import Seq2SeqModel, decoding_device, transformer_step
+from aiayn.decode.step import Seq2SeqModel, decoding_device, force_prefix, transformer_step
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -50,9 +50,14 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return sampler.batches(0)[::-1]
 
 
-def max_output_lengths(src_lengths: Tensor, cfg: DecodeConfig, cap: int) -> Tensor:
-    """a · src_len + b, at most ``cap`` (the decoder's positional table). (B,) -> (B,)."""
+def max_output_lengths(
+    src_lengths: Tensor, cfg: DecodeConfig, cap: int, prefix_lengths: Tensor | None = None
+) -> Tensor:
+    """a · src_len + b, at least a forced prefix's length + b, at most ``cap`` (the decoder's
+    positional table). Shape: (B,), prefix_lengths (B,) -> (B,)."""
     lengths = (src_lengths.double() * cfg.max_len_a).floor().long() + cfg.max_len_b
+    if prefix_lengths is not None:
+        lengths = torch.maximum(lengths, prefix_lengths.cpu() + cfg.max_len_b)
     return lengths.clamp(min=1, max=cap)
 
 
@@ -65,8 +70,11 @@ def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
 
 
 @torch.no_grad()
-def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """Search one padded batch. Shape: src (B, S) -> B lists of ``cfg.nbest`` hypotheses."""
+def _decode_batch(
+    model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig, forced: Tensor | None = None
+) -> list[list[Hypothesis]]:
+    """Search one padded batch. Shape: src (B, S), forced (B, P) target prefixes (-1 padded) or
+    None -> B lists of ``cfg.nbest`` hypotheses."""
     model_cfg, B, k = model.cfg, src.size(0), cfg.beam
     if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
         raise ConfigError(
@@ -74,45 +82,37 @@ def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[l
             f"(0 … {model_cfg.tgt_vocab_size - 1})"
         )
     src_lengths = (src != model_cfg.pad_id).sum(1).cpu()
-    max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len)
+    prefix_lengths = (forced >= 0).sum(1) if forced is not None else None
+    max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len, prefix_lengths)
     memory = model.encode(src)  # (B, S, D)
+    cache = model.init_cache(memory, src=src)
+    if k > 1:
+        cache = cache.with_beam(k)  # B·k rows share B memory rows
+    step = transformer_step(model, memory)
+    if forced is not None:
+        step, cache = force_prefix(step, cache, forced)
+    ids = (model_cfg.bos_id, model_cfg.eos_id)
     if k == 1:
-        cache = model.init_cache(memory, src=src)
         hyps = greedy_search(
-            transformer_step(model, memory),
-            cache,
-            B,
-            model_cfg.bos_id,
-            model_cfg.eos_id,
-            max_len,
-            cfg.min_len,
-            model_cfg.pad_id,
-            src.device,
+            step, cache, B, *ids, max_len, cfg.min_len, model_cfg.pad_id, src.device,
             search_rules(cfg),
-        )
+        )  # fmt: skip
         return [[h] for h in hyps]
-    cache = model.init_cache(memory, src=src).with_beam(k)  # B·k rows share B memory rows
     return beam_search(
-        transformer_step(model, memory),
-        cache,
-        B,
-        k,
-        model_cfg.bos_id,
-        model_cfg.eos_id,
-        max_len,
-        cfg.alpha,
-        cfg.length_penalty,
-        cfg.min_len,
-        cfg.nbest,
-        src.device,
-        search_rules(cfg),
-        cfg.early_stopping,
-    )
+        step, cache, B, k, *ids, max_len, cfg.alpha, cfg.length_penalty, cfg.min_len,
+        cfg.nbest, src.device, search_rules(cfg), cfg.early_stopping,
+    )  # fmt: skip
 
 
 def search_rules(cfg: DecodeConfig) -> Rules:
     """The per-step rules of search (:class:`~aiayn.decode.search.Rules`) that ``cfg`` sets."""
-    return Rules(tuple(cfg.bad_ids), cfg.forced_eos, cfg.renormalize)
+    return Rules(
+        tuple(cfg.bad_ids),
+        cfg.forced_eos,
+        cfg.renormalize,
+        cfg.repetition_penalty,
+        cfg.no_repeat_ngram_size,
+    )
 
 
 def translate_ids(
@@ -121,8 +121,12 @@ def translate_ids(
     cfg: DecodeConfig = DecodeConfig(),
     progress: Callable[[int], None] | None = None,
     device: torch.device | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode source id sequences in token-bounded batches; input order kept.
+
+    ``prefixes``: per source the target tokens its output must start with (empty: none), forced
+    before search goes on (:func:`~aiayn.decode.step.force_prefix`); the output holds them.
 
     Empty sources give no hypotheses (an empty list). ``progress(n)`` is called after each batch.
     With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
@@ -138,7 +142,8 @@ def translate_ids(
     def decode(batch: list[int]) -> None:
         index = [todo[j] for j in batch]
         src = _pad([list(sources[i]) for i in index], model.cfg.pad_id, device)
-        for i, hyps in zip(index, _decode_batch(model, src, cfg)):
+        forced = _forced([prefixes[i] for i in index], device) if prefixes else None
+        for i, hyps in zip(index, _decode_batch(model, src, cfg, forced)):
             results[i] = hyps
         if progress is not None:
             with lock:
@@ -157,6 +162,13 @@ def translate_ids(
         if was_training:
             cast(nn.Module, model).train()
     return results
+
+
+def _forced(prefixes: list[Sequence[int]], device: Any) -> Tensor | None:
+    """Ragged target prefixes -> (B, P) LongTensor padded with -1; None when all are empty."""
+    if not any(prefixes):
+        return None
+    return _pad([list(p) for p in prefixes], -1, device)
 
 
 def in_workers(fn: Callable[[Any], None], items: Sequence[Any], workers: int) -> None:

@@ -68,10 +68,12 @@ class Backend(Protocol):
         sources: Sequence[list[int]],
         cfg: DecodeConfig,
         progress: Callable[[int], None] | None = None,
+        prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per source its ``cfg.nbest`` hypotheses, best first ([] for an empty source): aiayn's
         search over the model's encode and step (:class:`~aiayn.decode.step.Seq2SeqModel`), or
-        the engine's own search."""
+        the engine's own search. ``prefixes``: per source the target ids its output starts
+        with (forced, then search goes on; [] for none)."""
         ...
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:

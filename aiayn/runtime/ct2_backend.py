@@ -123,6 +123,7 @@ class Ct2Translator:
         sources: Sequence[list[int]],
         cfg: DecodeConfig = DecodeConfig(),
         progress: Callable[[int], None] | None = None,
+        prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Decode source ids; per source its ``cfg.nbest`` hypotheses ([] for an empty source).
 
@@ -134,8 +135,11 @@ class Ct2Translator:
         (a warning says so); ``power`` is lp = α. ``bad_ids`` are ``suppress_sequences``;
         ``forced_eos`` replaces the last token of a hypothesis cut at the cap by EOS (exact for
         greedy search; a beam's ranking then differs from aiayn's, as ``early_stopping=False``
-        has no CTranslate2 equivalent). The cap a·src_len + b is per sentence: sentences are
-        sent in groups of one cap each.
+        has no CTranslate2 equivalent). The cap a·src_len + b is per sentence (at least a
+        prefix's length + b): sentences are sent in groups of one cap each. ``prefixes`` are
+        ``target_prefix``; ``repetition_penalty`` and ``no_repeat_ngram_size`` are CTranslate2's
+        own, which penalise the generated tokens' scores before its softmax, where aiayn
+        penalises log-probabilities with BOS counted (Hugging Face's way): outputs may differ.
         """
         if cfg.length_penalty == "gnmt":
             log.warning(
@@ -154,8 +158,12 @@ class Ct2Translator:
         ]
         suppress = [[self.tokens[i]] for i in cfg.bad_ids] or None
         todo = [i for i, s in enumerate(sources) if s]
+        prefix = {i: [self.tokens[t] for t in prefixes[i]] if prefixes else [] for i in todo}
         caps = max_output_lengths(
-            torch.tensor([len(sources[i]) for i in todo]), cfg, self.cfg.max_len
+            torch.tensor([len(sources[i]) for i in todo]),
+            cfg,
+            self.cfg.max_len,
+            torch.tensor([len(prefix[i]) for i in todo]),
         ).tolist()
         groups: dict[int, list[int]] = {}
         for i, cap in zip(todo, caps):
@@ -168,6 +176,7 @@ class Ct2Translator:
                     index,
                     self.translator.translate_batch(
                         batch,
+                        [prefix[i] or None for i in index] if prefixes else None,
                         max_batch_size=cfg.max_tokens,
                         batch_type="tokens",
                         asynchronous=True,
@@ -180,6 +189,8 @@ class Ct2Translator:
                         max_decoding_length=cap,
                         min_decoding_length=cfg.min_len,
                         suppress_sequences=suppress,
+                        repetition_penalty=cfg.repetition_penalty,
+                        no_repeat_ngram_size=cfg.no_repeat_ngram_size,
                     ),
                 )
             )
@@ -225,8 +236,9 @@ class Ct2Backend:
         sources: Sequence[list[int]],
         cfg: DecodeConfig,
         progress: Callable[[int], None] | None = None,
+        prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
-        return self.model.translate_ids(sources, cfg, progress)
+        return self.model.translate_ids(sources, cfg, progress, prefixes)
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         refuse(self, "classify")

@@ -271,8 +271,9 @@ class OnnxBackend:
         sources: Sequence[list[int]],
         cfg: DecodeConfig,
         progress: Callable[[int], None] | None = None,
+        prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
-        return translate_ids(self.model, sources, cfg, progress, device=self.device)
+        return translate_ids(self.model, sources, cfg, progress, self.device, prefixes)
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)

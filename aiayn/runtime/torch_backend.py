@@ -45,8 +45,9 @@ class TorchBackend:
         sources: Sequence[list[int]],
         cfg: DecodeConfig,
         progress: Callable[[int], None] | None = None,
+        prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
-        return translate_ids(self.model, sources, cfg, progress)  # type: ignore[arg-type]
+        return translate_ids(self.model, sources, cfg, progress, None, prefixes)  # type: ignore[arg-type]
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]

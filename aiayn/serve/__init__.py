@@ -13,9 +13,11 @@ __all__ = ["Limits", "create_app", "require_extra"]
 
 
 def require_extra() -> None:
-    """ConfigError (one line) when FastAPI or uvicorn is missing."""
+    """ConfigError (one line) when FastAPI, uvicorn or fastapi-offline (the API page's assets)
+    is missing."""
     try:
         import fastapi  # noqa: F401
+        import fastapi_offline  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise ConfigError(

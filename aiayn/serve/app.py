@@ -6,12 +6,16 @@ Routes (all but ``/health`` need the API key when one is set):
                            n-best list, an attention explorer, the model card
     GET  /health           {"status": "ok", ...}
     GET  /v1/model         kind, config, parameters, vocabulary, data, decoding, measured scores
-    POST /v1/translate     {"texts": [...], "beam", "alpha", "nbest"} -> n-best lists, timing
+    POST /v1/translate     {"texts": [...], "beam", "alpha", "nbest", "repetition_penalty",
+                           "no_repeat_ngram_size", "prefixes", "alignments"} -> n-best lists
+                           (alignments: token index pairs), timing
     POST /v1/classify      {"texts": [...]} -> label and probabilities per text
     POST /v1/generate      {"prompt", ...} -> tokens as server-sent events
-    POST /v1/attention     {"text", "beam", "alpha", "rank"} -> tokens and every layer's and
-                           head's attention weights for that translation
-    GET  /docs             OpenAPI (Swagger UI), /openapi.json the schema
+    POST /v1/attention     {"text", "beam", "alpha", "rank", the controls, "prefix"} -> tokens
+                           (and their spans of whole characters) and every layer's and head's
+                           attention weights for that translation
+    GET  /docs             OpenAPI (Swagger UI, served from the package: no CDN),
+                           /openapi.json the schema
 
 Every error is one line of JSON, ``{"error": "..."}``, with its status: 400 malformed JSON, 401
 API key, 404/405 route, 413 body too large, 422 a value out of range (the reason names it; a
@@ -37,9 +41,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.decode import DecodeConfig
 from aiayn.errors import AiaynError
 from aiayn.folder import ModelFolder
 from aiayn.serve.batching import BatchResult, QueueFull, Stopping, TooLarge
@@ -71,7 +77,11 @@ def create_app(
         yield
         service.close()
 
-    app = FastAPI(
+    # Swagger UI (/docs) from fastapi-offline's copy: no CDN, so the API page works on a machine
+    # without internet access. No ReDoc: its page fetches a logo from Redocly's CDN.
+    app = FastAPIOffline(
+        redoc_url=None,
+        static_url="/docs-assets",
         title="aiayn",
         summary="A Transformer model folder served over HTTP (docs/serving.md).",
         description="Limits of this server: "
@@ -119,14 +129,31 @@ _Alpha = Annotated[
 ]
 
 
+_Penalty = Annotated[
+    float | None,
+    Field(strict=True, gt=0.0, le=10.0, allow_inf_nan=False, description="1: off"),
+]
+_NGram = Annotated[int | None, Field(strict=True, ge=0, le=64, description="0: off")]
+
+
 class TranslateBody(BaseModel):
-    """Texts to translate; beam and alpha default to the model folder's settings, nbest to 1."""
+    """Texts to translate; beam and alpha default to the model folder's settings, nbest to 1;
+    the controls of docs/decoding.md (repetition, a forced prefix per text, alignments)."""
 
     model_config = _STRICT
     texts: _Texts
     beam: _Size = None
     alpha: _Alpha = None
     nbest: _Size = None
+    repetition_penalty: _Penalty = None
+    no_repeat_ngram_size: _NGram = None
+    prefixes: Annotated[
+        list[Annotated[str, Field(strict=True)] | None] | None,
+        Field(description="per text the start its translation must have (null: none)"),
+    ] = None
+    alignments: Annotated[
+        bool, Field(strict=True, description="source-output token index pairs per hypothesis")
+    ] = False
 
 
 class ClassifyBody(BaseModel):
@@ -145,6 +172,11 @@ class AttentionBody(BaseModel):
     beam: _Size = None
     alpha: _Alpha = None
     rank: Annotated[int, Field(strict=True, ge=1, description="at most the beam size")] = 1
+    repetition_penalty: _Penalty = None
+    no_repeat_ngram_size: _NGram = None
+    prefix: Annotated[
+        str | None, Field(strict=True, description="the start the translation must have")
+    ] = None
 
 
 class GenerateBody(BaseModel):
@@ -172,11 +204,19 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
     @app.post("/v1/translate", summary="Translate texts (n-best lists with scores)")
     async def translate(body: TranslateBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(body.beam, body.alpha, body.nbest)
-        result = await _answer(service, service.translate(body.texts, decode), start, limits)
+        decode = service.decode_config(
+            body.beam,
+            body.alpha,
+            body.nbest,
+            repetition_penalty=body.repetition_penalty,
+            no_repeat_ngram_size=body.no_repeat_ngram_size,
+            alignments=body.alignments,
+        )
+        queued = service.translate(body.texts, decode, body.prefixes)
+        result = await _answer(service, queued, start, limits)
         return {
             "translations": [{"text": hyps[0]["text"], "nbest": hyps} for hyps in result.outputs],
-            "decode": {"beam": decode.beam, "alpha": decode.alpha, "nbest": decode.nbest},
+            "decode": _settings(decode),
             "timing": _timing(result, start),
         }
 
@@ -189,14 +229,19 @@ def _model_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
     @app.post("/v1/attention", summary="Attention weights of every layer and head")
     async def attention(body: AttentionBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(body.beam, body.alpha, None)
-        maps = await _answer(
-            service, service.attention(body.text, decode, body.rank), start, limits
+        decode = service.decode_config(
+            body.beam,
+            body.alpha,
+            None,
+            repetition_penalty=body.repetition_penalty,
+            no_repeat_ngram_size=body.no_repeat_ngram_size,
         )
+        queued = service.attention(body.text, decode, body.rank, body.prefix)
+        maps = await _answer(service, queued, start, limits)
         return {
             **maps,
             "rank": body.rank,
-            "decode": {"beam": decode.beam, "alpha": decode.alpha},
+            "decode": {k: v for k, v in _settings(decode).items() if k != "nbest"},
             "timing": {"total_ms": _ms(time.monotonic() - start)},
         }
 
@@ -227,6 +272,17 @@ async def _answer(service: ModelService, future: Future, start: float, limits: L
         raise RequestError(422, str(err)) from None
     finally:
         service.batcher.answered()
+
+
+def _settings(decode: DecodeConfig) -> dict[str, Any]:
+    """The decoding settings a translation was made with: beam, alpha, nbest, and the
+    repetition controls when they are on."""
+    out: dict[str, Any] = {"beam": decode.beam, "alpha": decode.alpha, "nbest": decode.nbest}
+    if decode.repetition_penalty != 1.0:
+        out["repetition_penalty"] = decode.repetition_penalty
+    if decode.no_repeat_ngram_size:
+        out["no_repeat_ngram_size"] = decode.no_repeat_ngram_size
+    return out
 
 
 def _ms(seconds: float) -> float:

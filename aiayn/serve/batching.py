@@ -136,6 +136,9 @@ class DynamicBatcher:
         # ``idle_every_s`` (`aiayn serve`: choose torch's threads again for the load then).
         self.on_idle: Callable[[], object] | None = None
         self.idle_s, self.idle_every_s = 1.0, 60.0
+        # A job run on the worker before each batch (`aiayn serve`: choose the threads again
+        # under steady traffic, when the worker is never idle; it spaces its own runs).
+        self.between_batches: Callable[[], object] | None = None
         self._idle_done = time.monotonic()
         self._last_requests = 0  # requests merged into the last batch
         self.requests = 0  # requests started in them
@@ -234,6 +237,7 @@ class DynamicBatcher:
             if idle:  # out of the lock: requests may queue meanwhile
                 self._run_idle_job()
             elif batch:
+                self._run_hook(self.between_batches)
                 try:
                     self._execute(batch)
                 finally:
@@ -258,12 +262,17 @@ class DynamicBatcher:
 
     def _run_idle_job(self) -> None:
         try:
-            if self.on_idle is not None:
-                self.on_idle()
-        except Exception as err:  # the worker goes on
-            log.warning("the idle job failed: %s", err)
+            self._run_hook(self.on_idle)
         finally:
             self._idle_done = time.monotonic()
+
+    def _run_hook(self, job: Callable[[], object] | None) -> None:
+        """``job()`` on the worker, when set; an error is logged and the worker goes on."""
+        try:
+            if job is not None:
+                job()
+        except Exception as err:  # the worker goes on
+            log.warning("the worker's job between batches failed: %s", err)
 
     def _wait_window(self, first: _Request) -> None:
         """Hold the lock-owning worker until ``first``'s window closes (module docstring)."""

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,16 +21,16 @@ from typing import Any
 import torch
 
 from aiayn.config import to_dict
-from aiayn.decode import DecodeConfig
+from aiayn.decode import DecodeConfig, Hypothesis
 from aiayn.decode.generate import check_seed
 from aiayn.errors import ConfigError
 from aiayn.folder import ModelFolder
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
-from aiayn.serve.batching import DynamicBatcher
+from aiayn.serve.batching import BatchResult, DynamicBatcher
 from aiayn.serve.limits import Limits
-from aiayn.threads import DEFAULT_THREADS, threads_for_load, user_threads
-from aiayn.viz.attention import attention_of_translation
+from aiayn.threads import DEFAULT_THREADS, LoadFollower, user_threads
+from aiayn.viz.attention import attention_of_translation, token_labels
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,15 @@ class ModelService:
         threads = torch.get_num_threads()
         self.batcher.call(lambda: torch.set_num_threads(threads))
         if folder.device.type == "cpu" and user_threads() is None:
-            # A server runs for days, and the count chosen at start fits the load of that
-            # moment: idle for a second, at most once a minute, the worker chooses again.
-            self.batcher.on_idle = lambda: threads_for_load(most=DEFAULT_THREADS)
+            self.follow_load()
+
+    def follow_load(self, most: int = DEFAULT_THREADS, busy_every_s: float = 30.0) -> None:
+        """A server runs for days, and the thread count chosen at start fits the load of that
+        moment: the worker chooses again when idle for a second (at most once a minute) and,
+        under steady traffic, between batches at most once per ``busy_every_s``."""
+        follower = LoadFollower(most, busy_every_s)
+        self.batcher.on_idle = follower.choose
+        self.batcher.between_batches = follower.between_batches
 
     def close(self) -> None:
         self.batcher.close()
@@ -99,10 +106,12 @@ class ModelService:
             raise RequestError(422, f"{name}: at most {limit:g} on this server, got {value:g}")
 
     def decode_config(
-        self, beam: int | None, alpha: float | None, nbest: int | None
+        self, beam: int | None, alpha: float | None, nbest: int | None, **controls: Any
     ) -> DecodeConfig:
         """The folder's own decoding settings, with what the request overrides (workers 1: the
-        batcher's one thread decodes); 422 beyond --max-beam or --max-alpha."""
+        batcher's one thread decodes); 422 beyond --max-beam or --max-alpha. ``controls``:
+        DecodeConfig fields (repetition_penalty, no_repeat_ngram_size, alignments), None left
+        out; alignments a backend without attention weights cannot give are a 422 naming it."""
         self.check_at_most("beam", beam, self.limits.max_beam)
         self.check_at_most("nbest", nbest, self.limits.max_beam)
         self.check_at_most("alpha", alpha, self.limits.max_alpha)
@@ -112,7 +121,18 @@ class ModelService:
         if nbest > beam:
             raise RequestError(422, f"nbest ({nbest}) must be at most beam ({beam})")
         alpha = base.alpha if alpha is None else alpha
-        return dataclasses.replace(base, beam=beam, alpha=alpha, nbest=nbest, workers=1)
+        chosen = {k: v for k, v in controls.items() if v is not None}
+        if chosen.get("alignments"):
+            try:
+                require(self.folder.backend, "attention", "alignments need a PyTorch model")
+            except Unsupported as err:
+                raise RequestError(422, f"alignments: {err}") from None
+        try:
+            return dataclasses.replace(
+                base, beam=beam, alpha=alpha, nbest=nbest, workers=1, **chosen
+            )
+        except ConfigError as err:
+            raise RequestError(422, str(err)) from None
 
     def check_texts(self, texts: Sequence[str], cut: bool = False) -> int:
         """422 for an empty text or one past the token limit (``cut``: no limit, the text is cut
@@ -131,12 +151,42 @@ class ModelService:
                 )
         return sum(min(n, self.max_text_tokens) for n in lengths)
 
-    def translate(self, texts: Sequence[str], decode: DecodeConfig) -> Future:
+    def translate(
+        self,
+        texts: Sequence[str],
+        decode: DecodeConfig,
+        prefixes: Sequence[str | None] | None = None,
+    ) -> Future:
         """Queue ``texts`` for translation; the result's outputs are, per text, its n-best list
-        of ``{"text", "score", "log_prob"}``."""
+        of ``{"text", "score", "log_prob"}`` (and ``"alignment"``, ``"src_tokens"``,
+        ``"tokens"`` with ``decode.alignments``). With ``prefixes`` (per text the start its
+        translation must have) the request runs as a batch of its own."""
         self.require("translate")
         cost = self.check_texts(texts)
-        return self.batcher.submit(("translate", decode), texts, cost)
+        if prefixes is None:
+            return self.batcher.submit(("translate", decode), texts, cost)
+        self._check_prefixes(texts, prefixes)
+        arrived = time.monotonic()
+
+        def alone() -> BatchResult:
+            start = time.monotonic()
+            outputs = self._translations(texts, decode, prefixes)
+            return BatchResult(outputs, start - arrived, time.monotonic() - start, 1, len(texts))
+
+        return self.batcher.call(alone)
+
+    def _check_prefixes(self, texts: Sequence[str], prefixes: Sequence[str | None] | None) -> None:
+        """422 for prefixes that are not one per text, or one past the token limit."""
+        if prefixes is None:
+            return
+        if len(prefixes) != len(texts):
+            raise RequestError(422, f"prefixes: one per text ({len(texts)}), got {len(prefixes)}")
+        for i, prefix in enumerate(prefixes):
+            n = len(self.folder.tokenizer.encode(prefix)) if prefix else 0
+            if n > self.max_text_tokens:
+                raise RequestError(
+                    422, f"prefixes[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
+                )
 
     def classify(self, texts: Sequence[str]) -> Future:
         """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text. A long
@@ -145,16 +195,20 @@ class ModelService:
         cost = self.check_texts(texts, cut=True)
         return self.batcher.submit(("classify",), texts, cost)
 
-    def attention(self, text: str, decode: DecodeConfig, rank: int) -> Future:
-        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best)."""
+    def attention(
+        self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None
+    ) -> Future:
+        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best;
+        ``prefix``: the start it must have)."""
         self.require("attention")
         self.check_texts([text])
+        self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
         model, tokenizer = self.folder.model, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
-                model, tokenizer, text, decode=decode, rank=rank
+                model, tokenizer, text, decode=decode, rank=rank, prefix=prefix
             ).to_dict()
         )
 
@@ -184,17 +238,32 @@ class ModelService:
     def _run(self, key: Hashable, inputs: list[Any]) -> list[Any]:
         what = key[0]  # type: ignore[index]
         if what == "translate":
-            decode = key[1]  # type: ignore[index]
-            return [
-                [
-                    {"text": text, "score": _finite(h.score), "log_prob": _finite(h.log_prob)}
-                    for text, h in hyps
-                ]
-                for hyps in self.folder.translate_hypotheses(inputs, decode)
-            ]
+            return self._translations(inputs, key[1])  # type: ignore[index]
         if what == "classify":
             return list(self.folder.classify(inputs))
         raise ValueError(f"unknown batch key {key!r}")
+
+    def _translations(
+        self,
+        texts: Sequence[str],
+        decode: DecodeConfig,
+        prefixes: Sequence[str | None] | None = None,
+    ) -> list[list[dict[str, Any]]]:
+        """Per text its n-best list as the API answers it."""
+        lines = self.folder.translate_hypotheses(texts, decode, prefixes=prefixes)
+        out = []
+        for text, hyps in zip(texts, lines):
+            src = token_labels(self.folder.tokenizer, self.folder.tokenizer.encode(text))
+            out.append([self._hypothesis(t, h, src) for t, h in hyps])
+        return out
+
+    def _hypothesis(self, text: str, h: Hypothesis, src: list[str]) -> dict[str, Any]:
+        """One hypothesis as JSON; with its alignment, the token labels its indices point at."""
+        out = {"text": text, "score": _finite(h.score), "log_prob": _finite(h.log_prob)}
+        if h.alignment is not None:
+            tokens = token_labels(self.folder.tokenizer, h.tokens)
+            out.update(alignment=[list(p) for p in h.alignment], src_tokens=src, tokens=tokens)
+        return out
 
     # ---- GET /v1/model ------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Shape legend: S source len · T target len (decoder inputs: BOS + produced tokens) · H heads.
 
-:func:`record_attention` runs the model once with ``attn_record`` lists, which makes every layer
+:func:`~aiayn.decode.align.record_attention` runs the model once with ``attn_record`` lists, which makes every layer
 take the explicit-math path (:func:`aiayn.model.attention.attention_weights`) and keep its weights:
 encoder self-attention, decoder (masked) self-attention and encoder–decoder ("cross") attention.
 :func:`plot_attention` draws them, one panel per (kind, layer, head); a row of the figure is one
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.decode.align import AttentionMaps, record_attention
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import AiaynError
 from aiayn.folder import load_model_folder
@@ -45,52 +45,6 @@ LEGEND = (
     "enc-dec: decoder queries over the encoder output.  Rows: queries, columns: keys; "
     "colour: attention weight, 0 to 1."
 )
-
-
-@dataclass
-class AttentionMaps:
-    """Per-layer attention weights of one sentence pair, batch dimension removed.
-
-    ``encoder[l]`` (H, S, S), ``decoder[l]`` (H, T, T), ``cross[l]`` (H, T, S).
-    """
-
-    encoder: list[Tensor]
-    decoder: list[Tensor]
-    cross: list[Tensor]
-
-    def of(self, kind: str) -> list[Tensor]:
-        return getattr(self, kind)
-
-
-@torch.no_grad()
-def record_attention(
-    model: Transformer, src_ids: Sequence[int] | Tensor, tgt_ids: Sequence[int] | Tensor
-) -> AttentionMaps:
-    """Attention weights of ``model`` (a :class:`aiayn.model.Transformer`) for one pair.
-
-    ``src_ids`` are the source ids as the model encodes them; ``tgt_ids`` the decoder inputs
-    (BOS followed by the tokens it produced). The model is run in eval mode (no dropout), the
-    same computation that produced the translation.
-    """
-    device = next(model.parameters()).device
-    src = torch.as_tensor(src_ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, S)
-    tgt = torch.as_tensor(tgt_ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, T)
-    if src.size(1) == 0 or tgt.size(1) == 0:
-        raise AiaynError("attention needs at least one source and one target token")
-    was_training = model.training
-    model.eval()
-    try:
-        enc_record: list = []
-        dec_record: list = []
-        memory = model.encode(src, attn_record=enc_record)  # (1, S, D)
-        model.decode(tgt, memory, model.src_mask(src), attn_record=dec_record)
-    finally:
-        model.train(was_training)
-    return AttentionMaps(
-        encoder=[w[0].float().cpu() for _, w in enc_record],  # each (H, S, S)
-        decoder=[w[0].float().cpu() for kind, w in dec_record if kind == "self"],  # (H, T, T)
-        cross=[w[0].float().cpu() for kind, w in dec_record if kind == "cross"],  # (H, T, S)
-    )
 
 
 def _select(requested: Sequence[int] | None, available: int, what: str) -> list[int]:
@@ -191,6 +145,9 @@ class TranslationAttention:
     tgt_tokens: list[str]  # T labels: <s>, then the produced pieces (the decoder inputs)
     maps: AttentionMaps
     score: float = float("nan")  # the hypothesis's search score (log-prob / length penalty)
+    # [first, count, label]: the pieces of whole characters, for display (character_spans)
+    src_spans: list[list] = dataclasses.field(default_factory=list)
+    tgt_spans: list[list] = dataclasses.field(default_factory=list)
 
     def to_dict(self, digits: int = 4) -> dict:
         """Plain lists for JSON: ``encoder[l][h][i][j]`` is the weight of query i on key j in
@@ -204,6 +161,8 @@ class TranslationAttention:
             score=self.score,
             src_tokens=self.src_tokens,
             tgt_tokens=self.tgt_tokens,
+            src_spans=self.src_spans,
+            tgt_spans=self.tgt_spans,
             encoder=lists(self.maps.encoder),
             decoder=lists(self.maps.decoder),
             cross=lists(self.maps.cross),
@@ -213,15 +172,41 @@ class TranslationAttention:
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     """A readable label per id: special tokens by name, a piece as the text it decodes to, a
     leading space (a word start) shown as '▁'."""
-    labels = []
-    for i in ids:
-        special = tokenizer.special_name(i)
-        if special is not None:
-            labels.append(special)
-            continue
-        text = tokenizer.decode([i]).replace("\n", "\\n")
-        labels.append("▁" + text[1:] if text.startswith(" ") else text)
-    return labels
+    return [_label(tokenizer, [i]) for i in ids]
+
+
+def _label(tokenizer, ids: Sequence[int]) -> str:
+    """The label of one piece, or of the pieces of one character (:func:`character_spans`)."""
+    special = tokenizer.special_name(ids[0]) if len(ids) == 1 else None
+    if special is not None:
+        return special
+    text = tokenizer.decode(list(ids)).replace("\n", "\\n")
+    return "▁" + text[1:] if text.startswith(" ") else text
+
+
+def character_spans(tokenizer, ids: Sequence[int], longest: int = 8) -> list[list]:
+    """The pieces of ``ids`` grouped into whole characters, for display: ``[first, count,
+    label]`` per group. Byte-level BPE cuts a character outside its training text (a Chinese
+    character, an emoji) into pieces that each decode to "�"; consecutive pieces are grouped
+    until they decode to whole characters (at most ``longest``; a piece that never completes
+    stays alone). Other pieces are groups of one, labelled as :func:`token_labels` does."""
+    spans: list[list] = []
+    i = 0
+    while i < len(ids):
+        n = 1
+        if tokenizer.special_name(ids[i]) is None:
+            while (
+                "\ufffd" in tokenizer.decode(list(ids[i : i + n]))
+                and i + n < len(ids)
+                and n < longest
+                and tokenizer.special_name(ids[i + n]) is None
+            ):
+                n += 1
+            if "\ufffd" in tokenizer.decode(list(ids[i : i + n])):
+                n = 1
+        spans.append([i, n, _label(tokenizer, ids[i : i + n])])
+        i += n
+    return spans
 
 
 def attention_of_translation(
@@ -231,6 +216,7 @@ def attention_of_translation(
     beam: int | None = None,
     decode=None,
     rank: int = 1,
+    prefix: str | None = None,
 ) -> TranslationAttention:
     """Translate ``text`` with :func:`aiayn.decode.translate_ids`, then record the attention of the
     model re-reading its own output (teacher forcing over BOS + the produced tokens): the same
@@ -238,7 +224,8 @@ def attention_of_translation(
 
     ``decode`` (a :class:`~aiayn.decode.DecodeConfig`, default: its defaults, the paper's beam
     search) sets the search; ``beam`` overrides its beam size (1: greedy). ``rank`` picks the
-    hypothesis of the n-best list (1: the best). An :class:`~aiayn.decode.Ensemble` translates
+    hypothesis of the n-best list (1: the best); ``prefix``, the start the translation must have
+    (:func:`~aiayn.decode.step.force_prefix`). An :class:`~aiayn.decode.Ensemble` translates
     as one model; the weights shown are then those of its first model reading that translation.
     """
     decode = decode or DecodeConfig()
@@ -253,7 +240,8 @@ def attention_of_translation(
     (src,) = encode_sources(tokenizer, [text], cfg.max_len)
     if not src:
         raise AiaynError("--text is empty: give a sentence to translate")
-    hyps = translate_ids(model, [src], decode)[0]  # the one sentence's n-best list
+    forced = [tokenizer.encode(prefix)] if prefix and prefix.strip() else None
+    hyps = translate_ids(model, [src], decode, prefixes=forced)[0]  # the sentence's n-best
     chosen = hyps[min(rank, len(hyps)) - 1]
     # The decoder inputs the search fed: BOS and every token but one cut at the length cap (the
     # last token of an unfinished hypothesis was produced, never read).
@@ -267,6 +255,8 @@ def attention_of_translation(
         token_labels(tokenizer, tgt),
         record_attention(reader, src, tgt),
         chosen.score,
+        character_spans(tokenizer, src),
+        character_spans(tokenizer, tgt),
     )
 
 

@@ -125,12 +125,26 @@ function timingLine(t) {
     ` in a batch of ${t.batch_texts} text${t.batch_texts > 1 ? "s" : ""} from ${t.batch_requests} request${t.batch_requests > 1 ? "s" : ""})`;
 }
 
+// The decoding controls set on the page (left out when off: the server's defaults apply).
+function controls() {
+  const c = {};
+  const ngram = intOf("no-repeat");
+  const penalty = numOf("rep-penalty");
+  if (ngram > 0) c.no_repeat_ngram_size = ngram;
+  if (isFinite(penalty) && penalty !== 1) c.repetition_penalty = penalty;
+  return c;
+}
+
 async function translate(text) {
   const beam = intOf("beam");
   const nbest = Math.min(intOf("nbest-n") || 1, beam || 1);
-  const body = { texts: [text], beam, alpha: numOf("alpha"), nbest };
+  const prefix = $("prefix").value;
+  const body = { texts: [text], beam, alpha: numOf("alpha"), nbest, ...controls() };
+  if (prefix.trim()) body.prefixes = [prefix];
+  if ($("alignments").checked) body.alignments = true;
   const data = await api("v1/translate", body);
   const t = data.translations[0];
+  showAlignment(t.nbest[0]);
   $("result").hidden = false;
   $("output").textContent = t.text;
   const items = t.nbest.map((h, i) => {
@@ -144,14 +158,22 @@ async function translate(text) {
       const button = document.createElement("button");
       button.className = "small";
       button.textContent = "attention";
-      button.addEventListener("click", () => loadAttention(text, body.beam, body.alpha, i + 1));
+      button.addEventListener("click", () => loadAttention(text, body, i + 1));
       li.append(" ", button);
     }
     return li;
   });
   $("nbest").replaceChildren(...items);
   $("timing").textContent = timingLine(data.timing);
-  if (hasAttention()) await loadAttention(text, body.beam, body.alpha, 1);
+  if (hasAttention()) await loadAttention(text, body, 1);
+}
+
+// The best hypothesis's alignment, when asked for: "source piece → output piece" per output token.
+function showAlignment(h) {
+  const p = $("alignment");
+  p.hidden = !h.alignment;
+  if (!h.alignment) return;
+  p.textContent = "alignment: " + h.alignment.map(([i, j]) => `${h.src_tokens[i]}→${h.tokens[j]}`).join(" · ");
 }
 
 // An exported model (ONNX, CTranslate2) has no attention to show.
@@ -216,8 +238,10 @@ async function generate(prompt) {
 
 // ---- the attention explorer -------------------------------------------------------------------
 
-async function loadAttention(text, beam, alpha, rank) {
-  const data = await api("v1/attention", { text, beam, alpha, rank });
+async function loadAttention(text, asked, rank) {
+  const body = { text, beam: asked.beam, alpha: asked.alpha, rank, ...controls() };
+  if (asked.prefixes) body.prefix = asked.prefixes[0];
+  const data = await api("v1/attention", body);
   state.attention = data;
   $("attention").hidden = false;
   $("att-for").textContent = `of hypothesis ${rank}: “${data.translation}”`;
@@ -244,33 +268,50 @@ function colour(w) {
   return `rgb(${c[0]}, ${c[1]}, ${c[2]})`;
 }
 
+// Per token, its display label: the whole character its byte-level pieces make (spans from the
+// server: [first, count, label]), with the piece's place when a character has several.
+function pieceLabels(spans) {
+  const labels = [];
+  for (const [, count, label] of spans) {
+    for (let k = 0; k < count; k++) labels.push(count > 1 ? `${label} (piece ${k + 1}/${count})` : label);
+  }
+  return labels;
+}
+
+// A header cell per span: a character of several pieces spans their columns (rows).
+function spanCell(span, axis) {
+  const th = document.createElement("th");
+  th.textContent = span[2];
+  th.dataset.from = span[0];
+  th.dataset.to = span[0] + span[1];
+  if (span[1] > 1) th[axis === "col" ? "colSpan" : "rowSpan"] = span[1];
+  return th;
+}
+
 function drawHeatmap() {
   const a = state.attention;
   const kind = $("att-kind").value;
   const layer = parseInt($("att-layer").value, 10) - 1;
   const head = parseInt($("att-head").value, 10) - 1;
-  const rowsOf = { encoder: a.src_tokens, decoder: a.tgt_tokens, cross: a.tgt_tokens };
-  const colsOf = { encoder: a.src_tokens, decoder: a.tgt_tokens, cross: a.src_tokens };
+  const src = a.src_spans;
+  const tgt = a.tgt_spans;
+  const rowSpans = { encoder: src, decoder: tgt, cross: tgt }[kind];
+  const colSpans = { encoder: src, decoder: tgt, cross: src }[kind];
   const weights = a[kind][layer][head]; // (rows, cols)
-  const queries = rowsOf[kind];
-  const keys = colsOf[kind];
+  const queries = pieceLabels(rowSpans);
+  const keys = pieceLabels(colSpans);
   const table = $("heatmap");
   const head_ = table.createTHead();
   head_.replaceChildren();
   const top = head_.insertRow();
   top.append(document.createElement("th"));
-  for (const k of keys) {
-    const th = document.createElement("th");
-    th.textContent = k;
-    top.append(th);
-  }
+  for (const span of colSpans) top.append(spanCell(span, "col"));
+  const starts = new Map(rowSpans.map((span) => [span[0], span]));
   const body = table.tBodies[0] || table.createTBody();
   body.replaceChildren();
   weights.forEach((row, i) => {
     const tr = body.insertRow();
-    const th = document.createElement("th");
-    th.textContent = queries[i];
-    tr.append(th);
+    if (starts.has(i)) tr.append(spanCell(starts.get(i), "row"));
     row.forEach((w, j) => {
       const td = tr.insertCell();
       td.style.background = colour(w);
@@ -290,8 +331,9 @@ function hover(event) {
   const j = +td.dataset.col;
   const table = $("heatmap");
   for (const th of table.querySelectorAll("th.on")) th.classList.remove("on");
-  table.tHead.rows[0].cells[j + 1].classList.add("on");
-  table.tBodies[0].rows[i].cells[0].classList.add("on");
+  const covers = (th, k) => +th.dataset.from <= k && k < +th.dataset.to;
+  for (const th of table.tHead.rows[0].cells) if (covers(th, j)) th.classList.add("on");
+  for (const th of table.tBodies[0].querySelectorAll("th")) if (covers(th, i)) th.classList.add("on");
   $("att-value").textContent = td.title;
 }
 
