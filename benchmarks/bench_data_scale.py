@@ -4,6 +4,8 @@ parallel corpora of WMT-like lengths. Not a test: a measurement for docs/data.md
     python benchmarks/bench_data_scale.py [--sizes 100000 1000000 5000000] [--steps 30] [--ddp]
     python benchmarks/bench_data_scale.py --smoke      # tiny sizes, every code path, seconds
 
+With ``--work DIR`` the corpora stay in DIR, and a later run with the same DIR reuses them.
+
 For each size N it writes N training pairs (and 1,000 validation pairs) as your own files: words
 drawn from a Zipf-distributed 60,000-word vocabulary, source lengths log-normal with a mean of
 ~25 words (WMT14 En-De's is ~23 for English), the target 0.8-1.25 times as long. Then:
@@ -53,11 +55,19 @@ RECIPE = str(ROOT / "configs/multi30k_demo.toml")
 # ---- corpus ---------------------------------------------------------------------------------------
 
 def write_corpus(folder: Path, n: int, n_valid: int = N_VALID, seed: int = 0) -> dict[str, str]:
-    """N synthetic pairs of WMT-like lengths as own files; returns the data.* keys."""
+    """N synthetic pairs of WMT-like lengths as own files; returns the data.* keys. A corpus that
+    an earlier run wrote into the same ``--work`` folder with the same sizes and seed is reused
+    (``corpus.json`` is written last, so a half-written corpus is written again)."""
+    record = folder / "corpus.json"
+    wanted = {"pairs": n, "valid": n_valid, "seed": seed}
+    keys = {f"data.{split}_{side}": str(folder / f"{split}.{side}")
+            for split in ("train", "valid") for side in ("src", "tgt")}
+    if record.is_file() and json.loads(record.read_text()) == wanted:
+        return keys
+    record.unlink(missing_ok=True)
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words = ["".join(rng.choice(letters, size=k)) for k in rng.integers(2, 10, size=60_000)]
-    keys = {}
     for split, count in (("train", n), ("valid", n_valid)):
         paths = {side: folder / f"{split}.{side}" for side in ("src", "tgt")}
         with open(paths["src"], "w", encoding="utf-8") as fs, open(paths["tgt"], "w", encoding="utf-8") as ft:
@@ -69,7 +79,7 @@ def write_corpus(folder: Path, n: int, n_valid: int = N_VALID, seed: int = 0) ->
                     ids = (rng.zipf(1.3, size=int(lengths.sum())) - 1) % len(words)
                     cuts = np.cumsum(lengths)[:-1]
                     f.write("".join(" ".join(words[i] for i in row) + "\n" for row in np.split(ids, cuts)))
-        keys.update({f"data.{split}_{side}": str(p) for side, p in paths.items()})
+    record.write_text(json.dumps(wanted))
     return keys
 
 
@@ -253,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         row["speed"] = measure_tokens_per_s(keys, args.smoke, steps)
         results["sizes"].append(row)
         print(json.dumps(row), flush=True)
-        shutil.rmtree(folder, ignore_errors=True)
+        if not args.work:  # a --work folder keeps its corpora for the next run
+            shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(cache / "stores", ignore_errors=True)
     results["load_average_end"] = os.getloadavg()
     default = work / "data_scale.json" if args.smoke else ROOT / "docs/experiments/data_scale.json"

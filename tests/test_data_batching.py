@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 
 import numpy as np
 import pytest
@@ -162,15 +161,15 @@ def test_collate_classification():
 
 
 @needs_mirror
-def test_multi30k_tokenise_and_batch_under_10_seconds(use_real_cache, multi30k_bpe):
+def test_multi30k_tokenise_and_batch(use_real_cache, multi30k_bpe):
+    """All of Multi30k train tokenised and batched within the token budget, little padding.
+    (How long it takes is `aiayn data stats`'s to report, not a test's: on a shared CI machine a
+    time limit fails at random; it once took 16 s under load against 2.2 s idle.)"""
     cfg = DataConfig(dataset="multi30k", max_tokens=4096)
-    start = time.perf_counter()
     train, valid = prepare_translation(cfg, multi30k_bpe)  # read + tokenise train and val
     sampler = TokenBatchSampler(*pair_lengths(train), max_tokens=cfg.max_tokens, seed=cfg.seed)
     batches = [collate_translation([train[i] for i in b]) for b in sampler]
-    elapsed = time.perf_counter() - start
     assert len(train) == 29000 and len(valid) == 1014  # nothing over max_len=256 in Multi30k
     assert sum(len(b) for b in batches) == 29000
     assert all(b.src.numel() <= 4096 and b.tgt_in.numel() <= 4096 for b in batches)
     assert padding_fraction(sampler) < 0.10
-    assert elapsed < 10.0, f"tokenising and batching Multi30k train took {elapsed:.1f} s"
