@@ -69,6 +69,15 @@ def _room(t: Tensor) -> int:
     return room if room >= t.size(2) and t.stride() == (H * room * K, room * K, K, 1) else 0
 
 
+def whole_buffer(t: Tensor) -> Tensor:
+    """The contiguous (B, H, R, K) buffer whose first t positions the (B, H, t, K) view ``t``
+    is, R its room; a contiguous copy of ``t`` when it is no such view (a tensor set by hand)."""
+    room = _room(t)
+    if not room:
+        return t.contiguous()
+    return t.as_strided((t.size(0), t.size(1), room, t.size(3)), t.stride())
+
+
 def _buffer_like(t: Tensor, rows: int, room: int) -> Tensor:
     """An empty (rows, H, room, K) buffer for t's keys or values."""
     return t.new_empty(rows, t.size(1), room, t.size(3))
