@@ -228,6 +228,12 @@ class ModelFolder:
                 f"--bf16 applies to PyTorch models; {self.path} holds a '{self.engine}' export: "
                 "export with --quantization instead",
             )
+        if cfg.compile:
+            require(
+                self.backend,
+                "compile",
+                f"--compile applies to PyTorch models; {self.path} holds a '{self.engine}' export",
+            )
         sources = encode_sources(self.tokenizer, texts, self.backend.cfg.max_len)
         with precision(self.device, cfg.bf16):
             hyps = self.backend.translate_ids(sources, cfg, progress)

@@ -23,7 +23,7 @@ from aiayn.model.compiled import (
     FIRST_COMPILED_STEP,
     CompiledDecoding,
     CompiledStep,
-    DecoderStep,
+    EagerRunner,
     compiled_step,
     package_key,
 )
@@ -32,20 +32,6 @@ from aiayn.runtime.torch_backend import TorchBackend
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = dict(atol=1e-5, rtol=0)
 V = 23
-
-
-class EagerRunner:
-    """The package's calling convention (``run(list of tensors) -> list of tensors``) over the
-    step module run eagerly: the compiled graph's own Python source."""
-
-    def __init__(self, model: Transformer) -> None:
-        self.step = DecoderStep(model)
-        self.calls = 0
-
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        assert all(t.is_contiguous() for t in inputs)  # what the package assumes of its inputs
-        self.calls += 1
-        return list(self.step(*inputs))
 
 
 def tiny(**kw) -> Transformer:

@@ -45,7 +45,14 @@ from aiayn.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DecoderStep", "CompiledStep", "CompiledDecoding", "compiled_step", "package_key"]
+__all__ = [
+    "DecoderStep",
+    "EagerRunner",
+    "CompiledStep",
+    "CompiledDecoding",
+    "compiled_step",
+    "package_key",
+]
 
 # Bump when DecoderStep's inputs, outputs or computation change: cached packages are keyed on it.
 STEP_VERSION = 1
@@ -247,6 +254,22 @@ def _shape_fits(tgt: Tensor, cache: DecoderCache) -> bool:
         and room <= LIMITS["room"]
         and cache.layers[0].cross_k.size(2) <= LIMITS["source"]  # type: ignore[union-attr]
     )
+
+
+class EagerRunner:
+    """:class:`DecoderStep` run eagerly behind the package's calling convention (``run(list of
+    tensors) -> list of tensors``): what a package computes, without compiling it (the tests'
+    and benchmarks' reference). Refuses what the package would misread: a non-contiguous input."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.step = DecoderStep(model)
+        self.calls = 0
+
+    def run(self, inputs: list[Tensor]) -> list[Tensor]:
+        if not all(t.is_contiguous() for t in inputs):
+            raise ValueError("a compiled step reads its inputs as contiguous tensors")
+        self.calls += 1
+        return list(self.step(*inputs))
 
 
 class CompiledStep:

@@ -34,7 +34,7 @@ class TorchBackend:
 
     name = "torch"
     capabilities = frozenset(
-        {"translate", "nbest", "ensemble", "attention", "bf16", "generate", "classify"}
+        {"translate", "nbest", "ensemble", "attention", "bf16", "compile", "generate", "classify"}
     )
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
