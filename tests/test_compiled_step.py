@@ -151,6 +151,19 @@ def test_compile_is_refused_in_one_line_where_it_cannot_run(model, cfg):
         backend.translate_ids([[5, 6, 2]], cfg)
 
 
+def test_a_cache_it_cannot_write_or_a_damaged_package_is_one_line(tmp_path):
+    model = tiny()
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ConfigError, match="compiling the decoder step into .* failed: ") as e:
+        compiled_step(model, tmp_path / "file" / "compiled")
+    assert "\n" not in str(e.value)
+    damaged = tmp_path / f"decoder-step-{package_key(model, 1)}.pt2"
+    damaged.write_bytes(b"half a package")
+    with pytest.raises(ConfigError, match="is not a package this torch can load") as e:
+        compiled_step(model, tmp_path)
+    assert "\n" not in str(e.value) and damaged.read_bytes() == b"half a package"
+
+
 @pytest.mark.slow
 @torch.no_grad()
 def test_the_compiled_package_decodes_what_the_module_code_decodes(tmp_path, monkeypatch):

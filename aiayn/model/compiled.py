@@ -38,6 +38,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.model.cache import DecoderCache, whole_buffer
 from aiayn.model.layers import DecoderLayer, Residual
@@ -238,9 +239,21 @@ def compiled_step(
         torch.set_num_threads(threads)  # inductor's kernels take the thread count compiled in
         try:
             _build(model, path)
+        except (OSError, RuntimeError) as e:  # inductor's and the C++ compiler's errors included
+            raise ConfigError(f"decode.compile: compiling the decoder step into {path} failed: "
+                              f"{_first_line(e)}") from None  # fmt: skip
         finally:
             torch.set_num_threads(before)
-    return CompiledStep(model, _load(path, runners))
+    try:
+        return CompiledStep(model, _load(path, runners))
+    except RuntimeError as e:
+        raise ConfigError(f"decode.compile: {path} is not a package this torch can load "
+                          f"(delete it to compile again): {_first_line(e)}") from None  # fmt: skip
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def _shape_fits(tgt: Tensor, cache: DecoderCache) -> bool:
