@@ -179,11 +179,12 @@ def test_the_compiled_package_decodes_what_the_module_code_decodes(tmp_path, mon
     monkeypatch.setattr(compiled_module, "_build", lambda *a: pytest.fail("compiled again"))
     again = CompiledDecoding(model, compiled_step(model, tmp_path))
     assert_same_search(search(again, src, 4), search(model, src, 4))
-    # The backend's decode.compile goes the same way (its cache directory: $AIAYN_CACHE).
+    # The backend's decode.compile goes the same way (its cache directory: $AIAYN_CACHE), with
+    # two workers calling the package at once (one batch of at most 8 tokens each).
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path.parent / "cache"))
     monkeypatch.setattr(compiled_module, "_build", _copy_of(packages[0]))
     backend = TorchBackend(model, torch.device("cpu"))
-    cfg = DecodeConfig(beam=4, nbest=2)
+    cfg = DecodeConfig(beam=4, nbest=2, workers=2, max_tokens=8)
     ids = [s[s != 0].tolist() for s in src]
     plain = backend.translate_ids(ids, cfg)
     compiled = backend.translate_ids(ids, replace(cfg, compile=True))

@@ -42,6 +42,7 @@ from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.model.cache import DecoderCache, whole_buffer
 from aiayn.model.layers import DecoderLayer, Residual
+from aiayn.model.packed import pack
 from aiayn.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -345,12 +346,18 @@ class CompiledDecoding:
         self.model = model
         self.step = step
         self.cfg = model.cfg
+        # The output projection packed once, not once per decoding (1.7 ms, a sentence's 2% at
+        # batch 1): like the package, it holds the weights as they were when it was made.
+        with torch.no_grad():
+            self.output = pack(model.generator.weight, model.generator.bias)
 
     def encode(self, src: Tensor) -> Tensor:
         return self.model.encode(src)
 
     def init_cache(self, memory: Tensor, src: Tensor | None = None) -> DecoderCache:
-        return self.model.init_cache(memory, src=src)
+        cache = self.model.init_cache(memory, src=src)
+        cache.output = self.output
+        return cache
 
     def log_probs(self, tgt: Tensor, memory: Tensor, cache: DecoderCache) -> Tensor:
         """Shape: tgt (N, T) -> (N, T, V) float32, as :meth:`Transformer.log_probs`."""

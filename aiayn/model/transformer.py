@@ -189,8 +189,9 @@ class Transformer(nn.Module):
             cache.length += tgt.size(1)
         if features_only:
             return h  # (B, T, D)
-        if cache is not None and offset == 0:
-            # once per decoding, in its precision; the bias is final_logits_bias (or None)
+        if cache is not None and offset == 0 and cache.output is None:
+            # once per decoding (unless the cache came with one), in its precision; the bias is
+            # final_logits_bias (or None)
             cache.output = pack(self.generator.weight, self.generator.bias)
         return self.logits(h, cache.output if cache is not None else None)  # (B, T, V)
 
