@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.export import Dim
 
 from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
@@ -165,8 +166,6 @@ def _example(model: Transformer) -> tuple[Tensor, ...]:
 
 def export_step(model: Transformer) -> Any:
     """``torch.export`` of :class:`DecoderStep` with B, g, t, R and S dynamic."""
-    from torch.export import Dim
-
     n = len(model.decoder.layers)
     B = Dim("sentences", min=1, max=LIMITS["sentences"])
     g = Dim("beam", min=1, max=LIMITS["beam"])
