@@ -256,6 +256,12 @@ class ModelFolder:
                 "alignments are read from a PyTorch model's cross-attention: use the model "
                 "folder it was exported from, with --engine torch",
             )
+        if cfg.compile:
+            require(
+                self.backend,
+                "compile",
+                f"--compile applies to PyTorch models; {self.path} holds a '{self.engine}' export",
+            )
 
     def _prefix_ids(
         self, texts: Sequence[str], prefixes: Sequence[str | None] | None

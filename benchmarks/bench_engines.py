@@ -1,6 +1,7 @@
-"""One trained model, six ways to run it: speed, latency, BLEU, peak memory and size on disk.
+"""One trained model, seven ways to run it: speed, latency, BLEU, peak memory and size on disk.
 
-Native PyTorch fp32, native bf16 autocast, native int8 (dynamic quantization of the linear layers
+Native PyTorch fp32, native fp32 with the decoder step compiled (``decode.compile``: AOTInductor,
+compiled before the rounds and cached in $AIAYN_CACHE), native bf16 autocast, native int8 (dynamic quantization of the linear layers
 that run as modules; measured, not shipped: docs/decoding.md), ONNX Runtime fp32 (aiayn's search
 over the exported graphs), CTranslate2 float32 and int8 (its own beam search) translate the same
 test set with the same beam and length penalty. Every engine ranks finished hypotheses by
@@ -32,19 +33,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = (
     "native fp32",
+    "native fp32 compiled",
     "native bf16",
     "native int8",
     "onnxruntime fp32",
     "ctranslate2 float32",
     "ctranslate2 int8",
 )
-NATIVE = ("native fp32", "native bf16", "native int8")
+NATIVE = ("native fp32", "native fp32 compiled", "native bf16", "native int8")
+COMPILED = "native fp32 compiled"  # decode.compile: its package is compiled before the rounds
 REFERENCE = "ctranslate2 float32"  # the engine the ratios are taken against
 BEGIN, END = "<!-- engines:begin (benchmarks/bench_engines.py) -->", "<!-- engines:end -->"
 
@@ -77,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "engines.json"))
     p.add_argument("--doc", default=str(ROOT / "docs" / "decoding.md"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine, print JSON
-    p.add_argument("--mode", default="batch", help=argparse.SUPPRESS)  # batch | latency
+    p.add_argument("--mode", default="batch", help=argparse.SUPPRESS)  # batch | latency | prepare
     p.add_argument("--folder", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -141,6 +145,7 @@ def run_one(args: argparse.Namespace) -> dict:
         length_penalty=args.length_penalty,
         workers=workers,
         bf16=args.worker == "native bf16",
+        compile=args.worker == COMPILED,
         **({"max_tokens": args.max_tokens} if args.max_tokens else {}),
     )
     start = time.perf_counter()
@@ -148,6 +153,11 @@ def run_one(args: argparse.Namespace) -> dict:
     if args.worker == "native int8":
         folder.backend.model = quantize_int8(folder.model)  # the torch backend runs it
     loaded = time.perf_counter() - start
+    if args.mode == "prepare":  # compile the decoder step into $AIAYN_CACHE (or load it)
+        folder.backend.compiled(cfg)  # for the batches' threads per worker
+        torch.set_num_threads(args.latency_threads)
+        folder.backend.compiled(replace(cfg, workers=1))  # and for batch 1's
+        return {"compile_seconds": round(time.perf_counter() - start - loaded, 1)}
     after_load = rss_mb()
     folder.translate_hypotheses(src[:16], cfg)  # warm-up (allocations, kernels)
     after_warmup = rss_mb()
@@ -227,7 +237,13 @@ def table(report: dict) -> str:
         f"{report['latency_threads']} thread), medians of {report['repeats']} rounds with the "
         f"engines alternating, each run in a process of its own. Load average before/after "
         f"{report['load_before']} / {report['load_after']}"
-        f"{'; ' + report['note'] if report['note'] else ''}.",
+        f"{'; ' + report['note'] if report['note'] else ''}."
+        + (
+            f" The compiled decoder step was compiled (or loaded from the cache) in "
+            f"{report['compile_seconds']} s before the rounds."
+            if "compile_seconds" in report
+            else ""
+        ),
         "",
         f"| engine | sentences/s | × {REFERENCE} | batch 1: sentences/s | × {REFERENCE} | "
         "BLEU | BLEU-lc | chrF | peak RSS (MB) | RSS after import torch / load / warm-up (MB) "
@@ -333,6 +349,9 @@ def main(argv: list[str] | None = None) -> None:
     latency: dict[str, list[dict]] = {name: [] for name in args.engines}
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         folders = export_all(model, Path(tmp), args.engines)
+        if COMPILED in args.engines:  # compiled once (cached), so that no round times it
+            prepared = worker(args, COMPILED, model, "prepare", env)
+            report["compile_seconds"] = prepared["compile_seconds"]
         for round_ in range(args.repeats):
             for name in args.engines:  # alternating: every engine once per round
                 batch[name].append(worker(args, name, folders[name][0], "batch", env))

@@ -73,6 +73,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_bad_input": UNIT,
     "test_bench_train": UNIT,
     "test_cache": UNIT,
+    "test_compiled_step": UNIT,
     "test_card": UNIT,
     "test_cli_help": UNIT,
     "test_config": UNIT,
@@ -130,6 +131,9 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 TEST_KINDS: dict[str, tuple[str, ...]] = {
+    "test_compiled_step::test_the_compiled_package_decodes_what_the_module_code_decodes": (
+        "process",
+    ),  # the compiler (g++) runs
     "test_data_store::test_two_processes_racing_build_once": ("process",),
     "test_data_store::test_sigkill_mid_build_leaves_no_store_that_looks_complete": ("process",),
     "test_data_store::test_resume_and_a_second_run_reuse_tokenizer_and_store": ("process",),

@@ -68,13 +68,18 @@ def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def test_an_export_drops_the_sources_bf16_decoding(tmp_path):
-    """A recipe's [decode] bf16 = true is PyTorch autocast: the exported folder does not keep it
-    (else every translation would be refused with "--bf16 applies to PyTorch models")."""
+    """A recipe's [decode] bf16 = true is PyTorch autocast, compile = true PyTorch's compiled
+    step: the exported folder keeps neither (else every translation would be refused with
+    "--bf16 applies to PyTorch models")."""
     needs("onnxruntime", "export")
-    src = save(tmp_path / "model", Transformer(small_cfg()), "translation", decode={"bf16": True})
+    src = save(
+        tmp_path / "model", Transformer(small_cfg()), "translation",
+        decode={"bf16": True, "compile": True},
+    )
     assert load_model_folder(src).decode.bf16 is True
+    assert load_model_folder(src).decode.compile is True
     folder = load_model_folder(export_model(src, "onnx", tmp_path / "onnx"))
-    assert folder.decode.bf16 is False
+    assert folder.decode.bf16 is False and folder.decode.compile is False
     assert len(folder.translate(["abc", "de"])) == 2
 
 
@@ -680,4 +685,6 @@ def test_a_backend_refuses_what_it_cannot_do_in_one_line_naming_itself(model_dir
     assert "attention" not in onnx.backend.capabilities and onnx.engine == "onnx"
     with pytest.raises(Unsupported, match="the onnx backend has no bf16 autocast"):
         onnx.translate(["abc"], bf16=True)
+    with pytest.raises(Unsupported, match="the onnx backend has no compiled decoder step"):
+        onnx.translate(["abc"], compile=True)
     assert load_model_folder(model_dir).backend.capabilities >= {"attention", "bf16", "ensemble"}

@@ -234,6 +234,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "aiayn.load (PEP 562): the package's __init__ runs before every aiayn module, the CLI's "
         "included; importing the model folder from it would pull the data, decoding and runtime "
         "layers into `import aiayn.errors`, and run them while aiayn is half-initialised",
+    ("model/compiled.py", "torch._inductor"):
+        "AOTInductor compiles the decoder step only on its first use per model and CPU "
+        "(decode.compile); importing inductor costs ~1.5 s, which every inference command would "
+        "pay at start-up (the package is then loaded through torch._C, without it)",
     ("serve/__init__.py", "aiayn.serve.app"):
         "aiayn.serve.app is the FastAPI app (the 'serve' extra); aiayn.serve's limits and "
         "batcher import without it",

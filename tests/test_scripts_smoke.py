@@ -100,6 +100,19 @@ def smoke_bench_components(tmp: Path) -> None:
     assert len(rows) == 5 and "--smoke" in out.read_text()  # 2 attention, 2 loss, 1 dropout
 
 
+def smoke_bench_compiled_step(tmp: Path, runs: list[Path]) -> None:
+    out = tmp / "compiled.json"
+    # --step eager: the step function behind the package's plumbing, uncompiled (compiling takes
+    # a minute: tests/test_compiled_step.py does it once)
+    run_main("benchmarks/bench_compiled_step.py", "--model", runs[0] / "best", "--step", "eager",
+             "--sentences", "2", "--limit", "4", "--rounds", "2", "--beam", "2", "--out", out)
+    report = read_json(out)
+    assert report["differing_sentences"] == 0
+    assert set(report["batch1_sentences_per_s"]) == {"module", "eager"}
+    assert len(report["batched_sentences_per_s"]["eager"]) == 2
+    assert report["batch1_speedup"]["median"] > 0
+
+
 def smoke_bench_decode(tmp: Path) -> None:
     pytest.importorskip("transformers", reason="the Hugging Face peer needs transformers")
     out = tmp / "decoding"
@@ -116,11 +129,14 @@ def smoke_bench_decode(tmp: Path) -> None:
 
 def smoke_bench_engines(tmp: Path, runs: list[Path]) -> None:
     out, doc = tmp / "engines.json", tmp / "decoding.md"
+    script = load("benchmarks/bench_engines.py")
+    # All but the compiled step, whose compilation takes a minute (tests/test_compiled_step.py).
+    names = [e for e in script.ENGINES if e != script.COMPILED]
     run_main("benchmarks/bench_engines.py", "--model", runs[0] / "best", "--limit", "4",
              "--beam", "2", "--threads", "1", "--workers", "2", "--repeats", "1", "--latency",
-             "2", "--out", out, "--doc", doc)
+             "2", "--out", out, "--doc", doc, "--engines", *names)
     engines = read_json(out)["engines"]
-    assert list(engines) == list(load("benchmarks/bench_engines.py").ENGINES)
+    assert list(engines) == names
     assert all(e["sentences"] == 4 and e["size_mb"] >= 0 for e in engines.values())
     assert all(e["latency"]["sentences"] == 2 and e["peak_rss_mb"] >= e["rss_after_import_mb"]
                for e in engines.values())
@@ -296,6 +312,7 @@ ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
 
 SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_char_tokenizer.py": smoke_bench_char_tokenizer,
+    "benchmarks/bench_compiled_step.py": smoke_bench_compiled_step,
     "benchmarks/bench_components.py": smoke_bench_components,
     "benchmarks/bench_data_scale.py": smoke_bench_data_scale,
     "benchmarks/bench_decode.py": smoke_bench_decode,

@@ -100,6 +100,12 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
     )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="run the decoder step as one compiled call (CPU, float32, one model; compiled "
+        "once into $AIAYN_CACHE/compiled, ~1 minute; docs/decoding.md)",
+    )
     p.description = (p.description or "") + (
         " Decoding flags left out take the model folder's settings (config.json 'decode', "
         "from the recipe's [decode] section), else the defaults shown."

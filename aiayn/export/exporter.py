@@ -134,7 +134,8 @@ class FolderExporter(Exporter):
         parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened
         written = {**meta.to_dict(), **extra_keys, "exported_from": str(source), "parts": parts}
         written = {"format": self.name, **written, "kind": kind}
-        if written.get("decode"):  # bf16 is PyTorch's autocast; an export runs as exported
-            written["decode"] = {**written["decode"], "bf16": False}
+        if written.get("decode"):  # bf16 autocast and the compiled step are PyTorch's own; an
+            # export runs as exported
+            written["decode"] = {**written["decode"], "bf16": False, "compile": False}
         write_folder_config(tmp, parse_folder_config(written, tmp))
         write_model_card(tmp, shown_as=out)  # README.md; a failure is logged, not raised

@@ -69,6 +69,15 @@ def _room(t: Tensor) -> int:
     return room if room >= t.size(2) and t.stride() == (H * room * K, room * K, K, 1) else 0
 
 
+def whole_buffer(t: Tensor) -> Tensor:
+    """The contiguous (B, H, R, K) buffer whose first t positions the (B, H, t, K) view ``t``
+    is, R its room; a contiguous copy of ``t`` when it is no such view (a tensor set by hand)."""
+    room = _room(t)
+    if not room:
+        return t.contiguous()
+    return t.as_strided((t.size(0), t.size(1), room, t.size(3)), t.stride())
+
+
 def _buffer_like(t: Tensor, rows: int, room: int) -> Tensor:
     """An empty (rows, H, room, K) buffer for t's keys or values."""
     return t.new_empty(rows, t.size(1), room, t.size(3))
@@ -167,17 +176,17 @@ class DecoderCache:
             if self.layers and self.layers[0].self_k is not None
             else None
         )
-        per_source = 1 if rows is not None and rows == n_source else self.beam
-        groups = index.view(-1, self.beam) // per_source  # (N'/k, k)
-        source = groups[:, 0]
-        # Both checks come to the host in one copy: one host-device sync per reorder.
-        checks = [(groups != groups[:, :1]).any()]
-        if n_source == source.numel():
-            checks.append((source == torch.arange(n_source, device=source.device)).all())
-        mixed, *unchanged = torch.stack(checks).tolist()
-        if mixed:
+        k = self.beam
+        per_source = 1 if rows is not None and rows == n_source else k
+        # The index comes to the host in one copy (one host-device sync per reorder) and is
+        # checked there: N' small ints, cheaper than the ~10 tensor ops of checking it on the
+        # device (a beam step's reorder at batch 1, docs/experiments/decoding_speed.md).
+        groups = [i // per_source for i in index.tolist()]  # each row's source row
+        if any(g != groups[j - j % k] for j, g in enumerate(groups)):
             raise ValueError("reorder index mixes rows of different source sentences")
-        return None if unchanged and unchanged[0] else source
+        if n_source is not None and groups[::k] == list(range(n_source)):
+            return None
+        return index.view(-1, k)[:, 0] // per_source  # (N'/k,)
 
 
 def _select(t: Tensor | None, index: Tensor) -> Tensor | None:

@@ -86,10 +86,15 @@ class Embeddings(nn.Module):
     def forward(self, ids: Tensor, offset: int = 0, delta: Tensor | None = None) -> Tensor:
         """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0]; ``delta``
         (B, T, D), if given, is added to the scaled token embeddings (adversarial training)."""
+        return self.at(ids, self.positional(ids.size(1), offset), delta)
+
+    def at(self, ids: Tensor, positions: Tensor, delta: Tensor | None = None) -> Tensor:
+        """:meth:`forward` with the positional encodings given. Shape: ids (B, T), positions
+        (T, D) -> (B, T, D)."""
         x = self.token(ids) * self.scale  # (B, T, D)
         if delta is not None:
             x = x + delta
-        return self.dropout(x + self.positional(ids.size(1), offset).to(x.dtype))
+        return self.dropout(x + positions.to(x.dtype))
 
 
 def token_embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embedding:

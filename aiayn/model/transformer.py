@@ -23,7 +23,7 @@ from aiayn.model.embeddings import (
 )
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import as_attention_mask, causal_mask, padding_mask, target_mask
-from aiayn.model.packed import pack
+from aiayn.model.packed import PackedLinear, pack
 
 
 class Encoder(nn.Module):
@@ -189,11 +189,16 @@ class Transformer(nn.Module):
             cache.length += tgt.size(1)
         if features_only:
             return h  # (B, T, D)
-        if cache is not None and offset == 0:
-            # once per decoding, in its precision; the bias is final_logits_bias (or None)
+        if cache is not None and offset == 0 and cache.output is None:
+            # once per decoding (unless the cache came with one), in its precision; the bias is
+            # final_logits_bias (or None)
             cache.output = pack(self.generator.weight, self.generator.bias)
-        packed = cache.output if cache is not None else None
-        # (B, T, V); with a cache, through the packed weight (same values, faster on CPU)
+        return self.logits(h, cache.output if cache is not None else None)  # (B, T, V)
+
+    def logits(self, h: Tensor, packed: PackedLinear | None = None) -> Tensor:
+        """The pre-softmax linear transformation (§3.4), through ``packed`` (a decoding's
+        prepacked copy of it: same values, faster on CPU) when given; tokens outside
+        ``output_mask`` at -inf. Shape: h (B, T, D) -> (B, T, V)."""
         logits = self.generator(h) if packed is None else packed(h)
         if self.output_mask is not None:
             logits = logits.masked_fill(~self.output_mask, float("-inf"))
@@ -206,6 +211,11 @@ class Transformer(nn.Module):
         (N, T, V) float32.
         """
         return torch.log_softmax(self.decode(tgt, memory, cache=cache).float(), dim=-1)
+
+    def log_probs_of(self, h: Tensor, cache: DecoderCache) -> Tensor:
+        """:meth:`log_probs` from the decoder's last hidden states of a step run elsewhere (a
+        compiled step, :mod:`aiayn.model.compiled`). Shape: h (N, T, D) -> (N, T, V) float32."""
+        return torch.log_softmax(self.logits(h, cache.output).float(), dim=-1)
 
     def forward(
         self,

@@ -35,6 +35,7 @@ CAPABILITIES = {
     "ensemble": "ensembles of several model folders",
     "attention": "attention weights",
     "bf16": "bf16 autocast (--bf16)",
+    "compile": "compiled decoder step (--compile)",
     "generate": "language models",
     "classify": "classifiers",
 }

@@ -7,6 +7,7 @@ sampling from a language model and a classifier's probabilities.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,11 +15,15 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.data.registry import cache_dir
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.generate import generate
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
+from aiayn.errors import ConfigError
+from aiayn.model import Transformer
+from aiayn.model.compiled import CompiledDecoding, compiled_step
 
 __all__ = ["TorchBackend"]
 
@@ -29,13 +34,15 @@ class TorchBackend:
 
     name = "torch"
     capabilities = frozenset(
-        {"translate", "nbest", "ensemble", "attention", "bf16", "generate", "classify"}
+        {"translate", "nbest", "ensemble", "attention", "bf16", "compile", "generate", "classify"}
     )
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model = model
         self.device = device
         self.cfg: ModelConfig = model.cfg  # type: ignore[assignment]
+        self._compiled: dict[tuple[int, int], CompiledDecoding] = {}  # (threads, workers) ->
+        self._compiling = threading.Lock()
 
     def parameters(self) -> list[Tensor]:
         return list(self.model.parameters())
@@ -47,7 +54,25 @@ class TorchBackend:
         progress: Callable[[int], None] | None = None,
         prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
-        return translate_ids(self.model, sources, cfg, progress, None, prefixes)  # type: ignore[arg-type]
+        model = self.compiled(cfg) if cfg.compile else self.model
+        return translate_ids(model, sources, cfg, progress, None, prefixes)  # type: ignore[arg-type]
+
+    def compiled(self, cfg: DecodeConfig) -> CompiledDecoding:
+        """The model with its decoder step compiled (``decode.compile``) for ``cfg.workers``
+        decoding threads of an equal share of torch's threads; compiled into
+        ``$AIAYN_CACHE/compiled`` on first use, loaded once per backend."""
+        if cfg.bf16 or self.device.type != "cpu" or not isinstance(self.model, Transformer):
+            raise ConfigError(
+                "decode.compile runs one float32 translation model on the CPU "
+                "(not with bf16, an ensemble or a GPU)"
+            )
+        threads = max(1, torch.get_num_threads() // cfg.workers)  # as in_workers shares them
+        with self._compiling:
+            key = (threads, cfg.workers)
+            if key not in self._compiled:
+                step = compiled_step(self.model, cache_dir() / "compiled", threads, cfg.workers)
+                self._compiled[key] = CompiledDecoding(self.model, step)
+            return self._compiled[key]
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]
