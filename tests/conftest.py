@@ -73,6 +73,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_bad_input": UNIT,
     "test_bench_train": UNIT,
     "test_cache": UNIT,
+    "test_continuous": UNIT,
     "test_card": UNIT,
     "test_cli_help": UNIT,
     "test_config": UNIT,

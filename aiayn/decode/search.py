@@ -17,8 +17,8 @@ ends there (as Hugging Face ``max_new_tokens`` does). ``min_len`` forbids EOS be
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ __all__ = [
     "length_penalty",
     "greedy_search",
     "beam_search",
+    "BeamSearch",
     "sample",
     "filter_log_probs",
     "Rules",
@@ -74,13 +75,16 @@ def _as_lengths(max_len: int | Tensor, n: int) -> Tensor:
     return lengths
 
 
-def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool) -> Tensor:
-    """(N, V) -> (N, V) float32 with EOS at -inf when ``forbid`` (before ``min_len``).
+def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool | Tensor) -> Tensor:
+    """(N, V) -> (N, V) float32 with EOS at -inf when ``forbid`` (before ``min_len``): a bool
+    for all rows, or an (N,) bool per row.
 
     In place when ``log_probs`` is already float32: step functions return fresh tensors.
     """
     log_probs = log_probs.float()
-    if forbid:
+    if isinstance(forbid, Tensor):
+        log_probs[:, eos_id].masked_fill_(forbid, float("-inf"))
+    elif forbid:
         log_probs[:, eos_id] = float("-inf")
     return log_probs
 
@@ -98,7 +102,7 @@ class Rules:
 
 
 def _apply_rules(
-    log_probs: Tensor, eos_id: int, forbid: bool, rules: Rules, last: Tensor | None
+    log_probs: Tensor, eos_id: int, forbid: bool | Tensor, rules: Rules, last: Tensor | None
 ) -> Tensor:
     """(N, V) -> (N, V) float32 after ``rules``; ``last`` (N,) bool marks the rows whose next
     token is the last their cap allows. In place when already float32 (step functions return
@@ -196,11 +200,192 @@ def _row_hypotheses(
 
 @dataclass
 class _Beams:
-    """The live state of beam search over b still-active sentences."""
+    """The live state of beam search over b still-active sentences.
+
+    Sentences may join later (:meth:`BeamSearch.add`): their rows of ``tokens`` are filled on
+    the left (with BOS, never read) up to the common width, so each row's last column is the
+    token the next step feeds. Sentence i has generated ``steps - start[i]`` tokens, the last
+    that many columns of its rows.
+    """
 
     tokens: Tensor  # (b·k, t) every hypothesis so far, BOS first
     scores: Tensor  # (b, k) cumulative log-probabilities (float32)
-    sentence: Tensor  # (b,) original index of each active sentence (CPU)
+    sentence: Tensor  # (b,) id of each active sentence (CPU)
+    # (b,) CPU: each sentence's max_len, and the step of the search it joined at; empty means
+    # no cap and step 0 for every sentence (a state built by hand)
+    max_len: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    start: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def __post_init__(self) -> None:
+        n = self.sentence.numel()
+        if n and not self.start.numel():
+            self.start = torch.zeros(n, dtype=torch.long)
+        if n and not self.max_len.numel():
+            self.max_len = torch.full((n,), 2**62, dtype=torch.long)
+
+    def select(self, keep: Tensor) -> _Beams:
+        """The sentences at positions ``keep`` (b',) of the CPU, in that order."""
+        beam = self.scores.size(1)
+        on_device = keep.to(self.tokens.device, non_blocking=True)
+        tokens = self.tokens.view(-1, beam, self.tokens.size(1))[on_device].flatten(0, 1)
+        return _Beams(
+            tokens,
+            self.scores[on_device],
+            self.sentence[keep],
+            self.max_len[keep],
+            self.start[keep],
+        )
+
+
+class BeamSearch:
+    """Beam search as an object that sentences join and leave between steps.
+
+    ``add`` starts sentences (each with its own max_len) and returns their ids; ``step`` runs
+    one decoder step for all of them; ``pop_done`` hands out the n-best lists of the sentences
+    that have ended; ``drop`` removes sentences (their client went away). :func:`beam_search`
+    is a loop over it; the server's step-level batching (aiayn/serve/batching.py) adds and
+    drops sentences between steps.
+
+    Sentences never mix: each has its own k rows, and the hypotheses of a sentence are the same
+    whether it decodes alone, in a batch or joins one that is running (tested). A sentence
+    added before the first step runs one row at that step (its k beams are still the same); one
+    that joins a running search comes with k rows of which only the first is alive (score 0,
+    the others -inf), which picks the same 2k candidates. ``min_len`` and ``max_len`` count the
+    tokens each sentence has generated. The cache, given to every ``step`` and ``drop``, follows
+    the rows with ``cache.reorder(index)``; after sentences that joined later have left the
+    oldest, ``cache.trim(n)`` drops the first n positions, which no remaining row reads.
+    """
+
+    def __init__(
+        self,
+        beam: int,
+        bos_id: int,
+        eos_id: int,
+        alpha: float = 0.6,
+        penalty: str = "gnmt",
+        min_len: int = 0,
+        nbest: int = 1,
+        device: Any = None,
+        rules: Rules = Rules(),
+        early_stopping: bool = True,
+    ) -> None:
+        self.beam, self.bos_id, self.eos_id, self.device = beam, bos_id, eos_id, device
+        self.alpha, self.penalty, self.min_len, self.nbest = alpha, penalty, min_len, nbest
+        self.rules, self.early_stopping = rules, early_stopping
+        self.steps = 0  # decoder steps run so far
+        self.state: _Beams | None = None
+        self.finished: dict[int, list[Hypothesis]] = {}  # by sentence id, active ones
+        self._ended: dict[int, list[Hypothesis]] = {}  # n-best lists not yet popped
+        self._next_id = 0
+
+    @property
+    def active(self) -> int:
+        """Sentences still searching."""
+        return 0 if self.state is None else self.state.sentence.numel()
+
+    def add(self, max_len: int | Tensor, n: int = 1) -> list[int]:
+        """Start ``n`` sentences (``max_len``: an int or (n,) caps); returns their ids. Their
+        rows follow those of the sentences already there (the cache must get theirs likewise)."""
+        lengths = _as_lengths(max_len, n)
+        ids = list(range(self._next_id, self._next_id + n))
+        self._next_id += n
+        self.finished.update((i, []) for i in ids)
+        k = 1 if self.state is None else self.state.scores.size(1)  # rows per sentence now
+        width = 1 if self.state is None else self.state.tokens.size(1)
+        tokens = torch.full((n * k, width), self.bos_id, dtype=torch.long, device=self.device)
+        scores = torch.full((n, k), float("-inf"), device=self.device)
+        scores[:, 0] = 0.0  # k identical rows: only the first is alive
+        start = torch.full((n,), self.steps, dtype=torch.long)
+        new = _Beams(tokens, scores, torch.tensor(ids), lengths, start)
+        self.state = new if self.state is None else _concat(self.state, new)
+        return ids
+
+    @torch.no_grad()
+    def step(self, step: StepFn, cache: Any) -> Any:
+        """One decoder step for every active sentence; returns the cache (reordered to the rows
+        that go on; left as it is when no sentence is left)."""
+        state, beam = self.state, self.beam
+        if state is None:
+            raise ValueError("no sentence to search: add() some first")
+        generated = self.steps - state.start  # (b,) CPU: tokens each has generated so far
+        log_probs, cache = step(state.tokens, cache)
+        last = _last_rows(state, generated) if self.rules.force_eos else None
+        forbid = _rows_where(state, generated < self.min_len)
+        log_probs = _apply_rules(log_probs, self.eos_id, forbid, self.rules, last)
+        cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
+        ids = state.sentence.tolist()
+        room = [len(self.finished[s]) < beam for s in ids]  # before this step's endings
+        _finish_eos(
+            state, cand_scores, cand_rows, cand_tokens, self.eos_id, self.finished, generated,
+            self.alpha, self.penalty, beam,
+        )  # fmt: skip
+        state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, self.eos_id, beam)
+        self.steps += 1
+        done = _done(
+            state, self.steps - state.start, self.finished, beam, self.alpha, self.penalty,
+            self.early_stopping, room,
+        )  # fmt: skip
+        for i in done.nonzero().squeeze(1).tolist():
+            self._end(ids[i])
+        keep = (~done).nonzero().squeeze(1)  # (b',) on the CPU
+        if keep.numel() == 0:
+            self.state = None
+            return cache
+        if keep.numel() < done.numel():  # sentences leave: one small copy to the device
+            rows = rows.view(-1, beam)[keep.to(rows.device, non_blocking=True)].reshape(-1)
+            state = state.select(keep)
+        self.state = state
+        return self._follow(cache, rows)
+
+    def drop(self, ids: Sequence[int], cache: Any) -> Any:
+        """Remove sentences ``ids`` (ended or unknown ones are ignored); returns the cache."""
+        state, gone = self.state, set(ids)
+        for i in gone:
+            self.finished.pop(i, None)
+            self._ended.pop(i, None)
+        if state is None or not gone & set(state.sentence.tolist()):
+            return cache
+        keep = torch.tensor([i for i, s in enumerate(state.sentence.tolist()) if s not in gone])
+        if keep.numel() == 0:
+            self.state = None
+            return cache
+        k = state.scores.size(1)
+        rows = (keep[:, None] * k + torch.arange(k)).view(-1).to(state.tokens.device)
+        self.state = state.select(keep)
+        return self._follow(cache, rows)
+
+    def pop_done(self) -> dict[int, list[Hypothesis]]:
+        """The sentences that have ended since the last call: id -> n-best list, best first."""
+        ended, self._ended = self._ended, {}
+        return ended
+
+    def _end(self, sentence: int) -> None:
+        hyps = self.finished.pop(sentence)
+        self._ended[sentence] = sorted(hyps, key=lambda h: -h.score)[: self.nbest]
+
+    def _follow(self, cache: Any, rows: Tensor) -> Any:
+        """Reorder the cache to ``rows``; drop the leading columns no sentence reads any more
+        (those before the oldest remaining sentence joined), in the tokens and the cache."""
+        assert self.state is not None
+        if cache is not None:
+            cache = cache.reorder(rows)
+        unread = self.state.tokens.size(1) - 1 - int((self.steps - self.state.start).max())
+        if unread > 0:
+            self.state.tokens = self.state.tokens[:, unread:]
+            if cache is not None:
+                cache = cache.trim(unread)
+        return cache
+
+
+def _concat(a: _Beams, b: _Beams) -> _Beams:
+    """Two states' sentences as one (same rows per sentence and width)."""
+    return _Beams(
+        torch.cat([a.tokens, b.tokens]),
+        torch.cat([a.scores, b.scores]),
+        torch.cat([a.sentence, b.sentence]),
+        torch.cat([a.max_len, b.max_len]),
+        torch.cat([a.start, b.start]),
+    )
 
 
 @torch.no_grad()
@@ -232,44 +417,33 @@ def beam_search(
     (``cache.reorder``). With ``early_stopping=False`` a sentence with k finished hypotheses goes
     on while its best live beam, scored over the length penalty of its current length, beats the
     worst of its k best finished ones (Hugging Face's heuristic). ``rules`` (:class:`Rules`)
-    adjust each step's scores.
+    adjust each step's scores. A loop over :class:`BeamSearch`.
     """
-    lengths = _as_lengths(max_len, batch_size)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    # All k beams of a sentence start identical: the first step runs one row per sentence.
-    scores = torch.zeros(batch_size, 1, device=device)
-    state = _Beams(_start(bos_id, batch_size, device), scores, torch.arange(batch_size))
-    for t in range(int(lengths.max())):
-        log_probs, cache = step(state.tokens, cache)
-        last = _last_rows(state, lengths, t) if rules.force_eos else None
-        log_probs = _apply_rules(log_probs, eos_id, t < min_len, rules, last)
-        cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
-        room = [len(f) < beam for f in finished]  # per sentence, before this step's endings
-        _finish_eos(
-            state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty, beam
-        )
-        state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
-        done = _done(state, lengths, finished, beam, t + 1, alpha, penalty, early_stopping, room)
-        keep = (~done).nonzero().squeeze(1)  # (b',) on the CPU
-        if keep.numel() == 0:
-            break
-        if keep.numel() < done.numel():  # sentences leave: one small copy to the device
-            on_device = keep.to(state.tokens.device, non_blocking=True)
-            rows = rows.view(-1, beam)[on_device].reshape(-1)  # (b'·k,)
-            state = _Beams(
-                state.tokens.view(-1, beam, state.tokens.size(1))[on_device].flatten(0, 1),
-                state.scores[on_device],
-                state.sentence[keep],
-            )
-        if cache is not None:
-            cache = cache.reorder(rows)
-    return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
+    search = BeamSearch(
+        beam, bos_id, eos_id, alpha, penalty, min_len, nbest, device, rules, early_stopping
+    )
+    ids = search.add(max_len, batch_size)
+    results: dict[int, list[Hypothesis]] = {}
+    while search.active:
+        cache = search.step(step, cache)
+        results.update(search.pop_done())
+    return [results[i] for i in ids]
 
 
-def _last_rows(state: _Beams, lengths: Tensor, t: int) -> Tensor:
+def _rows_where(state: _Beams, per_sentence: Tensor) -> bool | Tensor:
+    """A (b,) bool of the CPU as one bool when all agree (no copy to the device), else as a
+    (b·k,) bool on the device, one per row."""
+    if bool(per_sentence.all()) or not bool(per_sentence.any()):
+        return bool(per_sentence.all()) if per_sentence.numel() else False
+    rows_per_sentence = state.tokens.size(0) // state.sentence.numel()
+    rows = per_sentence.repeat_interleave(rows_per_sentence)
+    return rows.to(state.tokens.device, non_blocking=True)
+
+
+def _last_rows(state: _Beams, generated: Tensor) -> Tensor:
     """(b·k,) or (b,) bool on the device: rows whose next token is the last their cap allows."""
     rows_per_sentence = state.tokens.size(0) // state.sentence.numel()
-    last = (lengths[state.sentence] <= t + 1).repeat_interleave(rows_per_sentence)
+    last = (state.max_len <= generated + 1).repeat_interleave(rows_per_sentence)
     return last.to(state.tokens.device, non_blocking=True)
 
 
@@ -350,12 +524,14 @@ def _finish_eos(
     cand_rows: Tensor,
     cand_tokens: Tensor,
     eos_id: int,
-    finished: list[list[Hypothesis]],
+    finished: dict[int, list[Hypothesis]],
+    generated: Tensor,
     alpha: float,
     penalty: str,
     beam: int,
 ) -> None:
     """Move EOS candidates ranked among the first k of their sentence into ``finished``.
+    ``generated`` (b,) CPU: the tokens each sentence had before this step's EOS.
 
     Host-device syncs: one per step, three more on a step with EOS candidates, whatever their
     number (their sentences, scores and tokens are each copied at once).
@@ -364,13 +540,13 @@ def _finish_eos(
     where = is_eos.nonzero()  # (n, 2): sentence i, rank j
     if where.size(0) == 0:
         return
-    length = state.tokens.size(1)  # tokens generated so far + this EOS
-    divisor = float(length_penalty(length, alpha, penalty))
     i, j = where[:, 0], where[:, 1]
     scores = cand_scores[i, j].tolist()
-    tokens = state.tokens[cand_rows[i, j], 1:].tolist()  # (n, t - 1)
-    for s, log_prob, toks in zip(state.sentence[i.cpu()].tolist(), scores, tokens):
-        finished[s].append(Hypothesis(toks, log_prob / divisor, log_prob, True))
+    rows = state.tokens[cand_rows[i, j]].tolist()  # (n, t)
+    i = i.cpu()
+    for s, n, log_prob, row in zip(state.sentence[i].tolist(), generated[i].tolist(), scores, rows):
+        divisor = float(length_penalty(n + 1, alpha, penalty))  # its tokens and this EOS
+        finished[s].append(Hypothesis(row[len(row) - n :], log_prob / divisor, log_prob, True))
 
 
 def _advance(
@@ -391,48 +567,44 @@ def _advance(
     rows = cand_rows.gather(1, order).view(-1)  # (b·k,)
     new = cand_tokens.gather(1, order).view(-1, 1)  # (b·k, 1)
     tokens = torch.cat([state.tokens.index_select(0, rows), new], dim=1)  # (b·k, t + 1)
-    return _Beams(tokens, cand_scores.gather(1, order), state.sentence), rows
+    scores = cand_scores.gather(1, order)
+    return _Beams(tokens, scores, state.sentence, state.max_len, state.start), rows
 
 
 def _done(
     state: _Beams,
-    lengths: Tensor,
-    finished: list[list[Hypothesis]],
+    generated: Tensor,
+    finished: dict[int, list[Hypothesis]],
     beam: int,
-    generated: int,
     alpha: float,
     penalty: str,
-    early_stopping: bool = True,
-    room: list[bool] | None = None,  # by sentence (original index)
+    early_stopping: bool,
+    room: list[bool],
 ) -> Tensor:
     """Which active sentences are done (b,) bool: k finished hypotheses (and, without
     ``early_stopping``, no live beam that could beat them), no live beam left, or max_len
     reached (their live beams are then kept, cut, where the sentence had fewer than k finished
-    hypotheses before this step, ``room``: they compete with this step's EOS endings)."""
+    hypotheses before this step, ``room``, by position: they compete with this step's EOS
+    endings). ``generated`` (b,) CPU: the tokens each sentence has generated, this step's
+    included."""
     sentences = state.sentence.tolist()  # host tensors: no sync
-    at_cap = (lengths[state.sentence] <= generated).tolist()
+    at_cap = (state.max_len <= generated).tolist()
     dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
-    room = room if room is not None else [len(f) < beam for f in finished]
-    cut = [
-        i
-        for i, (s, cap) in enumerate(zip(sentences, at_cap))
-        if cap and (room[s] or not early_stopping)
-    ]
-    for i, hyps in zip(cut, _cut(state, cut, beam, alpha, penalty)):
+    cut = [i for i, cap in enumerate(at_cap) if cap and (room[i] or not early_stopping)]
+    for i, hyps in zip(cut, _cut(state, cut, generated, beam, alpha, penalty)):
         finished[sentences[i]].extend(hyps)
     full = [len(finished[s]) >= beam for s in sentences]
     if not early_stopping and any(full):
-        divisor = float(length_penalty(generated, alpha, penalty))
-        best_live = (state.scores[:, 0] / divisor).tolist()  # live beams are ranked: 0 is best
-        for i, s in enumerate(sentences):
+        best_live = state.scores[:, 0].tolist()  # live beams are ranked: 0 is best
+        for i, (s, n) in enumerate(zip(sentences, generated.tolist())):
             if full[i]:
                 worst = sorted(h.score for h in finished[s])[-beam]  # the k-th best finished
-                full[i] = best_live[i] <= worst
+                full[i] = best_live[i] / float(length_penalty(n, alpha, penalty)) <= worst
     return torch.tensor([cap or d or f for cap, d, f in zip(at_cap, dead, full)], dtype=torch.bool)
 
 
 def _cut(
-    state: _Beams, cut: list[int], beam: int, alpha: float, penalty: str
+    state: _Beams, cut: list[int], generated: Tensor, beam: int, alpha: float, penalty: str
 ) -> list[list[Hypothesis]]:
     """The live beams of the sentences ``cut`` (they reached max_len) as hypotheses without EOS.
     Their beams come to the host in one copy of tokens and one of scores, whatever their number;
@@ -440,13 +612,19 @@ def _cut(
     if not cut:
         return []
     t = state.tokens.size(1)
-    divisor = float(length_penalty(t - 1, alpha, penalty))
-    rows = state.tokens.reshape(-1, beam, t)[cut, :, 1:].tolist()  # (c, k, t - 1)
+    rows = state.tokens.reshape(-1, beam, t)[cut].tolist()  # (c, k, t)
     scores = state.scores[cut].tolist()  # (c, k)
-    return [
-        [Hypothesis(r, s / divisor, s, False) for r, s in zip(beams, row) if s > float("-inf")]
-        for beams, row in zip(rows, scores)
-    ]
+    out = []
+    for beams, row, n in zip(rows, scores, generated[cut].tolist()):
+        divisor = float(length_penalty(n, alpha, penalty))
+        out.append(
+            [
+                Hypothesis(r[t - n :], s / divisor, s, False)
+                for r, s in zip(beams, row)
+                if s > float("-inf")
+            ]
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from aiayn.config import ModelConfig
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
@@ -56,7 +57,7 @@ def max_output_lengths(src_lengths: Tensor, cfg: DecodeConfig, cap: int) -> Tens
     return lengths.clamp(min=1, max=cap)
 
 
-def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
+def pad_rows(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
     """Ragged ids -> (B, S) LongTensor padded with ``pad_id``."""
     width = max(len(r) for r in rows)
     return torch.tensor(
@@ -68,11 +69,7 @@ def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
 def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Search one padded batch. Shape: src (B, S) -> B lists of ``cfg.nbest`` hypotheses."""
     model_cfg, B, k = model.cfg, src.size(0), cfg.beam
-    if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
-        raise ConfigError(
-            f"decode.bad_ids {list(cfg.bad_ids)}: ids must be in the vocabulary "
-            f"(0 … {model_cfg.tgt_vocab_size - 1})"
-        )
+    check_bad_ids(model_cfg, cfg)
     src_lengths = (src != model_cfg.pad_id).sum(1).cpu()
     max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len)
     memory = model.encode(src)  # (B, S, D)
@@ -110,6 +107,15 @@ def _decode_batch(model: Seq2SeqModel, src: Tensor, cfg: DecodeConfig) -> list[l
     )
 
 
+def check_bad_ids(model_cfg: ModelConfig, cfg: DecodeConfig) -> None:
+    """ConfigError unless ``cfg.bad_ids`` are ids of the model's target vocabulary."""
+    if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
+        raise ConfigError(
+            f"decode.bad_ids {list(cfg.bad_ids)}: ids must be in the vocabulary "
+            f"(0 … {model_cfg.tgt_vocab_size - 1})"
+        )
+
+
 def search_rules(cfg: DecodeConfig) -> Rules:
     """The per-step rules of search (:class:`~aiayn.decode.search.Rules`) that ``cfg`` sets."""
     return Rules(tuple(cfg.bad_ids), cfg.forced_eos, cfg.renormalize)
@@ -137,7 +143,7 @@ def translate_ids(
 
     def decode(batch: list[int]) -> None:
         index = [todo[j] for j in batch]
-        src = _pad([list(sources[i]) for i in index], model.cfg.pad_id, device)
+        src = pad_rows([list(sources[i]) for i in index], model.cfg.pad_id, device)
         for i, hyps in zip(index, _decode_batch(model, src, cfg)):
             results[i] = hyps
         if progress is not None:

@@ -1,0 +1,129 @@
+"""Step-level batching (aiayn/decode/continuous.py): sentences that join a running search between
+decoder steps, with other source lengths, beams and n-best lists, decode as they do alone; the
+rows of sentences that end or are dropped leave, and the cache drops the positions no row reads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainutil import tiny_model_config
+
+from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.decode.continuous import RunningTranslation
+from aiayn.model import Transformer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 29
+
+
+def tiny(seed: int = 0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(tiny_model_config(vocab=VOCAB, max_len=64, **kw)).eval()
+
+
+def sources(n: int, seed: int = 1) -> list[list[int]]:
+    """n sources of 2 to 9 tokens (ids 4 … V-1), EOS (2) last, as aiayn's data has them."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 10, (n,), generator=g).tolist()
+    return [torch.randint(4, VOCAB, (n,), generator=g).tolist() + [2] for n in lengths]
+
+
+def run_joining(model, cfg, srcs, joins):
+    """Decode ``srcs`` in one RunningTranslation, source i added before step ``joins[i]`` (in
+    groups: those with equal steps join together); the hypotheses by source, and the largest
+    cache length seen."""
+    running = RunningTranslation(model, cfg, torch.device("cpu"))
+    ids: dict[int, int] = {}
+    out: dict[int, list] = {}
+    step, longest = 0, 0
+    while len(out) < len(srcs):
+        group = [i for i, at in enumerate(joins) if at == step]
+        if group:
+            ids.update(zip(running.add([srcs[i] for i in group]), group))
+        if running.active:
+            for sid, hyps in running.step().items():
+                out[ids[sid]] = hyps
+            longest = max(longest, running.cache.length if running.cache is not None else 0)
+        step += 1
+    return [out[i] for i in range(len(srcs))], longest
+
+
+def assert_same(got, want):
+    for g, w in zip(got, want):
+        assert [h.tokens for h in g] == [h.tokens for h in w]
+        assert [h.finished for h in g] == [h.finished for h in w]
+        assert [h.score for h in g] == pytest.approx([h.score for h in w], abs=1e-5)
+        assert [h.log_prob for h in g] == pytest.approx([h.log_prob for h in w], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "beam, nbest, kw",
+    [(1, 1, {}), (3, 1, {}), (4, 3, {"norm_first": True}), (2, 2, {"positional": "learned"})],
+)
+def test_sentences_joining_at_other_steps_decode_as_alone(beam, nbest, kw):
+    model = tiny(**kw)
+    cfg = DecodeConfig(beam=beam, nbest=nbest, max_len_a=1.0, max_len_b=3, alpha=0.6)
+    srcs = sources(7)
+    alone = [translate_ids(model, [s], cfg)[0] for s in srcs]
+    got, _ = run_joining(model, cfg, srcs, joins=[0, 0, 1, 3, 3, 4, 9])
+    assert_same(got, alone)
+
+
+def test_min_len_and_forced_eos_count_each_sentences_own_tokens():
+    model = tiny(seed=3)
+    cfg = DecodeConfig(
+        beam=3, nbest=2, max_len_a=0.0, max_len_b=6, min_len=4, forced_eos=True, bad_ids=(5,)
+    )
+    srcs = sources(5, seed=4)
+    alone = [translate_ids(model, [s], cfg)[0] for s in srcs]
+    got, _ = run_joining(model, cfg, srcs, joins=[0, 2, 2, 3, 5])
+    assert_same(got, alone)
+    assert all(len(h.tokens) >= 4 and 5 not in h.tokens for hyps in got for h in hyps)
+
+
+def test_an_ensemble_takes_joining_sentences_too():
+    model = Ensemble([tiny(seed=5), tiny(seed=6, norm_first=True)]).eval()
+    cfg = DecodeConfig(beam=2, max_len_a=1.0, max_len_b=2)
+    srcs = sources(4, seed=7)
+    alone = [translate_ids(model, [s], cfg)[0] for s in srcs]
+    got, _ = run_joining(model, cfg, srcs, joins=[0, 1, 4, 5])
+    assert_same(got, alone)
+
+
+def test_the_cache_drops_positions_once_the_oldest_sentences_have_left():
+    """A stream of sentences, each joining after the last: the cache never holds much more
+    than the longest sentence's positions, however long the stream runs."""
+    model = tiny(seed=8)
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6)
+    srcs = sources(12, seed=9)
+    alone = [translate_ids(model, [s], cfg)[0] for s in srcs]
+    got, longest = run_joining(model, cfg, srcs, joins=[3 * i for i in range(12)])
+    assert_same(got, alone)
+    assert longest <= 2 * 7  # 12 sentences over ~40 steps: positions were dropped
+
+
+def test_dropped_sentences_leave_and_the_others_are_unchanged():
+    model = tiny(seed=10)
+    cfg = DecodeConfig(beam=3, max_len_a=0.0, max_len_b=8)
+    srcs = sources(4, seed=11)
+    alone = [translate_ids(model, [s], cfg)[0] for s in srcs]
+    running = RunningTranslation(model, cfg, torch.device("cpu"))
+    ids = running.add(srcs)
+    running.step()
+    running.drop([ids[1], ids[2]])
+    assert running.active == 2 and running.cache.layers[0].self_k.size(0) == 2 * 3
+    out = {}
+    while running.active:
+        out.update(running.step())
+    assert set(out) == {ids[0], ids[3]}
+    assert_same([out[ids[0]], out[ids[3]]], [alone[0], alone[3]])
+    running.drop([ids[0]])  # an ended sentence: nothing to do
+    assert running.cache is None
+
+
+def test_add_refuses_empty_sources():
+    running = RunningTranslation(tiny(), DecodeConfig(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="non-empty"):
+        running.add([[5, 2], []])
