@@ -113,6 +113,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_search": UNIT,
     "test_seed_pairs": UNIT,
     "test_serve": ("serve",),
+    "test_serve_steps": UNIT,
     "test_serve_page": ("browser", "serve", "process"),
     "test_shapes_cli": UNIT,
     "test_shipped_configs": UNIT,

@@ -2,7 +2,8 @@
 
 It runs everything: aiayn's search over the model's encode and step, n-best lists, ensembles,
 attention weights (the attention view records them from the model's layers), bf16 autocast,
-sampling from a language model and a classifier's probabilities.
+sampling from a language model, a classifier's probabilities, and the translations that the
+server's requests join between decoder steps (step-level batching).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.continuous import RunningTranslation
 from aiayn.decode.generate import generate
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
@@ -29,7 +31,7 @@ class TorchBackend:
 
     name = "torch"
     capabilities = frozenset(
-        {"translate", "nbest", "ensemble", "attention", "bf16", "generate", "classify"}
+        {"translate", "nbest", "ensemble", "attention", "bf16", "generate", "classify", "steps"}
     )
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
@@ -47,6 +49,11 @@ class TorchBackend:
         progress: Callable[[int], None] | None = None,
     ) -> list[list[Hypothesis]]:
         return translate_ids(self.model, sources, cfg, progress)  # type: ignore[arg-type]
+
+    def running_translation(self, cfg: DecodeConfig) -> RunningTranslation:
+        """A translation that sentences join between decoder steps (a Transformer or an
+        Ensemble of them)."""
+        return RunningTranslation(self.model, cfg, self.device)  # type: ignore[arg-type]
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]

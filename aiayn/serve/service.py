@@ -15,19 +15,23 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from aiayn.config import to_dict
 from aiayn.decode import DecodeConfig
 from aiayn.decode.generate import check_seed
+from aiayn.decode.search import Hypothesis
+from aiayn.decode.translate import encode_sources
 from aiayn.errors import ConfigError
-from aiayn.folder import ModelFolder
+from aiayn.folder import ModelFolder, precision
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
+from aiayn.runtime.backend import Steps
 from aiayn.serve.batching import DynamicBatcher
 from aiayn.serve.limits import Limits
+from aiayn.serve.stepping import Stepper
 from aiayn.threads import DEFAULT_THREADS, threads_for_load, user_threads
 from aiayn.viz.attention import attention_of_translation
 
@@ -65,6 +69,8 @@ class ModelService:
             max_queue=limits.max_queue,
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
+            # translations join a running decoding between steps where the backend can
+            stepper=self._stepper if "steps" in folder.backend.capabilities else None,
         )
         # The worker decodes with the intra-op threads of the caller (a per-thread setting).
         threads = torch.get_num_threads()
@@ -185,16 +191,17 @@ class ModelService:
         what = key[0]  # type: ignore[index]
         if what == "translate":
             decode = key[1]  # type: ignore[index]
-            return [
-                [
-                    {"text": text, "score": _finite(h.score), "log_prob": _finite(h.log_prob)}
-                    for text, h in hyps
-                ]
-                for hyps in self.folder.translate_hypotheses(inputs, decode)
-            ]
+            return [_nbest(hyps) for hyps in self.folder.translate_hypotheses(inputs, decode)]
         if what == "classify":
             return list(self.folder.classify(inputs))
         raise ValueError(f"unknown batch key {key!r}")
+
+    def _stepper(self, key: Hashable) -> Stepper | None:
+        """Translations run step by step (their requests join between decoder steps); None
+        for the other keys, batched at batch boundaries."""
+        if key[0] != "translate":  # type: ignore[index]
+            return None
+        return TextTranslation(self.folder, key[1])  # type: ignore[index]
 
     # ---- GET /v1/model ------------------------------------------------------------------
 
@@ -218,6 +225,61 @@ class ModelService:
             "routes": [f"/v1/{r}" for r in self.routes],
             "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
         }
+
+
+class TextTranslation:
+    """A :class:`~aiayn.serve.stepping.Stepper` over texts: a running translation of the
+    folder's backend (:class:`~aiayn.decode.continuous.RunningTranslation`) behind its
+    tokenizer, under the folder's precision; outputs as ``/v1/translate`` answers each text.
+    A text with no tokens gets no hypotheses (as :meth:`ModelFolder.translate_hypotheses`
+    gives it) at the next step."""
+
+    def __init__(self, folder: ModelFolder, decode: DecodeConfig) -> None:
+        self.folder, self.decode = folder, decode
+        self.running = cast(Steps, folder.backend).running_translation(decode)
+        self._empty: list[int] = []  # ids of texts with no tokens, answered at the next step
+        self._next_empty = -1
+
+    @property
+    def active(self) -> int:
+        return self.running.active + len(self._empty)
+
+    def add(self, texts: Sequence[str]) -> list[int]:
+        folder = self.folder
+        sources = encode_sources(folder.tokenizer, texts, folder.backend.cfg.max_len)
+        with precision(folder.device, self.decode.bf16):
+            started = iter(self.running.add([s for s in sources if s]) if any(sources) else [])
+        ids = []
+        for source in sources:
+            if not source:
+                self._empty.append(self._next_empty)
+                self._next_empty -= 1
+            ids.append(next(started) if source else self._empty[-1])
+        return ids
+
+    def step(self) -> dict[int, Any]:
+        out: dict[int, Any] = {i: [] for i in self._empty}
+        self._empty = []
+        if self.running.active:
+            with precision(self.folder.device, self.decode.bf16):
+                ended = self.running.step()
+            decode = self.folder.tokenizer.decode
+            out.update(
+                (i, _nbest([(decode(h.tokens), h) for h in hyps])) for i, hyps in ended.items()
+            )
+        return out
+
+    def drop(self, ids: Sequence[int]) -> None:
+        self._empty = [i for i in self._empty if i not in ids]
+        self.running.drop([i for i in ids if i >= 0])
+
+
+def _nbest(pairs: Sequence[tuple[str, Hypothesis]]) -> list[dict[str, Any]]:
+    """One text's n-best list as ``/v1/translate`` answers it."""
+    return [
+        {"text": text, "score": _finite(h.score), "log_prob": _finite(h.log_prob)}
+        for text, h in pairs
+    ]
 
 
 def measured_scores(paths: Sequence[Path]) -> dict[str, Any]:
