@@ -127,3 +127,21 @@ def test_add_refuses_empty_sources():
     running = RunningTranslation(tiny(), DecodeConfig(), torch.device("cpu"))
     with pytest.raises(ValueError, match="non-empty"):
         running.add([[5, 2], []])
+
+
+def test_rows_join_into_the_spare_rows_of_a_running_cache_without_a_copy():
+    """Once rows have joined, each reorder leaves spare rows behind the cache's, and the next
+    sentences' rows are written there: their join copies none of the running rows."""
+    model = tiny(seed=12)
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=8)
+    srcs = sources(3, seed=13)
+    running = RunningTranslation(model, cfg, torch.device("cpu"))
+    running.add(srcs[:1])
+    running.step()
+    running.add(srcs[1:2])  # the first join copies (no spare rows yet)
+    running.step()
+    before = [layer.self_k.data_ptr() for layer in running.cache.layers]
+    running.add(srcs[2:])
+    assert [layer.self_k.data_ptr() for layer in running.cache.layers] == before
+    assert running.cache.layers[0].self_k.size(0) == 3 * 2
+    assert not running.cache.layers[0].self_k[4:].any()  # the new rows' keys: zeros

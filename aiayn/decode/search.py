@@ -237,6 +237,10 @@ class _Beams:
         )
 
 
+# Leading columns no sentence reads that BeamSearch lets pile up before it drops them.
+TRIM_AT = 8
+
+
 class BeamSearch:
     """Beam search as an object that sentences join and leave between steps.
 
@@ -365,12 +369,16 @@ class BeamSearch:
 
     def _follow(self, cache: Any, rows: Tensor) -> Any:
         """Reorder the cache to ``rows``; drop the leading columns no sentence reads any more
-        (those before the oldest remaining sentence joined), in the tokens and the cache."""
+        (those before the oldest remaining sentence joined), in the tokens and the cache, once
+        there are enough of them."""
         assert self.state is not None
         if cache is not None:
             cache = cache.reorder(rows)
-        unread = self.state.tokens.size(1) - 1 - int((self.steps - self.state.start).max())
-        if unread > 0:
+        width = self.state.tokens.size(1)
+        unread = width - 1 - int((self.steps - self.state.start).max())
+        # A trim copies the cache: done once the unread columns are a quarter of the width and
+        # at least TRIM_AT, so that it is rare and the width stays within 4/3 of what is read
+        if unread >= max(TRIM_AT, width // 4):
             self.state.tokens = self.state.tokens[:, unread:]
             if cache is not None:
                 cache = cache.trim(unread)

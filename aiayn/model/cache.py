@@ -59,10 +59,11 @@ class LayerCache:
         self.self_v = _append(self.self_v, v)
         return self.self_k, self.self_v
 
-    def reorder_self(self, index: Tensor) -> None:
-        """Keep self-attention rows ``index``, with room for one more position."""
-        self.self_k = _select_rows(self.self_k, index)
-        self.self_v = _select_rows(self.self_v, index)
+    def reorder_self(self, index: Tensor, spare: int = 0) -> None:
+        """Keep self-attention rows ``index``, with room for one more position (and ``spare``
+        more rows, for rows that join: DecoderCache.extend)."""
+        self.self_k = _select_rows(self.self_k, index, spare)
+        self.self_v = _select_rows(self.self_v, index, spare)
 
 
 MIN_ROOM = 16  # positions a self-attention buffer holds at first
@@ -104,10 +105,18 @@ def _with_rows(cached: Tensor | None, rows: int) -> Tensor | None:
     if cached is None:
         return None
     n, t = cached.size(0), cached.size(2)
-    out = _buffer_like(cached, n + rows, t + 1)[:, :, :t]
-    out[:n] = cached
+    if _room(cached) > t and _rows(cached) >= n + rows:  # the buffer's spare rows: no copy
+        out = cached.as_strided((n + rows, *cached.shape[1:]), cached.stride())
+    else:
+        out = _buffer_like(cached, n + rows, t + 1)[:, :, :t]
+        out[:n] = cached
     out[n:] = 0
     return out
+
+
+def _rows(t: Tensor) -> int:
+    """Rows the buffer behind a (N, H, t, K) view holds from its first row on."""
+    return (t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()) // t.stride(0)
 
 
 def _keep_positions(cached: Tensor | None, first: int) -> Tensor | None:
@@ -130,13 +139,13 @@ def _pad_source(t: Tensor, dim: int, length: int, value: float | bool) -> Tensor
     return torch.cat([t, t.new_full(shape, value)], dim=dim)
 
 
-def _select_rows(cached: Tensor | None, index: Tensor) -> Tensor | None:
-    """Rows ``index`` of a (B, H, t, K) view, copied once into a new (B', H, t + 1, K) buffer;
-    returns the view of its first t positions."""
+def _select_rows(cached: Tensor | None, index: Tensor, spare: int = 0) -> Tensor | None:
+    """Rows ``index`` of a (B, H, t, K) view, copied once into a new (B' + spare, H, t + 1, K)
+    buffer; returns the view of its first B' rows and t positions."""
     if cached is None:
         return None
     t = cached.size(2)
-    out = _buffer_like(cached, index.numel(), t + 1)[:, :, :t]
+    out = _buffer_like(cached, index.numel() + spare, t + 1)[: index.numel(), :, :t]
     return torch.index_select(cached, 0, index, out=out)
 
 
@@ -192,8 +201,11 @@ class DecoderCache:
         source = self._source_rows(index)
         if self.offsets is not None:
             self.offsets = self.offsets.index_select(0, index)
+        # A cache that rows join keeps spare rows for the next ones (a quarter more): joining
+        # then writes into them instead of copying every row (DecoderCache.extend)
+        spare = 0 if self.offsets is None else max(index.numel() // 4, 8 * self.beam)
         for layer in self.layers:
-            layer.reorder_self(index)
+            layer.reorder_self(index, spare)
             if source is not None:
                 layer.cross_k, layer.cross_v = (
                     _select(layer.cross_k, source),
