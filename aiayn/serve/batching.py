@@ -1,5 +1,14 @@
 """Dynamic batching: concurrent requests merged into token-bounded batches, run on one thread.
 
+Two ways, by key. Where ``stepper(key)`` gives a :class:`~aiayn.serve.stepping.Stepper` (the
+PyTorch backend's translations), requests are batched step by step: they join the key's
+running batch between its steps, within ``max_batch_cost``, and each is answered the step its
+last input ends; a request whose future is cancelled (time limit, client gone) leaves at the
+next step. The worker runs in rounds: the waiting requests join their running batches (or the
+oldest starts one), the oldest single job or request of another key runs, then every running
+batch takes one step (aiayn/serve/stepping.py). Every other key is batched at batch
+boundaries, as follows.
+
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
 settings). The worker takes the oldest request and holds a window open for others with the same
@@ -33,11 +42,11 @@ thread, or (``thread=False``) whichever thread calls :meth:`DynamicBatcher.work`
 Bounds: at most ``max_queue`` inputs wait (:class:`QueueFull` beyond, the server's 503; a
 request larger than the whole queue is :class:`TooLarge` at once, the server's 422); a
 request cancelled before its batch starts (its time limit passed) is dropped from the queue. A
-batch that has started runs to its end: a decoding step cannot be interrupted, its result is
-discarded for a cancelled request.
+batch-boundary batch that has started runs to its end (its result is discarded for a cancelled
+request); a step-level one drops cancelled requests between steps.
 
-``merge=False`` runs every request alone, in arrival order: the baseline the benchmark compares
-with. The outputs are the same either way whenever ``run`` treats each input independently of the
+``merge=False`` runs every request alone, in arrival order, through ``run`` (no stepper): the
+baseline the benchmark compares with. The outputs are the same either way whenever ``run`` treats each input independently of the
 others in its batch (aiayn's translation and classification do; tested).
 """
 
