@@ -282,6 +282,10 @@ class DynamicBatcher:
                 self._step(running)
         except BaseException:  # Ctrl+C on the main thread: the requests fail, the worker stops
             self._fail_running(Stopping())
+            for _, requests in joins:  # those that were joining when it came
+                for r in requests:
+                    if not r.future.done() and r.future.set_running_or_notify_cancel():
+                        r.future.set_exception(Stopping())
             raise
         finally:
             self._free_since = time.monotonic()
