@@ -186,6 +186,28 @@ def test_stopping_fails_the_running_requests_at_once():
         running.result(5)
 
 
+def test_a_key_whose_stepper_cannot_be_made_is_batched_at_boundaries():
+    """A stepper that refuses its key (a setting the model cannot decode with) leaves the key
+    to ``run``, whose error the requests get; the worker goes on."""
+    calls: list = []
+
+    def stepper(key):
+        raise ValueError("no such setting")
+
+    def run(key, inputs):
+        calls.append(inputs)
+        if key == "bad":
+            raise ValueError("no such setting")
+        return inputs
+
+    batcher = DynamicBatcher(run, wait_s=0.0, stepper=stepper)
+    with pytest.raises(ValueError, match="no such setting"):
+        batcher.submit("bad", ["a"], cost=1).result(5)
+    assert batcher.submit("good", ["b"], cost=1).result(5).outputs == ["b"]
+    batcher.close()
+    assert calls == [["a"], ["b"]]
+
+
 def test_without_merging_every_request_runs_alone_and_no_stepper_is_made():
     log: list = []
     batcher, steppers = stepped(log, merge=False)

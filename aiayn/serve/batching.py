@@ -302,7 +302,11 @@ class DynamicBatcher:
         if key not in self._step_keys:
             if len(self._step_keys) > 1000:
                 self._step_keys.clear()
-            stepper = self.stepper(key)
+            try:
+                stepper = self.stepper(key)
+            except Exception as err:  # batched at boundaries: ``run`` says what is wrong
+                log.debug("no stepper for %r: %s", key, err)
+                stepper = None
             self._step_keys[key] = False if stepper is None else stepper  # kept for its use
         return self._step_keys[key] is not False
 

@@ -231,47 +231,30 @@ class TextTranslation:
     """A :class:`~aiayn.serve.stepping.Stepper` over texts: a running translation of the
     folder's backend (:class:`~aiayn.decode.continuous.RunningTranslation`) behind its
     tokenizer, under the folder's precision; outputs as ``/v1/translate`` answers each text.
-    A text with no tokens gets no hypotheses (as :meth:`ModelFolder.translate_hypotheses`
-    gives it) at the next step."""
+    Texts are never blank here (:meth:`ModelService.check_texts` refuses them)."""
 
     def __init__(self, folder: ModelFolder, decode: DecodeConfig) -> None:
         self.folder, self.decode = folder, decode
         self.running = cast(Steps, folder.backend).running_translation(decode)
-        self._empty: list[int] = []  # ids of texts with no tokens, answered at the next step
-        self._next_empty = -1
 
     @property
     def active(self) -> int:
-        return self.running.active + len(self._empty)
+        return int(self.running.active)
 
     def add(self, texts: Sequence[str]) -> list[int]:
         folder = self.folder
         sources = encode_sources(folder.tokenizer, texts, folder.backend.cfg.max_len)
         with precision(folder.device, self.decode.bf16):
-            started = iter(self.running.add([s for s in sources if s]) if any(sources) else [])
-        ids = []
-        for source in sources:
-            if not source:
-                self._empty.append(self._next_empty)
-                self._next_empty -= 1
-            ids.append(next(started) if source else self._empty[-1])
-        return ids
+            return list(self.running.add(sources))
 
     def step(self) -> dict[int, Any]:
-        out: dict[int, Any] = {i: [] for i in self._empty}
-        self._empty = []
-        if self.running.active:
-            with precision(self.folder.device, self.decode.bf16):
-                ended = self.running.step()
-            decode = self.folder.tokenizer.decode
-            out.update(
-                (i, _nbest([(decode(h.tokens), h) for h in hyps])) for i, hyps in ended.items()
-            )
-        return out
+        with precision(self.folder.device, self.decode.bf16):
+            ended = self.running.step()
+        decode = self.folder.tokenizer.decode
+        return {i: _nbest([(decode(h.tokens), h) for h in hyps]) for i, hyps in ended.items()}
 
     def drop(self, ids: Sequence[int]) -> None:
-        self._empty = [i for i in self._empty if i not in ids]
-        self.running.drop([i for i in ids if i >= 0])
+        self.running.drop(ids)
 
 
 def _nbest(pairs: Sequence[tuple[str, Hypothesis]]) -> list[dict[str, Any]]:
