@@ -163,6 +163,25 @@ class Failing(Gated):
         raise ZeroDivisionError("a step failed")
 
 
+def test_a_request_too_large_for_the_room_left_is_not_overtaken_by_smaller_ones():
+    log: list = []
+    batcher, steppers = stepped(log, max_batch_cost=4)
+    running = batcher.submit("s", [3], cost=2)
+    until(lambda: len(log) == 1)
+    large, small = batcher.submit("s", [1], cost=4), batcher.submit("s", [1], cost=1)
+    for _ in range(3):
+        steppers[0].gate.release()
+    assert running.result(5).outputs == ["ended"]
+    until(lambda: len(steppers) == 2)  # the batch emptied: the large one starts the next
+    assert not small.done()  # it fitted, but came after large
+    steppers[1].gate.release()
+    assert large.result(5).outputs == ["ended"]
+    until(lambda: len(steppers) == 3)  # large filled the budget: small runs after it
+    steppers[2].gate.release()
+    assert small.result(5).outputs == ["ended"] and len(log) == 5
+    batcher.close()
+
+
 def test_a_failing_step_fails_its_requests_and_the_worker_goes_on():
     log: list = []
     batcher, steppers = stepped(log, kinds=iter([Failing]))

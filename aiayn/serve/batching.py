@@ -311,10 +311,10 @@ class DynamicBatcher:
         return self._step_keys[key] is not False
 
     def _take_joining(self) -> list[tuple[Running, list[_Request]]]:
-        """Remove the queued requests that join a running step-level batch now, as many as its
-        cost budget allows (one costlier than the budget joins an empty batch alone), and
-        those that start one when the oldest request is of a key not running (the lock is
-        held)."""
+        """Remove the queued requests that join a running step-level batch now, in arrival order
+        as long as its cost budget allows (one costlier than the budget joins an empty batch
+        alone: those after it wait with it), and those that start one when the oldest request
+        is of a key not running (the lock is held)."""
         self._purge()
         joins = []
         batches = list(self._running.values())
@@ -330,12 +330,15 @@ class DynamicBatcher:
             room = self.max_batch_cost - running.cost
             taken: list[_Request] = []
             keep: deque[_Request] = deque()
+            full = False  # a request that did not fit: none after it joins (arrival order)
             for r in self._queue:
-                if r.key == key and (r.cost <= room or not (taken or len(running))):
+                fits = r.cost <= room or not (taken or len(running))
+                if r.key == key and fits and not full:
                     taken.append(r)
                     room -= r.cost
                     self._drop(r)
                 else:
+                    full = full or r.key == key
                     keep.append(r)
             self._queue = keep
             if taken:
