@@ -11,6 +11,10 @@ it). The cache is opaque except for
 and may be None. This is fairseq's split (``Search.step`` sees only log-probs), and it is what the
 tests exercise with hand-set probabilities.
 
+Beam search is an object, :class:`BeamSearch`, that sentences can join between steps (the
+server's step-level batching); :func:`beam_search` is a loop over it. A cache that rows join
+also has ``trim(n)`` (see :class:`BeamSearch`).
+
 Lengths: ``max_len`` counts generated tokens, EOS included; a hypothesis that reaches it without EOS
 ends there (as Hugging Face ``max_new_tokens`` does). ``min_len`` forbids EOS before that many.
 """
