@@ -9,6 +9,7 @@ the test lets through one at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -265,3 +266,22 @@ def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder
         ]
         got = [h["score"] for nbest in answer for h in nbest]
         assert got == pytest.approx([h.score for line in alone for _, h in line], abs=1e-5)
+
+
+def test_a_translation_whose_client_went_away_stops_decoding_at_the_next_step(folder):
+    """Cancelling the future (what the HTTP layer does at the time limit, or when the client is
+    gone) takes the request's rows out of the running decoding at the next step: the steps
+    stop long before its 25 forced tokens."""
+    service = ModelService(folder, Limits())
+    decode = dataclasses.replace(service.decode_config(2, None, None), min_len=25, max_len_b=30)
+    future = service.translate(["a b c"], decode)
+    until(lambda: service.batcher.steps >= 1)
+    hold = threading.Event()
+    held = service.batcher.call(hold.wait)  # runs between two steps, and holds the worker
+    until(held.running)
+    assert future.cancel()
+    hold.set()
+    until(lambda: not service.batcher._running)
+    steps = service.batcher.steps
+    service.close()
+    assert steps < 25 and future.cancelled()
