@@ -11,6 +11,7 @@ from trainutil import tiny_model_config
 
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.decode.continuous import RunningTranslation
+from aiayn.decode.search import BeamSearch
 from aiayn.model import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,10 +72,19 @@ def test_sentences_joining_at_other_steps_decode_as_alone(beam, nbest, kw):
     assert_same(got, alone)
 
 
-def test_min_len_and_forced_eos_count_each_sentences_own_tokens():
+def test_min_len_forced_eos_and_late_stopping_count_each_sentences_own_tokens():
     model = tiny(seed=3)
     cfg = DecodeConfig(
-        beam=3, nbest=2, max_len_a=0.0, max_len_b=6, min_len=4, forced_eos=True, bad_ids=(5,)
+        beam=3,
+        nbest=2,
+        max_len_a=0.0,
+        max_len_b=6,
+        min_len=4,
+        forced_eos=True,
+        bad_ids=(5,),
+        early_stopping=False,
+        length_penalty="power",
+        alpha=1.0,
     )
     srcs = sources(5, seed=4)
     alone = [translate_ids(model, [s], cfg)[0] for s in srcs]
@@ -145,3 +155,71 @@ def test_rows_join_into_the_spare_rows_of_a_running_cache_without_a_copy():
     assert [layer.self_k.data_ptr() for layer in running.cache.layers] == before
     assert running.cache.layers[0].self_k.size(0) == 3 * 2
     assert not running.cache.layers[0].self_k[4:].any()  # the new rows' keys: zeros
+
+
+class StubRows:
+    """A stand-in cache that knows which sentence each row is (reordered with the beams)."""
+
+    def __init__(self) -> None:
+        self.sentence: list[int] = []
+
+    def reorder(self, index):
+        self.sentence = [self.sentence[i] for i in index.tolist()]
+        return self
+
+    def trim(self, n):
+        return self
+
+
+BOS, EOS, A = 1, 2, 3  # the stub vocabulary: 0 pad · 1 BOS · 2 EOS · 3 a
+
+
+def dist(p_eos: float) -> list[float]:
+    return [0.0, 0.0, p_eos, 1.0 - p_eos]
+
+
+def run_stub(tables, joins, **search):
+    """BeamSearch (beam 2) over a stub step: sentence ``name`` reads ``tables[name][prefix]``
+    (EOS never, by default) and joins before step ``joins[name]``; its n-best lists by name."""
+
+    def step(tokens, cache):  # a row's own prefix: what follows its last BOS
+        rows = [row[len(row) - row[::-1].index(BOS) :] for row in tokens.tolist()]
+        probs = [tables[s].get(tuple(r), dist(0.0)) for s, r in zip(cache.sentence, rows)]
+        return torch.tensor(probs).log(), cache
+
+    beam_search = BeamSearch(2, BOS, EOS, **search)
+    cache, names, out, at = StubRows(), {}, {}, 0
+    while len(out) < len(joins):
+        for name in [name for name, when in joins.items() if when == at]:
+            rows = 1 if not beam_search.active else 2
+            names[beam_search.add(10)[0]] = name
+            cache.sentence += [name] * rows
+        if beam_search.active:
+            cache = beam_search.step(step, cache)
+            out.update((names[s], hyps) for s, hyps in beam_search.pop_done().items())
+        at += 1
+    return out
+
+
+def assert_same_hyps(got, want):
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-6)
+
+
+def test_late_stopping_counts_each_joined_sentences_own_length():
+    """Without early stopping a sentence goes on while its best live beam, over the penalty of
+    its own length, can beat its finished ones. A sentence that joins at step 2, beside one
+    that never ends, stops when it would alone: with the other's length it would go on and
+    find another second best."""
+    tables = {"never ends": {}, "stops": {(): dist(0.6), (A,): dist(0.6), (A, A): dist(0.99)}}
+    kw = dict(alpha=1.0, penalty="power", nbest=2, early_stopping=False)
+    alone = run_stub(tables, {"stops": 0}, **kw)["stops"]
+    assert [h.tokens for h in alone] == [[], [A]]  # it stopped after 2 tokens
+    assert_same_hyps(run_stub(tables, {"never ends": 0, "stops": 2}, **kw)["stops"], alone)
+
+
+def test_min_len_counts_each_joined_sentences_own_tokens():
+    tables = {"never ends": {}, "quick": {(): dist(0.9), (A,): dist(0.9), (A, A): dist(0.9)}}
+    alone = run_stub(tables, {"quick": 0}, min_len=2)["quick"]
+    assert alone[0].tokens == [A, A]
+    assert_same_hyps(run_stub(tables, {"never ends": 0, "quick": 4}, min_len=2)["quick"], alone)
