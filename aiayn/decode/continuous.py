@@ -88,9 +88,8 @@ class RunningTranslation:
         memory = self.model.encode(src)
         cache = self.model.init_cache(memory, src=src).with_beam(self.cfg.beam)
         self.model.project_memory(cache, memory)
-        ids = self.search.add(max_len, len(sources))
         self.cache = cache if self.cache is None else self.cache.extend(cache)
-        return ids
+        return self.search.add(max_len, len(sources))  # after the cache: it cannot fail
 
     @torch.no_grad()
     def step(self) -> dict[int, list[Hypothesis]]:
