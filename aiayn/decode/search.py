@@ -22,7 +22,7 @@ ends there (as Hugging Face ``max_new_tokens`` does). ``min_len`` forbids EOS be
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -208,37 +208,20 @@ class _Beams:
 
     Sentences may join later (:meth:`BeamSearch.add`): their rows of ``tokens`` are filled on
     the left (with BOS, never read) up to the common width, so each row's last column is the
-    token the next step feeds. Sentence i has generated ``steps - start[i]`` tokens, the last
-    that many columns of its rows.
+    token the next step feeds. A sentence that has generated g tokens holds them in the last g
+    columns of its rows.
     """
 
     tokens: Tensor  # (b·k, t) every hypothesis so far, BOS first
     scores: Tensor  # (b, k) cumulative log-probabilities (float32)
     sentence: Tensor  # (b,) id of each active sentence (CPU)
-    # (b,) CPU: each sentence's max_len, and the step of the search it joined at; empty means
-    # no cap and step 0 for every sentence (a state built by hand)
-    max_len: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    start: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-
-    def __post_init__(self) -> None:
-        n = self.sentence.numel()
-        if n and not self.start.numel():
-            self.start = torch.zeros(n, dtype=torch.long)
-        if n and not self.max_len.numel():
-            self.max_len = torch.full((n,), 2**62, dtype=torch.long)
 
     def select(self, keep: Tensor) -> _Beams:
         """The sentences at positions ``keep`` (b',) of the CPU, in that order."""
         beam = self.scores.size(1)
         on_device = keep.to(self.tokens.device, non_blocking=True)
         tokens = self.tokens.view(-1, beam, self.tokens.size(1))[on_device].flatten(0, 1)
-        return _Beams(
-            tokens,
-            self.scores[on_device],
-            self.sentence[keep],
-            self.max_len[keep],
-            self.start[keep],
-        )
+        return _Beams(tokens, self.scores[on_device], self.sentence[keep])
 
 
 # Leading columns no sentence reads that BeamSearch lets pile up before it drops them.
@@ -285,6 +268,12 @@ class BeamSearch:
         self.finished: dict[int, list[Hypothesis]] = {}  # by sentence id, active ones
         self._ended: dict[int, list[Hypothesis]] = {}  # n-best lists not yet popped
         self._next_id = 0
+        # Host-side bookkeeping in Python (no tensor to read back at every step): the ids of the
+        # active sentences, in the order of their rows, and by id the step each joined at and
+        # its max_len
+        self._ids: list[int] = []
+        self._start: dict[int, int] = {}
+        self._cap: dict[int, int] = {}
 
     @property
     def active(self) -> int:
@@ -294,54 +283,58 @@ class BeamSearch:
     def add(self, max_len: int | Tensor, n: int = 1) -> list[int]:
         """Start ``n`` sentences (``max_len``: an int or (n,) caps); returns their ids. Their
         rows follow those of the sentences already there (the cache must get theirs likewise)."""
-        lengths = _as_lengths(max_len, n)
+        lengths = _as_lengths(max_len, n).tolist()
         ids = list(range(self._next_id, self._next_id + n))
         self._next_id += n
-        self.finished.update((i, []) for i in ids)
+        for i, cap in zip(ids, lengths):
+            self.finished[i], self._start[i], self._cap[i] = [], self.steps, cap
         k = 1 if self.state is None else self.state.scores.size(1)  # rows per sentence now
         width = 1 if self.state is None else self.state.tokens.size(1)
         tokens = torch.full((n * k, width), self.bos_id, dtype=torch.long, device=self.device)
         scores = torch.full((n, k), float("-inf"), device=self.device)
         scores[:, 0] = 0.0  # k identical rows: only the first is alive
-        start = torch.full((n,), self.steps, dtype=torch.long)
-        new = _Beams(tokens, scores, torch.tensor(ids), lengths, start)
+        new = _Beams(tokens, scores, torch.tensor(ids))
         self.state = new if self.state is None else _concat(self.state, new)
+        self._ids += ids
         return ids
 
     @torch.no_grad()
     def step(self, step: StepFn, cache: Any) -> Any:
         """One decoder step for every active sentence; returns the cache (reordered to the rows
         that go on; left as it is when no sentence is left)."""
-        state, beam = self.state, self.beam
+        state, beam, ids = self.state, self.beam, self._ids
         if state is None:
             raise ValueError("no sentence to search: add() some first")
-        generated = self.steps - state.start  # (b,) CPU: tokens each has generated so far
+        generated = [self.steps - self._start[s] for s in ids]  # tokens each has so far
+        caps = [self._cap[s] for s in ids]
         log_probs, cache = step(state.tokens, cache)
-        last = _last_rows(state, generated) if self.rules.force_eos else None
-        forbid = _rows_where(state, generated < self.min_len)
+        last = None
+        if self.rules.force_eos:  # the rows whose next token is the last their cap allows
+            last = _row_flags(state, [c <= g + 1 for c, g in zip(caps, generated)])
+        forbid = _rows_where(state, [g < self.min_len for g in generated])
         log_probs = _apply_rules(log_probs, self.eos_id, forbid, self.rules, last)
         cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
-        ids = state.sentence.tolist()
         room = [len(self.finished[s]) < beam for s in ids]  # before this step's endings
         _finish_eos(
-            state, cand_scores, cand_rows, cand_tokens, self.eos_id, self.finished, generated,
-            self.alpha, self.penalty, beam,
+            state, cand_scores, cand_rows, cand_tokens, self.eos_id, self.finished, ids,
+            generated, self.alpha, self.penalty, beam,
         )  # fmt: skip
         state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, self.eos_id, beam)
         self.steps += 1
         done = _done(
-            state, self.steps - state.start, self.finished, beam, self.alpha, self.penalty,
-            self.early_stopping, room,
+            state, ids, [g + 1 for g in generated], caps, self.finished, beam, self.alpha,
+            self.penalty, self.early_stopping, room,
         )  # fmt: skip
-        for i in done.nonzero().squeeze(1).tolist():
+        keep = [i for i, d in enumerate(done) if not d]
+        for i in (i for i, d in enumerate(done) if d):
             self._end(ids[i])
-        keep = (~done).nonzero().squeeze(1)  # (b',) on the CPU
-        if keep.numel() == 0:
-            self.state = None
+        if not keep:
+            self.state, self._ids = None, []
             return cache
-        if keep.numel() < done.numel():  # sentences leave: one small copy to the device
-            rows = rows.view(-1, beam)[keep.to(rows.device, non_blocking=True)].reshape(-1)
-            state = state.select(keep)
+        if len(keep) < len(done):  # sentences leave: one small copy to the device
+            kept = torch.tensor(keep)
+            rows = rows.view(-1, beam)[kept.to(rows.device, non_blocking=True)].reshape(-1)
+            state, self._ids = state.select(kept), [ids[i] for i in keep]
         self.state = state
         return self._follow(cache, rows)
 
@@ -349,17 +342,18 @@ class BeamSearch:
         """Remove sentences ``ids`` (ended or unknown ones are ignored); returns the cache."""
         state, gone = self.state, set(ids)
         for i in gone:
-            self.finished.pop(i, None)
-            self._ended.pop(i, None)
-        if state is None or not gone & set(state.sentence.tolist()):
+            for table in (self.finished, self._ended, self._start, self._cap):
+                table.pop(i, None)
+        if state is None or not gone & set(self._ids):
             return cache
-        keep = torch.tensor([i for i, s in enumerate(state.sentence.tolist()) if s not in gone])
-        if keep.numel() == 0:
-            self.state = None
+        keep = [i for i, s in enumerate(self._ids) if s not in gone]
+        if not keep:
+            self.state, self._ids = None, []
             return cache
         k = state.scores.size(1)
-        rows = (keep[:, None] * k + torch.arange(k)).view(-1).to(state.tokens.device)
-        self.state = state.select(keep)
+        kept = torch.tensor(keep)
+        rows = (kept[:, None] * k + torch.arange(k)).view(-1).to(state.tokens.device)
+        self.state, self._ids = state.select(kept), [self._ids[i] for i in keep]
         return self._follow(cache, rows)
 
     def pop_done(self) -> dict[int, list[Hypothesis]]:
@@ -368,6 +362,7 @@ class BeamSearch:
         return ended
 
     def _end(self, sentence: int) -> None:
+        del self._start[sentence], self._cap[sentence]
         hyps = self.finished.pop(sentence)
         self._ended[sentence] = sorted(hyps, key=lambda h: -h.score)[: self.nbest]
 
@@ -379,7 +374,7 @@ class BeamSearch:
         if cache is not None:
             cache = cache.reorder(rows)
         width = self.state.tokens.size(1)
-        unread = width - 1 - int((self.steps - self.state.start).max())
+        unread = width - 1 - (self.steps - min(self._start[s] for s in self._ids))
         # A trim copies the cache: done once the unread columns are a quarter of the width and
         # at least TRIM_AT, so that it is rare and the width stays within 4/3 of what is read
         if unread >= max(TRIM_AT, width // 4):
@@ -395,8 +390,6 @@ def _concat(a: _Beams, b: _Beams) -> _Beams:
         torch.cat([a.tokens, b.tokens]),
         torch.cat([a.scores, b.scores]),
         torch.cat([a.sentence, b.sentence]),
-        torch.cat([a.max_len, b.max_len]),
-        torch.cat([a.start, b.start]),
     )
 
 
@@ -442,21 +435,16 @@ def beam_search(
     return [results[i] for i in ids]
 
 
-def _rows_where(state: _Beams, per_sentence: Tensor) -> bool | Tensor:
-    """A (b,) bool of the CPU as one bool when all agree (no copy to the device), else as a
-    (b·k,) bool on the device, one per row."""
-    if bool(per_sentence.all()) or not bool(per_sentence.any()):
-        return bool(per_sentence.all()) if per_sentence.numel() else False
-    rows_per_sentence = state.tokens.size(0) // state.sentence.numel()
-    rows = per_sentence.repeat_interleave(rows_per_sentence)
-    return rows.to(state.tokens.device, non_blocking=True)
+def _rows_where(state: _Beams, flags: list[bool]) -> bool | Tensor:
+    """Per-sentence flags as one bool when all agree (no copy to the device), else as rows."""
+    return all(flags) if all(flags) or not any(flags) else _row_flags(state, flags)
 
 
-def _last_rows(state: _Beams, generated: Tensor) -> Tensor:
-    """(b·k,) or (b,) bool on the device: rows whose next token is the last their cap allows."""
-    rows_per_sentence = state.tokens.size(0) // state.sentence.numel()
-    last = (state.max_len <= generated + 1).repeat_interleave(rows_per_sentence)
-    return last.to(state.tokens.device, non_blocking=True)
+def _row_flags(state: _Beams, flags: list[bool]) -> Tensor:
+    """Per-sentence flags as a (b·k,) bool on the device, one per row."""
+    per_sentence = state.tokens.size(0) // len(flags)
+    out = torch.tensor(flags).repeat_interleave(per_sentence)
+    return out.to(state.tokens.device, non_blocking=True)
 
 
 def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -537,13 +525,14 @@ def _finish_eos(
     cand_tokens: Tensor,
     eos_id: int,
     finished: dict[int, list[Hypothesis]],
-    generated: Tensor,
+    ids: list[int],
+    generated: list[int],
     alpha: float,
     penalty: str,
     beam: int,
 ) -> None:
     """Move EOS candidates ranked among the first k of their sentence into ``finished``.
-    ``generated`` (b,) CPU: the tokens each sentence had before this step's EOS.
+    ``ids``, ``generated``: each active sentence's id and the tokens it had before this step.
 
     Host-device syncs: one per step, three more on a step with EOS candidates, whatever their
     number (their sentences, scores and tokens are each copied at once).
@@ -555,10 +544,12 @@ def _finish_eos(
     i, j = where[:, 0], where[:, 1]
     scores = cand_scores[i, j].tolist()
     rows = state.tokens[cand_rows[i, j]].tolist()  # (n, t)
-    i = i.cpu()
-    for s, n, log_prob, row in zip(state.sentence[i].tolist(), generated[i].tolist(), scores, rows):
+    for at, log_prob, row in zip(i.tolist(), scores, rows):
+        n = generated[at]
         divisor = float(length_penalty(n + 1, alpha, penalty))  # its tokens and this EOS
-        finished[s].append(Hypothesis(row[len(row) - n :], log_prob / divisor, log_prob, True))
+        finished[ids[at]].append(
+            Hypothesis(row[len(row) - n :], log_prob / divisor, log_prob, True)
+        )
 
 
 def _advance(
@@ -579,44 +570,44 @@ def _advance(
     rows = cand_rows.gather(1, order).view(-1)  # (b·k,)
     new = cand_tokens.gather(1, order).view(-1, 1)  # (b·k, 1)
     tokens = torch.cat([state.tokens.index_select(0, rows), new], dim=1)  # (b·k, t + 1)
-    scores = cand_scores.gather(1, order)
-    return _Beams(tokens, scores, state.sentence, state.max_len, state.start), rows
+    return _Beams(tokens, cand_scores.gather(1, order), state.sentence), rows
 
 
 def _done(
     state: _Beams,
-    generated: Tensor,
+    ids: list[int],
+    generated: list[int],
+    caps: list[int],
     finished: dict[int, list[Hypothesis]],
     beam: int,
     alpha: float,
     penalty: str,
     early_stopping: bool,
     room: list[bool],
-) -> Tensor:
-    """Which active sentences are done (b,) bool: k finished hypotheses (and, without
+) -> list[bool]:
+    """Which active sentences are done: k finished hypotheses (and, without
     ``early_stopping``, no live beam that could beat them), no live beam left, or max_len
     reached (their live beams are then kept, cut, where the sentence had fewer than k finished
-    hypotheses before this step, ``room``, by position: they compete with this step's EOS
-    endings). ``generated`` (b,) CPU: the tokens each sentence has generated, this step's
-    included."""
-    sentences = state.sentence.tolist()  # host tensors: no sync
-    at_cap = (state.max_len <= generated).tolist()
+    hypotheses before this step, ``room``: they compete with this step's EOS endings).
+    ``ids``, ``generated``, ``caps``: each active sentence's id, the tokens it has generated
+    (this step's included) and its max_len."""
+    at_cap = [c <= g for c, g in zip(caps, generated)]
     dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
     cut = [i for i, cap in enumerate(at_cap) if cap and (room[i] or not early_stopping)]
     for i, hyps in zip(cut, _cut(state, cut, generated, beam, alpha, penalty)):
-        finished[sentences[i]].extend(hyps)
-    full = [len(finished[s]) >= beam for s in sentences]
+        finished[ids[i]].extend(hyps)
+    full = [len(finished[s]) >= beam for s in ids]
     if not early_stopping and any(full):
         best_live = state.scores[:, 0].tolist()  # live beams are ranked: 0 is best
-        for i, (s, n) in enumerate(zip(sentences, generated.tolist())):
+        for i, (s, n) in enumerate(zip(ids, generated)):
             if full[i]:
                 worst = sorted(h.score for h in finished[s])[-beam]  # the k-th best finished
                 full[i] = best_live[i] / float(length_penalty(n, alpha, penalty)) <= worst
-    return torch.tensor([cap or d or f for cap, d, f in zip(at_cap, dead, full)], dtype=torch.bool)
+    return [cap or d or f for cap, d, f in zip(at_cap, dead, full)]
 
 
 def _cut(
-    state: _Beams, cut: list[int], generated: Tensor, beam: int, alpha: float, penalty: str
+    state: _Beams, cut: list[int], generated: list[int], beam: int, alpha: float, penalty: str
 ) -> list[list[Hypothesis]]:
     """The live beams of the sentences ``cut`` (they reached max_len) as hypotheses without EOS.
     Their beams come to the host in one copy of tokens and one of scores, whatever their number;
@@ -627,7 +618,7 @@ def _cut(
     rows = state.tokens.reshape(-1, beam, t)[cut].tolist()  # (c, k, t)
     scores = state.scores[cut].tolist()  # (c, k)
     out = []
-    for beams, row, n in zip(rows, scores, generated[cut].tolist()):
+    for beams, row, n in zip(rows, scores, (generated[i] for i in cut)):
         divisor = float(length_penalty(n, alpha, penalty))
         out.append(
             [
