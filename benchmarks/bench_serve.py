@@ -7,11 +7,14 @@ For each client count (``--clients 8 32 64``) the server runs as its own process
 (/v1/translate), the next as soon as the last is answered. After ``--warmup`` seconds of that
 load (the clients settle into the server's batches) the answers of the next ``--seconds`` are
 counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be 0), the server's
-peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per batch (from
-/health). ``--baseline`` adds the server with `--no-batching` at the first client count. `aiayn translate` translates the sentences
-in one process; its sentences/s are given with and without model loading (the loading is
-measured by a translation of one sentence), and the ratio server / translate (loading excluded)
-per client count.
+peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per decoder step
+(step-level batching, the PyTorch backend) or per batch (from /health). One client always runs
+as well: a lone request's latency. ``--baseline`` adds the server with `--no-batching` at the
+first client count. `aiayn translate` translates the sentences in one process; its sentences/s
+are given with and without model loading (the loading is measured by a translation of one
+sentence), and the ratio server / translate (loading excluded) per client count. "targets"
+gathers what docs/serving.md's targets compare: that ratio per client count, and each count's
+p50 latency over the lone request's.
 
 The clients share the machine with the server, so they are made cheap (one asyncio loop,
 keep-alive connections, request bytes encoded beforehand: about 1% of a core at 150 requests/s,
@@ -22,7 +25,7 @@ OMP_NUM_THREADS, default 1) and OMP_WAIT_POLICY=PASSIVE: on a machine shared wit
 processes, OpenMP's default spinning makes 2 threads many times slower than 1. ``--threads 0``
 sets none of these: each command chooses as a user's would.
 
-    python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 32 64 --seconds 20 \
+    python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 64 128 --seconds 20 \
         --out docs/experiments/serving.json
 
 Sentences: Multi30k test2016 sources from the data mirror (AIAYN_DATA_MIRROR or ../shared/data),
@@ -106,6 +109,39 @@ def start_server(model: list[str], batching: bool, threads: int, extra: list[str
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("the server did not start in 120 s")
+
+
+def batch_sizes(before: dict, after: dict) -> dict:
+    """From two /health answers: the mean requests per batch (batch-boundary batching), and
+    per decoder step where requests join between steps (step-level batching: PyTorch)."""
+    out = {}
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    if steps:
+        out["requests_per_step"] = round(
+            (after["step_requests"] - before["step_requests"]) / steps, 2
+        )
+    batches = after["batches"] - before["batches"]
+    if batches or not steps:
+        out["requests_per_batch"] = round(
+            (after["requests"] - before["requests"]) / max(batches, 1), 2
+        )
+    return out
+
+
+def targets(rows: dict, clients: list[int]) -> dict:
+    """What docs/serving.md's targets compare: sentences/s against `aiayn translate` per client
+    count (>= 0.9 at 64 and 128 clients), and p50 latency against a lone request's (one client:
+    <= 1.5 at 8 clients)."""
+    lone = rows.get("serve, 1 clients", {}).get("p50_ms")
+    out: dict = {"lone_request_p50_ms": lone, "vs_translate": {}, "p50_vs_lone_request": {}}
+    for c in clients:
+        row = rows.get(f"serve, {c} clients")
+        if row is None:
+            continue
+        out["vs_translate"][str(c)] = row["vs_translate"]
+        if lone:
+            out["p50_vs_lone_request"][str(c)] = round(row["p50_ms"] / lone, 2)
+    return out
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -326,7 +362,9 @@ def load_average() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/avg5")])
-    p.add_argument("--clients", type=int, nargs="+", default=[8, 32, 64], help="default: 8 32 64")
+    p.add_argument(
+        "--clients", type=int, nargs="+", default=[8, 64, 128], help="default: 8 64 128 (and 1)"
+    )
     p.add_argument("--seconds", type=float, default=20, help="per client count (default: 20)")
     p.add_argument(
         "--warmup", type=float, default=3, help="seconds of load before counting (default: 3)"
@@ -371,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ceiling:
         rows["decoding alone"] = ceiling(args.model, texts, args.threads, args.ceiling)
         print(f"decoding alone: {json.dumps(rows['decoding alone'])}", flush=True)
-    runs = [(c, True) for c in args.clients]
+    # one client: the lone request's latency, what the other counts' p50 is compared with
+    runs = [(c, True) for c in sorted({1, *args.clients})]
     if args.baseline:
         runs.append((args.clients[0], False))
     for clients, batching in runs:
@@ -384,10 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                 url, texts, clients, args.seconds, args.beam, args.warmup, args.per_request
             )
             after = httpx.get(url + "/health").json()  # batches of this load, warm-up included
-            batches = max(after["batches"] - before["batches"], 1)
-            result["requests_per_batch"] = round(
-                (after["requests"] - before["requests"]) / batches, 2
-            )
+            result.update(batch_sizes(before, after))
             result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 1)
             result["vs_translate"] = round(
                 result["sentences_per_s"] / ref["sentences_per_s_without_loading"], 2
@@ -397,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(30)
         rows[mode] = result
         print(f"{mode}: {json.dumps(result)}", flush=True)
+    goals = targets(rows, sorted({1, *args.clients}))
+    print(f"targets: {json.dumps(goals)}", flush=True)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
@@ -410,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         "beam": args.beam,
         "seconds": args.seconds,
         "results": rows,
+        "targets": goals,
     }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -133,7 +133,8 @@ def test_under_steady_traffic_the_thread_count_follows_a_fake_load(trained, monk
     real = threads.threads_for_load
 
     def recorded(**kw):
-        chosen.append((time.monotonic(), real(**kw), service.batcher.batches))
+        work = service.batcher.batches + service.batcher.steps  # batches, or decoder steps
+        chosen.append((time.monotonic(), real(**kw), work))
         return chosen[-1][1]
 
     monkeypatch.setattr(threads, "threads_for_load", recorded)

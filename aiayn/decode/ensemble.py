@@ -50,6 +50,17 @@ class EnsembleCache:
             cache.reorder(index)
         return self
 
+    def extend(self, other: EnsembleCache) -> EnsembleCache:
+        """Rows that join (DecoderCache.extend), model by model."""
+        for cache, new in zip(self.caches, other.caches):
+            cache.extend(new)
+        return self
+
+    def trim(self, n: int) -> EnsembleCache:
+        for cache in self.caches:
+            cache.trim(n)
+        return self
+
 
 class Ensemble(nn.Module):
     """Translation models whose next-token probabilities are averaged.
@@ -86,11 +97,19 @@ class Ensemble(nn.Module):
             [model.init_cache(m, src=src) for model, m in zip(self.members, memory)]
         )
 
-    def log_probs(self, tgt: Tensor, memory: list[Tensor], cache: EnsembleCache) -> Tensor:
-        """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
-        distribution. Incremental only (a cache from :meth:`init_cache`)."""
-        total: Tensor | None = None  # log Σ_i p_i so far, (N, T, V); one logaddexp per model
+    def project_memory(self, cache: EnsembleCache, memory: list[Tensor]) -> EnsembleCache:
+        """Each model's cross-attention keys/values into its cache now (rows that join)."""
         for model, m, c in zip(self.members, memory, cache.caches):
+            model.project_memory(c, m)
+        return cache
+
+    def log_probs(self, tgt: Tensor, memory: list[Tensor] | None, cache: EnsembleCache) -> Tensor:
+        """Shape: tgt (N, T) new tokens -> (N, T, V) float32 log-probabilities of the mean
+        distribution. Incremental only (a cache from :meth:`init_cache`); ``memory`` None once
+        the caches hold the cross-attention keys/values."""
+        total: Tensor | None = None  # log Σ_i p_i so far, (N, T, V); one logaddexp per model
+        memories = memory if memory is not None else [None] * len(self.members)
+        for model, m, c in zip(self.members, memories, cache.caches):
             log_probs = model.log_probs(tgt, m, c)
             total = log_probs if total is None else torch.logaddexp(total, log_probs)
         assert total is not None  # at least one model (checked in __init__)

@@ -11,13 +11,17 @@ it). The cache is opaque except for
 and may be None. This is fairseq's split (``Search.step`` sees only log-probs), and it is what the
 tests exercise with hand-set probabilities.
 
+Beam search is an object, :class:`BeamSearch`, that sentences can join between steps (the
+server's step-level batching); :func:`beam_search` is a loop over it. A cache that rows join
+also has ``trim(n)`` (see :class:`BeamSearch`).
+
 Lengths: ``max_len`` counts generated tokens, EOS included; a hypothesis that reaches it without EOS
 ends there (as Hugging Face ``max_new_tokens`` does). ``min_len`` forbids EOS before that many.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +37,7 @@ __all__ = [
     "length_penalty",
     "greedy_search",
     "beam_search",
+    "BeamSearch",
     "sample",
     "filter_log_probs",
     "Rules",
@@ -76,13 +81,16 @@ def _as_lengths(max_len: int | Tensor, n: int) -> Tensor:
     return lengths
 
 
-def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool) -> Tensor:
-    """(N, V) -> (N, V) float32 with EOS at -inf when ``forbid`` (before ``min_len``).
+def _forbid_eos(log_probs: Tensor, eos_id: int, forbid: bool | Tensor) -> Tensor:
+    """(N, V) -> (N, V) float32 with EOS at -inf when ``forbid`` (before ``min_len``): a bool
+    for all rows, or an (N,) bool per row.
 
     In place when ``log_probs`` is already float32: step functions return fresh tensors.
     """
     log_probs = log_probs.float()
-    if forbid:
+    if isinstance(forbid, Tensor):
+        log_probs[:, eos_id].masked_fill_(forbid, float("-inf"))
+    elif forbid:
         log_probs[:, eos_id] = float("-inf")
     return log_probs
 
@@ -112,20 +120,22 @@ class Rules:
 def _apply_rules(
     log_probs: Tensor,
     eos_id: int,
-    forbid: bool,
+    forbid: bool | Tensor,
     rules: Rules,
     last: Tensor | None,
     tokens: Tensor | None = None,
+    bos_at: Tensor | None = None,
 ) -> Tensor:
     """(N, V) -> (N, V) float32 after ``rules``; ``last`` (N,) bool marks the rows whose next
     token is the last their cap allows; ``tokens`` (N, t) are each row's tokens so far, BOS
-    first (what the repetition rules read). In place when already float32 (step functions
-    return fresh tensors)."""
+    first (what the repetition rules read); ``bos_at`` (N,): where each row's own BOS is, when
+    rows that joined a running search are left-filled with BOS (None: at 0). In place when
+    already float32 (step functions return fresh tensors)."""
     log_probs = log_probs.float()
-    if tokens is not None and rules.repetition_penalty != 1.0:
+    if tokens is not None and rules.repetition_penalty != 1.0:  # the fill repeats BOS: no change
         _penalize_repeats(log_probs, tokens, rules.repetition_penalty)
     if tokens is not None and rules.no_repeat_ngram > 0:
-        _ban_repeated_ngrams(log_probs, tokens, rules.no_repeat_ngram)
+        _ban_repeated_ngrams(log_probs, tokens, rules.no_repeat_ngram, bos_at)
     log_probs = _forbid_eos(log_probs, eos_id, forbid)
     if rules.suppress:
         log_probs[:, list(rules.suppress)] = float("-inf")
@@ -147,17 +157,23 @@ def _penalize_repeats(log_probs: Tensor, tokens: Tensor, penalty: float) -> None
     log_probs.scatter_(1, tokens, score)
 
 
-def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> None:
+def _ban_repeated_ngrams(
+    log_probs: Tensor, tokens: Tensor, n: int, bos_at: Tensor | None = None
+) -> None:
     """In place: -inf for every token that would complete an n-gram already in its row (Hugging
     Face's NoRepeatNGramLogitsProcessor), unless that bans every token the row still allows.
 
-    Shape: log_probs (N, V), tokens (N, t); nothing is banned before the row holds an n-gram."""
+    Shape: log_probs (N, V), tokens (N, t), bos_at (N,) or None; nothing is banned before the row
+    holds an n-gram. The n-grams that start left of a row's own BOS (``bos_at``: the fill of a
+    row that joined a running search) are not its own and ban nothing."""
     t = tokens.size(1)
     if t < n:
         return
     grams = tokens.unfold(1, n, 1)  # (N, t - n + 1, n): every n-gram of each row
     tail = tokens[:, t - n + 1 :]  # (N, n - 1): what the next token would extend
     match = (grams[:, :, :-1] == tail[:, None, :]).all(-1)  # (N, t - n + 1)
+    if bos_at is not None:
+        match &= torch.arange(t - n + 1, device=match.device) >= bos_at[:, None]
     hits = torch.zeros_like(log_probs).scatter_add_(1, grams[:, :, -1], match.float())
     banned = hits > 0  # (N, V)
     allowed = log_probs > float("-inf")
@@ -247,11 +263,207 @@ def _row_hypotheses(
 
 @dataclass
 class _Beams:
-    """The live state of beam search over b still-active sentences."""
+    """The live state of beam search over b still-active sentences.
+
+    Sentences may join later (:meth:`BeamSearch.add`): their rows of ``tokens`` are filled on
+    the left (with BOS, never read) up to the common width, so each row's last column is the
+    token the next step feeds. A sentence that has generated g tokens holds them in the last g
+    columns of its rows.
+    """
 
     tokens: Tensor  # (b·k, t) every hypothesis so far, BOS first
     scores: Tensor  # (b, k) cumulative log-probabilities (float32)
-    sentence: Tensor  # (b,) original index of each active sentence (CPU)
+    sentence: Tensor  # (b,) id of each active sentence (CPU)
+
+    def select(self, keep: Tensor) -> _Beams:
+        """The sentences at positions ``keep`` (b',) of the CPU, in that order."""
+        beam = self.scores.size(1)
+        on_device = keep.to(self.tokens.device, non_blocking=True)
+        tokens = self.tokens.view(-1, beam, self.tokens.size(1))[on_device].flatten(0, 1)
+        return _Beams(tokens, self.scores[on_device], self.sentence[keep])
+
+
+# Leading columns no sentence reads that BeamSearch lets pile up before it drops them.
+TRIM_AT = 8
+
+
+class BeamSearch:
+    """Beam search as an object that sentences join and leave between steps.
+
+    ``add`` starts sentences (each with its own max_len) and returns their ids; ``step`` runs
+    one decoder step for all of them; ``pop_done`` hands out the n-best lists of the sentences
+    that have ended; ``drop`` removes sentences (their client went away). :func:`beam_search`
+    is a loop over it; the server's step-level batching (aiayn/serve/batching.py) adds and
+    drops sentences between steps.
+
+    Sentences never mix: each has its own k rows, and the hypotheses of a sentence are the same
+    whether it decodes alone, in a batch or joins one that is running (tested). A sentence
+    added before the first step runs one row at that step (its k beams are still the same); one
+    that joins a running search comes with k rows of which only the first is alive (score 0,
+    the others -inf), which picks the same 2k candidates. ``min_len`` and ``max_len`` count the
+    tokens each sentence has generated. The cache, given to every ``step`` and ``drop``, follows
+    the rows with ``cache.reorder(index)``; after sentences that joined later have left the
+    oldest, ``cache.trim(n)`` drops the first n positions, which no remaining row reads.
+    """
+
+    def __init__(
+        self,
+        beam: int,
+        bos_id: int,
+        eos_id: int,
+        alpha: float = 0.6,
+        penalty: str = "gnmt",
+        min_len: int = 0,
+        nbest: int = 1,
+        device: Any = None,
+        rules: Rules = Rules(),
+        early_stopping: bool = True,
+    ) -> None:
+        self.beam, self.bos_id, self.eos_id, self.device = beam, bos_id, eos_id, device
+        self.alpha, self.penalty, self.min_len, self.nbest = alpha, penalty, min_len, nbest
+        self.rules, self.early_stopping = rules, early_stopping
+        self.steps = 0  # decoder steps run so far
+        self.state: _Beams | None = None
+        self.finished: dict[int, list[Hypothesis]] = {}  # by sentence id, active ones
+        self._ended: dict[int, list[Hypothesis]] = {}  # n-best lists not yet popped
+        self._next_id = 0
+        # Host-side bookkeeping in Python (no tensor to read back at every step): the ids of the
+        # active sentences, in the order of their rows, and by id the step each joined at and
+        # its max_len
+        self._ids: list[int] = []
+        self._start: dict[int, int] = {}
+        self._cap: dict[int, int] = {}
+
+    @property
+    def active(self) -> int:
+        """Sentences still searching."""
+        return 0 if self.state is None else self.state.sentence.numel()
+
+    def add(self, max_len: int | Tensor, n: int = 1) -> list[int]:
+        """Start ``n`` sentences (``max_len``: an int or (n,) caps); returns their ids. Their
+        rows follow those of the sentences already there (the cache must get theirs likewise)."""
+        lengths = _as_lengths(max_len, n).tolist()
+        ids = list(range(self._next_id, self._next_id + n))
+        self._next_id += n
+        for i, cap in zip(ids, lengths):
+            self.finished[i], self._start[i], self._cap[i] = [], self.steps, cap
+        k = 1 if self.state is None else self.state.scores.size(1)  # rows per sentence now
+        width = 1 if self.state is None else self.state.tokens.size(1)
+        tokens = torch.full((n * k, width), self.bos_id, dtype=torch.long, device=self.device)
+        scores = torch.full((n, k), float("-inf"), device=self.device)
+        scores[:, 0] = 0.0  # k identical rows: only the first is alive
+        new = _Beams(tokens, scores, torch.tensor(ids))
+        self.state = new if self.state is None else _concat(self.state, new)
+        self._ids += ids
+        return ids
+
+    @torch.no_grad()
+    def step(self, step: StepFn, cache: Any) -> Any:
+        """One decoder step for every active sentence; returns the cache (reordered to the rows
+        that go on; left as it is when no sentence is left)."""
+        state, beam, ids = self.state, self.beam, self._ids
+        if state is None:
+            raise ValueError("no sentence to search: add() some first")
+        generated = [self.steps - self._start[s] for s in ids]  # tokens each has so far
+        caps = [self._cap[s] for s in ids]
+        log_probs, cache = step(state.tokens, cache)
+        last = None
+        if self.rules.force_eos:  # the rows whose next token is the last their cap allows
+            last = _row_flags(state, [c <= g + 1 for c, g in zip(caps, generated)])
+        forbid = _rows_where(state, [g < self.min_len for g in generated])
+        log_probs = _apply_rules(
+            log_probs, self.eos_id, forbid, self.rules, last, state.tokens,
+            self._bos_at(state, generated),
+        )  # fmt: skip
+        cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
+        room = [len(self.finished[s]) < beam for s in ids]  # before this step's endings
+        _finish_eos(
+            state, cand_scores, cand_rows, cand_tokens, self.eos_id, self.finished, ids,
+            generated, self.alpha, self.penalty, beam,
+        )  # fmt: skip
+        state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, self.eos_id, beam)
+        self.steps += 1
+        done = _done(
+            state, ids, [g + 1 for g in generated], caps, self.finished, beam, self.alpha,
+            self.penalty, self.early_stopping, room,
+        )  # fmt: skip
+        keep = [i for i, d in enumerate(done) if not d]
+        for i in (i for i, d in enumerate(done) if d):
+            self._end(ids[i])
+        if not keep:
+            self.state, self._ids = None, []
+            return cache
+        if len(keep) < len(done):  # sentences leave: one small copy to the device
+            kept = torch.tensor(keep)
+            rows = rows.view(-1, beam)[kept.to(rows.device, non_blocking=True)].reshape(-1)
+            state, self._ids = state.select(kept), [ids[i] for i in keep]
+        self.state = state
+        return self._follow(cache, rows)
+
+    def _bos_at(self, state: _Beams, generated: list[int]) -> Tensor | None:
+        """(rows,) where each row's own BOS is, for the n-gram rule, when some sentence joined
+        after others (its row is left-filled with BOS); None when every row starts at 0."""
+        width = state.tokens.size(1)
+        bos_at = [width - 1 - g for g in generated]  # by sentence
+        if not self.rules.no_repeat_ngram or not any(bos_at):
+            return None
+        per_sentence = state.tokens.size(0) // len(generated)
+        out = torch.tensor(bos_at).repeat_interleave(per_sentence)
+        return out.to(state.tokens.device, non_blocking=True)
+
+    def drop(self, ids: Sequence[int], cache: Any) -> Any:
+        """Remove sentences ``ids`` (ended or unknown ones are ignored); returns the cache."""
+        state, gone = self.state, set(ids)
+        for i in gone:
+            for table in (self.finished, self._ended, self._start, self._cap):
+                table.pop(i, None)
+        if state is None or not gone & set(self._ids):
+            return cache
+        keep = [i for i, s in enumerate(self._ids) if s not in gone]
+        if not keep:
+            self.state, self._ids = None, []
+            return cache
+        k = state.scores.size(1)
+        kept = torch.tensor(keep)
+        rows = (kept[:, None] * k + torch.arange(k)).view(-1).to(state.tokens.device)
+        self.state, self._ids = state.select(kept), [self._ids[i] for i in keep]
+        return self._follow(cache, rows)
+
+    def pop_done(self) -> dict[int, list[Hypothesis]]:
+        """The sentences that have ended since the last call: id -> n-best list, best first."""
+        ended, self._ended = self._ended, {}
+        return ended
+
+    def _end(self, sentence: int) -> None:
+        del self._start[sentence], self._cap[sentence]
+        hyps = self.finished.pop(sentence)
+        self._ended[sentence] = sorted(hyps, key=lambda h: -h.score)[: self.nbest]
+
+    def _follow(self, cache: Any, rows: Tensor) -> Any:
+        """Reorder the cache to ``rows``; drop the leading columns no sentence reads any more
+        (those before the oldest remaining sentence joined), in the tokens and the cache, once
+        there are enough of them."""
+        assert self.state is not None
+        if cache is not None:
+            cache = cache.reorder(rows)
+        width = self.state.tokens.size(1)
+        unread = width - 1 - (self.steps - min(self._start[s] for s in self._ids))
+        # A trim copies the cache: done once the unread columns are a quarter of the width and
+        # at least TRIM_AT, so that it is rare and the width stays within 4/3 of what is read
+        if unread >= max(TRIM_AT, width // 4):
+            self.state.tokens = self.state.tokens[:, unread:]
+            if cache is not None:
+                cache = cache.trim(unread)
+        return cache
+
+
+def _concat(a: _Beams, b: _Beams) -> _Beams:
+    """Two states' sentences as one (same rows per sentence and width)."""
+    return _Beams(
+        torch.cat([a.tokens, b.tokens]),
+        torch.cat([a.scores, b.scores]),
+        torch.cat([a.sentence, b.sentence]),
+    )
 
 
 @torch.no_grad()
@@ -283,45 +495,29 @@ def beam_search(
     (``cache.reorder``). With ``early_stopping=False`` a sentence with k finished hypotheses goes
     on while its best live beam, scored over the length penalty of its current length, beats the
     worst of its k best finished ones (Hugging Face's heuristic). ``rules`` (:class:`Rules`)
-    adjust each step's scores.
+    adjust each step's scores. A loop over :class:`BeamSearch`.
     """
-    lengths = _as_lengths(max_len, batch_size)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    # All k beams of a sentence start identical: the first step runs one row per sentence.
-    scores = torch.zeros(batch_size, 1, device=device)
-    state = _Beams(_start(bos_id, batch_size, device), scores, torch.arange(batch_size))
-    for t in range(int(lengths.max())):
-        log_probs, cache = step(state.tokens, cache)
-        last = _last_rows(state, lengths, t) if rules.force_eos else None
-        log_probs = _apply_rules(log_probs, eos_id, t < min_len, rules, last, state.tokens)
-        cand_scores, cand_rows, cand_tokens = _top_candidates(state, log_probs, 2 * beam)
-        room = [len(f) < beam for f in finished]  # per sentence, before this step's endings
-        _finish_eos(
-            state, cand_scores, cand_rows, cand_tokens, eos_id, finished, alpha, penalty, beam
-        )
-        state, rows = _advance(state, cand_scores, cand_rows, cand_tokens, eos_id, beam)
-        done = _done(state, lengths, finished, beam, t + 1, alpha, penalty, early_stopping, room)
-        keep = (~done).nonzero().squeeze(1)  # (b',) on the CPU
-        if keep.numel() == 0:
-            break
-        if keep.numel() < done.numel():  # sentences leave: one small copy to the device
-            on_device = keep.to(state.tokens.device, non_blocking=True)
-            rows = rows.view(-1, beam)[on_device].reshape(-1)  # (b'·k,)
-            state = _Beams(
-                state.tokens.view(-1, beam, state.tokens.size(1))[on_device].flatten(0, 1),
-                state.scores[on_device],
-                state.sentence[keep],
-            )
-        if cache is not None:
-            cache = cache.reorder(rows)
-    return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]
+    search = BeamSearch(
+        beam, bos_id, eos_id, alpha, penalty, min_len, nbest, device, rules, early_stopping
+    )
+    ids = search.add(max_len, batch_size)
+    results: dict[int, list[Hypothesis]] = {}
+    while search.active:
+        cache = search.step(step, cache)
+        results.update(search.pop_done())
+    return [results[i] for i in ids]
 
 
-def _last_rows(state: _Beams, lengths: Tensor, t: int) -> Tensor:
-    """(b·k,) or (b,) bool on the device: rows whose next token is the last their cap allows."""
-    rows_per_sentence = state.tokens.size(0) // state.sentence.numel()
-    last = (lengths[state.sentence] <= t + 1).repeat_interleave(rows_per_sentence)
-    return last.to(state.tokens.device, non_blocking=True)
+def _rows_where(state: _Beams, flags: list[bool]) -> bool | Tensor:
+    """Per-sentence flags as one bool when all agree (no copy to the device), else as rows."""
+    return all(flags) if all(flags) or not any(flags) else _row_flags(state, flags)
+
+
+def _row_flags(state: _Beams, flags: list[bool]) -> Tensor:
+    """Per-sentence flags as a (b·k,) bool on the device, one per row."""
+    per_sentence = state.tokens.size(0) // len(flags)
+    out = torch.tensor(flags).repeat_interleave(per_sentence)
+    return out.to(state.tokens.device, non_blocking=True)
 
 
 def _top_candidates(state: _Beams, log_probs: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -401,12 +597,15 @@ def _finish_eos(
     cand_rows: Tensor,
     cand_tokens: Tensor,
     eos_id: int,
-    finished: list[list[Hypothesis]],
+    finished: dict[int, list[Hypothesis]],
+    ids: list[int],
+    generated: list[int],
     alpha: float,
     penalty: str,
     beam: int,
 ) -> None:
     """Move EOS candidates ranked among the first k of their sentence into ``finished``.
+    ``ids``, ``generated``: each active sentence's id and the tokens it had before this step.
 
     Host-device syncs: one per step, three more on a step with EOS candidates, whatever their
     number (their sentences, scores and tokens are each copied at once).
@@ -415,13 +614,15 @@ def _finish_eos(
     where = is_eos.nonzero()  # (n, 2): sentence i, rank j
     if where.size(0) == 0:
         return
-    length = state.tokens.size(1)  # tokens generated so far + this EOS
-    divisor = float(length_penalty(length, alpha, penalty))
     i, j = where[:, 0], where[:, 1]
     scores = cand_scores[i, j].tolist()
-    tokens = state.tokens[cand_rows[i, j], 1:].tolist()  # (n, t - 1)
-    for s, log_prob, toks in zip(state.sentence[i.cpu()].tolist(), scores, tokens):
-        finished[s].append(Hypothesis(toks, log_prob / divisor, log_prob, True))
+    rows = state.tokens[cand_rows[i, j]].tolist()  # (n, t)
+    for at, log_prob, row in zip(i.tolist(), scores, rows):
+        n = generated[at]
+        divisor = float(length_penalty(n + 1, alpha, penalty))  # its tokens and this EOS
+        finished[ids[at]].append(
+            Hypothesis(row[len(row) - n :], log_prob / divisor, log_prob, True)
+        )
 
 
 def _advance(
@@ -447,43 +648,39 @@ def _advance(
 
 def _done(
     state: _Beams,
-    lengths: Tensor,
-    finished: list[list[Hypothesis]],
+    ids: list[int],
+    generated: list[int],
+    caps: list[int],
+    finished: dict[int, list[Hypothesis]],
     beam: int,
-    generated: int,
     alpha: float,
     penalty: str,
-    early_stopping: bool = True,
-    room: list[bool] | None = None,  # by sentence (original index)
-) -> Tensor:
-    """Which active sentences are done (b,) bool: k finished hypotheses (and, without
+    early_stopping: bool,
+    room: list[bool],
+) -> list[bool]:
+    """Which active sentences are done: k finished hypotheses (and, without
     ``early_stopping``, no live beam that could beat them), no live beam left, or max_len
     reached (their live beams are then kept, cut, where the sentence had fewer than k finished
-    hypotheses before this step, ``room``: they compete with this step's EOS endings)."""
-    sentences = state.sentence.tolist()  # host tensors: no sync
-    at_cap = (lengths[state.sentence] <= generated).tolist()
+    hypotheses before this step, ``room``: they compete with this step's EOS endings).
+    ``ids``, ``generated``, ``caps``: each active sentence's id, the tokens it has generated
+    (this step's included) and its max_len."""
+    at_cap = [c <= g for c, g in zip(caps, generated)]
     dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
-    room = room if room is not None else [len(f) < beam for f in finished]
-    cut = [
-        i
-        for i, (s, cap) in enumerate(zip(sentences, at_cap))
-        if cap and (room[s] or not early_stopping)
-    ]
-    for i, hyps in zip(cut, _cut(state, cut, beam, alpha, penalty)):
-        finished[sentences[i]].extend(hyps)
-    full = [len(finished[s]) >= beam for s in sentences]
+    cut = [i for i, cap in enumerate(at_cap) if cap and (room[i] or not early_stopping)]
+    for i, hyps in zip(cut, _cut(state, cut, generated, beam, alpha, penalty)):
+        finished[ids[i]].extend(hyps)
+    full = [len(finished[s]) >= beam for s in ids]
     if not early_stopping and any(full):
-        divisor = float(length_penalty(generated, alpha, penalty))
-        best_live = (state.scores[:, 0] / divisor).tolist()  # live beams are ranked: 0 is best
-        for i, s in enumerate(sentences):
+        best_live = state.scores[:, 0].tolist()  # live beams are ranked: 0 is best
+        for i, (s, n) in enumerate(zip(ids, generated)):
             if full[i]:
                 worst = sorted(h.score for h in finished[s])[-beam]  # the k-th best finished
-                full[i] = best_live[i] <= worst
-    return torch.tensor([cap or d or f for cap, d, f in zip(at_cap, dead, full)], dtype=torch.bool)
+                full[i] = best_live[i] / float(length_penalty(n, alpha, penalty)) <= worst
+    return [cap or d or f for cap, d, f in zip(at_cap, dead, full)]
 
 
 def _cut(
-    state: _Beams, cut: list[int], beam: int, alpha: float, penalty: str
+    state: _Beams, cut: list[int], generated: list[int], beam: int, alpha: float, penalty: str
 ) -> list[list[Hypothesis]]:
     """The live beams of the sentences ``cut`` (they reached max_len) as hypotheses without EOS.
     Their beams come to the host in one copy of tokens and one of scores, whatever their number;
@@ -491,13 +688,19 @@ def _cut(
     if not cut:
         return []
     t = state.tokens.size(1)
-    divisor = float(length_penalty(t - 1, alpha, penalty))
-    rows = state.tokens.reshape(-1, beam, t)[cut, :, 1:].tolist()  # (c, k, t - 1)
+    rows = state.tokens.reshape(-1, beam, t)[cut].tolist()  # (c, k, t)
     scores = state.scores[cut].tolist()  # (c, k)
-    return [
-        [Hypothesis(r, s / divisor, s, False) for r, s in zip(beams, row) if s > float("-inf")]
-        for beams, row in zip(rows, scores)
-    ]
+    out = []
+    for beams, row, n in zip(rows, scores, (generated[i] for i in cut)):
+        divisor = float(length_penalty(n, alpha, penalty))
+        out.append(
+            [
+                Hypothesis(r[t - n :], s / divisor, s, False)
+                for r, s in zip(beams, row)
+                if s > float("-inf")
+            ]
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from aiayn.config import ModelConfig
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
@@ -61,7 +62,7 @@ def max_output_lengths(
     return lengths.clamp(min=1, max=cap)
 
 
-def _pad(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
+def pad_rows(rows: list[list[int]], pad_id: int, device: Any) -> Tensor:
     """Ragged ids -> (B, S) LongTensor padded with ``pad_id``."""
     width = max(len(r) for r in rows)
     return torch.tensor(
@@ -76,11 +77,7 @@ def _decode_batch(
     """Search one padded batch. Shape: src (B, S), forced (B, P) target prefixes (-1 padded) or
     None -> B lists of ``cfg.nbest`` hypotheses."""
     model_cfg, B, k = model.cfg, src.size(0), cfg.beam
-    if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
-        raise ConfigError(
-            f"decode.bad_ids {list(cfg.bad_ids)}: ids must be in the vocabulary "
-            f"(0 … {model_cfg.tgt_vocab_size - 1})"
-        )
+    check_bad_ids(model_cfg, cfg)
     src_lengths = (src != model_cfg.pad_id).sum(1).cpu()
     prefix_lengths = (forced >= 0).sum(1) if forced is not None else None
     max_len = max_output_lengths(src_lengths, cfg, model_cfg.max_len, prefix_lengths)
@@ -102,6 +99,15 @@ def _decode_batch(
         step, cache, B, k, *ids, max_len, cfg.alpha, cfg.length_penalty, cfg.min_len,
         cfg.nbest, src.device, search_rules(cfg), cfg.early_stopping,
     )  # fmt: skip
+
+
+def check_bad_ids(model_cfg: ModelConfig, cfg: DecodeConfig) -> None:
+    """ConfigError unless ``cfg.bad_ids`` are ids of the model's target vocabulary."""
+    if any(not 0 <= i < model_cfg.tgt_vocab_size for i in cfg.bad_ids):
+        raise ConfigError(
+            f"decode.bad_ids {list(cfg.bad_ids)}: ids must be in the vocabulary "
+            f"(0 … {model_cfg.tgt_vocab_size - 1})"
+        )
 
 
 def search_rules(cfg: DecodeConfig) -> Rules:
@@ -141,7 +147,7 @@ def translate_ids(
 
     def decode(batch: list[int]) -> None:
         index = [todo[j] for j in batch]
-        src = _pad([list(sources[i]) for i in index], model.cfg.pad_id, device)
+        src = pad_rows([list(sources[i]) for i in index], model.cfg.pad_id, device)
         forced = _forced([prefixes[i] for i in index], device) if prefixes else None
         for i, hyps in zip(index, _decode_batch(model, src, cfg, forced)):
             results[i] = hyps
@@ -168,7 +174,7 @@ def _forced(prefixes: list[Sequence[int]], device: Any) -> Tensor | None:
     """Ragged target prefixes -> (B, P) LongTensor padded with -1; None when all are empty."""
     if not any(prefixes):
         return None
-    return _pad([list(p) for p in prefixes], -1, device)
+    return pad_rows([list(p) for p in prefixes], -1, device)
 
 
 def in_workers(fn: Callable[[Any], None], items: Sequence[Any], workers: int) -> None:

@@ -10,6 +10,12 @@ Beams share their source: with ``beam = k`` the cache holds B·k self-attention 
 b·k … b·k + k-1 belong to sentence b) but only B rows of cross-attention keys/values and memory
 mask, and the decoder attends the k beams of a sentence as k queries over that one memory. Beam
 moves then copy no cross-attention state; only sentences leaving the batch do.
+
+Rows may join a cache that is running (the server's step-level batching, :meth:`DecoderCache.
+extend`): a row that joins at length t has offset t, reads position ``length - offset`` from the
+positional table, and its self-attention keys before its offset (zeros) are masked; its
+cross-attention keys/values and memory mask are padded to the longest source (masked). Once the
+rows that joined first have left, :meth:`DecoderCache.trim` drops the positions no row reads.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from aiayn.model.masks import causal_mask
 from aiayn.model.packed import PackedLinear
 
 
@@ -52,10 +59,11 @@ class LayerCache:
         self.self_v = _append(self.self_v, v)
         return self.self_k, self.self_v
 
-    def reorder_self(self, index: Tensor) -> None:
-        """Keep self-attention rows ``index``, with room for one more position."""
-        self.self_k = _select_rows(self.self_k, index)
-        self.self_v = _select_rows(self.self_v, index)
+    def reorder_self(self, index: Tensor, spare: int = 0) -> None:
+        """Keep self-attention rows ``index``, with room for one more position (and ``spare``
+        more rows, for rows that join: DecoderCache.extend)."""
+        self.self_k = _select_rows(self.self_k, index, spare)
+        self.self_v = _select_rows(self.self_v, index, spare)
 
 
 MIN_ROOM = 16  # positions a self-attention buffer holds at first
@@ -99,13 +107,54 @@ def _append(cached: Tensor | None, new: Tensor) -> Tensor:
     return out
 
 
-def _select_rows(cached: Tensor | None, index: Tensor) -> Tensor | None:
-    """Rows ``index`` of a (B, H, t, K) view, copied once into a new (B', H, t + 1, K) buffer;
-    returns the view of its first t positions."""
+def _with_rows(cached: Tensor | None, rows: int) -> Tensor | None:
+    """``cached`` (N, H, t, K) followed by ``rows`` rows of zeros (keys that no query reads:
+    masked, and zeros so that their weight 0 never meets a NaN), in a new buffer with room for
+    one more position; returns the view of its first t positions."""
+    if cached is None:
+        return None
+    n, t = cached.size(0), cached.size(2)
+    if _room(cached) > t and _rows(cached) >= n + rows:  # the buffer's spare rows: no copy
+        out = cached.as_strided((n + rows, *cached.shape[1:]), cached.stride())
+    else:
+        out = _buffer_like(cached, n + rows, t + 1)[:, :, :t]
+        out[:n] = cached
+    out[n:] = 0
+    return out
+
+
+def _rows(t: Tensor) -> int:
+    """Rows the buffer behind a (N, H, t, K) view holds from its first row on."""
+    return (t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()) // t.stride(0)
+
+
+def _keep_positions(cached: Tensor | None, first: int) -> Tensor | None:
+    """Positions ``first`` … t-1 of a (N, H, t, K) view, copied into a new buffer with room for
+    one more (a slice of the old buffer would have no room behind it)."""
+    if cached is None:
+        return None
+    t = cached.size(2) - first
+    out = _buffer_like(cached, cached.size(0), t + 1)[:, :, :t]
+    out.copy_(cached[:, :, first:])
+    return out
+
+
+def _pad_source(t: Tensor, dim: int, length: int, value: float | bool) -> Tensor:
+    """``t`` padded with ``value`` along ``dim`` to ``length`` source positions."""
+    if t.size(dim) == length:
+        return t
+    shape = list(t.shape)
+    shape[dim] = length - t.size(dim)
+    return torch.cat([t, t.new_full(shape, value)], dim=dim)
+
+
+def _select_rows(cached: Tensor | None, index: Tensor, spare: int = 0) -> Tensor | None:
+    """Rows ``index`` of a (B, H, t, K) view, copied once into a new (B' + spare, H, t + 1, K)
+    buffer; returns the view of its first B' rows and t positions."""
     if cached is None:
         return None
     t = cached.size(2)
-    out = _buffer_like(cached, index.numel(), t + 1)[:, :, :t]
+    out = _buffer_like(cached, index.numel() + spare, t + 1)[: index.numel(), :, :t]
     return torch.index_select(cached, 0, index, out=out)
 
 
@@ -120,6 +169,23 @@ class DecoderCache:
     # The output projection packed for this decoding (aiayn/model/packed.py), made at the first
     # step; None until then, and where no packed linear can run.
     output: PackedLinear | None = field(default=None, repr=False)
+    # (N,) per decoder row, on the device: the length at which the row joined (extend); None
+    # while every row started at 0
+    offsets: Tensor | None = None
+
+    def positions(self) -> int | Tensor:
+        """The position of each row's next token: ``length``, or (N,) ``length - offsets``."""
+        return self.length if self.offsets is None else self.length - self.offsets
+
+    def self_mask(self, new: int, device: torch.device) -> Tensor | None:
+        """The self-attention mask of ``new`` tokens fed now, (N, 1, new, length + new): causal,
+        and no key before its row's offset; None for one token when no row joined later."""
+        mask = None if new == 1 else causal_mask(new, device, self.length)  # (1, 1, new, t)
+        if self.offsets is not None:
+            keys = torch.arange(self.length + new, device=device)
+            joined = (keys >= self.offsets[:, None])[:, None, None, :]  # (N, 1, 1, t)
+            mask = joined if mask is None else mask & joined
+        return mask
 
     @classmethod
     def empty(cls, n_layers: int, memory_mask: Tensor | None = None) -> DecoderCache:
@@ -142,8 +208,13 @@ class DecoderCache:
         of source rows changes.
         """
         source = self._source_rows(index)
+        if self.offsets is not None:
+            self.offsets = self.offsets.index_select(0, index)
+        # A cache that rows join keeps spare rows for the next ones (a quarter more): joining
+        # then writes into them instead of copying every row (DecoderCache.extend)
+        spare = 0 if self.offsets is None else max(index.numel() // 4, 8 * self.beam)
         for layer in self.layers:
-            layer.reorder_self(index)
+            layer.reorder_self(index, spare)
             if source is not None:
                 layer.cross_k, layer.cross_v = (
                     _select(layer.cross_k, source),
@@ -187,6 +258,66 @@ class DecoderCache:
         if n_source is not None and groups[::k] == list(range(n_source)):
             return None
         return index.view(-1, k)[:, 0] // per_source  # (N'/k,)
+
+    def extend(self, other: DecoderCache) -> DecoderCache:
+        """Append ``other``'s rows, new sentences that join this decoding now (in place, returns
+        self). ``other``: a cache of the same model and beam, at length 0, with its
+        cross-attention keys/values already projected (``Transformer.project_memory``); it gets
+        the same number of decoder rows per source row as this one has."""
+        if other.length or other.beam != self.beam or len(other.layers) != len(self.layers):
+            raise ValueError("extend() takes a fresh cache of the same model and beam")
+        if any(layer.cross_k is None for layer in other.layers):
+            raise ValueError("extend() needs the new rows' cross-attention keys/values")
+        n_source = self.layers[0].cross_k.size(0) if self.layers[0].cross_k is not None else 0
+        b = other.layers[0].cross_k.size(0)  # type: ignore[union-attr]
+        first = self.layers[0].self_k
+        per_source = 1 if first is None or not n_source else first.size(0) // n_source
+        if first is not None:
+            n, new = first.size(0), b * per_source
+            joined = torch.full((new,), self.length, dtype=torch.long, device=first.device)
+            before = self.offsets if self.offsets is not None else joined.new_zeros(n)
+            self.offsets = torch.cat([before, joined])
+        width = max(
+            other.layers[0].cross_k.size(2),  # type: ignore[union-attr]
+            0 if self.layers[0].cross_k is None else self.layers[0].cross_k.size(2),
+        )
+        for mine, theirs in zip(self.layers, other.layers):
+            if first is not None:
+                mine.self_k = _with_rows(mine.self_k, new)
+                mine.self_v = _with_rows(mine.self_v, new)
+            mine.cross_k, mine.cross_v = (
+                _cat_padded(mine.cross_k, theirs.cross_k, 2, width, 0.0),
+                _cat_padded(mine.cross_v, theirs.cross_v, 2, width, 0.0),
+            )
+        self.memory_mask = _cat_padded(self.memory_mask, other.memory_mask, 3, width, False)
+        return self
+
+    def trim(self, n: int) -> DecoderCache:
+        """Drop the first ``n`` positions, which no row reads any more (every row joined at or
+        after ``n``); in place, returns self. Positions stay those of each row's own tokens."""
+        if n <= 0:
+            return self
+        if self.offsets is None or n > self.length:
+            raise ValueError(f"trim({n}): rows of this cache read those positions")
+        for layer in self.layers:
+            layer.self_k = _keep_positions(layer.self_k, n)
+            layer.self_v = _keep_positions(layer.self_v, n)
+        self.length -= n
+        self.offsets = self.offsets - n
+        return self
+
+
+def _cat_padded(
+    a: Tensor | None, b: Tensor | None, dim: int, length: int, value: float | bool
+) -> Tensor | None:
+    """Rows of ``a`` then of ``b``, both padded with ``value`` to ``length`` along ``dim``."""
+    if a is None or b is None:
+        if a is None and b is None:
+            return None
+        raise ValueError(
+            "extend(): one cache has a memory mask or cross-attention keys, the other not"
+        )
+    return torch.cat([_pad_source(a, dim, length, value), _pad_source(b, dim, length, value)])
 
 
 def _select(t: Tensor | None, index: Tensor) -> Tensor | None:

@@ -42,11 +42,10 @@ class SinusoidalPositionalEncoding(nn.Module):
         table = sinusoidal_table(max_len, d_model, layout)
         self.register_buffer("table", table, persistent=False)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        """Encodings of positions offset … offset+length-1. -> (length, D)."""
-        if offset + length > self.max_len:
-            raise ValueError(f"position {offset + length - 1} exceeds max_len={self.max_len}")
-        return self.table[offset : offset + length]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """Encodings of positions offset … offset+length-1. -> (length, D), or (N, length, D)
+        for (N,) offsets, one per row."""
+        return _rows(self.table, length, offset, self.max_len)
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -58,10 +57,21 @@ class LearnedPositionalEncoding(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=d_model**-0.5)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length > self.max_len:
-            raise ValueError(f"position {offset + length - 1} exceeds max_len={self.max_len}")
-        return self.weight[offset : offset + length]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """As :class:`SinusoidalPositionalEncoding`, from the learned table."""
+        return _rows(self.weight, length, offset, self.max_len)
+
+
+def _rows(table: Tensor, length: int, offset: int | Tensor, max_len: int) -> Tensor:
+    """Rows offset … offset+length-1 of a (max_len, D) table -> (length, D); with (N,) offsets
+    (rows of a decoding that joined at different steps) -> (N, length, D). Per-row offsets are
+    not checked against max_len here (that would copy them to the host at every step): search
+    caps each row's length; a position past the table is an indexing error."""
+    if isinstance(offset, Tensor):
+        return table[offset[:, None] + torch.arange(length, device=offset.device)]
+    if offset + length > max_len:
+        raise ValueError(f"position {offset + length - 1} exceeds max_len={max_len}")
+    return table[offset : offset + length]
 
 
 class Embeddings(nn.Module):
@@ -83,8 +93,9 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int = 0, delta: Tensor | None = None) -> Tensor:
-        """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0]; ``delta``
+    def forward(self, ids: Tensor, offset: int | Tensor = 0, delta: Tensor | None = None) -> Tensor:
+        """Shape: ids (B, T) -> (B, T, D); ``offset`` is the position of ids[:, 0] (or (B,), one
+        per row); ``delta``
         (B, T, D), if given, is added to the scaled token embeddings (adversarial training)."""
         return self.at(ids, self.positional(ids.size(1), offset), delta)
 

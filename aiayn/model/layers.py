@@ -118,6 +118,15 @@ class DecoderLayer(nn.Module):
         self.feed_forward = _feed_forward(cfg)
         self.ff_block = _residual(cfg)
 
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys/values of ``memory`` for a cache: (B, S, D) -> (B, H, S, K) each,
+        contiguous, so that every later step's attention matmul reads them as they are (split
+        heads of the stacked K/V projection are not)."""
+        if self.cross_attn is None:
+            raise ValueError("a decoder layer without cross-attention has no memory keys")
+        k, v = self.cross_attn.project_kv(memory, memory)
+        return k.contiguous(), v.contiguous()
+
     def forward(
         self,
         x: Tensor,
@@ -147,16 +156,15 @@ class DecoderLayer(nn.Module):
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
-            assert cross_attn is not None and memory is not None  # called only when both are
+            assert cross_attn is not None  # called only when there is one
             if cache is not None and cache.cross_k is not None and cache.cross_v is not None:
                 k, v = cache.cross_k, cache.cross_v
+            elif cache is not None:
+                assert memory is not None, "the first cached step needs the memory"
+                k, v = cache.cross_k, cache.cross_v = self.memory_kv(memory)
             else:
+                assert memory is not None, "the decoder needs the memory"
                 k, v = cross_attn.project_kv(memory, memory)  # (B, H, S, K)
-                if cache is not None:
-                    # Contiguous once, so that every later step's attention matmul reads them
-                    # as they are (split heads of the stacked K/V projection are not).
-                    k, v = k.contiguous(), v.contiguous()
-                    cache.cross_k, cache.cross_v = k, v
             out, w = attend_shared_memory(
                 cross_attn, cross_attn.project_q(h), k, v, memory_mask, need
             )

@@ -10,6 +10,8 @@ adds the embeddings, positional encodings, masks from ``pad_id`` and the output 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -155,7 +157,7 @@ class Transformer(nn.Module):
     def decode(
         self,
         tgt: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
@@ -170,26 +172,27 @@ class Transformer(nn.Module):
         ``output_mask`` (``cfg.output_vocab = "targets"``) get logit -inf.
 
         With ``cache`` (from :meth:`init_cache`), ``tgt`` holds only the tokens after the
-        ``cache.length`` already decoded; the cache is extended in place.
+        ``cache.length`` already decoded; the cache is extended in place. ``memory`` may then be
+        None once the cache holds the cross-attention keys/values (:meth:`project_memory`).
         """
-        offset = cache.length if cache is not None else 0
+        first = cache is not None and cache.length == 0
         if cache is not None:
             memory_mask = cache.memory_mask
             self_mask = (
-                tgt_mask
-                if tgt_mask is not None
-                else (None if tgt.size(1) == 1 else causal_mask(tgt.size(1), tgt.device, offset))
+                tgt_mask if tgt_mask is not None else cache.self_mask(tgt.size(1), tgt.device)
             )
+            positions = cache.positions()  # int, or (B,) for rows that joined later
         else:
             memory_mask = as_attention_mask(src_mask) if src_mask is not None else None
             self_mask = self.tgt_mask(tgt) if tgt_mask is None else as_attention_mask(tgt_mask)
-        x = self.tgt_embed(tgt, offset)  # (B, T, D)
+            positions = 0
+        x = self.tgt_embed(tgt, positions)  # (B, T, D)
         h = self.decoder(x, memory, self_mask, memory_mask, cache, attn_record)
         if cache is not None:
             cache.length += tgt.size(1)
         if features_only:
             return h  # (B, T, D)
-        if cache is not None and offset == 0 and cache.output is None:
+        if cache is not None and first and cache.output is None:
             # once per decoding (unless the cache came with one), in its precision; the bias is
             # final_logits_bias (or None)
             cache.output = pack(self.generator.weight, self.generator.bias)
@@ -204,7 +207,7 @@ class Transformer(nn.Module):
             logits = logits.masked_fill(~self.output_mask, float("-inf"))
         return logits
 
-    def log_probs(self, tgt: Tensor, memory: Tensor, cache: DecoderCache) -> Tensor:
+    def log_probs(self, tgt: Tensor, memory: Tensor | None, cache: DecoderCache) -> Tensor:
         """Normalised next-token log-probabilities, incremental: what search asks a model for.
 
         Shape: tgt (N, T) tokens after the ``cache.length`` already decoded, memory (N, S, D) ->
@@ -241,3 +244,11 @@ class Transformer(nn.Module):
         if src_mask is None and src is not None:
             src_mask = self.src_mask(src)
         return DecoderCache.empty(len(self.decoder.layers), as_attention_mask(src_mask))
+
+    def project_memory(self, cache: DecoderCache, memory: Tensor) -> DecoderCache:
+        """Project ``memory`` (B, S, D) into the cache's cross-attention keys/values now, as the
+        first step would (rows that join a running decoding bring theirs: DecoderCache.extend);
+        returns the cache."""
+        for layer, layer_cache in zip(self.decoder.layers, cache.layers):
+            layer_cache.cross_k, layer_cache.cross_v = cast(DecoderLayer, layer).memory_kv(memory)
+        return cache

@@ -23,7 +23,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import ConfigError
 
-__all__ = ["CAPABILITIES", "ENGINES", "Backend", "Unsupported", "require", "refuse"]
+__all__ = ["CAPABILITIES", "ENGINES", "Backend", "Steps", "Unsupported", "require", "refuse"]
 
 #: the runtimes, by the name `--engine` and config.json "format" give them ("torch": a model folder)
 ENGINES = ("torch", "onnx", "ctranslate2")
@@ -38,6 +38,7 @@ CAPABILITIES = {
     "compile": "compiled decoder step (--compile)",
     "generate": "language models",
     "classify": "classifiers",
+    "steps": "step-level batching (requests join a running translation between decoder steps)",
 }
 
 
@@ -84,6 +85,16 @@ class Backend(Protocol):
     def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
         """New token ids sampled after ``prompt_ids`` (options of
         :func:`aiayn.decode.generate.generate`)."""
+        ...
+
+
+class Steps(Protocol):
+    """What a backend that declares "steps" has: a translation that sentences join and leave
+    between decoder steps (:class:`~aiayn.decode.continuous.RunningTranslation`), for the
+    server's step-level batching."""
+
+    def running_translation(self, cfg: DecodeConfig) -> Any:
+        """A new, empty running translation with the settings ``cfg``."""
         ...
 
 

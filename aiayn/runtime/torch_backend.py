@@ -2,7 +2,8 @@
 
 It runs everything: aiayn's search over the model's encode and step, n-best lists, ensembles,
 attention weights (the attention view records them from the model's layers), bf16 autocast,
-sampling from a language model and a classifier's probabilities.
+sampling from a language model, a classifier's probabilities, and the translations that the
+server's requests join between decoder steps (step-level batching).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiayn.config import ModelConfig
 from aiayn.data.registry import cache_dir
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.continuous import RunningTranslation
 from aiayn.decode.generate import generate
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
@@ -34,7 +36,17 @@ class TorchBackend:
 
     name = "torch"
     capabilities = frozenset(
-        {"translate", "nbest", "ensemble", "attention", "bf16", "compile", "generate", "classify"}
+        {
+            "translate",
+            "nbest",
+            "ensemble",
+            "attention",
+            "bf16",
+            "compile",
+            "generate",
+            "classify",
+            "steps",
+        }
     )
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
@@ -73,6 +85,11 @@ class TorchBackend:
                 step = compiled_step(self.model, cache_dir() / "compiled", threads, cfg.workers)
                 self._compiled[key] = CompiledDecoding(self.model, step)
             return self._compiled[key]
+
+    def running_translation(self, cfg: DecodeConfig) -> RunningTranslation:
+        """A translation that sentences join between decoder steps (a Transformer or an
+        Ensemble of them)."""
+        return RunningTranslation(self.model, cfg, self.device)  # type: ignore[arg-type]
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]

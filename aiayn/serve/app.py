@@ -107,6 +107,8 @@ def create_app(
             "waiting": b.waiting,
             "batches": b.batches,
             "requests": b.requests,
+            "steps": b.steps,  # decoder steps of step-level batches
+            "step_requests": b.step_requests,  # requests in them, summed over the steps
         }
 
     return app

@@ -1,5 +1,14 @@
 """Dynamic batching: concurrent requests merged into token-bounded batches, run on one thread.
 
+Two ways, by key. Where ``stepper(key)`` gives a :class:`~aiayn.serve.stepping.Stepper` (the
+PyTorch backend's translations), requests are batched step by step: they join the key's
+running batch between its steps, within ``max_batch_cost``, and each is answered the step its
+last input ends; a request whose future is cancelled (time limit, client gone) leaves at the
+next step. The worker runs in rounds: the waiting requests join their running batches (or the
+oldest starts one), the oldest single job or request of another key runs, then every running
+batch takes one step (aiayn/serve/stepping.py). Every other key is batched at batch
+boundaries, as follows.
+
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
 settings). The worker takes the oldest request and holds a window open for others with the same
@@ -33,11 +42,11 @@ thread, or (``thread=False``) whichever thread calls :meth:`DynamicBatcher.work`
 Bounds: at most ``max_queue`` inputs wait (:class:`QueueFull` beyond, the server's 503; a
 request larger than the whole queue is :class:`TooLarge` at once, the server's 422); a
 request cancelled before its batch starts (its time limit passed) is dropped from the queue. A
-batch that has started runs to its end: a decoding step cannot be interrupted, its result is
-discarded for a cancelled request.
+batch-boundary batch that has started runs to its end (its result is discarded for a cancelled
+request); a step-level one drops cancelled requests between steps.
 
-``merge=False`` runs every request alone, in arrival order: the baseline the benchmark compares
-with. The outputs are the same either way whenever ``run`` treats each input independently of the
+``merge=False`` runs every request alone, in arrival order, through ``run`` (no stepper): the
+baseline the benchmark compares with. The outputs are the same either way whenever ``run`` treats each input independently of the
 others in its batch (aiayn's translation and classification do; tested).
 """
 
@@ -51,6 +60,8 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiayn.serve.stepping import Member, Running, Stepper
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +131,7 @@ class DynamicBatcher:
         merge: bool = True,
         max_wait_s: float | None = None,
         thread: bool = True,
+        stepper: Callable[[Hashable], Stepper | None] | None = None,
     ) -> None:
         max_wait_s = max(wait_s, 0.1) if max_wait_s is None else max_wait_s
         if max_batch_cost < 1 or max_queue < 1 or wait_s < 0 or max_wait_s < wait_s:
@@ -127,7 +139,17 @@ class DynamicBatcher:
         self.run, self.max_batch_cost, self.wait_s = run, max_batch_cost, wait_s
         self.max_wait_s = max_wait_s
         self.max_queue, self.merge = max_queue, merge
-        self.batches = 0  # batches started (single jobs included)
+        # Step-level batching: a new Stepper for a key, or None for a key batched at batch
+        # boundaries (``run``); unused without ``merge``.
+        self.stepper = stepper if merge else None
+        self._running: dict[Hashable, Running] = {}  # by key; touched by the worker alone
+        # keys asked of ``stepper``: False (batched at boundaries), True, or the stepper it made
+        # when asked, for the first batch of that key
+        self._step_keys: dict[Hashable, bool | Stepper] = {}
+        self._stop_running = False  # close(drop=True): the running requests fail at once
+        self.batches = 0  # batches started (single jobs included; not step-level ones)
+        self.steps = 0  # steps of step-level batches
+        self.step_requests = 0  # requests in those steps, summed (/ steps: requests per step)
         # When the worker last became free: a window opens no earlier, so the clients answered
         # by the last batch have the time to send their next requests.
         self._free_since = time.monotonic()
@@ -212,6 +234,7 @@ class DynamicBatcher:
                         r.future.set_exception(Stopping())
                 self._queue.clear()
                 self._waiting = 0
+                self._stop_running = True
             self._cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -226,22 +249,144 @@ class DynamicBatcher:
         main thread, 88 µs on another, 50 µs with 1 thread; docs/serving.md)."""
         while True:
             with self._cond:
-                while not self._queue and not self._closed and not self._idle_job_due():
+                while not self._busy() and not self._closed and not self._idle_job_due():
                     self._cond.wait(self._until_idle_job())
-                if not self._queue and self._closed:
+                self._purge()  # cancelled requests leave the queue
+                if not self._busy() and self._closed:
                     return  # closed and drained
-                idle, batch = not self._queue, []
-                if not idle:
+                if not self._busy() and not self._idle_job_due():
+                    continue
+                idle, batch, joins = not self._busy(), [], []
+                if self._running or self._starts_stepper():
+                    joins = self._take_joining()
+                    batch = self._take_other()
+                elif not idle:
                     self._wait_window(self._queue[0])
                     batch = self._take()
             if idle:  # out of the lock: requests may queue meanwhile
                 self._run_idle_job()
-            elif batch:
-                self._run_hook(self.between_batches)
-                try:
-                    self._execute(batch)
-                finally:
-                    self._free_since = time.monotonic()
+                continue
+            self._round(batch, joins)
+
+    def _busy(self) -> bool:
+        """Requests are queued, or running in a step-level batch."""
+        return bool(self._queue or self._running)
+
+    def _round(self, batch: list[_Request], joins: list[tuple[Running, list[_Request]]]) -> None:
+        """Out of the lock: requests join their running batches (or start one), then the batch
+        or single job that was next in arrival order, then one step of every running batch."""
+        try:
+            self._run_hook(self.between_batches)  # threads follow the load (at most every 30 s)
+            for running, requests in joins:
+                self.requests += running.join(requests)
+                self._running[running.key] = running
+            if batch:
+                self._execute(batch)
+            for running in list(self._running.values()):
+                self._step(running)
+        except BaseException:  # Ctrl+C on the main thread: the requests fail, the worker stops
+            self._fail_running(Stopping())
+            for _, requests in joins:  # those that were joining when it came
+                for r in requests:
+                    if not r.future.done() and r.future.set_running_or_notify_cancel():
+                        r.future.set_exception(Stopping())
+            raise
+        finally:
+            self._free_since = time.monotonic()
+
+    def _starts_stepper(self) -> bool:
+        """The oldest live request is of a key batched step by step (the lock is held)."""
+        self._purge()
+        return bool(self._queue) and self._steps(self._queue[0].key)
+
+    def _steps(self, key: Hashable | None) -> bool:
+        """Whether requests of ``key`` are batched step by step (asked once per key)."""
+        if self.stepper is None or key is None:
+            return False
+        if key not in self._step_keys:
+            if len(self._step_keys) > 1000:
+                self._step_keys.clear()
+            try:
+                stepper = self.stepper(key)
+            except Exception as err:  # batched at boundaries: ``run`` says what is wrong
+                log.debug("no stepper for %r: %s", key, err)
+                stepper = None
+            self._step_keys[key] = False if stepper is None else stepper  # kept for its use
+        return self._step_keys[key] is not False
+
+    def _take_joining(self) -> list[tuple[Running, list[_Request]]]:
+        """Remove the queued requests that join a running step-level batch now, in arrival order
+        as long as its cost budget allows (one costlier than the budget joins an empty batch
+        alone: those after it wait with it), and those that start one when the oldest request
+        is of a key not running (the lock is held)."""
+        self._purge()
+        joins = []
+        batches = list(self._running.values())
+        head = self._queue[0].key if self._queue else None
+        if head is not None and head not in self._running and self._steps(head):
+            kept = self._step_keys[head]  # made by _steps(), unused yet: True once used
+            stepper = kept if not isinstance(kept, bool) else self.stepper(head)  # type: ignore[misc]
+            self._step_keys[head] = True
+            if stepper is not None:
+                batches.append(Running(head, stepper))
+        for running in batches:
+            key = running.key
+            room = self.max_batch_cost - running.cost
+            taken: list[_Request] = []
+            keep: deque[_Request] = deque()
+            full = False  # a request that did not fit: none after it joins (arrival order)
+            for r in self._queue:
+                fits = r.cost <= room or not (taken or len(running))
+                if r.key == key and fits and not full:
+                    taken.append(r)
+                    room -= r.cost
+                    self._drop(r)
+                else:
+                    full = full or r.key == key
+                    keep.append(r)
+            self._queue = keep
+            if taken:
+                joins.append((running, taken))
+        return joins
+
+    def _take_other(self) -> list[_Request]:
+        """The oldest request when it is a single job or of a key batched at batch boundaries:
+        that batch (the lock is held). Step-level batches are running: no window is held."""
+        self._purge()
+        if not self._queue or self._steps(self._queue[0].key):
+            return []
+        return self._take()
+
+    def _step(self, running: Running) -> None:
+        """One step of a running batch; it ends when no request is left in it."""
+        if self._stop_running:
+            running.fail(Stopping())
+        try:
+            requests = len(running)
+            going = running.step(self._result) if requests else False
+            if requests:
+                self.steps += 1
+                self.step_requests += requests
+        except Exception as err:  # handed to its requests, the worker goes on
+            log.debug("step failed: %s", err, exc_info=True)
+            running.fail(err)
+            going = False
+        if not going:
+            self._running.pop(running.key, None)
+
+    def _result(self, outputs: list[Any], member: Member) -> BatchResult:
+        """What a request of a step-level batch gets: queue time until it joined, compute time
+        from then to its last output, the most requests it ran steps with."""
+        now, r = time.monotonic(), member.request
+        return BatchResult(
+            outputs, member.joined - r.arrived, now - member.joined, member.shared,
+            member.shared_inputs,
+        )  # fmt: skip
+
+    def _fail_running(self, err: BaseException) -> None:
+        for running in self._running.values():
+            running.fail(err)
+        self._running.clear()
 
     def _idle_job_due(self) -> bool:
         """``on_idle`` is set, the worker has been free ``idle_s`` and has not run it for

@@ -30,9 +30,11 @@ class Limits:
     max_queue: int = 256
     # Seconds a request may take from arrival to answer; later is 504 (cancelled if not started).
     timeout: float = 30.0
-    # Dynamic batching: source tokens of all requests merged into one batch.
+    # Dynamic batching: source tokens of all requests merged into one batch (step-level
+    # batching: of all requests in a running translation).
     batch_tokens: int = 4096
-    # Dynamic batching: a batch starts once no request has joined it for this long ...
+    # Batch-boundary batching (not the PyTorch backend's translations, which requests join
+    # between decoder steps): a batch starts once no request has joined it for this long ...
     batch_wait_ms: float = 5.0
     # ... or this long after its window opened (docs/serving.md, "Dynamic batching").
     batch_max_wait_ms: float = 100.0
@@ -67,7 +69,8 @@ LIMIT_HELP = {
     "max_new_tokens": "tokens one /v1/generate request may add",
     "max_queue": "inputs waiting for the model; more is 503 with Retry-After",
     "timeout": "seconds per request, arrival to answer; later is 504",
-    "batch_tokens": "dynamic batching: source tokens merged into one batch",
-    "batch_wait_ms": "dynamic batching: a batch starts once no request has joined it for this long",
-    "batch_max_wait_ms": "dynamic batching: ... or this long after its window opened",
+    "batch_tokens": "dynamic batching: source tokens merged into one batch (or running at once)",
+    "batch_wait_ms": "batch-boundary batching (ONNX, CTranslate2, classification): a batch starts "
+    "once no request has joined it for this long",
+    "batch_max_wait_ms": "batch-boundary batching: ... or this long after its window opened",
 }

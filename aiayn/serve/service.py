@@ -16,19 +16,22 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from aiayn.config import to_dict
 from aiayn.decode import DecodeConfig, Hypothesis
 from aiayn.decode.generate import check_seed
+from aiayn.decode.translate import encode_sources
 from aiayn.errors import ConfigError
-from aiayn.folder import ModelFolder
+from aiayn.folder import ModelFolder, precision
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
+from aiayn.runtime.backend import Steps
 from aiayn.serve.batching import BatchResult, DynamicBatcher
 from aiayn.serve.limits import Limits
+from aiayn.serve.stepping import Stepper
 from aiayn.threads import DEFAULT_THREADS, LoadFollower, user_threads
 from aiayn.viz.attention import attention_of_translation, token_labels
 
@@ -66,6 +69,8 @@ class ModelService:
             max_queue=limits.max_queue,
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
+            # translations join a running decoding between steps where the backend can
+            stepper=self._stepper if "steps" in folder.backend.capabilities else None,
         )
         # The worker decodes with the intra-op threads of the caller (a per-thread setting).
         threads = torch.get_num_threads()
@@ -265,6 +270,14 @@ class ModelService:
             out.update(alignment=[list(p) for p in h.alignment], src_tokens=src, tokens=tokens)
         return out
 
+    def _stepper(self, key: Hashable) -> Stepper | None:
+        """Translations run step by step (their requests join between decoder steps); None
+        for the other keys and for translations with alignments, batched at batch
+        boundaries."""
+        if key[0] != "translate" or key[1].alignments:  # type: ignore[index]
+            return None  # alignments: a teacher-forced pass over each whole output
+        return TextTranslation(self.folder, key[1], self._hypothesis)  # type: ignore[index]
+
     # ---- GET /v1/model ------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
@@ -287,6 +300,43 @@ class ModelService:
             "routes": [f"/v1/{r}" for r in self.routes],
             "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
         }
+
+
+class TextTranslation:
+    """A :class:`~aiayn.serve.stepping.Stepper` over texts: a running translation of the
+    folder's backend (:class:`~aiayn.decode.continuous.RunningTranslation`) behind its
+    tokenizer, under the folder's precision; outputs as ``/v1/translate`` answers each text.
+    Texts are never blank here (:meth:`ModelService.check_texts` refuses them)."""
+
+    def __init__(
+        self,
+        folder: ModelFolder,
+        decode: DecodeConfig,
+        to_json: Callable[[str, Hypothesis, list[str]], dict[str, Any]],
+    ) -> None:
+        self.folder, self.decode, self.to_json = folder, decode, to_json
+        self.running = cast(Steps, folder.backend).running_translation(decode)
+
+    @property
+    def active(self) -> int:
+        return int(self.running.active)
+
+    def add(self, texts: Sequence[str]) -> list[int]:
+        folder = self.folder
+        sources = encode_sources(folder.tokenizer, texts, folder.backend.cfg.max_len)
+        with precision(folder.device, self.decode.bf16):
+            return list(self.running.add(sources))
+
+    def step(self) -> dict[int, Any]:
+        with precision(self.folder.device, self.decode.bf16):
+            ended = self.running.step()
+        decode = self.folder.tokenizer.decode
+        return {
+            i: [self.to_json(decode(h.tokens), h, []) for h in hyps] for i, hyps in ended.items()
+        }
+
+    def drop(self, ids: Sequence[int]) -> None:
+        self.running.drop(ids)
 
 
 def measured_scores(paths: Sequence[Path]) -> dict[str, Any]:
