@@ -268,6 +268,23 @@ def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder
         assert got == pytest.approx([h.score for line in alone for _, h in line], abs=1e-5)
 
 
+def test_no_step_batching_batches_translations_at_boundaries_with_the_same_answers(folder):
+    """`aiayn serve --no-step-batching`: the same requests run as boundary batches (no decoder
+    step is counted) and get the answers step-level batching gives."""
+    requests = [sentences(1 + i % 3, 400 + i) for i in range(6)]
+    answers = []
+    for step_batching in (True, False):
+        service = ModelService(folder, Limits(step_batching=step_batching))
+        decode = service.decode_config(3, None, 2)
+        with ThreadPoolExecutor(3) as pool:
+            futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
+            answers.append([[[h["text"] for h in n] for n in f.result(60).outputs] for f in futures])
+        steps = service.batcher.steps
+        service.close()
+        assert (steps > 0) is step_batching
+    assert answers[0] == answers[1]
+
+
 def test_a_translation_whose_client_went_away_stops_decoding_at_the_next_step(folder):
     """Cancelling the future (what the HTTP layer does at the time limit, or when the client is
     gone) takes the request's rows out of the running decoding at the next step: the steps

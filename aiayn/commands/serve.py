@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     defaults = Limits()
     limits = p.add_argument_group("limits")
     for field in dataclasses.fields(Limits):
-        if field.name == "batching":
+        if field.name in ("batching", "step_batching"):
             continue
         default = getattr(defaults, field.name)
         limits.add_argument(
@@ -72,6 +72,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         dest="batching",
         action="store_false",
         help="run every request alone (no dynamic batching; for comparison)",
+    )
+    limits.add_argument(
+        "--no-step-batching",
+        dest="step_batching",
+        action="store_false",
+        help="batch the PyTorch backend's translations at batch boundaries, as the other "
+        "engines' (more sentences/s under many one-sentence clients; a lone request waits "
+        "for its batch window)",
     )
     p.set_defaults(run=run, workers=1)  # one worker thread decodes (the batcher's)
     return p

@@ -40,11 +40,17 @@ class Limits:
     batch_max_wait_ms: float = 100.0
     # False: every request runs alone, in arrival order (the benchmark's baseline).
     batching: bool = True
+    # False: the PyTorch backend's translations are batched at batch boundaries too (more
+    # sentences/s at 64+ one-sentence clients on a 2-core CPU; step-level batching answers a
+    # lone or short request sooner: docs/serving.md).
+    step_batching: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("batching", "batch_wait_ms", "batch_max_wait_ms") and not value > 0:
+            if f.name in ("batching", "step_batching", "batch_wait_ms", "batch_max_wait_ms"):
+                continue
+            if not value > 0:
                 raise ConfigError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
         if self.max_texts > self.max_queue:
             raise ConfigError(

@@ -70,7 +70,11 @@ class ModelService:
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
             # translations join a running decoding between steps where the backend can
-            stepper=self._stepper if "steps" in folder.backend.capabilities else None,
+            stepper=(
+                self._stepper
+                if limits.step_batching and "steps" in folder.backend.capabilities
+                else None
+            ),
         )
         # The worker decodes with the intra-op threads of the caller (a per-thread setting).
         threads = torch.get_num_threads()
