@@ -403,9 +403,11 @@ class BeamSearch:
     def _bos_at(self, state: _Beams, generated: list[int]) -> Tensor | None:
         """(rows,) where each row's own BOS is, for the n-gram rule, when some sentence joined
         after others (its row is left-filled with BOS); None when every row starts at 0."""
+        if not self.rules.no_repeat_ngram:
+            return None
         width = state.tokens.size(1)
         bos_at = [width - 1 - g for g in generated]  # by sentence
-        if not self.rules.no_repeat_ngram or not any(bos_at):
+        if not any(bos_at):
             return None
         per_sentence = state.tokens.size(0) // len(generated)
         out = torch.tensor(bos_at).repeat_interleave(per_sentence)
