@@ -43,6 +43,24 @@ def test_batches_are_full_and_length_bucketed():
     assert padding_fraction(s) < 0.15  # random lengths 1-60 would pad ~50% unsorted
 
 
+def test_batches_are_the_lists_of_before(world_size=2):
+    """An epoch's batches are held as one index array (Batches) and equal, batch for batch, the
+    lists the sampler built before (so runs saved mid-epoch resume on the same batches)."""
+    s = sampler(rank=1, world_size=world_size)
+    rng = np.random.default_rng([7, 3])
+    src, tgt = np.asarray(SRC), np.asarray(TGT)
+    width = np.maximum(src, tgt)
+    order = np.lexsort((rng.random(len(SRC)), tgt, src, width))
+    cut = [order[a:b] for a, b in zip(s._bounds[:-1], s._bounds[1:])]
+    cut = [cut[i] for i in rng.permutation(len(cut))]
+    before = [b.tolist() for b in cut[1::world_size][: len(cut) // world_size]]
+    batches = s.batches(3)
+    assert batches == before and before == batches and list(batches) == before
+    assert batches[5:9] == before[5:9] and batches[::-1][0] == before[-1]
+    assert all(type(b) is list and type(b[0]) is int for b in batches[:3])
+    assert batches != before[:-1] and batches != sampler().batches(3)
+
+
 def test_padding_fraction_counts_padded_cells():
     s = TokenBatchSampler([2, 4], [3, 1], max_tokens=100, shuffle=False)
     assert s.batches() == [[0, 1]]

@@ -81,9 +81,29 @@ def test_own_files_store_gives_the_in_memory_batches(tmp_path):
     tok = train_tokenizer_for(cfg)
     store = translation_store(cfg, tok, cfg.train_split)
     pairs = in_memory_pairs(cfg, tok, "train")
-    assert len(store) == len(pairs) == 400 and store.tokens("src").dtype == np.uint16
+    assert len(store) == len(pairs) == 400 and store.dtype("src") == np.uint16
     assert_same_batches(cfg, tok, store, pairs, world_size=1)
     assert_same_batches(cfg, tok, store, pairs, world_size=2)
+
+
+def test_store_reads_rows_without_mapping_the_ids(tmp_path):
+    """A batch's ids are read by offset, not through a mapping: a mapped 2 MB page-cache folio
+    counted in each rank's RSS (docs/data.md). Counting reads in chunks and equals bincount."""
+    cfg = own_files(tmp_path, n_train=400, max_tokens=200)
+    tok = train_tokenizer_for(cfg)
+    store = translation_store(cfg, tok, cfg.train_split)
+    pairs = in_memory_pairs(cfg, tok, "train")
+    order = list(range(len(store)))[::-1]
+    assert [r.tolist() for r in store.rows("tgt", order)] == [pairs[i][1] for i in order]
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        assert str(store.path / "tgt.bin") not in maps.read_text()
+    every = np.concatenate([np.asarray(y) for _, y in pairs])
+    assert np.array_equal(store.token_counts("tgt", tok.vocab_size),
+                          np.bincount(every, minlength=tok.vocab_size))
+    (store.path / "tgt.bin").write_bytes(b"")  # cut short under an open store: one clear error
+    with pytest.raises(DataError, match="shorter than its manifest"):
+        store.rows("tgt", [len(store) - 1])
 
 
 @pytest.mark.skipif(not MIRROR, reason="real data: AIAYN_DATA_MIRROR is not set (the own-files "
@@ -226,7 +246,10 @@ def test_two_processes_racing_build_once(tmp_path):
     assert logs.count("built in") == 1 and logs.count("built before, reused") == 1, logs
 
 
-def test_sigkill_mid_build_leaves_no_store_that_looks_complete(tmp_path):
+def test_sigkill_mid_build_leaves_no_store_that_looks_complete(tmp_path, monkeypatch):
+    # a cache of its own: under pytest-xdist the session's cache is shared by every worker, and
+    # another module's stores appearing meanwhile are not this build's
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     cfg = own_files(tmp_path, n_train=150000)
     tok = train_tokenizer_for(cfg)
     tok.save(tmp_path / "tok.json")

@@ -186,7 +186,7 @@ def run_stats(args: argparse.Namespace) -> int:
     train, valid = stores["train"], stores["valid"]
     if cfg.kind == LM:
         print(
-            f"{cfg.kind}: {len(train.row('text', 0))} training and {len(valid.row('text', 0))} "
+            f"{cfg.kind}: {int(train.lengths('text')[0])} training and {int(valid.lengths('text')[0])} "
             f"validation tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
         )
         print(store_line(train))

@@ -1,12 +1,12 @@
 """The data pipeline: datasets (registry, verified download or mirror, cache), readers for the
-user's own files, tokenizers, token stores (tokenized once, memory-mapped), token-budget batching
+user's own files, tokenizers, token stores (tokenized once, read by offset), token-budget batching
 and collate functions.
 
 Typical use (translation)::
 
     cfg = DataConfig(dataset="multi30k", vocab_size=8000, max_tokens=4096)
     tokenizer = train_tokenizer_for(cfg)             # trained on (a sample of) the training split
-    train = translation_store(cfg, tokenizer, "train")  # tokenized once, memory-mapped, cleaned
+    train = translation_store(cfg, tokenizer, "train")  # tokenized once, read by offset, cleaned
     sampler = TokenBatchSampler(train.lengths("src"), train.lengths("tgt") + 1,
                                 max_tokens=cfg.max_tokens, seed=cfg.seed)
     for epoch in range(n):

@@ -434,7 +434,7 @@ def prepare_classification(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[list[
 def prepare_lm(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """The training and validation text as 1-D LongTensors of token ids."""
     train, valid = (
-        torch.from_numpy(lm_store(cfg, tokenizer, split).row("text", 0).astype(np.int64))
+        torch.from_numpy(lm_store(cfg, tokenizer, split).mapped("text").astype(np.int64))
         for split in (cfg.train_split, cfg.valid_split)
     )
     return train, valid

@@ -3,8 +3,12 @@
 What fairseq-preprocess (``.bin``/``.idx``), Megatron's indexed datasets and Hugging Face
 ``datasets`` (Arrow) give their users: the text is read and encoded once, streaming, and every
 later run — ``--resume``, each DDP rank, a new run on the same files with the same tokenizer —
-maps the same files instead of encoding again. Only the per-example lengths are read into RAM
-(what batching needs); a batch's ids are sliced from the mapped file when it is collated.
+opens the same files instead of encoding again. Only the per-example lengths and offsets are read
+into RAM (what batching needs); a batch's ids are read from the file by offset (``pread``) when it
+is collated, so they pass through the page cache, which the kernel shares between processes and
+can drop, and never count in a process's RSS. (A memory mapping did: on Linux 6.x a fault maps the
+whole page-cache folio, up to 2 MB of a freshly written file, so random batches mapped nearly all
+of a 700 MB store into each rank's RSS; see docs/data.md.)
 
 A store is a folder in the data cache, ``$AIAYN_CACHE/stores/NAME-DIGEST/``::
 
@@ -35,6 +39,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -195,11 +200,51 @@ class StoreWriter:
             f.close()
 
 
-class TokenStore:
-    """A built store, opened read-only: ids memory-mapped, lengths in RAM.
+class _TokenFile:
+    """The ids of one field on disk, read by offset (``os.pread``; no shared file position, so
+    forked processes can share the descriptor)."""
 
-    ``rows(field, indices)`` gives the ids of those examples as 1-D arrays (views of the mapped
-    file); ``lengths(field)`` their lengths. Pickled objects are never loaded (``allow_pickle``
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype = path, dtype
+        self.size = path.stat().st_size // dtype.itemsize
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self._fd)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """ids[start:stop], a read-only array."""
+        want = (stop - start) * self.dtype.itemsize
+        data = os.pread(self._fd, want, start * self.dtype.itemsize) if want else b""
+        if len(data) != want:
+            raise DataError(
+                f"{self.path}: shorter than its manifest says (read {len(data)} of {want} bytes "
+                f"at {start * self.dtype.itemsize}); delete the store folder"
+            )
+        return np.frombuffer(data, self.dtype)
+
+    def chunks(self, size: int = 1 << 22) -> Iterator[np.ndarray]:
+        """Every id, ``size`` at a time."""
+        for start in range(0, self.size, size):
+            yield self.read(start, min(start + size, self.size))
+
+
+class _TokenArray:
+    """The ids of one field held in memory, with :class:`_TokenFile`'s interface."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids, self.dtype, self.size = ids, ids.dtype, len(ids)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.ids[start:stop]
+
+    def chunks(self, size: int = 1 << 22) -> Iterator[np.ndarray]:
+        yield self.ids
+
+
+class TokenStore:
+    """A built store, opened read-only: lengths and offsets in RAM, ids read from disk by offset.
+
+    ``rows(field, indices)`` gives the ids of those examples as 1-D read-only arrays;
+    ``lengths(field)`` their lengths. Pickled objects are never loaded (``allow_pickle``
     stays off). :meth:`from_lists` makes the same object from examples in memory (tests,
     benchmarks).
     """
@@ -217,8 +262,10 @@ class TokenStore:
         self.manifest: dict[str, Any] = manifest
         self.fields: tuple[str, ...] = tuple(manifest["fields"])
         dtype = np.dtype(manifest["dtype"])
-        self._tokens = {f: _map(self.path / f"{f}.bin", dtype) for f in self.fields}
-        self._starts = {f: _load(self.path / f"{f}.idx.npy", mmap=True) for f in self.fields}
+        self._tokens: dict[str, _TokenFile | _TokenArray] = {
+            f: _TokenFile(self.path / f"{f}.bin", dtype) for f in self.fields
+        }
+        self._starts = {f: _load(self.path / f"{f}.idx.npy") for f in self.fields}
         self._lengths = {f: _load(self.path / f"{f}.len.npy") for f in self.fields}
         self.lines = _load(self.path / "lines.npy", mmap=True)
         labels = self.path / "labels.npy"
@@ -236,7 +283,8 @@ class TokenStore:
         store._lengths = {f: np.array([len(x) for x in c], np.int32) for f, c in columns.items()}
         store._starts = {f: np.cumsum(x, dtype=np.int64) - x for f, x in store._lengths.items()}
         store._tokens = {
-            f: np.fromiter(itertools.chain.from_iterable(c), np.int64) for f, c in columns.items()
+            f: _TokenArray(np.fromiter(itertools.chain.from_iterable(c), np.int64))
+            for f, c in columns.items()
         }
         store.lines = np.arange(n, dtype=np.int64)
         store.labels = np.asarray(labels if labels is not None else [], dtype=np.int64)
@@ -258,18 +306,33 @@ class TokenStore:
 
     def row(self, field: str, index: int) -> np.ndarray:
         start = int(self._starts[field][index])
-        return self._tokens[field][start : start + int(self._lengths[field][index])]
+        return self._tokens[field].read(start, start + int(self._lengths[field][index]))
 
     def rows(self, field: str, indices: Iterable[int]) -> list[np.ndarray]:
         index = np.fromiter(indices, np.int64)
         starts = self._starts[field][index]
         ends = (starts + self._lengths[field][index]).tolist()
-        tokens = self._tokens[field]
-        return [tokens[a:b] for a, b in zip(starts.tolist(), ends)]
+        read = self._tokens[field].read
+        return [read(a, b) for a, b in zip(starts.tolist(), ends)]
 
-    def tokens(self, field: str) -> np.ndarray:
-        """Every id of ``field`` on disk, mapped (examples dropped as duplicates included)."""
-        return self._tokens[field]
+    def mapped(self, field: str) -> np.ndarray:
+        """Every id of ``field``, memory-mapped read-only: for a running text read in windows (a
+        language model's store holds one example, the whole text)."""
+        tokens = self._tokens[field]
+        return tokens.ids if isinstance(tokens, _TokenArray) else _map(tokens.path, tokens.dtype)
+
+    def dtype(self, field: str) -> np.dtype:
+        """The dtype of ``field``'s ids (on disk: the smallest that fits the vocabulary)."""
+        return self._tokens[field].dtype
+
+    def token_counts(self, field: str, minlength: int = 0) -> np.ndarray:
+        """How often each id occurs in ``field`` (read in chunks; examples dropped as duplicates
+        included), as ``np.bincount`` gives it."""
+        counts = np.zeros(minlength, np.int64)
+        for chunk in self._tokens[field].chunks():
+            found = np.bincount(chunk, minlength=len(counts))
+            counts = np.pad(counts, (0, len(found) - len(counts))) + found
+        return counts
 
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r}, examples={len(self)})"

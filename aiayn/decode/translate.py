@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+def token_batches(lengths: Sequence[int], max_tokens: int) -> Sequence[list[int]]:
     """Indices in batches of similar length, longest first, whose padded size (sentences ×
     longest length) stays within ``max_tokens`` (a longer sentence goes alone): the training
     batcher's cut (:class:`~aiayn.data.batching.TokenBatchSampler`), unshuffled."""

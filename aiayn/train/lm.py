@@ -13,6 +13,7 @@ mean negative log-likelihood per token — nats per character with the char toke
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -46,7 +47,7 @@ class LanguageModelTask(Task):
             self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
         # the text's ids, memory-mapped from its token store
         self.ids = {
-            split: store.row("text", 0)
+            split: store.mapped("text")
             for split, store in split_stores(data, self.tokenizer).items()
         }
         self.block = data.max_len
@@ -75,7 +76,7 @@ class LanguageModelTask(Task):
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_encoder_layers=0)
 
-    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
         """Window start offsets, drawn from ``(data.seed, epoch)``; every rank its own batches."""
         n_train = len(self.ids["train"])
         n_windows = max(n_train // self.block, self.batch_size)  # a short text: one batch
@@ -88,7 +89,7 @@ class LanguageModelTask(Task):
         per_rank = len(batches) // world_size
         return batches[rank::world_size][:per_rank]
 
-    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+    def valid_batches(self, rank: int, world_size: int) -> Sequence[list[int]]:
         """Consecutive windows covering every validation token once (the last one shorter)."""
         starts = list(range(0, len(self.ids["valid"]) - 1, self.block))
         batches = [starts[i : i + self.batch_size] for i in range(0, len(starts), self.batch_size)]

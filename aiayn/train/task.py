@@ -92,12 +92,12 @@ class Task(ABC):
         return KINDS[self.kind].model_class(model)
 
     @abstractmethod
-    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
         """This process's batches (lists of training-example indices) for ``epoch`` (1-based): a
         deterministic function of the arguments and the config, using no global RNG."""
 
     @abstractmethod
-    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+    def valid_batches(self, rank: int, world_size: int) -> Sequence[list[int]]:
         """This process's share of the validation set, as batches of indices."""
 
     @abstractmethod
@@ -151,10 +151,10 @@ class TokenBatchedTask(Task):
             )
         return self._samplers[key]
 
-    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
         return self._sampler("train", rank, world_size).batches(epoch)
 
-    def valid_batches(self, rank: int, world_size: int) -> list[list[int]]:
+    def valid_batches(self, rank: int, world_size: int) -> Sequence[list[int]]:
         sampler = self._sampler("valid", 0, 1)
         if sampler is None:
             return []

@@ -18,7 +18,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,7 +302,7 @@ class Trainer:
         progress.epoch, progress.position = progress.epoch + 1, 0
         return self._limit_reached()
 
-    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+    def _epoch_batches(self, epoch: int) -> Sequence[list[int]]:
         with _rng_untouched():
             batches = self.task.epoch_batches(epoch, self.dist.rank, self.dist.world_size)
         # Every process must run the same number of updates, or DDP would wait forever.
@@ -319,7 +319,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def update(self, group: list[list[int]]) -> bool:
+    def update(self, group: Sequence[list[int]]) -> bool:
         """One optimizer update from ``group``'s micro-batches; False when it was skipped."""
         net = self.ddp or self.model
         net.train()

@@ -12,7 +12,6 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -115,7 +114,7 @@ class TranslationTask(TokenBatchedTask):
         net = super().build_model(model)
         assert isinstance(net, Transformer)  # the shape's model class
         if net.output_mask is not None:
-            counts = np.bincount(self.stores["train"].tokens("tgt"), minlength=model.tgt_vocab_size)
+            counts = self.stores["train"].token_counts("tgt", model.tgt_vocab_size)
             net.output_mask.copy_(torch.from_numpy(counts[: model.tgt_vocab_size] > 0))
             net.output_mask[model.eos_id] = True
             log.info(
