@@ -4,7 +4,10 @@ parallel corpora of WMT-like lengths. Not a test: a measurement for docs/data.md
     python benchmarks/bench_data_scale.py [--sizes 100000 1000000 5000000] [--steps 30] [--ddp]
     python benchmarks/bench_data_scale.py --smoke      # tiny sizes, every code path, seconds
 
-With ``--work DIR`` the corpora stay in DIR, and a later run with the same DIR reuses them.
+With ``--work DIR`` the corpora stay in DIR, and a later run with the same DIR reuses them; with
+``--keep-stores`` too, their token stores stay in DIR's data cache, and a later run measures
+training on them without building again (its build record then says ``"reused": true`` and keeps
+only what the store's manifest recorded of its build).
 
 For each size N it writes N training pairs (and 1,000 validation pairs) as your own files: words
 drawn from a Zipf-distributed 60,000-word vocabulary, source lengths log-normal with a mean of
@@ -162,11 +165,12 @@ def measure_build(sets: list[str], env: dict, n: int) -> dict:
     run = run_measured(aiayn("data", "build", "--config", RECIPE, *data_sets), env)
     manifest = json.loads((Path(run["stdout"].split()[1].rstrip(":")) / "manifest.json").read_text())
     store_s = manifest["build_seconds"]
-    return {"pairs": n, "seconds_total": round(run["seconds"], 1), "seconds_store": store_s,
-            "pairs_per_s_per_core": round(n / store_s / (os.cpu_count() or 1)),
-            "peak_rss_mib": round(run["peak_rss"] / 2**20),
-            "peak_rss_anon_mib": round(run["peak_rss_anon"] / 2**20), "store_mib": _store_mib(run["stdout"]),
-            "counts": manifest["counts"]}
+    built = {"pairs": n, "seconds_store": store_s, "pairs_per_s_per_core": round(n / store_s / (os.cpu_count() or 1)),
+             "store_mib": _store_mib(run["stdout"]), "counts": manifest["counts"]}
+    if "built before, reused" in run["stderr"]:  # a store kept by an earlier --keep-stores run
+        return {**built, "reused": True}
+    return {**built, "seconds_total": round(run["seconds"], 1), "peak_rss_mib": round(run["peak_rss"] / 2**20),
+            "peak_rss_anon_mib": round(run["peak_rss_anon"] / 2**20)}
 
 
 def _store_mib(stdout: str) -> float:
@@ -242,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp", action="store_true", help="also train with two ranks (torchrun)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and model, seconds")
     parser.add_argument("--work", help="folder for corpora and runs (default: a temporary one)")
+    parser.add_argument("--keep-stores", action="store_true",
+                        help="with --work: keep the token stores for the next run (which then skips the build)")
     parser.add_argument("--json", help="where to write results (default docs/experiments/data_scale.json)")
     args = parser.parse_args(argv)
     sizes = args.sizes or (SMOKE_SIZES if args.smoke else FULL_SIZES)
@@ -265,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         if not args.work:  # a --work folder keeps its corpora for the next run
             shutil.rmtree(folder, ignore_errors=True)
-        shutil.rmtree(cache / "stores", ignore_errors=True)
+        if not (args.keep_stores and args.work):
+            shutil.rmtree(cache / "stores", ignore_errors=True)
     results["load_average_end"] = os.getloadavg()
     default = work / "data_scale.json" if args.smoke else ROOT / "docs/experiments/data_scale.json"
     out = Path(args.json or default)
@@ -285,7 +292,8 @@ def print_table(results: dict) -> None:
     for row in results["sizes"]:
         b, t, s = row["build"], row["train"], row["speed"]
         ddp = row.get("train_ddp", {}).get("peak_rss_sum_mib", "-")
-        print(f"| {row['pairs']:,} | {b['seconds_store']} | {b['pairs_per_s_per_core']:,} | {b['peak_rss_mib']} "
+        print(f"| {row['pairs']:,} | {b['seconds_store']} | {b['pairs_per_s_per_core']:,} "
+              f"| {'(reused)' if b.get('reused') else b['peak_rss_mib']} "
               f"| {b['store_mib']} | {t['seconds_to_first_update']} | {t['peak_rss_mib']} ({t['peak_rss_anon_mib']}) | {ddp} "
               f"| {s['tokens_per_s_store']} / {s['tokens_per_s_in_memory']} ({s['ratio']:.3f}) |")
 

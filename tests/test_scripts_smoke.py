@@ -275,7 +275,7 @@ def smoke_bench_data_scale(tmp: Path, capsys) -> None:
     """Every code path (corpus, `aiayn data build`, `aiayn train` on the built stores, two DDP
     ranks, tokens/s from the store and from lists) at two tiny sizes, and sane figures."""
     out = tmp / "smoke.json"
-    run_main("benchmarks/bench_data_scale.py", "--smoke", "--work", tmp / "work", "--json", out)
+    run_main("benchmarks/bench_data_scale.py", "--smoke", "--work", tmp / "work", "--keep-stores", "--json", out)
     results = read_json(out)
     assert [row["pairs"] for row in results["sizes"]] == [300, 600]
     for row in results["sizes"]:
@@ -287,6 +287,13 @@ def smoke_bench_data_scale(tmp: Path, capsys) -> None:
     ddp = results["sizes"][0]["train_ddp"]  # two ranks: the sum over the process tree
     assert ddp["peak_rss_sum_mib"] > ddp["peak_rss_mib"]
     assert "| pairs | build s |" in capsys.readouterr().out
+    # --keep-stores: the next run trains on the kept store and says the build was reused
+    run_main("benchmarks/bench_data_scale.py", "--smoke", "--sizes", "300", "--work", tmp / "work",
+             "--keep-stores", "--json", out)
+    again = read_json(out)["sizes"][0]
+    assert again["build"]["reused"] and "peak_rss_mib" not in again["build"]
+    assert again["build"]["counts"] == results["sizes"][0]["build"]["counts"]
+    assert again["train"]["peak_rss_mib"] > 0
 
 
 TINY_WMT = ["model.d_model=16", "model.n_heads=2", "model.d_k=8", "model.d_v=8", "model.d_ff=32",
