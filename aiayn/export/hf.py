@@ -197,7 +197,8 @@ def generation_config(cfg: Any, decode: Any) -> dict[str, Any]:
 
 def tokenizer_config(tokenizer: Any, cfg: Any) -> dict[str, Any]:
     """``tokenizer_config.json``: ``tokenizer.json`` as a PreTrainedTokenizerFast with the
-    model's special tokens."""
+    model's special tokens and Marian's inputs (a bare PreTrainedTokenizerFast of transformers
+    4.x also returns ``token_type_ids``, which ``generate`` refuses)."""
     token = tokenizer.hf.id_to_token
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -207,6 +208,7 @@ def tokenizer_config(tokenizer: Any, cfg: Any) -> dict[str, Any]:
         "unk_token": token(cfg.unk_id),
         "model_max_length": cfg.max_len,
         "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"],
     }
 
 
