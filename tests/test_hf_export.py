@@ -6,6 +6,7 @@ does, token for token, with the folder's own settings on both sides; what Marian
 is one clear line."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,6 +126,27 @@ def test_transformers_translates_the_export_as_aiayn_does(trained, tmp_path, cap
         assert sorted(batch) == ["attention_mask", "input_ids"]  # what generate() takes
         ids = model.generate(**batch, num_beams=1)
     assert tokenizer.batch_decode(ids, skip_special_tokens=True) == greedy
+
+
+def test_the_length_cap_reads_the_same_in_transformers_4_and_5():
+    """max_length counts the start token; 20, transformers 4.x's default, would mean 20 new tokens
+    there and 19 in 5.x, so that cap is written as max_new_tokens (the same in both); aiayn's
+    import reads every one back."""
+    from aiayn.decode import DecodeConfig
+    from aiayn.export.hf import generation_config
+    from aiayn.interop.marian import decode_settings
+
+    cfg = tiny_model_config(40, 64)
+    for cap, written in (
+        (18, {"max_length": 19}),
+        (19, {"max_new_tokens": 19}),
+        (63, {"max_length": 64}),
+    ):
+        decode = DecodeConfig(length_penalty="average", max_len_a=0.0, max_len_b=cap)
+        generation = generation_config(cfg, decode)
+        assert {k: generation.get(k) for k in written} == written
+        assert ("max_length" in generation) != ("max_new_tokens" in generation)
+        assert decode_settings(generation, cfg, Path("g.json"))["max_len_b"] == cap
 
 
 def test_what_marian_cannot_express_is_one_clear_line(tmp_path, capsys):

@@ -77,6 +77,20 @@ def test_greedy_and_beam_tokens_equal_generate(imported, variant):
     assert ended > 0  # not every output ran to max_length: EOS decisions were tested
 
 
+def test_the_length_cap_is_generates_with_or_without_max_length(imported):
+    """transformers generates max_new_tokens, else max_length - 1 (it counts the start token),
+    else 20 new tokens, its default (measured with 4.57.6 and 5.24.0: docs/huggingface.md)."""
+    folder, out, _, _ = imported
+    cfg = load_model_folder(out).model.cfg
+    path = folder / "generation_config.json"
+    for generation, cap in (
+        ({}, 20),
+        ({"max_length": 22}, 21),
+        ({"max_length": 22, "max_new_tokens": 7}, 7),
+    ):
+        assert decode_settings(generation, cfg, path)["max_len_b"] == cap, generation
+
+
 def test_translate_with_no_flags_gives_generates_text(imported, tmp_path, capsys):
     from aiayn.cli import main
 
