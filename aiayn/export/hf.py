@@ -21,8 +21,9 @@ transformers is needed to write it.
   lower-casing tokenizer (no ``tokenizers`` file a transformers tokenizer can load as is);
 - decoding settings become ``generation_config.json``: beam, the cap ``max_len_b`` when
   ``max_len_a`` is 0 (else the model's ``max_len``: transformers has no cap per source length)
-  as ``max_length`` = cap + 1 (``max_new_tokens`` where that is 20), and the length penalty: ``average`` is 1, ``none`` 0, ``power`` α; GNMT's ((5 + |Y|) / 6)^α has
-  no transformers equivalent and is written as |Y|^α (a warning says so).
+  as ``max_length`` = cap + 1 (``max_new_tokens`` where that is 20), and the length penalty:
+  ``average`` is 1, ``none`` 0, ``power`` α; GNMT's ((5 + |Y|) / 6)^α has no transformers
+  equivalent and is written as |Y|^α (a warning says so).
 """
 
 from __future__ import annotations
