@@ -21,11 +21,13 @@ import pytest
 import torch
 
 VOCAB = 160  # pieces per SentencePiece model
-MAX_LENGTH = 20
-STEPS = 150  # AdamW steps (seconds): a model that writes German-like pieces
+# Not 20: transformers 4.x reads a max_length equal to its default (20) as unset and generates
+# 20 new tokens, where 5.x generates max_length - 1 (docs/huggingface.md).
+MAX_LENGTH = 22
+STEPS = 300  # AdamW steps (seconds): a model that writes German-like pieces and learnt EOS
 # generation_config.json as OPUS-MT folders have it (the ids of <pad> filled in).
 GENERATION = {"max_length": MAX_LENGTH, "num_beams": 4, "eos_token_id": 0, "forced_eos_token_id": 0}
-EOS_BIAS = 2.5  # on final_logits_bias: outputs of 1 to ~10 tokens, some cut at max_length
+EOS_BIAS = 3.0  # on final_logits_bias: outputs of varied length, some cut at max_length
 
 
 def sentences(lang: str, n: int, skip: int = 0) -> list[str]:
@@ -109,6 +111,25 @@ def _train(model, tokenizer, steps: int, seed: int) -> None:
         model.final_logits_bias.copy_(bias)
 
 
+def _init(model, seed: int) -> None:
+    """Weights drawn here as Marian's init draws them (normal, std ``init_std``; biases 0,
+    LayerNorms 1 and 0; the pad row 0), not by transformers' own init, which draws differently in
+    4.x and 5.x: the same starting model, and so much the same trained one, with either."""
+    generator = torch.Generator().manual_seed(seed)
+    std = model.config.init_std
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # the tied embeddings once; the same order
+            if "embed_positions" in name:  # the sinusoids: computed, not drawn
+                continue
+            if "layer_norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * std)
+        model.get_input_embeddings().weight[model.config.pad_token_id] = 0.0
+
+
 def build_marian(folder: Path, seed: int = 0, **config) -> Path:
     """A tiny random MarianMTModel with its tokenizer, saved in the Hub's layout."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
@@ -136,8 +157,8 @@ def build_marian(folder: Path, seed: int = 0, **config) -> Path:
         decoder_start_token_id=pad,
         forced_eos_token_id=0,
     )
-    torch.manual_seed(seed)  # the same model on every run
     model = MarianMTModel(MarianConfig(**{**values, **config}))
+    _init(model, seed)  # the same model on every run, with transformers 4.x or 5.x
     tokenizer = MarianTokenizer(
         str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")
     )

@@ -6,6 +6,7 @@ does, token for token, with the folder's own settings on both sides; what Marian
 is one clear line."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,20 +88,18 @@ def trained(tmp_path_factory):
 
 
 def translate_with_transformers(folder, texts):
-    """What pipeline("translation", model=folder) does (transformers >= 5 removed that pipeline:
-    the same steps by hand there)."""
-    from transformers import pipeline
+    """pipeline("translation", model=folder) where transformers has it (4.x; checked with 4.57.6,
+    docs/huggingface.md); transformers 5 removed that pipeline: there, the steps it took, by
+    hand."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+    from transformers.pipelines import SUPPORTED_TASKS
 
-    try:
-        translator = pipeline("translation", model=str(folder))
-    except KeyError:  # transformers 5: "The task translation has been removed"
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
-        batch = tokenizer(texts, return_tensors="pt", padding=True)
-        return tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
-    return [r["translation_text"] for r in translator(texts)]
+    if "translation" in SUPPORTED_TASKS:
+        return [r["translation_text"] for r in pipeline("translation", model=str(folder))(texts)]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    return tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
 
 
 def test_transformers_translates_the_export_as_aiayn_does(trained, tmp_path, capsys):
@@ -123,8 +122,31 @@ def test_transformers_translates_the_export_as_aiayn_does(trained, tmp_path, cap
 
         tokenizer = AutoTokenizer.from_pretrained(out)
         model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
-        ids = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), num_beams=1)
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        assert sorted(batch) == ["attention_mask", "input_ids"]  # what generate() takes
+        ids = model.generate(**batch, num_beams=1)
     assert tokenizer.batch_decode(ids, skip_special_tokens=True) == greedy
+
+
+def test_the_length_cap_reads_the_same_in_transformers_4_and_5():
+    """max_length counts the start token; 20, transformers 4.x's default, would mean 20 new tokens
+    there and 19 in 5.x, so that cap is written as max_new_tokens (the same in both); aiayn's
+    import reads every one back."""
+    from aiayn.decode import DecodeConfig
+    from aiayn.export.hf import generation_config
+    from aiayn.interop.marian import decode_settings
+
+    cfg = tiny_model_config(40, 64)
+    for cap, written in (
+        (18, {"max_length": 19}),
+        (19, {"max_new_tokens": 19}),
+        (63, {"max_length": 64}),
+    ):
+        decode = DecodeConfig(length_penalty="average", max_len_a=0.0, max_len_b=cap)
+        generation = generation_config(cfg, decode)
+        assert {k: generation.get(k) for k in written} == written
+        assert ("max_length" in generation) != ("max_new_tokens" in generation)
+        assert decode_settings(generation, cfg, Path("g.json"))["max_len_b"] == cap
 
 
 def test_what_marian_cannot_express_is_one_clear_line(tmp_path, capsys):

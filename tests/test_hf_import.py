@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from hf_helpers import sentences
+from hf_helpers import MAX_LENGTH, sentences
 from trainutil import fails, torch_threads
 
 from aiayn.decode import DecodeConfig
@@ -73,8 +73,22 @@ def test_greedy_and_beam_tokens_equal_generate(imported, variant):
         special = {tok.pad_token_id, tok.eos_token_id}
         theirs = [[i for i in row[1:] if i not in special] for row in out_ids]
         assert ours == theirs, beam
-        ended += sum(len(t) < 18 for t in theirs)
+        ended += sum(len(t) < MAX_LENGTH - 2 for t in theirs)  # before the forced EOS
     assert ended > 0  # not every output ran to max_length: EOS decisions were tested
+
+
+def test_the_length_cap_is_generates_with_or_without_max_length(imported):
+    """transformers generates max_new_tokens, else max_length - 1 (it counts the start token),
+    else 20 new tokens, its default (measured with 4.57.6 and 5.24.0: docs/huggingface.md)."""
+    folder, out, _, _ = imported
+    cfg = load_model_folder(out).model.cfg
+    path = folder / "generation_config.json"
+    for generation, cap in (
+        ({}, 20),
+        ({"max_length": 22}, 21),
+        ({"max_length": 22, "max_new_tokens": 7}, 7),
+    ):
+        assert decode_settings(generation, cfg, path)["max_len_b"] == cap, generation
 
 
 def test_translate_with_no_flags_gives_generates_text(imported, tmp_path, capsys):
@@ -92,29 +106,39 @@ def test_translate_with_no_flags_gives_generates_text(imported, tmp_path, capsys
 
 
 def test_exports_of_the_imported_folder_give_the_same_tokens(imported, tmp_path, caplog):
-    """ONNX runs aiayn's own search: the same tokens under the folder's settings. CTranslate2 runs
-    its own: greedy is exact; its beam search stops at k finished hypotheses, so it is compared
-    with early_stopping=true, and early_stopping=false (the folder's) is said in a warning."""
+    """ONNX runs aiayn's own search: the same tokens under the folder's settings and others.
+    CTranslate2 runs its own: greedy is exact; its beam search stops at k finished hypotheses and
+    has no forced EOS at the cap, so a beam is compared with early_stopping=true and no forced
+    EOS, and the folder's early_stopping=false and forced EOS are each said in a warning."""
     pytest.importorskip("onnxruntime", reason="needs the export extra")
     pytest.importorskip("ctranslate2", reason="needs the ctranslate2 extra")
     from aiayn.export import export_model
 
     _, out, _, _ = imported
     loaded = load_model_folder(out)
+    assert loaded.decode.forced_eos and not loaded.decode.early_stopping  # OPUS-MT's
     sources = [loaded.tokenizer.encode(t) for t in short_sources()]
     onnx = load_model_folder(export_model(out, "onnx", tmp_path / "onnx")).backend
     ct2 = load_model_folder(export_model(out, "ctranslate2", tmp_path / "ct2")).backend
-    for beam, early_stopping in ((1, False), (4, False), (4, True)):
-        cfg = dataclasses.replace(loaded.decode, beam=beam, early_stopping=early_stopping)
+    for beam, early_stopping, forced_eos in (
+        (1, False, True),
+        (4, False, True),
+        (4, True, True),
+        (4, True, False),
+    ):
+        cfg = dataclasses.replace(
+            loaded.decode, beam=beam, early_stopping=early_stopping, forced_eos=forced_eos
+        )
         with torch_threads(1):
             native = [line[0].tokens for line in translate_ids(loaded.model, sources, cfg)]
             assert [line[0].tokens for line in onnx.translate_ids(sources, cfg)] == native
             caplog.clear()
             by_ct2 = [line[0].tokens for line in ct2.translate_ids(sources, cfg)]
-        if beam == 1 or early_stopping:
+        if beam == 1 or (early_stopping and not forced_eos):
             assert by_ct2 == native
         else:
-            assert "no early_stopping=false" in caplog.text
+            assert ("no early_stopping=false" in caplog.text) == (not early_stopping)
+            assert ("no forced EOS" in caplog.text) == forced_eos
 
 
 def test_the_folder_records_source_licence_and_settings(marian_folder, tmp_path):

@@ -20,9 +20,10 @@ transformers is needed to write it.
   d_model / n_heads, a LayerNorm epsilon other than 1e-5 (Marian's), a character or
   lower-casing tokenizer (no ``tokenizers`` file a transformers tokenizer can load as is);
 - decoding settings become ``generation_config.json``: beam, the cap ``max_len_b`` when
-  ``max_len_a`` is 0 (else the model's ``max_len``: transformers has no cap per source length),
-  and the length penalty: ``average`` is 1, ``none`` 0, ``power`` α; GNMT's ((5 + |Y|) / 6)^α has
-  no transformers equivalent and is written as |Y|^α (a warning says so).
+  ``max_len_a`` is 0 (else the model's ``max_len``: transformers has no cap per source length)
+  as ``max_length`` = cap + 1 (``max_new_tokens`` where that is 20), and the length penalty:
+  ``average`` is 1, ``none`` 0, ``power`` α; GNMT's ((5 + |Y|) / 6)^α has no transformers
+  equivalent and is written as |Y|^α (a warning says so).
 """
 
 from __future__ import annotations
@@ -173,7 +174,10 @@ def generation_config(cfg: Any, decode: Any) -> dict[str, Any]:
             "max_length is the model's max_len (%d)",
             cfg.max_len,
         )
-    cap = decode.max_len_b if decode.max_len_a == 0 else cfg.max_len
+    cap = min(decode.max_len_b if decode.max_len_a == 0 else cfg.max_len, cfg.max_len)
+    # max_length counts the start token; transformers 4.x reads a max_length of 20, its own
+    # default, as unset (20 new tokens), so that one cap is written as max_new_tokens
+    length = {"max_length": cap + 1} if cap + 1 != 20 else {"max_new_tokens": cap}
     out: dict[str, Any] = {
         "decoder_start_token_id": cfg.bos_id,
         "bos_token_id": cfg.bos_id,
@@ -182,7 +186,7 @@ def generation_config(cfg: Any, decode: Any) -> dict[str, Any]:
         "num_beams": decode.beam,
         "length_penalty": alpha[decode.length_penalty],
         "early_stopping": decode.early_stopping,
-        "max_length": min(cap, cfg.max_len) + 1,  # transformers counts the start token
+        **length,
     }
     if decode.min_len:
         out["min_length"] = decode.min_len + 1
@@ -197,7 +201,8 @@ def generation_config(cfg: Any, decode: Any) -> dict[str, Any]:
 
 def tokenizer_config(tokenizer: Any, cfg: Any) -> dict[str, Any]:
     """``tokenizer_config.json``: ``tokenizer.json`` as a PreTrainedTokenizerFast with the
-    model's special tokens."""
+    model's special tokens and Marian's inputs (a bare PreTrainedTokenizerFast of transformers
+    4.x also returns ``token_type_ids``, which ``generate`` refuses)."""
     token = tokenizer.hf.id_to_token
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -207,6 +212,7 @@ def tokenizer_config(tokenizer: Any, cfg: Any) -> dict[str, Any]:
         "unk_token": token(cfg.unk_id),
         "model_max_length": cfg.max_len,
         "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"],
     }
 
 

@@ -379,8 +379,10 @@ def decode_settings(generation: dict[str, Any], cfg: ModelConfig, path: Path) ->
     alpha = float(generation.get("length_penalty", 1.0))
     if alpha < 0:
         raise ConfigError(f"{path}: length_penalty {alpha} < 0 cannot be mapped")
-    new = generation.get("max_new_tokens")
-    cap = int(new) if new is not None else int(generation.get("max_length", 20)) - 1
+    # max_length counts the start token; without it or max_new_tokens transformers (4.x and 5.x)
+    # generates 20 new tokens. (4.x also reads an explicit max_length of 20 so; 5.x, 19.)
+    new, length = generation.get("max_new_tokens"), generation.get("max_length")
+    cap = int(new) if new is not None else int(length) - 1 if length is not None else 20
     min_new = generation.get("min_new_tokens")
     floor = int(min_new) if min_new is not None else int(generation.get("min_length", 0)) - 1
     return {

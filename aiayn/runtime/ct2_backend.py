@@ -134,8 +134,9 @@ class Ct2Translator:
         hypotheses; GNMT's ((5 + |Y|) / 6)^α has no equivalent and is approximated by |Y|^α
         (a warning says so); ``power`` is lp = α. ``bad_ids`` are ``suppress_sequences``;
         ``forced_eos`` replaces the last token of a hypothesis cut at the cap by EOS (exact for
-        greedy search; a beam's ranking then differs from aiayn's, as ``early_stopping=False``
-        has no CTranslate2 equivalent). The cap a·src_len + b is per sentence (at least a
+        greedy search; a beam search ranks the beams cut there with their last token's
+        log-probability, not EOS at 0, and a warning says so); ``early_stopping=False`` has no
+        CTranslate2 equivalent (docs/huggingface.md says why) and is warned. The cap a·src_len + b is per sentence (at least a
         prefix's length + b): sentences are sent in groups of one cap each. ``prefixes`` are
         ``target_prefix``; ``repetition_penalty`` and ``no_repeat_ngram_size`` are CTranslate2's
         own, which penalise the generated tokens' scores before its softmax, where aiayn
@@ -152,6 +153,11 @@ class Ct2Translator:
                 "ctranslate2 has no early_stopping=false (Hugging Face's heuristic); a sentence "
                 "stops at %d finished hypotheses instead",
                 cfg.beam,
+            )
+        if cfg.beam > 1 and cfg.forced_eos:
+            log.warning(
+                "ctranslate2 has no forced EOS at the length cap; beams cut there are ranked "
+                "with their last token's log-probability, not EOS at 0, and another may win"
             )
         lp = {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0, "power": cfg.alpha}[
             cfg.length_penalty
