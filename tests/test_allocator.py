@@ -8,8 +8,13 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from aiayn.train.allocator import (KERNEL_CACHE_CAPACITY, MANY_SHAPES_CAPACITY, SHAPES_CACHED_WHOLE,
+                                   kernel_cache_capacity)
+from aiayn.train.trainer import Trainer
 
 glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                            reason="glibc malloc only")
@@ -154,3 +159,24 @@ def test_compiled_matmul_kernels_are_kept():
     assert recompiled == 0
     user, _, recompiled = _recompiled(LRU_CACHE_CAPACITY="16", ONEDNN_PRIMITIVE_CACHE_CAPACITY="16")
     assert not user and recompiled == 10  # the user's own setting is left alone
+
+
+def test_the_kernel_cache_is_sized_by_the_runs_batch_shapes(monkeypatch):
+    """Few shapes that come back every epoch (Multi30k: 88): every kernel kept. More than
+    SHAPES_CACHED_WHOLE (5 M WMT-like pairs: 4,069): a small cache, or the process grew without
+    end. The trainer counts its task's shapes and sets the caches before its first matmul."""
+    assert kernel_cache_capacity(None) == kernel_cache_capacity(88) == KERNEL_CACHE_CAPACITY
+    assert kernel_cache_capacity(SHAPES_CACHED_WHOLE) == KERNEL_CACHE_CAPACITY
+    assert kernel_cache_capacity(SHAPES_CACHED_WHOLE + 1) == MANY_SHAPES_CAPACITY
+    for name in ("AIAYN_KERNEL_CACHE", "LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    seen = []
+
+    class Task:
+        def batch_shapes(self, rank, world_size):
+            seen.append((rank, world_size))
+            return 4069
+
+    Trainer._cache_kernels(SimpleNamespace(task=Task(), dist=SimpleNamespace(rank=1, world_size=2)))
+    assert seen == [(1, 2)]
+    assert os.environ["LRU_CACHE_CAPACITY"] == os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"

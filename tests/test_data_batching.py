@@ -61,6 +61,14 @@ def test_batches_are_the_lists_of_before(world_size=2):
     assert batches != before[:-1] and batches != sampler().batches(3)
 
 
+def test_distinct_shapes_counts_the_batch_tensor_shapes():
+    s = sampler()
+    src, tgt = np.asarray(SRC), np.asarray(TGT)
+    shapes = {(len(b), int(src[b].max()), int(tgt[b].max())) for b in sampler(shuffle=False).batches()}
+    assert s.distinct_shapes() == len(shapes) > 10
+    assert TokenBatchSampler([2, 4, 4, 7], [3, 1, 5, 7], max_tokens=8).distinct_shapes() == 3
+
+
 def test_padding_fraction_counts_padded_cells():
     s = TokenBatchSampler([2, 4], [3, 1], max_tokens=100, shuffle=False)
     assert s.batches() == [[0, 1]]

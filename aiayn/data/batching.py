@@ -119,7 +119,9 @@ class TokenBatchSampler:
         self.epoch = 0
         self.position = 0  # batches of this epoch already handed out (by this rank)
         self._width = np.maximum(src, tgt)
-        self._bounds = np.asarray(self._cut(self._width[self._sort_keys(None)]), np.int64)
+        order = self._sort_keys(None)
+        self._bounds = np.asarray(self._cut(self._width[order]), np.int64)
+        self._shapes = self._count_shapes(order)
         n_over = int((self._width > self.max_tokens).sum())
         if n_over and warn_long:
             log.warning(
@@ -161,6 +163,20 @@ class TokenBatchSampler:
         pick = rng.permutation(n) if rng is not None else np.arange(n)
         per_rank = n // self.world_size if self.world_size > 1 else n
         return Batches(order, self._bounds, pick[self.rank :: self.world_size][:per_rank])
+
+    def _count_shapes(self, order: np.ndarray) -> int:
+        starts = self._bounds[:-1]
+        if not len(starts):
+            return 0
+        rows = np.diff(self._bounds)
+        src = np.maximum.reduceat(self.src[order], starts)
+        tgt = np.maximum.reduceat(self.tgt[order], starts)
+        return len(np.unique(np.stack([rows, src, tgt], axis=1), axis=0))
+
+    def distinct_shapes(self) -> int:
+        """How many distinct (rows, source width, target width) an epoch's batches have (the cut
+        is the same every epoch; the widths counted in the unshuffled order)."""
+        return self._shapes
 
     def __len__(self) -> int:
         n = len(self._bounds) - 1

@@ -112,6 +112,11 @@ class Task(ABC):
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         """Forward ``batch`` (moved to ``device``) through ``model``; summed loss and counts."""
 
+    def batch_shapes(self, rank: int, world_size: int) -> int | None:
+        """How many distinct tensor shapes this process's training batches have per epoch (None:
+        not counted; a kind whose batches all have one shape)."""
+        return None
+
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Expensive validation metrics, computed on rank 0 when ``train.metrics_every`` says so."""
         return {}
@@ -153,6 +158,10 @@ class TokenBatchedTask(Task):
 
     def epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
         return self._sampler("train", rank, world_size).batches(epoch)
+
+    def batch_shapes(self, rank: int, world_size: int) -> int | None:
+        sampler = self._sampler("train", rank, world_size)
+        return None if sampler is None else sampler.distinct_shapes()
 
     def valid_batches(self, rank: int, world_size: int) -> Sequence[list[int]]:
         sampler = self._sampler("valid", 0, 1)

@@ -32,7 +32,7 @@ from aiayn.checkpoint import init_from_model_dir, load_weights, save_model_dir
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.run_config import RunConfig, micro_batches_per_update
 from aiayn.threads import ThreadGovernor, threads_for_load
-from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory
+from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory, kernel_cache_capacity
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
@@ -142,7 +142,7 @@ class Trainer:
         self.device = dist.device
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults for memory freed by the previous step
-            cache_cpu_kernels()  # no matmul kernel compiled twice
+            self._cache_kernels()
         self.autocast_dtype = resolve_precision(self.train_cfg.precision, self.device)
         torch.manual_seed(self.train_cfg.seed)
         self.model = task.build_model(cfg.model).to(self.device)
@@ -181,6 +181,17 @@ class Trainer:
         self._interval = _Interval()
 
     # ---- construction ------------------------------------------------------------------------
+    def _cache_kernels(self) -> None:
+        """oneDNN's kernel caches sized for the run's batch shapes (aiayn/train/allocator.py)."""
+        shapes = self.task.batch_shapes(self.dist.rank, self.dist.world_size)
+        capacity = kernel_cache_capacity(shapes)
+        if cache_cpu_kernels(capacity):
+            log.info(
+                "oneDNN kernel caches: %d kernels (an epoch has %s batch shapes)",
+                capacity,
+                "uncounted" if shapes is None else f"{shapes:,}",
+            )
+
     def _build_optimizer(self) -> torch.optim.Optimizer:
         train = self.train_cfg
         opt = torch.optim.AdamW if train.weight_decay > 0 else torch.optim.Adam
