@@ -165,7 +165,7 @@ R = list(range(8))  # the ids of the running request's 8 inputs
 @pytest.mark.parametrize(
     "fraction, join_steps, want, joins",
     [
-        (0.0, 0, [R, [*R, 8], [*R, 9], R, R], 3),  # at every step: b, then c
+        (0.25, 0, [R, [*R, 8], [*R, 9], R, R], 3),  # join_steps 0: at every step, b then c
         (0.25, 10, [R, R, [*R, 8, 9], R, R], 2),  # b alone is below 2 inputs, b + c not
         (0.5, 2, [R, R, R, [*R, 8, 9], R], 2),  # below 4 inputs: b waits 2 steps, c with it
     ],

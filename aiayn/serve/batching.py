@@ -152,7 +152,8 @@ class DynamicBatcher:
         self.stepper = stepper if merge else None
         # Admission into a running step-level batch (module docstring): waiting requests join
         # once their inputs reach ``join_fraction`` of the batch's, or the oldest has waited
-        # ``join_steps`` of its steps; an empty batch takes them at once.
+        # ``join_steps`` of its steps (0: at once, whatever the fraction); an empty batch takes
+        # them at once.
         if join_fraction < 0 or join_steps < 0:
             raise ValueError("join_fraction and join_steps must be >= 0")
         self.join_fraction, self.join_steps = join_fraction, join_steps

@@ -69,8 +69,7 @@ class ModelService:
             max_queue=limits.max_queue,
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
-            join_fraction=0.125 if limits.join_steps else 0.0,
-            join_steps=limits.join_steps,
+            join_steps=limits.join_steps,  # 0: every waiting request joins at the next step
             # translations join a running decoding between steps where the backend can
             stepper=(
                 self._stepper
