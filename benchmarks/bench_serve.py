@@ -10,7 +10,9 @@ counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be
 peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per decoder step
 (step-level batching, the PyTorch backend) or per batch (from /health). One client always runs
 as well: a lone request's latency. ``--baseline`` adds the server with `--no-batching` at the
-first client count. `aiayn translate` translates the sentences in one process; its sentences/s
+first client count, ``--compare FLAGS`` the server with those flags right after each count's
+default run (e.g. `--no-step-batching`; the default's sentences/s over its in "targets").
+`aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
 sentence), and the ratio server / translate (loading excluded) per client count. "targets"
 gathers what docs/serving.md's targets compare: that ratio per client count, and each count's
@@ -88,10 +90,12 @@ def thread_env(threads: int) -> dict[str, str]:
     return env
 
 
-def start_server(model: list[str], batching: bool, threads: int, extra: list[str]) -> tuple:
+def start_server(model: list[str], flags: str, threads: int, extra: list[str]) -> tuple:
+    """``flags``: more options of this run's server, one string ("": none; --no-batching,
+    --no-step-batching, --join-steps 0 …)."""
     port = free_port()
     cmd = [sys.executable, "-m", "aiayn", "serve", *model, "--port", str(port)]
-    cmd += [] if batching else ["--no-batching"]
+    cmd += flags.split()
     cmd += ["--max-queue", "4096", *extra]
     env = thread_env(threads)
     log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the server runs
@@ -128,7 +132,7 @@ def batch_sizes(before: dict, after: dict) -> dict:
     return out
 
 
-def targets(rows: dict, clients: list[int]) -> dict:
+def targets(rows: dict, clients: list[int], compared: list[str]) -> dict:
     """What docs/serving.md's targets compare: sentences/s against `aiayn translate` per client
     count (>= 0.9 at 64 and 128 clients), and p50 latency against a lone request's (one client:
     <= 1.5 at 8 clients)."""
@@ -139,6 +143,11 @@ def targets(rows: dict, clients: list[int]) -> dict:
         if row is None:
             continue
         out["vs_translate"][str(c)] = row["vs_translate"]
+        for flags in compared:  # --compare: the default server's sentences/s over theirs
+            other = rows.get(f"serve, {c} clients, {flags}")
+            if other and other["sentences_per_s"]:
+                ratio = row["sentences_per_s"] / other["sentences_per_s"]
+                out.setdefault(f"default_vs {flags}", {})[str(c)] = round(ratio, 2)
         if lone:
             out["p50_vs_lone_request"][str(c)] = round(row["p50_ms"] / lone, 2)
     return out
@@ -378,6 +387,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--beam", type=int, help="beam of both (default: the folder's); 1: overhead")
     p.add_argument("--baseline", action="store_true", help="also the server with --no-batching")
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="also the server with these flags, right after each count's default run (e.g. "
+        "--compare=--no-step-batching); repeatable",
+    )
     p.add_argument("--serve-args", default="", help="more options of `aiayn serve`, one string")
     p.add_argument(
         "--per-request",
@@ -410,11 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         rows["decoding alone"] = ceiling(args.model, texts, args.threads, args.ceiling)
         print(f"decoding alone: {json.dumps(rows['decoding alone'])}", flush=True)
     # one client: the lone request's latency, what the other counts' p50 is compared with
-    runs = [(c, True) for c in sorted({1, *args.clients})]
+    # each count's compared servers right after its default one: the same machine load
+    runs = [(c, f) for c in sorted({1, *args.clients}) for f in ("", *args.compare)]
     if args.baseline:
-        runs.append((args.clients[0], False))
+        runs.append((args.clients[0], "--no-batching"))
     for clients, batching in runs:
-        mode = f"serve, {clients} clients" + ("" if batching else ", --no-batching")
+        mode = f"serve, {clients} clients" + (f", {batching}" if batching else "")
         proc, url = start_server(args.model, batching, args.threads, extra)
         try:
             load(url, texts[:16], min(clients, 4), min(2.0, args.seconds))  # loads, first shapes
@@ -433,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(30)
         rows[mode] = result
         print(f"{mode}: {json.dumps(result)}", flush=True)
-    goals = targets(rows, sorted({1, *args.clients}))
+    goals = targets(rows, sorted({1, *args.clients}), args.compare)
     print(f"targets: {json.dumps(goals)}", flush=True)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -146,6 +146,32 @@ def test_dropped_sentences_leave_and_the_others_are_unchanged():
     assert running.cache is None
 
 
+def test_cross_attention_narrows_to_the_longest_source_left_once_the_longest_has_gone():
+    """A running batch never empties under steady traffic: once the sentence with the longest
+    source leaves, the padding it left in every row's cross-attention keys/values and memory
+    mask is dropped, and the others decode as alone."""
+    model = tiny(seed=14)
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=10)
+    short = sources(3, seed=15)
+    long = [5 + i % 20 for i in range(40)] + [2]
+    alone = [translate_ids(model, [s], cfg)[0] for s in short]
+    running = RunningTranslation(model, cfg, torch.device("cpu"))
+    ids = running.add(short[:1])
+    running.step()
+    gone, *rest = running.add([long, *short[1:]])  # joins a running search: offsets
+    running.step()
+    assert running.cache.layers[0].cross_k.size(2) == len(long)
+    running.drop([gone])
+    width = max(len(s) for s in short)
+    assert running.cache.layers[0].cross_k.size(2) == width
+    assert running.cache.layers[0].cross_v.size(2) == width
+    assert running.cache.memory_mask.size(-1) == width
+    out = {}
+    while running.active:
+        out.update(running.step())
+    assert_same([out[i] for i in (*ids, *rest)], alone)
+
+
 def test_add_refuses_empty_sources():
     running = RunningTranslation(tiny(), DecodeConfig(), torch.device("cpu"))
     with pytest.raises(ValueError, match="non-empty"):

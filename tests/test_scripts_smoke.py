@@ -172,12 +172,16 @@ def smoke_bench_serve(tmp: Path, runs: list[Path]) -> None:
     out = tmp / "serving.json"
     run_main("benchmarks/bench_serve.py", "--model", runs[0] / "best", "--clients", "1", "2",
              "--seconds", "1", "--warmup", "0.2", "--sentences", "4", "--beam", "1",
-             "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--out", out)
-    results = read_json(out)["results"]
+             "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--compare=--join-steps 0",
+             "--out", out)
+    report = read_json(out)
+    results = report["results"]
     assert set(results) == {"aiayn translate, one process", "decoding alone", "serve, 1 clients",
-                            "serve, 2 clients", "serve, 1 clients, --no-batching"}
+                            "serve, 2 clients", "serve, 1 clients, --no-batching",
+                            "serve, 1 clients, --join-steps 0", "serve, 2 clients, --join-steps 0"}
     served = [r for k, r in results.items() if k.startswith("serve")]
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in served)
+    assert set(report["targets"]["default_vs --join-steps 0"]) == {"1", "2"}
 
 
 def smoke_bench_train(tmp: Path) -> None:

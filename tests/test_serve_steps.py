@@ -159,6 +159,67 @@ def test_the_token_budget_bounds_a_running_batch():
     batcher.close()
 
 
+R = list(range(8))  # the ids of the running request's 8 inputs
+
+
+@pytest.mark.parametrize(
+    "fraction, join_steps, want, joins",
+    [
+        (0.25, 0, [R, [*R, 8], [*R, 9], R, R], 3),  # join_steps 0: at every step, b then c
+        (0.25, 10, [R, R, [*R, 8, 9], R, R], 2),  # b alone is below 2 inputs, b + c not
+        (0.5, 2, [R, R, R, [*R, 8, 9], R], 2),  # below 4 inputs: b waits 2 steps, c with it
+    ],
+)
+def test_waiting_requests_join_together_at_a_fraction_of_the_batch_or_after_join_steps(
+    fraction, join_steps, want, joins
+):
+    """A request of 8 inputs runs; b (1 input) comes after its first step, c (1) after its
+    second."""
+    log: list = []
+    batcher, steppers = stepped(log, join_fraction=fraction, join_steps=join_steps)
+    running = batcher.submit("s", [5] * 8, cost=8)
+    until(lambda: len(log) == 1)
+    b = batcher.submit("s", [1], cost=1)
+    steppers[0].gate.release()
+    until(lambda: len(log) == 2)
+    c = batcher.submit("s", [1], cost=1)
+    for _ in range(4):
+        steppers[0].gate.release()
+    assert [f.result(5).outputs for f in (running, b, c)] == [["ended"] * 8, ["ended"], ["ended"]]
+    assert log == want and batcher.joins == joins  # the first request's included
+    batcher.close()
+
+
+def test_waiting_requests_that_fill_the_batchs_budget_join_at_once():
+    log: list = []
+    batcher, steppers = stepped(log, join_fraction=100.0, join_steps=100, max_batch_cost=10)
+    running = batcher.submit("s", [2], cost=8)
+    until(lambda: len(log) == 1)
+    full = batcher.submit("s", [1], cost=2)  # one input, but the tokens left in the budget
+    steppers[0].gate.release()
+    until(lambda: len(log) == 2)
+    steppers[0].gate.release()
+    assert running.result(5).outputs == ["ended"] and full.result(5).outputs == ["ended"]
+    assert log == [[0], [0, 1]]
+    batcher.close()
+
+
+def test_a_request_to_an_idle_server_starts_at_once_whatever_the_admission_policy():
+    log: list = []
+    batcher, steppers = stepped(log, join_fraction=100.0, join_steps=100)
+    first = batcher.submit("s", [1], cost=1)
+    until(lambda: len(log) == 1)
+    steppers[0].gate.release()
+    assert first.result(5).outputs == ["ended"]
+    second = batcher.submit("s", [1], cost=1)  # the batch has emptied: a new one, at once
+    until(lambda: len(steppers) == 2 and len(log) == 2)
+    steppers[1].gate.release()
+    assert second.result(5).outputs == ["ended"]
+    with pytest.raises(ValueError, match="join_fraction"):
+        DynamicBatcher(lambda key, inputs: inputs, join_fraction=-1, thread=False)
+    batcher.close()
+
+
 class Failing(Gated):
     def step(self):
         raise ZeroDivisionError("a step failed")

@@ -67,6 +67,7 @@ class LayerCache:
 
 
 MIN_ROOM = 16  # positions a self-attention buffer holds at first
+NARROW_AT = 4  # padded source positions that DecoderCache.reorder lets pile up before dropping
 
 
 def _room(t: Tensor) -> int:
@@ -222,7 +223,27 @@ class DecoderCache:
                 )
         if source is not None:
             self.memory_mask = _select(self.memory_mask, source)
+            if self.offsets is not None:  # rows join and leave: the longest may have left
+                self._narrow_source()
         return self
+
+    def _narrow_source(self) -> None:
+        """Drop the trailing source positions that are padding in every row (the rows with the
+        longest sources have left), once they are a quarter of the width and at least
+        ``NARROW_AT``: cross-attention then costs the longest source among the rows decoding,
+        not the longest one this cache ever held (a server's running batch never empties under
+        steady traffic). Padded positions are masked, so no row's output changes."""
+        if self.memory_mask is None or not self.layers or self.layers[0].cross_k is None:
+            return
+        width = self.memory_mask.size(-1)
+        read = self.memory_mask.reshape(-1, width).any(0).nonzero()  # (s, 1) positions read
+        used = int(read[-1]) + 1 if read.numel() else width  # one copy to the host
+        if width - used < max(NARROW_AT, width // 4):
+            return
+        for layer in self.layers:  # (B, H, S, K) -> (B, H, used, K)
+            layer.cross_k = layer.cross_k[:, :, :used].contiguous()  # type: ignore[index]
+            layer.cross_v = layer.cross_v[:, :, :used].contiguous()  # type: ignore[index]
+        self.memory_mask = self.memory_mask[..., :used].contiguous()  # (B, 1, 1, used)
 
     def _source_rows(self, index: Tensor) -> Tensor | None:
         """The source rows ``index`` keeps, (N'/k,); None when they are unchanged.

@@ -6,8 +6,12 @@ running batch between its steps, within ``max_batch_cost``, and each is answered
 last input ends; a request whose future is cancelled (time limit, client gone) leaves at the
 next step. The worker runs in rounds: the waiting requests join their running batches (or the
 oldest starts one), the oldest single job or request of another key runs, then every running
-batch takes one step (aiayn/serve/stepping.py). Every other key is batched at batch
-boundaries, as follows.
+batch takes one step (aiayn/serve/stepping.py). Joins are grouped: each is an encoder pass and
+a copy of the batch's cross-attention state, whatever the number of requests joining, so the
+requests waiting for a running batch join it together once their inputs reach
+``join_fraction`` (an eighth) of the batch's, or their tokens fill it, or the oldest has waited
+``join_steps`` (2) of its steps. A batch that is empty (an idle server) takes a request at
+once. Every other key is batched at batch boundaries, as follows.
 
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
@@ -112,6 +116,8 @@ class _Request:
     cost: int
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
+    # the running batch that first kept it waiting, and that batch's step count then
+    held: tuple[Running, int] | None = None
 
 
 class DynamicBatcher:
@@ -132,6 +138,8 @@ class DynamicBatcher:
         max_wait_s: float | None = None,
         thread: bool = True,
         stepper: Callable[[Hashable], Stepper | None] | None = None,
+        join_fraction: float = 0.125,
+        join_steps: int = 2,
     ) -> None:
         max_wait_s = max(wait_s, 0.1) if max_wait_s is None else max_wait_s
         if max_batch_cost < 1 or max_queue < 1 or wait_s < 0 or max_wait_s < wait_s:
@@ -142,6 +150,14 @@ class DynamicBatcher:
         # Step-level batching: a new Stepper for a key, or None for a key batched at batch
         # boundaries (``run``); unused without ``merge``.
         self.stepper = stepper if merge else None
+        # Admission into a running step-level batch (module docstring): waiting requests join
+        # once their inputs reach ``join_fraction`` of the batch's, or the oldest has waited
+        # ``join_steps`` of its steps (0: at once, whatever the fraction); an empty batch takes
+        # them at once.
+        if join_fraction < 0 or join_steps < 0:
+            raise ValueError("join_fraction and join_steps must be >= 0")
+        self.join_fraction, self.join_steps = join_fraction, join_steps
+        self.joins = 0  # joins into running step-level batches (a new batch's first included)
         self._running: dict[Hashable, Running] = {}  # by key; touched by the worker alone
         # keys asked of ``stepper``: False (batched at boundaries), True, or the stepper it made
         # when asked, for the first batch of that key
@@ -331,6 +347,8 @@ class DynamicBatcher:
                 batches.append(Running(head, stepper))
         for running in batches:
             key = running.key
+            if not self._admits(running, [r for r in self._queue if r.key == key]):
+                continue
             room = self.max_batch_cost - running.cost
             taken: list[_Request] = []
             keep: deque[_Request] = deque()
@@ -347,7 +365,26 @@ class DynamicBatcher:
             self._queue = keep
             if taken:
                 joins.append((running, taken))
+                self.joins += 1
         return joins
+
+    def _admits(self, running: Running, waiting: list[_Request]) -> bool:
+        """Whether the requests ``waiting`` for a running batch of their key join it now: the
+        batch is empty, or their inputs reach ``join_fraction`` of the batch's, or their tokens
+        fill it, or the oldest has been kept waiting ``join_steps`` of its steps. Each join is
+        an encoder pass and a copy of the batch's cross-attention state, so joins are grouped,
+        as a batch-boundary window groups requests; a request to an idle server starts at once."""
+        if not waiting or not len(running):
+            return bool(waiting)
+        inputs = sum(len(r.inputs) for r in waiting)
+        if inputs >= self.join_fraction * running.inputs:
+            return True
+        if sum(r.cost for r in waiting) >= self.max_batch_cost - running.cost:
+            return True
+        for r in waiting:
+            if r.held is None or r.held[0] is not running:
+                r.held = (running, running.steps)
+        return running.steps - min(r.held[1] for r in waiting if r.held) >= self.join_steps
 
     def _take_other(self) -> list[_Request]:
         """The oldest request when it is a single job or of a key batched at batch boundaries:

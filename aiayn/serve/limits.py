@@ -38,6 +38,10 @@ class Limits:
     batch_wait_ms: float = 5.0
     # ... or this long after its window opened (docs/serving.md, "Dynamic batching").
     batch_max_wait_ms: float = 100.0
+    # Step-level batching: requests waiting for a running translation join it together once
+    # their texts reach an eighth of its own, or the oldest has waited this many decoder steps
+    # (each join is an encoder pass; an idle server starts a request at once). 0: at every step.
+    join_steps: int = 2
     # False: every request runs alone, in arrival order (the benchmark's baseline).
     batching: bool = True
     # False: the PyTorch backend's translations are batched at batch boundaries too (more
@@ -50,7 +54,10 @@ class Limits:
             value = getattr(self, f.name)
             if f.name in ("batching", "step_batching", "batch_wait_ms", "batch_max_wait_ms"):
                 continue
-            if not value > 0:
+            if f.name == "join_steps":  # 0: join at every step
+                if value < 0:
+                    raise ConfigError(f"--join-steps must be >= 0, got {value}")
+            elif not value > 0:
                 raise ConfigError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
         if self.max_texts > self.max_queue:
             raise ConfigError(
@@ -79,4 +86,7 @@ LIMIT_HELP = {
     "batch_wait_ms": "batch-boundary batching (ONNX, CTranslate2, classification): a batch starts "
     "once no request has joined it for this long",
     "batch_max_wait_ms": "batch-boundary batching: ... or this long after its window opened",
+    "join_steps": "step-level batching: waiting requests join a running translation together "
+    "once their texts reach an eighth of its own, or the oldest has waited this many decoder "
+    "steps; 0: at every step",
 }

@@ -69,6 +69,7 @@ class ModelService:
             max_queue=limits.max_queue,
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
+            join_steps=limits.join_steps,  # 0: every waiting request joins at the next step
             # translations join a running decoding between steps where the backend can
             stepper=(
                 self._stepper

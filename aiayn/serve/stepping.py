@@ -76,9 +76,15 @@ class Running:
         self.members: list[Member] = []
         self.by_id: dict[int, Member] = {}  # input id -> its request
         self.cost = 0  # the cost of the requests in it (the batcher's token budget)
+        self.steps = 0  # steps run so far
 
     def __len__(self) -> int:
         return len(self.members)
+
+    @property
+    def inputs(self) -> int:
+        """Inputs of the requests in it (ended ones included until their request leaves)."""
+        return sum(len(m.request.inputs) for m in self.members)
 
     def join(self, requests: Sequence[Request]) -> int:
         """Add ``requests``; returns how many joined (those cancelled meanwhile do not). An
@@ -108,7 +114,8 @@ class Running:
         self.drop_gone()
         if not self.stepper.active:
             return False
-        inputs = sum(len(m.request.inputs) for m in self.members)
+        self.steps += 1
+        inputs = self.inputs
         for m in self.members:
             if len(self.members) >= m.shared:
                 m.shared, m.shared_inputs = len(self.members), inputs
