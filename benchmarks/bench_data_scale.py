@@ -193,7 +193,13 @@ def measure_train(sets: list[str], env: dict, work: Path, ddp: bool) -> dict:
 
 
 def measure_tokens_per_s(keys: dict[str, str], smoke: bool, steps: int) -> dict:
-    """The demo model on the same first batches, collated from the store and from id lists."""
+    """The demo model on the same first batches, collated from the store and from id lists.
+    oneDNN keeps every kernel of these few batch shapes (as the trainer does for few shapes), so
+    that both paths run on warm kernels: with torch's 1,024 the cache sat near its capacity and
+    evictions made the ratio swing (0.88 and 0.98 in two calls in one process)."""
+    from aiayn.train.allocator import cache_cpu_kernels
+
+    cache_cpu_kernels()  # before the first matmul of this process
     import torch
 
     from aiayn.data import collate_translation, train_tokenizer_for, translation_store
