@@ -1,4 +1,4 @@
-"""The token store: a corpus tokenized once into memory-mapped arrays on disk, read by offset.
+"""The token store: a corpus tokenized once into flat arrays on disk, read by offset.
 
 What fairseq-preprocess (``.bin``/``.idx``), Megatron's indexed datasets and Hugging Face
 ``datasets`` (Arrow) give their users: the text is read and encoded once, streaming, and every
