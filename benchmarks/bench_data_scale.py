@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = write_corpus(folder, n, 100 if args.smoke else N_VALID)
         sets = config_values(keys, args.smoke, steps)
         row = {"pairs": n, "build": measure_build(sets, env, n), "train": measure_train(sets, env, folder, False)}
-        if args.ddp or (args.smoke and i == 0):
+        # the smoke run trains two ranks once (not again on a store a --keep-stores run kept)
+        if args.ddp or (args.smoke and i == 0 and not row["build"].get("reused")):
             row["train_ddp"] = measure_train(sets, env, folder, True)
         row["speed"] = measure_tokens_per_s(keys, args.smoke, steps)
         results["sizes"].append(row)

@@ -297,7 +297,7 @@ def smoke_bench_data_scale(tmp: Path, capsys) -> None:
     again = read_json(out)["sizes"][0]
     assert again["build"]["reused"] and "peak_rss_mib" not in again["build"]
     assert again["build"]["counts"] == results["sizes"][0]["build"]["counts"]
-    assert again["train"]["peak_rss_mib"] > 0
+    assert again["train"]["peak_rss_mib"] > 0 and "train_ddp" not in again
 
 
 TINY_WMT = ["model.d_model=16", "model.n_heads=2", "model.d_k=8", "model.d_v=8", "model.d_ff=32",
