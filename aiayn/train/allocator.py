@@ -78,9 +78,9 @@ def keep_freed_memory() -> bool:
 # A cached kernel holds memory (~0.75 MB each here: fp32, AMD EPYC), so keeping them all pays only
 # while an epoch's batch shapes are few and come back: Multi30k's 117 batches per epoch have 88
 # shapes. A corpus of 5 M WMT-like pairs has 4,069 shapes in 38,682 batches: with room for 65,536
-# kernels the process grew by ~18 MB per update without end (3.9 GB after 150 updates), and the
+# kernels the process grew by ~18 MB per update without end (3,888 MiB anonymous by update 146), and the
 # first 60 updates took 55.8 s; with room for 256 (each update's own kernels reused within it)
-# it held 1.4 GB and took 51.3 s (one run each, 2026-11-26, demo model, 1 thread, AMD EPYC).
+# it held 1,358 MiB and took 51.3 s (one run each, 2026-11-26, demo model, 1 thread, AMD EPYC).
 # So a run whose epoch has more than SHAPES_CACHED_WHOLE shapes keeps MANY_SHAPES_CAPACITY.
 KERNEL_CACHE_CAPACITY = 65536
 SHAPES_CACHED_WHOLE = 1024

@@ -113,8 +113,8 @@ class Task(ABC):
         """Forward ``batch`` (moved to ``device``) through ``model``; summed loss and counts."""
 
     def batch_shapes(self, rank: int, world_size: int) -> int | None:
-        """How many distinct tensor shapes this process's training batches have per epoch (None:
-        not counted; a kind whose batches all have one shape)."""
+        """How many distinct tensor shapes an epoch's training batches have, over all processes
+        (None: not counted; a kind whose batches all have one shape)."""
         return None
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
