@@ -16,7 +16,11 @@ the optimizer). Each constant is an assumption named in ASSUMPTIONS; the paper's
 ``--measure`` trains each named recipe (configs/wmt14_en_de_RECIPE.toml) for ``--steps`` updates
 on synthetic sentence pairs of WMT-like lengths (no download: the update's shape is what matters,
 not the words), on this machine's first GPU, and prints the seconds per update and the MFU it
-implies, as JSON lines (and into ``--out``/wmt_measure.json).
+implies, as JSON lines (and into ``--out``/wmt_measure.json). ``--minutes M`` trains for M minutes
+of wall-clock instead (``train.max_time``; a run long enough to see its batches' shapes again, as a
+real run does) and adds the seconds per update of each epoch, the steady rate over the run's second
+half, the MFU it implies and the projected hours to the recipe's step count on one such GPU; the
+training log goes to ``--out``/wmt_metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -126,33 +130,62 @@ def write_synthetic_pairs(folder: Path, n: int, seed: int = 0) -> list[str]:
     return ["data.dataset=", *sets]
 
 
-def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str]) -> dict:
+def rate(lines: list[dict]) -> tuple[float, float]:
+    """Seconds per update and mean tokens/s between the first and the last of ``lines`` (log records)."""
+    seconds = (lines[-1]["wall"] - lines[0]["wall"]) / max(lines[-1]["step"] - lines[0]["step"], 1)
+    tokens_per_s = sum(r["tokens_per_s"] for r in lines[1:]) / max(len(lines) - 1, 1)
+    return seconds, tokens_per_s
+
+
+def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
+            minutes: float | None = None, out: Path | None = None) -> dict:
     import torch
 
     from aiayn.train.config import load_run_config, micro_batches_per_update
     from aiayn.train.run import train_run
 
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         data = write_synthetic_pairs(Path(tmp), pairs)
-        sets = [*data, f"train.max_steps={steps}", "train.valid_every=0", "train.log_every=10",
+        stop = [f"train.max_time={60 * minutes}"] if minutes else [f"train.max_steps={steps}"]
+        sets = [*data, *stop, "train.valid_every=0", "train.log_every=10",
                 "train.save_every_minutes=0", "train.progress=false", f"train.device={device}",
                 *extra]
         cfg, _ = load_run_config(ROOT / f"configs/wmt14_en_de_{recipe}.toml", sets)
         train_run(cfg, Path(tmp) / "run")
-        lines = [json.loads(x) for x in (Path(tmp) / "run/metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in lines if 10 <= r["step"] <= steps - 10]  # no warm-up, no final validation
-    seconds = (timed[-1]["wall"] - timed[0]["wall"]) / (timed[-1]["step"] - timed[0]["step"])
-    tokens_per_s = sum(r["tokens_per_s"] for r in timed[1:]) / max(len(timed) - 1, 1)
-    d, d_ff, _, _ = RECIPES[recipe]
+        text = (Path(tmp) / "run/metrics.jsonl").read_text()
+    lines = [r for r in map(json.loads, text.splitlines()) if "tokens_per_s" in r]
+    if minutes:  # the second half of the run by wall-clock: the rate a long run settles at
+        timed = [r for r in lines if r["wall"] >= lines[-1]["wall"] / 2]
+    else:
+        timed = [r for r in lines if 10 <= r["step"] <= steps - 10]  # no warm-up, no final validation
+    seconds, tokens_per_s = rate(timed)
+    d, d_ff, recipe_steps, _ = RECIPES[recipe]
     w = matmul_weights(d, d_ff, vocab=cfg.data.vocab_size)
     per_pair_token = 6 * sum(w.values())  # 6·N per (source, target) token pair
     achieved = tokens_per_s / 2 * per_pair_token
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (a dry run)"
-    return dict(recipe=recipe, device=name, torch=torch.__version__,
-                micro_batches=micro_batches_per_update(cfg, 1), max_tokens=cfg.data.max_tokens,
-                seconds_per_update=round(seconds, 4), tokens_per_s=round(tokens_per_s),
-                mfu_vs_h100_peak=round(achieved / ASSUMPTIONS["h100_peak_flops"], 3),
-                date=time.strftime("%Y-%m-%d"))
+    result = dict(recipe=recipe, device=name, torch=torch.__version__,
+                  micro_batches=micro_batches_per_update(cfg, 1), max_tokens=cfg.data.max_tokens,
+                  seconds_per_update=round(seconds, 4), tokens_per_s=round(tokens_per_s),
+                  mfu_vs_h100_peak=round(achieved / ASSUMPTIONS["h100_peak_flops"], 3),
+                  date=time.strftime("%Y-%m-%d"))
+    if minutes:
+        epochs = {}
+        for e in sorted({r["epoch"] for r in lines}):
+            of_epoch = [r for r in lines if r["epoch"] == e]
+            if len(of_epoch) > 1:
+                epochs[e] = round(rate(of_epoch)[0], 4)
+        result.update(minutes=minutes, pairs=pairs, updates=lines[-1]["step"],
+                      train_wall_s=lines[-1]["wall"], setup_and_train_s=round(time.perf_counter() - started, 1),
+                      first_loss=round(lines[0]["loss"], 3), last_loss=round(lines[-1]["loss"], 3),
+                      seconds_per_update_by_epoch=epochs,
+                      projected_hours_to_recipe_steps=round(seconds * recipe_steps / 3600, 1),
+                      recipe_steps=recipe_steps)
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "wmt_metrics.jsonl").write_text(text)
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--measure", nargs="*", choices=sorted(RECIPES), default=[])
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--pairs", type=int, default=60_000)
+    p.add_argument("--minutes", type=float, help="train for this long instead of --steps updates")
     p.add_argument("--out", type=Path)
     p.add_argument("--device", default="cuda")
     p.add_argument("--set", dest="extra", action="append", default=[], help="more overrides (a dry run)")
@@ -171,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     results = []
     for recipe in args.measure:
-        results.append(measure(recipe, args.steps, args.pairs, args.device, args.extra))
+        results.append(measure(recipe, args.steps, args.pairs, args.device, args.extra, args.minutes, args.out))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
