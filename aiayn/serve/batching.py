@@ -68,6 +68,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from aiayn.serve.stepping import Member, Running, Stepper
@@ -311,21 +312,20 @@ class DynamicBatcher:
         (side by side when there are several: ``lanes``)."""
         try:
             self._run_hook(self.between_batches)  # threads follow the load (at most every 30 s)
-            for running, _ in joins:
-                if running not in self._running:
-                    self._running.append(running)
-            joined = self._side_by_side([lambda r=r, q=q: r.join(q) for r, q in joins])
-            self.requests += sum(joined)
+            for lane, _ in joins:
+                if lane not in self._running:
+                    self._running.append(lane)
+            self.requests += sum(self._side_by_side([partial(r.join, q) for r, q in joins]))
             if batch:
                 self._execute(batch)
-            running = list(self._running)
-            stepped = self._side_by_side([lambda r=r: self._step(r) for r in running])
-            for r, (going, requests) in zip(running, stepped, strict=True):
+            lanes = list(self._running)
+            stepped = self._side_by_side([partial(self._step, r) for r in lanes])
+            for lane, (going, requests) in zip(lanes, stepped, strict=True):
                 if requests:
                     self.steps += 1
                     self.step_requests += requests
                 if not going:
-                    self._running.remove(r)
+                    self._running.remove(lane)
         except BaseException:  # Ctrl+C on the main thread: the requests fail, the worker stops
             self._fail_running(Stopping())
             for _, requests in joins:  # those that were joining when it came
