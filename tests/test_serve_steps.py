@@ -298,75 +298,6 @@ def test_without_merging_every_request_runs_alone_and_no_stepper_is_made():
     batcher.close()
 
 
-class Threaded(Gated):
-    """A Gated stepper that also logs the thread each step runs on."""
-
-    threads: list = []
-
-    def step(self):
-        Threaded.threads.append((id(self), threading.current_thread().name))
-        return super().step()
-
-
-def test_running_batches_of_one_key_step_side_by_side_each_on_its_share_of_the_threads():
-    """lanes=2 on 2 threads: a request that comes while one batch runs starts a second one,
-    and both step at once (the worker one, a lane thread the other), each with 1 thread, the
-    worker's 2 given back after every round; answers as with one batch."""
-    log: list = []
-    settings: list = []
-    Threaded.threads = []
-    batcher, steppers = stepped(
-        log, kinds=iter([Threaded, Threaded]), lanes=2, get_threads=lambda: 2,
-        set_threads=lambda n: settings.append((threading.current_thread().name, n)),
-    )  # fmt: skip
-    a = batcher.submit("s", [3], cost=1)
-    until(lambda: len(log) == 1)  # a's batch steps alone (on the worker: nothing beside it)
-    b = batcher.submit("s", [2], cost=1)
-    steppers[0].gate.release()
-    until(lambda: len(log) == 3)  # both batches are in a step at once
-    assert len(steppers) == 2 and {tuple(x) for x in log} == {(0,)}
-    for _ in range(2):
-        for st in steppers:
-            st.gate.release()
-    assert a.result(5).outputs == ["ended"] and b.result(5).outputs == ["ended"]
-    batcher.close()
-    names = {name for _, name in Threaded.threads[1:3]}
-    assert len(names) == 2 and any(n.startswith("aiayn-lane") for n in names)
-    assert ("aiayn-batcher", 1) in settings and any(
-        t.startswith("aiayn-lane") and n == 1 for t, n in settings
-    )
-    assert settings[-1] == ("aiayn-batcher", 2)  # the worker's threads given back
-    assert batcher.steps == 5 and batcher.step_requests == 5
-
-
-def test_waiting_requests_are_spread_over_the_lanes_by_their_inputs():
-    """Four requests that come together start two batches (as many as lanes and threads allow);
-    in arrival order, each goes to the one that holds the fewest inputs then."""
-    log: list = []
-    batcher, steppers = stepped(log, lanes=2, get_threads=lambda: 2)
-    futures = submitted_together(
-        batcher, ("s", [1, 1], 2), ("s", [1], 1), ("s", [1], 1), ("s", [1, 1, 1], 3)
-    )
-    until(lambda: len(log) == 2)
-    assert len(steppers) == 2
-    assert sorted(len(st.left) for st in steppers) == [2, 5]  # [2 | 1] [2 | 1 + 1] [2 + 3 | 2]
-    for st in steppers:
-        st.gate.release()
-    assert all(f.result(5).outputs == ["ended"] * len(f.result().outputs) for f in futures)
-    batcher.close()
-
-
-def test_one_thread_runs_one_batch_per_key_whatever_the_lanes():
-    log: list = []
-    batcher, steppers = stepped(log, lanes=2, get_threads=lambda: 1)
-    futures = submitted_together(batcher, ("s", [1], 1), ("s", [1], 1))
-    until(lambda: len(log) == 1)
-    assert len(steppers) == 1 and log == [[0, 1]]
-    steppers[0].gate.release()
-    assert [f.result(5).outputs for f in futures] == [["ended"], ["ended"]]
-    batcher.close()
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = make_folder(
@@ -376,16 +307,11 @@ def folder(tmp_path_factory):
     return load_model_folder([path])
 
 
-@pytest.mark.parametrize("beam, nbest, lanes", [(1, 1, 1), (3, 2, 1), (3, 2, 2)])
-def test_translations_joining_a_running_batch_equal_one_request_at_a_time(
-    folder, beam, nbest, lanes
-):
+@pytest.mark.parametrize("beam, nbest", [(1, 1), (3, 2)])
+def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder, beam, nbest):
     """Requests of 1-3 texts sent by 6 threads at once join each other's running decoding at
-    whatever step (with lanes 2: one of two decodings stepped side by side); each answer is the
-    one `translate_hypotheses` gives for its texts alone."""
-    service = ModelService(folder, Limits(lanes=lanes))
-    if lanes > 1:  # as on 2 threads, each lane keeping this module's 1
-        service.batcher.get_threads, service.batcher.set_threads = (lambda: 2), (lambda n: None)
+    whatever step; each answer is the one `translate_hypotheses` gives for its texts alone."""
+    service = ModelService(folder, Limits())
     decode = service.decode_config(beam, None, nbest)
     requests = [sentences(1 + i % 3, 300 + i) for i in range(18)]
     with ThreadPoolExecutor(6) as pool:

@@ -11,12 +11,7 @@ a copy of the batch's cross-attention state, whatever the number of requests joi
 requests waiting for a running batch join it together once their inputs reach
 ``join_fraction`` (an eighth) of the batch's, or their tokens fill it, or the oldest has waited
 ``join_steps`` (2) of its steps. A batch that is empty (an idle server) takes a request at
-once. With ``lanes`` > 1 a key runs up to that many batches side by side (while the worker has
-as many threads): a waiting request starts a new one while there are fewer, else joins the one
-with the fewest inputs, and each round steps them at once, each on its share of the worker's
-threads (``get_threads``/``set_threads``), as `aiayn translate --workers` decodes its batches:
-on a small CPU two batches of one thread each decode far more sentences per second than one of
-two threads (docs/serving.md). Every other key is batched at batch boundaries, as follows.
+once. Every other key is batched at batch boundaries, as follows.
 
 A request is a list of inputs (for example the texts of one ``/v1/translate`` call), its cost
 (their tokens) and a key (what must be equal for two requests to share a batch: the decoding
@@ -66,9 +61,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from aiayn.serve.stepping import Member, Running, Stepper
@@ -122,8 +116,8 @@ class _Request:
     cost: int
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
-    # the running batches that kept it waiting, each with its step count then
-    held: dict[Running, int] = field(default_factory=dict)
+    # the running batch that first kept it waiting, and that batch's step count then
+    held: tuple[Running, int] | None = None
 
 
 class DynamicBatcher:
@@ -146,9 +140,6 @@ class DynamicBatcher:
         stepper: Callable[[Hashable], Stepper | None] | None = None,
         join_fraction: float = 0.125,
         join_steps: int = 2,
-        lanes: int = 1,
-        get_threads: Callable[[], int] | None = None,
-        set_threads: Callable[[int], object] | None = None,
     ) -> None:
         max_wait_s = max(wait_s, 0.1) if max_wait_s is None else max_wait_s
         if max_batch_cost < 1 or max_queue < 1 or wait_s < 0 or max_wait_s < wait_s:
@@ -167,14 +158,7 @@ class DynamicBatcher:
             raise ValueError("join_fraction and join_steps must be >= 0")
         self.join_fraction, self.join_steps = join_fraction, join_steps
         self.joins = 0  # joins into running step-level batches (a new batch's first included)
-        # Step-level batches run side by side per key, at most ``lanes`` and at most the
-        # worker's threads (``get_threads()``), each stepped on its share of them
-        # (``set_threads(n)`` on the thread that steps it); 1: one batch per key.
-        if lanes < 1:
-            raise ValueError("lanes must be >= 1")
-        self.lanes, self.get_threads, self.set_threads = lanes, get_threads, set_threads
-        self._pool: ThreadPoolExecutor | None = None  # lanes - 1 threads beside the worker
-        self._running: list[Running] = []  # in start order; touched by the worker alone
+        self._running: dict[Hashable, Running] = {}  # by key; touched by the worker alone
         # keys asked of ``stepper``: False (batched at boundaries), True, or the stepper it made
         # when asked, for the first batch of that key
         self._step_keys: dict[Hashable, bool | Stepper] = {}
@@ -270,8 +254,6 @@ class DynamicBatcher:
             self._cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
 
     # ---- the worker's side ---------------------------------------------------------------
 
@@ -308,24 +290,16 @@ class DynamicBatcher:
 
     def _round(self, batch: list[_Request], joins: list[tuple[Running, list[_Request]]]) -> None:
         """Out of the lock: requests join their running batches (or start one), then the batch
-        or single job that was next in arrival order, then one step of every running batch
-        (side by side when there are several: ``lanes``)."""
+        or single job that was next in arrival order, then one step of every running batch."""
         try:
             self._run_hook(self.between_batches)  # threads follow the load (at most every 30 s)
-            for lane, _ in joins:
-                if lane not in self._running:
-                    self._running.append(lane)
-            self.requests += sum(self._side_by_side([partial(r.join, q) for r, q in joins]))
+            for running, requests in joins:
+                self.requests += running.join(requests)
+                self._running[running.key] = running
             if batch:
                 self._execute(batch)
-            lanes = list(self._running)
-            stepped = self._side_by_side([partial(self._step, r) for r in lanes])
-            for lane, (going, requests) in zip(lanes, stepped, strict=True):
-                if requests:
-                    self.steps += 1
-                    self.step_requests += requests
-                if not going:
-                    self._running.remove(lane)
+            for running in list(self._running.values()):
+                self._step(running)
         except BaseException:  # Ctrl+C on the main thread: the requests fail, the worker stops
             self._fail_running(Stopping())
             for _, requests in joins:  # those that were joining when it came
@@ -335,43 +309,6 @@ class DynamicBatcher:
             raise
         finally:
             self._free_since = time.monotonic()
-
-    def _side_by_side(self, jobs: list[Callable[[], Any]]) -> list[Any]:
-        """Each job's result, in order: run on the worker alone when there is one job or one
-        lane, else up to ``lanes`` at once (the worker runs one, the pool the others), each on
-        an equal share of the worker's threads, which it gets back afterwards."""
-        threads = self.get_threads() if self.get_threads is not None else 1
-        at_once = min(len(jobs), self._lane_count(threads))
-        if at_once < 2:
-            return [job() for job in jobs]
-        share = max(1, threads // at_once)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="aiayn-lane")
-
-        def on_share(job: Callable[[], Any]) -> Any:
-            if self.set_threads is not None:
-                self.set_threads(share)
-            return job()
-
-        results: list[Any] = []
-        try:
-            for first in range(0, len(jobs), at_once):
-                group = jobs[first : first + at_once]
-                others = [self._pool.submit(on_share, job) for job in group[1:]]
-                results.append(on_share(group[0]))
-                results.extend(f.result() for f in others)
-        finally:
-            if self.set_threads is not None:
-                self.set_threads(threads)
-        return results
-
-    def _lane_count(self, threads: int | None = None) -> int:
-        """Batches of one key that may run side by side now: ``lanes``, at most the threads."""
-        if self.lanes == 1:
-            return 1
-        if threads is None:
-            threads = self.get_threads() if self.get_threads is not None else 1
-        return max(1, min(self.lanes, threads))
 
     def _starts_stepper(self) -> bool:
         """The oldest live request is of a key batched step by step (the lock is held)."""
@@ -395,43 +332,41 @@ class DynamicBatcher:
 
     def _take_joining(self) -> list[tuple[Running, list[_Request]]]:
         """Remove the queued requests that join a running step-level batch now, in arrival order
-        as long as the budgets allow (one costlier than the budget joins an empty batch alone:
-        those after it wait with it), and those that start one when the oldest request is of a
-        key with fewer running batches than it may have, as many as there are requests of that
-        key waiting (the lock is held). Each request goes to the admitting batch of its key with
-        the fewest inputs."""
+        as long as its cost budget allows (one costlier than the budget joins an empty batch
+        alone: those after it wait with it), and those that start one when the oldest request
+        is of a key not running (the lock is held)."""
         self._purge()
-        batches = list(self._running)
+        joins = []
+        batches = list(self._running.values())
         head = self._queue[0].key if self._queue else None
-        if head is not None and self._steps(head):
-            missing = self._lane_count() - sum(r.key == head for r in batches)
-            for _ in range(min(missing, sum(r.key == head for r in self._queue))):
-                kept = self._step_keys[head]  # made by _steps(), unused yet: True once used
-                stepper = kept if not isinstance(kept, bool) else self.stepper(head)  # type: ignore[misc]
-                self._step_keys[head] = True
-                if stepper is not None:
-                    batches.append(Running(head, stepper))
-        taken: dict[Running, list[_Request]] = {}
-        for key in dict.fromkeys(r.key for r in batches):  # each key once, in start order
-            waiting = [r for r in self._queue if r.key == key]
-            lanes = [b for b in batches if b.key == key and self._admits(b, waiting)]
-            load = {b: b.inputs for b in lanes}
-            room = {b: self.max_batch_cost - b.cost for b in lanes}
-            for r in waiting:  # arrival order: one that fits nowhere stops those after it
-                fits = [b for b in lanes if r.cost <= room[b] or not (taken.get(b) or len(b))]
-                if not fits:
-                    break
-                lane = min(fits, key=lambda b: load[b])
-                taken.setdefault(lane, []).append(r)
-                load[lane] += len(r.inputs)
-                room[lane] -= r.cost
-        chosen = {id(r) for requests in taken.values() for r in requests}
-        for r in self._queue:
-            if id(r) in chosen:
-                self._drop(r)
-        self._queue = deque(r for r in self._queue if id(r) not in chosen)
-        self.joins += len(taken)
-        return list(taken.items())
+        if head is not None and head not in self._running and self._steps(head):
+            kept = self._step_keys[head]  # made by _steps(), unused yet: True once used
+            stepper = kept if not isinstance(kept, bool) else self.stepper(head)  # type: ignore[misc]
+            self._step_keys[head] = True
+            if stepper is not None:
+                batches.append(Running(head, stepper))
+        for running in batches:
+            key = running.key
+            if not self._admits(running, [r for r in self._queue if r.key == key]):
+                continue
+            room = self.max_batch_cost - running.cost
+            taken: list[_Request] = []
+            keep: deque[_Request] = deque()
+            full = False  # a request that did not fit: none after it joins (arrival order)
+            for r in self._queue:
+                fits = r.cost <= room or not (taken or len(running))
+                if r.key == key and fits and not full:
+                    taken.append(r)
+                    room -= r.cost
+                    self._drop(r)
+                else:
+                    full = full or r.key == key
+                    keep.append(r)
+            self._queue = keep
+            if taken:
+                joins.append((running, taken))
+                self.joins += 1
+        return joins
 
     def _admits(self, running: Running, waiting: list[_Request]) -> bool:
         """Whether the requests ``waiting`` for a running batch of their key join it now: the
@@ -447,8 +382,9 @@ class DynamicBatcher:
         if sum(r.cost for r in waiting) >= self.max_batch_cost - running.cost:
             return True
         for r in waiting:
-            r.held.setdefault(running, running.steps)
-        return running.steps - min(r.held[running] for r in waiting) >= self.join_steps
+            if r.held is None or r.held[0] is not running:
+                r.held = (running, running.steps)
+        return running.steps - min(r.held[1] for r in waiting if r.held) >= self.join_steps
 
     def _take_other(self) -> list[_Request]:
         """The oldest request when it is a single job or of a key batched at batch boundaries:
@@ -458,19 +394,22 @@ class DynamicBatcher:
             return []
         return self._take()
 
-    def _step(self, running: Running) -> tuple[bool, int]:
-        """One step of a running batch: whether it goes on (it ends when no request is left in
-        it), and the requests it stepped. Runs on a lane's thread; counts nothing shared."""
+    def _step(self, running: Running) -> None:
+        """One step of a running batch; it ends when no request is left in it."""
         if self._stop_running:
             running.fail(Stopping())
-        requests = len(running)
         try:
+            requests = len(running)
             going = running.step(self._result) if requests else False
+            if requests:
+                self.steps += 1
+                self.step_requests += requests
         except Exception as err:  # handed to its requests, the worker goes on
             log.debug("step failed: %s", err, exc_info=True)
             running.fail(err)
             going = False
-        return going, requests
+        if not going:
+            self._running.pop(running.key, None)
 
     def _result(self, outputs: list[Any], member: Member) -> BatchResult:
         """What a request of a step-level batch gets: queue time until it joined, compute time
@@ -482,7 +421,7 @@ class DynamicBatcher:
         )  # fmt: skip
 
     def _fail_running(self, err: BaseException) -> None:
-        for running in self._running:
+        for running in self._running.values():
             running.fail(err)
         self._running.clear()
 

@@ -42,11 +42,6 @@ class Limits:
     # their texts reach an eighth of its own, or the oldest has waited this many decoder steps
     # (each join is an encoder pass; an idle server starts a request at once). 0: at every step.
     join_steps: int = 2
-    # Step-level batching on a CPU: running translations stepped side by side, each on its share
-    # of the threads (at most one per thread), as `aiayn translate --workers` decodes batches; a
-    # waiting request starts a new one while there are fewer. 2 on a 2-core CPU: 1.7x the
-    # sentences/s of one batch on 2 threads (docs/serving.md). 1: one running translation.
-    lanes: int = 2
     # False: every request runs alone, in arrival order (the benchmark's baseline).
     batching: bool = True
     # False: the PyTorch backend's translations are batched at batch boundaries too (more
@@ -94,6 +89,4 @@ LIMIT_HELP = {
     "join_steps": "step-level batching: waiting requests join a running translation together "
     "once their texts reach an eighth of its own, or the oldest has waited this many decoder "
     "steps; 0: at every step",
-    "lanes": "step-level batching on a CPU: running translations stepped side by side, each on "
-    "its share of the threads (at most one per thread); 1: one at a time",
 }

@@ -70,11 +70,6 @@ class ModelService:
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
             join_steps=limits.join_steps,  # 0: every waiting request joins at the next step
-            # running translations side by side, each on its share of the worker's threads (a
-            # CPU's: on a GPU they would only queue on one stream)
-            lanes=limits.lanes if folder.device.type == "cpu" else 1,
-            get_threads=torch.get_num_threads,
-            set_threads=torch.set_num_threads,
             # translations join a running decoding between steps where the backend can
             stepper=(
                 self._stepper
