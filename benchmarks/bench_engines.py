@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--latency-threads", type=int, default=1)
     p.add_argument("--engines", nargs="*", default=list(ENGINES))
+    p.add_argument(
+        "--omp-wait-policy",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY of every engine's process (default PASSIVE: sleeping threads, safe "
+        "on a shared machine); '' leaves OpenMP's default (spinning)",
+    )
     p.add_argument("--note", default="", help="what else ran on the machine")
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "engines.json"))
     p.add_argument("--doc", default=str(ROOT / "docs" / "decoding.md"))
@@ -333,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         "length_penalty": args.length_penalty,
         "threads": args.threads,
         "workers": args.workers,
+        "omp_wait_policy": args.omp_wait_policy or "(unset: spinning)",
         "max_tokens": args.max_tokens or DecodeConfig().max_tokens,
         "repeats": args.repeats,
         "latency_sentences": args.latency,
@@ -341,10 +348,16 @@ def main(argv: list[str] | None = None) -> None:
         "load_before": [round(x, 1) for x in os.getloadavg()],
         "engines": {},
     }
-    # OpenMP threads that sleep instead of spinning while they wait: on a machine shared with other
-    # jobs, spinning threads of torch's pool made native decoding 14x slower (2 threads, load 11:
-    # 28.5 s instead of 2.0 s for 60 sentences); it changes nothing on an idle machine.
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    # OpenMP threads that sleep instead of spinning while they wait (--omp-wait-policy): on a
+    # machine shared with other jobs, spinning threads of torch's pool made native decoding 14x
+    # slower (2 threads, load 11: 28.5 s instead of 2.0 s for 60 sentences). On an idle machine it
+    # changes little at 2 workers of 1 thread (the default: native 0.70x CTranslate2 float32
+    # sleeping, 0.75x spinning) but halves 1 worker of 2 threads for both engines
+    # (docs/experiments/decoding_speed.md#the-openmp-wait-policy-2026-11-26).
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OMP_WAIT_POLICY", None)
+    if args.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
     batch: dict[str, list[dict]] = {name: [] for name in args.engines}
     latency: dict[str, list[dict]] = {name: [] for name in args.engines}
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
