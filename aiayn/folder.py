@@ -50,6 +50,7 @@ from aiayn.errors import CheckpointError, ConfigError
 from aiayn.eval import corpus_scores
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
 from aiayn.kinds import KINDS, Kind, get_kind, kind_name
+from aiayn.memory import keep_freed_memory
 from aiayn.run_config import RunConfig
 from aiayn.runtime import Backend, build_model, open_backend, require
 
@@ -103,6 +104,8 @@ def load_model_folder(
     if expect_kind is not None:
         expect_kind = kind_name(expect_kind)
     parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
+    if torch.device(device).type == "cpu":
+        keep_freed_memory()  # no page faults for what each decoding step frees (aiayn/memory.py)
     backend, tokenizer = open_backend(folders, parsed, engine, torch.device(device), workers)
     first = parsed[0]
     return ModelFolder(

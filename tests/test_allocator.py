@@ -1,5 +1,6 @@
-"""The trainer's glibc malloc set-up (aiayn/train/allocator.py): memory freed by one step is
-reused by the next without page faults; the user's own MALLOC_* settings and opt-out win."""
+"""The glibc malloc set-up (aiayn/memory.py; trainer, inference commands, aiayn.load) and the
+trainer's kernel caches (aiayn/train/allocator.py): memory freed by one step is reused by the next
+without page faults; the user's own MALLOC_* settings and opt-out win."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0
 # over several blocks and steps freed neighbours merge and it is.)
 PROBE = """
 import resource, torch
-from aiayn.train.allocator import keep_freed_memory
+from aiayn.memory import keep_freed_memory
 applied = keep_freed_memory()
 def step(n):
     xs = [torch.empty(16 << 20, dtype=torch.float32) for _ in range(n)]  # n x 64 MiB
@@ -44,7 +45,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 # one frees can serve the other), otherwise each gets an arena of its own that keeps its own peak.
 ARENAS = """
 import ctypes, threading, torch
-from aiayn.train.allocator import keep_freed_memory
+from aiayn.memory import keep_freed_memory
 applied = keep_freed_memory()
 def work():
     torch.empty(4 << 20).fill_(1.0)
@@ -180,3 +181,28 @@ def test_the_kernel_cache_is_sized_by_the_runs_batch_shapes(monkeypatch):
     Trainer._cache_kernels(SimpleNamespace(task=Task(), dist=SimpleNamespace(rank=1, world_size=2)))
     assert seen == [(1, 2)]
     assert os.environ["LRU_CACHE_CAPACITY"] == os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"
+
+
+LOADED = """
+import sys
+import aiayn.memory as memory
+from aiayn.folder import load_model_folder
+before = memory._applied
+load_model_folder(sys.argv[1])
+print(before, memory._applied, any(m.startswith("aiayn.train") for m in sys.modules))
+"""
+
+
+@glibc
+def test_opening_a_model_on_the_cpu_keeps_freed_memory_and_imports_no_training(tmp_path):
+    """`aiayn.load` (the Python API) decodes with the malloc settings the CLI uses: each beam
+    step frees and reallocates ~10 MB; ``AIAYN_MALLOC=default`` still opts out."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_helpers import make_folder
+
+    folder = make_folder(tmp_path / "m")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    for env, expected in (({}, "None True False"), ({"AIAYN_MALLOC": "default"}, "None False False")):
+        out = subprocess.run([sys.executable, "-c", LOADED, str(folder)], env={**clean, **env},
+                             check=True, capture_output=True, text=True).stdout.split()
+        assert " ".join(out) == expected

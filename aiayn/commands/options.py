@@ -143,8 +143,8 @@ def inference_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available")
     if device.type == "cpu":
+        from aiayn.memory import keep_freed_memory
         from aiayn.threads import threads_for_load
-        from aiayn.train.allocator import keep_freed_memory
 
         keep_freed_memory()
         threads_for_load()  # 1 thread when another process keeps a core of 2 busy

@@ -30,9 +30,10 @@ from tqdm import tqdm
 
 from aiayn.checkpoint import init_from_model_dir, load_weights, save_model_dir
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.memory import keep_freed_memory
 from aiayn.run_config import RunConfig, micro_batches_per_update
 from aiayn.threads import ThreadGovernor, threads_for_load
-from aiayn.train.allocator import cache_cpu_kernels, keep_freed_memory, kernel_cache_capacity
+from aiayn.train.allocator import cache_cpu_kernels, kernel_cache_capacity
 from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
