@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from _data_helpers import multi30k_bpe, needs_mirror, real_cache, use_real_cache  # noqa: F401
+from aiayn.errors import ConfigError
 from aiayn.data import (DataConfig, TokenBatchSampler, collate_classification, collate_translation,
                         padding_fraction, pair_lengths, prepare_translation)
 
@@ -199,3 +200,56 @@ def test_multi30k_tokenise_and_batch(use_real_cache, multi30k_bpe):
     assert sum(len(b) for b in batches) == 29000
     assert all(b.src.numel() <= 4096 and b.tgt_in.numel() <= 4096 for b in batches)
     assert padding_fraction(sampler) < 0.10
+
+
+def test_pad_to_multiple_rounds_the_batch_widths_within_the_budget_and_cuts_the_shapes():
+    """data.pad_to_multiple: every batch's source and target widths are multiples of 8 and
+    rows x width stays within max_tokens; an epoch has far fewer distinct batch shapes; the
+    tensors a batch collates to have those widths."""
+    plain, padded = sampler(shuffle=False), sampler(shuffle=False, pad_to_multiple=8)
+    src, tgt = np.asarray(SRC), np.asarray(TGT)
+    for b in padded.batches():
+        width = max(-(-int(src[b].max()) // 8) * 8, -(-int(tgt[b].max()) // 8) * 8)
+        assert len(b) * width <= padded.max_tokens or len(b) == 1
+    assert padded.distinct_shapes() * 2 < plain.distinct_shapes()
+    assert sorted(i for b in padded.batches() for i in b) == list(range(len(SRC)))
+    pairs = [([5] * 3, [6] * 9), ([5] * 10, [6] * 2)]
+    batch = collate_translation(pairs, multiple=8)
+    assert batch.src.shape == (2, 16) and batch.tgt_in.shape == batch.tgt_out.shape == (2, 16)
+    assert batch.n_src_tokens == 13 and batch.n_tgt_tokens == 13  # padding is not counted
+    assert padding_fraction(padded) > padding_fraction(plain)
+    with pytest.raises(ValueError, match="pad_to_multiple"):
+        sampler(pad_to_multiple=0)
+
+
+def test_pad_to_multiple_is_for_translation_only():
+    DataConfig(pad_to_multiple=8).validate()
+    with pytest.raises(ConfigError, match="pad_to_multiple"):
+        DataConfig(kind="classification", pad_to_multiple=8).validate()
+    with pytest.raises(ConfigError, match="pad_to_multiple"):
+        DataConfig(pad_to_multiple=0).validate()
+
+
+def test_padding_to_a_multiple_leaves_the_models_outputs_unchanged():
+    """The extra positions are padding, masked like any other: a tiny Transformer's logits at
+    the real positions and its label-smoothed loss are those of the unpadded batch."""
+    from trainutil import tiny_model_config
+
+    from aiayn.model import Transformer
+    from aiayn.train.loss import label_smoothed_nll_loss
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(vocab=40, max_len=64)).eval()
+    rng = np.random.default_rng(1)
+    pairs = [(rng.integers(4, 40, n).tolist(), rng.integers(4, 40, m).tolist())
+             for n, m in ((5, 7), (11, 3), (2, 9))]
+    outs = []
+    for multiple in (1, 8):
+        b = collate_translation(pairs, multiple=multiple)
+        with torch.no_grad():
+            logits = model(b.src, b.tgt_in)
+        loss, _ = label_smoothed_nll_loss(logits, b.tgt_out, 0.1, 0)
+        outs.append((logits, loss))
+    (a, loss_a), (p, loss_p) = outs
+    assert p.shape[1] == 16 and torch.allclose(p[:, : a.shape[1]], a, atol=1e-5)
+    assert torch.allclose(loss_a, loss_p, atol=1e-6)

@@ -196,7 +196,13 @@ def run_stats(args: argparse.Namespace) -> int:
         lengths = (train.lengths("src"), train.lengths("tgt") + 1)
     else:
         lengths = (train.lengths("text"), None)
-    sampler = TokenBatchSampler(lengths[0], lengths[1], max_tokens=cfg.max_tokens, seed=cfg.seed)
+    sampler = TokenBatchSampler(
+        lengths[0],
+        lengths[1],
+        max_tokens=cfg.max_tokens,
+        seed=cfg.seed,
+        pad_to_multiple=cfg.pad_to_multiple,
+    )
     batches = sampler.batches()
     done = time.perf_counter()
     n_tokens = sum(int(x.sum()) for x in lengths if x is not None)

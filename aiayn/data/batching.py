@@ -97,6 +97,7 @@ class TokenBatchSampler:
         world_size: int = 1,
         max_batch_size: int | None = None,
         warn_long: bool = True,
+        pad_to_multiple: int = 1,
     ) -> None:
         # int32: a length fits, and 5 M examples' arrays take 20 MB each instead of 40
         src = np.asarray(src_lengths, dtype=np.int32)
@@ -116,9 +117,12 @@ class TokenBatchSampler:
         self.max_tokens, self.shuffle, self.seed = int(max_tokens), bool(shuffle), int(seed)
         self.rank, self.world_size = int(rank), int(world_size)
         self.max_batch_size = max_batch_size
+        if pad_to_multiple < 1:
+            raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        self.multiple = int(pad_to_multiple)  # batch widths are rounded up to a multiple of it
         self.epoch = 0
         self.position = 0  # batches of this epoch already handed out (by this rank)
-        self._width = np.maximum(src, tgt)
+        self._width = np.maximum(self._padded(src), self._padded(tgt))
         order = self._sort_keys(None)
         self._bounds = np.asarray(self._cut(self._width[order]), np.int64)
         self._shapes = self._count_shapes(order)
@@ -164,13 +168,18 @@ class TokenBatchSampler:
         per_rank = n // self.world_size if self.world_size > 1 else n
         return Batches(order, self._bounds, pick[self.rank :: self.world_size][:per_rank])
 
+    def _padded(self, lengths: np.ndarray) -> np.ndarray:
+        """Lengths rounded up to ``pad_to_multiple`` (the widths a batch's tensors get)."""
+        m = self.multiple
+        return lengths if m == 1 else (lengths + (m - 1)) // m * m
+
     def _count_shapes(self, order: np.ndarray) -> int:
         starts = self._bounds[:-1]
         if not len(starts):
             return 0
         rows = np.diff(self._bounds)
-        src = np.maximum.reduceat(self.src[order], starts)
-        tgt = np.maximum.reduceat(self.tgt[order], starts)
+        src = self._padded(np.maximum.reduceat(self.src[order], starts))
+        tgt = self._padded(np.maximum.reduceat(self.tgt[order], starts))
         return len(np.unique(np.stack([rows, src, tgt], axis=1), axis=0))
 
     def distinct_shapes(self) -> int:
@@ -230,11 +239,17 @@ def pair_lengths(
 
 
 def pad_sequences(
-    seqs: Sequence[Ids], pad_id: int, prefix: int | None = None, suffix: int | None = None
+    seqs: Sequence[Ids],
+    pad_id: int,
+    prefix: int | None = None,
+    suffix: int | None = None,
+    multiple: int = 1,
 ) -> torch.Tensor:
-    """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence."""
+    """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence, L
+    rounded up to a multiple of ``multiple``."""
     extra = (prefix is not None) + (suffix is not None)
     width = max((len(s) for s in seqs), default=0) + extra
+    width = -(-width // multiple) * multiple
     out = np.full((len(seqs), width), pad_id, dtype=np.int64)
     start = int(prefix is not None)
     for i, seq in enumerate(seqs):
@@ -275,16 +290,18 @@ def collate_translation(
     pad_id: int = 0,
     bos_id: int = 1,
     eos_id: int = 2,
+    multiple: int = 1,
 ) -> Seq2SeqBatch:
-    """Pad (source ids, target ids) pairs into a :class:`Seq2SeqBatch` (no BOS/EOS on the source)."""
+    """Pad (source ids, target ids) pairs into a :class:`Seq2SeqBatch` (no BOS/EOS on the
+    source), the widths rounded up to a multiple of ``multiple`` (data.pad_to_multiple)."""
     if not pairs:
         raise ValueError("collate_translation needs at least one pair")
     src = [x for x, _ in pairs]
     tgt = [y for _, y in pairs]
     return Seq2SeqBatch(
-        src=pad_sequences(src, pad_id),
-        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id),
-        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id),
+        src=pad_sequences(src, pad_id, multiple=multiple),
+        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, multiple=multiple),
+        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, multiple=multiple),
         n_src_tokens=sum(len(x) for x in src),
         n_tgt_tokens=sum(len(y) + 1 for y in tgt),
     )
@@ -327,5 +344,6 @@ def padding_fraction(sampler: TokenBatchSampler, epoch: int = 0) -> float:
     for batch in sampler.batches(epoch):
         src, tgt = sampler.src[batch], sampler.tgt[batch]
         real += int(src.sum()) + int(tgt.sum())
-        padded += len(batch) * (int(src.max()) + int(tgt.max()))
+        widths = sampler._padded(np.array([src.max(), tgt.max()]))  # data.pad_to_multiple
+        padded += len(batch) * int(widths.sum())
     return 1.0 - real / padded if padded else 0.0

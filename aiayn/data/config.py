@@ -59,6 +59,12 @@ class DataConfig:
     bpe_dropout: float = 0.0
     # Token budget per batch, padding included (the paper: ~25000 source + 25000 target tokens).
     max_tokens: int = 4096
+    # Translation: pad each batch's source and target widths up to a multiple of this (1: off),
+    # within the token budget, as Hugging Face's pad_to_multiple_of; the padding is masked, so the
+    # loss is unchanged. Fewer distinct batch shapes (a GPU paid ~0.27 s for each new one) for more
+    # batches per epoch: 8 gave 103 shapes instead of 2,825 and 11% more batches on a 5 M-pair
+    # corpus at 12,500 tokens (docs/data.md#batching).
+    pad_to_multiple: int = 1
     # Longest sequence kept for training, in tokens with BOS/EOS; longer examples are dropped.
     max_len: int = 256
     # What to do with classification texts longer than max_len: drop them, or cut them (logged).
@@ -91,9 +97,13 @@ class DataConfig:
         if self.kind not in KINDS:
             kinds = ", ".join(map(repr, KINDS))
             raise ConfigError(f"data.kind: {self.kind!r} is not one of {kinds}")
-        for name in ("vocab_size", "max_tokens", "max_len", "tokenizer_sample"):
+        for name in ("vocab_size", "max_tokens", "max_len", "tokenizer_sample", "pad_to_multiple"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
+        if self.pad_to_multiple > 1 and self.kind != TRANSLATION:
+            raise ConfigError(
+                f"data.pad_to_multiple pads translation batches; data.kind is {self.kind!r}"
+            )
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
         if self.bpe_dropout and (self.tokenizer != "bpe" or self.kind != TRANSLATION):

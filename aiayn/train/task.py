@@ -150,6 +150,7 @@ class TokenBatchedTask(Task):
                     seed=self.cfg.data.seed,
                     rank=rank,
                     world_size=world_size,
+                    pad_to_multiple=self.cfg.data.pad_to_multiple,  # translation only (validated)
                 )
                 if len(lengths)
                 else None

@@ -135,7 +135,9 @@ class TranslationTask(TokenBatchedTask):
             chosen = self._noisy_pairs(indices)
         else:
             chosen = list(zip(store.rows("src", indices), store.rows("tgt", indices)))
-        return collate_translation(chosen, m.pad_id, m.bos_id, m.eos_id)
+        return collate_translation(
+            chosen, m.pad_id, m.bos_id, m.eos_id, self.cfg.data.pad_to_multiple
+        )
 
     def _noisy_pairs(self, indices: list[int]) -> list[tuple[list[int], list[int]]]:
         """Training pairs ``indices`` freshly encoded with BPE-dropout, cut to data.max_len (a
