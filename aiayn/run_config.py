@@ -302,6 +302,13 @@ def check_run_config(cfg: RunConfig) -> None:
             "training examples would not fit the model's positions; raise model.max_len or "
             "lower data.max_len"
         )
+    padded = -(-d.max_len // d.pad_to_multiple) * d.pad_to_multiple
+    if m.max_len < padded:
+        raise ConfigError(
+            f"model.max_len ({m.max_len}) is below data.max_len ({d.max_len}) padded to "
+            f"data.pad_to_multiple ({d.pad_to_multiple}), {padded}: the widest padded batches "
+            "would not fit the model's positions; raise model.max_len or lower data.max_len"
+        )
     if d.max_tokens < d.max_len:
         raise ConfigError(
             f"data.max_tokens ({d.max_tokens}) is below data.max_len ({d.max_len}): a batch "

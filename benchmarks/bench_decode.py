@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="systems to leave out (hf, ct2, bf16); default: bf16 on a CPU without "
                    "AVX512-BF16/AMX (a slow fallback there), else none")
     p.add_argument("--malloc", choices=("keep", "default"), default="keep",
-                   help="keep: glibc keeps freed memory (aiayn/train/allocator.py), as `aiayn "
+                   help="keep: glibc keeps freed memory (aiayn/memory.py), as `aiayn "
                    "translate` does on CPU; it applies to every system here (one process)")
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=cpu_name())
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.malloc == "keep":
-        from aiayn.train.allocator import keep_freed_memory
+        from aiayn.memory import keep_freed_memory
 
         args.malloc = "keep" if keep_freed_memory() else "default (keep not applicable here)"
     command = "python benchmarks/bench_decode.py " + shlex.join(sys.argv[1:] if argv is None else argv)

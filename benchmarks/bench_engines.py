@@ -137,7 +137,7 @@ def run_one(args: argparse.Namespace) -> dict:
     from aiayn.eval import corpus_scores
     from aiayn.folder import load_model_folder
     from aiayn.folder_config import read_folder_config
-    from aiayn.train.allocator import keep_freed_memory
+    from aiayn.memory import keep_freed_memory
 
     latency = args.mode == "latency"
     threads, workers = (args.latency_threads, 1) if latency else (args.threads, args.workers)
@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     # machine shared with other jobs, spinning threads of torch's pool made native decoding 14x
     # slower (2 threads, load 11: 28.5 s instead of 2.0 s for 60 sentences). On an idle machine it
     # changes little at 2 workers of 1 thread (the default: native 0.70x CTranslate2 float32
-    # sleeping, 0.75x spinning) but halves 1 worker of 2 threads for both engines
+    # sleeping, 0.75x spinning) but at 1 worker of 2 threads it cut native to 0.54x and
+    # CTranslate2 to 0.28x of their spinning speed
     # (docs/experiments/decoding_speed.md#the-openmp-wait-policy-2026-11-26).
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OMP_WAIT_POLICY", None)

@@ -20,7 +20,8 @@ implies, as JSON lines (and into ``--out``/wmt_measure.json). ``--minutes M`` tr
 of wall-clock instead (``train.max_time``; a run long enough to see its batches' shapes again, as a
 real run does) and adds the seconds per update of each epoch, the steady rate over the run's second
 half, the MFU it implies and the projected hours to the recipe's step count on one such GPU; the
-training log goes to ``--out``/wmt_metrics.jsonl.
+training log goes to ``--out``/wmt_metrics_RECIPE.jsonl. Records of intervals that end in a
+validation pass are left out of every rate.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def write_synthetic_pairs(folder: Path, n: int, seed: int = 0) -> list[str]:
 
 def rate(lines: list[dict]) -> tuple[float, float]:
     """Seconds per update and mean tokens/s between the first and the last of ``lines`` (log records)."""
-    seconds = (lines[-1]["wall"] - lines[0]["wall"]) / max(lines[-1]["step"] - lines[0]["step"], 1)
+    if len(lines) < 2:
+        raise SystemExit(f"wmt_projection: {len(lines)} log record(s) to time: train longer")
+    seconds = (lines[-1]["wall"] - lines[0]["wall"]) / (lines[-1]["step"] - lines[0]["step"])
     tokens_per_s = sum(r["tokens_per_s"] for r in lines[1:]) / max(len(lines) - 1, 1)
     return seconds, tokens_per_s
 
@@ -154,7 +157,8 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
         cfg, _ = load_run_config(ROOT / f"configs/wmt14_en_de_{recipe}.toml", sets)
         train_run(cfg, Path(tmp) / "run")
         text = (Path(tmp) / "run/metrics.jsonl").read_text()
-    lines = [r for r in map(json.loads, text.splitlines()) if "tokens_per_s" in r]
+    # training records only: an interval that ends in a validation pass (the run's last) is slower
+    lines = [r for r in map(json.loads, text.splitlines()) if "tokens_per_s" in r and "valid_loss" not in r]
     if minutes:  # the second half of the run by wall-clock: the rate a long run settles at
         timed = [r for r in lines if r["wall"] >= lines[-1]["wall"] / 2]
     else:
@@ -184,7 +188,7 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
                       recipe_steps=recipe_steps)
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "wmt_metrics.jsonl").write_text(text)
+            (out / f"wmt_metrics_{recipe}.jsonl").write_text(text)
     return result
 
 

@@ -71,6 +71,9 @@ CONFIG_CASES = {
     "model max_len below data max_len": (
         {"model__max_len": 16, "data__max_len": 32}, "model.max_len (16) is below data.max_len"),
     "max_tokens below max_len": ({"data__max_tokens": 20}, "data.max_tokens (20) is below"),
+    "padded widths beyond the model's positions": (
+        {"model__max_len": 36, "data__max_len": 34, "data__pad_to_multiple": 8},
+        "padded to data.pad_to_multiple (8), 40"),
     "no stop condition": ({"train__max_steps": 0}, "the run would never stop"),
     "patience without validation": (
         {"train__patience": 2, "train__valid_every": 0}, "train.patience counts validations"),

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from _data_helpers import multi30k_bpe, needs_mirror, real_cache, use_real_cache  # noqa: F401
-from aiayn.errors import ConfigError
 from aiayn.data import (DataConfig, TokenBatchSampler, collate_classification, collate_translation,
                         padding_fraction, pair_lengths, prepare_translation)
+from aiayn.errors import ConfigError
 
 RNG = np.random.default_rng(1234)
 SRC = RNG.integers(1, 60, size=3000).tolist()
