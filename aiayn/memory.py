@@ -13,8 +13,7 @@ allocates from the one main arena: glibc otherwise gives each thread (decoding w
 ``--workers 2``) an arena of its own, each then keeping its own peak, and the two workers'
 freed blocks could not serve each other. Demo model, test2016, beam 5, 2 workers, 4,096 tokens
 per batch: peak RSS 1,279 MB with an arena per thread, 965 MB with one (two runs each), no
-slower (AMD EPYC,
-2026-11-26).
+slower (AMD EPYC, 2026-11-26).
 
 Applied once per process on CPU: by the trainer, by the inference commands (translate, evaluate,
 classify, generate, serve) and by :func:`aiayn.load` (each beam-search step allocates and frees

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiayn.config import ModelConfig, apply_overrides, flatten_keys, parse_override, to_dict
+from aiayn.data.batching import round_up
 from aiayn.data.config import DataConfig
 from aiayn.data.registry import cache_dir
 from aiayn.decode.config import DecodeConfig
@@ -302,7 +303,7 @@ def check_run_config(cfg: RunConfig) -> None:
             "training examples would not fit the model's positions; raise model.max_len or "
             "lower data.max_len"
         )
-    padded = -(-d.max_len // d.pad_to_multiple) * d.pad_to_multiple
+    padded = round_up(d.max_len, d.pad_to_multiple)
     if m.max_len < padded:
         raise ConfigError(
             f"model.max_len ({m.max_len}) is below data.max_len ({d.max_len}) padded to "

@@ -136,7 +136,7 @@ def rate(lines: list[dict]) -> tuple[float, float]:
     if len(lines) < 2:
         raise SystemExit(f"wmt_projection: {len(lines)} log record(s) to time: train longer")
     seconds = (lines[-1]["wall"] - lines[0]["wall"]) / (lines[-1]["step"] - lines[0]["step"])
-    tokens_per_s = sum(r["tokens_per_s"] for r in lines[1:]) / max(len(lines) - 1, 1)
+    tokens_per_s = sum(r["tokens_per_s"] for r in lines[1:]) / (len(lines) - 1)
     return seconds, tokens_per_s
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import torch
 
 __all__ = [
     "Batches",
+    "round_up",
     "TokenBatchSampler",
     "pair_lengths",
     "Seq2SeqBatch",
@@ -37,6 +38,12 @@ log = logging.getLogger(__name__)
 
 #: one example's token ids: a list, or a row of a token store (a 1-D array)
 Ids = Sequence[int] | np.ndarray
+
+
+def round_up(n: Any, multiple: int) -> Any:
+    """``n`` (an int or an integer array) rounded up to a multiple of ``multiple``: the width a
+    batch's tensors get with ``data.pad_to_multiple``."""
+    return n if multiple == 1 else -(-n // multiple) * multiple
 
 
 class Batches(Sequence[list[int]]):
@@ -122,7 +129,7 @@ class TokenBatchSampler:
         self.multiple = int(pad_to_multiple)  # batch widths are rounded up to a multiple of it
         self.epoch = 0
         self.position = 0  # batches of this epoch already handed out (by this rank)
-        self._width = np.maximum(self._padded(src), self._padded(tgt))
+        self._width = np.maximum(round_up(src, self.multiple), round_up(tgt, self.multiple))
         order = self._sort_keys(None)
         self._bounds = np.asarray(self._cut(self._width[order]), np.int64)
         self._shapes = self._count_shapes(order)
@@ -168,18 +175,13 @@ class TokenBatchSampler:
         per_rank = n // self.world_size if self.world_size > 1 else n
         return Batches(order, self._bounds, pick[self.rank :: self.world_size][:per_rank])
 
-    def _padded(self, lengths: np.ndarray) -> np.ndarray:
-        """Lengths rounded up to ``pad_to_multiple`` (the widths a batch's tensors get)."""
-        m = self.multiple
-        return lengths if m == 1 else (lengths + (m - 1)) // m * m
-
     def _count_shapes(self, order: np.ndarray) -> int:
         starts = self._bounds[:-1]
         if not len(starts):
             return 0
         rows = np.diff(self._bounds)
-        src = self._padded(np.maximum.reduceat(self.src[order], starts))
-        tgt = self._padded(np.maximum.reduceat(self.tgt[order], starts))
+        src = round_up(np.maximum.reduceat(self.src[order], starts), self.multiple)
+        tgt = round_up(np.maximum.reduceat(self.tgt[order], starts), self.multiple)
         return len(np.unique(np.stack([rows, src, tgt], axis=1), axis=0))
 
     def distinct_shapes(self) -> int:
@@ -248,8 +250,7 @@ def pad_sequences(
     """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence, L
     rounded up to a multiple of ``multiple``."""
     extra = (prefix is not None) + (suffix is not None)
-    width = max((len(s) for s in seqs), default=0) + extra
-    width = -(-width // multiple) * multiple
+    width = round_up(max((len(s) for s in seqs), default=0) + extra, multiple)
     out = np.full((len(seqs), width), pad_id, dtype=np.int64)
     start = int(prefix is not None)
     for i, seq in enumerate(seqs):
@@ -344,6 +345,6 @@ def padding_fraction(sampler: TokenBatchSampler, epoch: int = 0) -> float:
     for batch in sampler.batches(epoch):
         src, tgt = sampler.src[batch], sampler.tgt[batch]
         real += int(src.sum()) + int(tgt.sum())
-        widths = sampler._padded(np.array([src.max(), tgt.max()]))  # data.pad_to_multiple
-        padded += len(batch) * int(widths.sum())
+        m = sampler.multiple  # data.pad_to_multiple
+        padded += len(batch) * (round_up(int(src.max()), m) + round_up(int(tgt.max()), m))
     return 1.0 - real / padded if padded else 0.0
