@@ -345,6 +345,67 @@ def ceiling(model: list[str], texts: list[str], threads: int, sizes: list[int]) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def ceiling_steps(
+    model: list[str], texts: list[str], threads: int, sizes: list[int], seconds: float
+) -> dict:
+    """Step-level batching alone, no HTTP: ``sizes[i]`` closed-loop clients of one sentence each
+    on the folder's running translation (what the server's worker drives), every client's next
+    sentence joining at the step after its last one ended (all newcomers in one join). Reports
+    sentences/s, the p50 latency (from the step its client was answered to the step its sentence
+    ended) and where the time went (ms per decoder step and per join, joins per step), for 1
+    client too: what a server's figures come to on this decoder with nothing else in the way."""
+    code = (
+        "import json, statistics, sys, time\n"
+        "import aiayn\n"
+        "from aiayn.decode.translate import encode_sources\n"
+        "model, sizes, texts, seconds = json.loads(sys.stdin.read())\n"
+        "folder = aiayn.load(model)\n"
+        "ids = encode_sources(folder.tokenizer, texts, folder.backend.cfg.max_len)\n"
+        "clock = time.perf_counter\n"
+        "def run(n, seconds):\n"
+        "    running = folder.backend.running_translation(folder.decode)\n"
+        "    nxt, waiting, client, latency = 0, list(range(n)), {}, []\n"
+        "    in_step = in_join = 0.0; steps = joins = 0\n"
+        "    now = clock(); end = now + seconds\n"
+        "    ready = {c: now for c in waiting}\n"
+        "    while clock() < end:\n"
+        "        if waiting:\n"
+        "            start = clock()\n"
+        "            batch = [ids[(nxt + i) % len(ids)] for i in range(len(waiting))]\n"
+        "            nxt += len(waiting)\n"
+        "            client.update(zip(running.add(batch), waiting))\n"
+        "            waiting = []; joins += 1; in_join += clock() - start\n"
+        "        start = clock()\n"
+        "        ended = running.step()\n"
+        "        now = clock(); steps += 1; in_step += now - start\n"
+        "        for j in ended:\n"
+        "            c = client.pop(j)\n"
+        "            latency.append(now - ready[c]); ready[c] = now; waiting.append(c)\n"
+        "    return {'sentences_per_s': round(len(latency) / seconds, 2),\n"
+        "            'p50_ms': round(1000 * statistics.median(latency), 1),\n"
+        "            'sentences': len(latency), 'step_ms': round(1000 * in_step / steps, 2),\n"
+        "            'join_ms': round(1000 * in_join / max(joins, 1), 2),\n"
+        "            'joins_per_step': round(joins / steps, 2)}\n"
+        "out = {}\n"
+        "for n in sorted({1, *sizes}):\n"
+        "    run(n, min(2.0, seconds))\n"  # the shapes of this load, once
+        "    out[f'{n} clients'] = run(n, seconds)\n"
+        "lone = out['1 clients']['p50_ms']\n"
+        "for r in out.values():\n"
+        "    r['p50_vs_lone'] = round(r['p50_ms'] / lone, 2)\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([model, sizes, texts, seconds]),
+        env=thread_env(threads),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(
@@ -410,6 +471,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also the decoding alone (no HTTP) in batches of N sentences, e.g. 8 64 128",
     )
+    p.add_argument(
+        "--ceiling-steps",
+        type=int,
+        nargs="*",
+        metavar="N",
+        help="also step-level batching alone (no HTTP) with N closed-loop one-sentence clients",
+    )
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args(argv)
     if not all(1 <= c <= 256 for c in args.clients) or not 0 < args.seconds <= 600:
@@ -426,6 +494,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.ceiling:
         rows["decoding alone"] = ceiling(args.model, texts, args.threads, args.ceiling)
         print(f"decoding alone: {json.dumps(rows['decoding alone'])}", flush=True)
+    if args.ceiling_steps:
+        key = "step-level decoding alone"
+        rows[key] = ceiling_steps(args.model, texts, args.threads, args.ceiling_steps, args.seconds)
+        for row in rows[key].values():
+            row["vs_translate"] = round(
+                row["sentences_per_s"] / ref["sentences_per_s_without_loading"], 2
+            )
+        print(f"{key}: {json.dumps(rows[key])}", flush=True)
     # one client: the lone request's latency, what the other counts' p50 is compared with
     # each count's compared servers right after its default one: the same machine load
     runs = [(c, f) for c in sorted({1, *args.clients}) for f in ("", *args.compare)]

@@ -172,16 +172,20 @@ def smoke_bench_serve(tmp: Path, runs: list[Path]) -> None:
     out = tmp / "serving.json"
     run_main("benchmarks/bench_serve.py", "--model", runs[0] / "best", "--clients", "1", "2",
              "--seconds", "1", "--warmup", "0.2", "--sentences", "4", "--beam", "1",
-             "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--compare=--join-steps 0",
-             "--out", out)
+             "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--ceiling-steps", "2",
+             "--compare=--join-steps 0", "--out", out)
     report = read_json(out)
     results = report["results"]
-    assert set(results) == {"aiayn translate, one process", "decoding alone", "serve, 1 clients",
+    assert set(results) == {"aiayn translate, one process", "decoding alone",
+                            "step-level decoding alone", "serve, 1 clients",
                             "serve, 2 clients", "serve, 1 clients, --no-batching",
                             "serve, 1 clients, --join-steps 0", "serve, 2 clients, --join-steps 0"}
     served = [r for k, r in results.items() if k.startswith("serve")]
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in served)
     assert set(report["targets"]["default_vs --join-steps 0"]) == {"1", "2"}
+    alone = results["step-level decoding alone"]
+    assert set(alone) == {"1 clients", "2 clients"} and alone["1 clients"]["p50_vs_lone"] == 1.0
+    assert all(r["sentences"] > 0 and r["step_ms"] > 0 for r in alone.values())
 
 
 def smoke_bench_train(tmp: Path) -> None:
