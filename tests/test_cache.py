@@ -285,3 +285,56 @@ def test_the_cache_packs_the_output_projection_once_per_decoding(bias):
     assert cache.output is packed  # made at the first step only
     full = model.decode(tgt[:, :1], memory, src_mask=model.src_mask(src))  # F.linear
     torch.testing.assert_close(first, full, **TOL)
+
+
+@torch.no_grad()
+def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
+    """pack_kept (models opened for inference): the same packed copy while the weights stay as
+    they are, per precision; a new one after an in-place change (what load_state_dict and an
+    optimizer step do), with the new values; its entry leaves with the weight."""
+    import gc
+
+    from aiayn.model import packed as packed_module
+    from aiayn.model.packed import available, pack_kept
+
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(300, 32), torch.randn(300), torch.randn(7, 32)
+    if not available(weight.device):
+        pytest.skip("this torch build has no oneDNN linear")
+    first = pack_kept(weight, bias)
+    assert first is not None and pack_kept(weight, bias) is first
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert pack_kept(weight, bias).dtype == torch.bfloat16  # a copy of its own
+    assert pack_kept(weight, bias) is first
+    weight.mul_(2)
+    second = pack_kept(weight, bias)
+    assert second is not first
+    torch.testing.assert_close(second(x), torch.nn.functional.linear(x, weight, bias), **TOL)
+    bias.add_(1)
+    third = pack_kept(weight, bias)
+    assert third is not second
+    torch.testing.assert_close(third(x), torch.nn.functional.linear(x, weight, bias), **TOL)
+    key = id(weight)
+    del weight, first, second, third
+    gc.collect()
+    assert key not in packed_module._KEPT
+
+
+@torch.no_grad()
+def test_a_model_opened_for_inference_decodes_its_new_weights(tmp_path):
+    """The torch backend keeps the output projection packed across decodings
+    (keep_packed_output); weights loaded into the same model afterwards are the ones used."""
+    from aiayn.runtime.torch_backend import TorchBackend
+
+    torch.manual_seed(0)
+    model, other = tiny().eval(), tiny().eval()
+    torch.nn.init.normal_(other.generator.weight)
+    TorchBackend(model, torch.device("cpu"))
+    assert model.keep_packed_output and not other.keep_packed_output
+    src, _ = batch()
+    sources = [row[row != model.cfg.pad_id].tolist() for row in src]
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6)
+    before = translate_ids(model, sources, cfg)
+    assert translate_ids(model, sources, cfg) == before
+    model.load_state_dict(other.state_dict())
+    assert translate_ids(model, sources, cfg) == translate_ids(other, sources, cfg)

@@ -25,7 +25,7 @@ from aiayn.model.embeddings import (
 )
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import as_attention_mask, causal_mask, padding_mask, target_mask
-from aiayn.model.packed import PackedLinear, pack
+from aiayn.model.packed import PackedLinear, pack, pack_kept
 
 
 class Encoder(nn.Module):
@@ -125,6 +125,10 @@ class Transformer(nn.Module):
         init_weights(self)
         if cfg.share_embeddings or cfg.tie_output:
             self.generator.weight = tgt_token.weight
+        # True for models opened for inference (aiayn.runtime.torch_backend): the output
+        # projection's packed copy (aiayn/model/packed.py) is kept from one decoding to the next
+        # while the weights stay as they are, instead of made for each one.
+        self.keep_packed_output = False
         # cfg.output_vocab = "targets": the tokens the softmax ranges over, (V,) bool. All True
         # until the trainer marks those of the training targets; saved and loaded with the weights.
         self.register_buffer(
@@ -193,9 +197,10 @@ class Transformer(nn.Module):
         if features_only:
             return h  # (B, T, D)
         if cache is not None and first and cache.output is None:
-            # once per decoding (unless the cache came with one), in its precision; the bias is
-            # final_logits_bias (or None)
-            cache.output = pack(self.generator.weight, self.generator.bias)
+            # once per decoding (unless the cache came with one), in its precision, or once while
+            # the weights stay as they are (keep_packed_output); the bias is final_logits_bias
+            packing = pack_kept if self.keep_packed_output else pack
+            cache.output = packing(self.generator.weight, self.generator.bias)
         return self.logits(h, cache.output if cache is not None else None)  # (B, T, V)
 
     def logits(self, h: Tensor, packed: PackedLinear | None = None) -> Tensor:

@@ -51,6 +51,9 @@ class TorchBackend:
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model = model
+        for m in model.modules():  # an Ensemble's members too
+            if isinstance(m, Transformer):
+                m.keep_packed_output = True  # its weights stay as loaded (aiayn/model/packed.py)
         self.device = device
         self.cfg: ModelConfig = model.cfg  # type: ignore[assignment]
         self._compiled: dict[tuple[int, int], CompiledDecoding] = {}  # (threads, workers) ->
