@@ -346,50 +346,63 @@ def ceiling(model: list[str], texts: list[str], threads: int, sizes: list[int]) 
 
 
 def ceiling_steps(
-    model: list[str], texts: list[str], threads: int, sizes: list[int], seconds: float
+    model: list[str],
+    texts: list[str],
+    threads: int,
+    sizes: list[int],
+    seconds: float,
+    warmup: float,
+    beam: int | None = None,
 ) -> dict:
-    """Step-level batching alone, no HTTP: ``sizes[i]`` closed-loop clients of one sentence each
-    on the folder's running translation (what the server's worker drives), every client's next
-    sentence joining at the step after its last one ended (all newcomers in one join). Reports
-    sentences/s, the p50 latency (from the step its client was answered to the step its sentence
-    ended) and where the time went (ms per decoder step and per join, joins per step), for 1
-    client too: what a server's figures come to on this decoder with nothing else in the way."""
+    """Step-level batching alone, without HTTP and without tokenizing: ``sizes[i]`` closed-loop
+    clients of one sentence each on the folder's running translation (what the server's worker
+    drives), every client's next sentence joining at the step after its last one ended, all
+    newcomers in one join (the server may hold them for ``--join-steps``). After ``warmup``
+    seconds it counts ``seconds`` of answers: sentences/s, the p50 latency (from the step its
+    client was answered to the step its next sentence ended, as a client of the server times
+    it) and where the time went (ms per decoder step and per join, joins per step); 1 client
+    too. What a step-level server can give on this decoder with nothing else in the way."""
     code = (
         "import json, statistics, sys, time\n"
         "import aiayn\n"
         "from aiayn.decode.translate import encode_sources\n"
-        "model, sizes, texts, seconds = json.loads(sys.stdin.read())\n"
+        "model, sizes, texts, seconds, warmup, beam = json.loads(sys.stdin.read())\n"
         "folder = aiayn.load(model)\n"
+        "decode = folder.decode_config(beam=beam) if beam else folder.decode\n"
         "ids = encode_sources(folder.tokenizer, texts, folder.backend.cfg.max_len)\n"
         "clock = time.perf_counter\n"
-        "def run(n, seconds):\n"
-        "    running = folder.backend.running_translation(folder.decode)\n"
+        "def run(n):\n"
+        "    running = folder.backend.running_translation(decode)\n"
         "    nxt, waiting, client, latency = 0, list(range(n)), {}, []\n"
         "    in_step = in_join = 0.0; steps = joins = 0\n"
-        "    now = clock(); end = now + seconds\n"
+        "    now = clock(); counted = now + warmup; end = counted + seconds\n"
         "    ready = {c: now for c in waiting}\n"
         "    while clock() < end:\n"
+        "        measured = clock() >= counted\n"
         "        if waiting:\n"
         "            start = clock()\n"
         "            batch = [ids[(nxt + i) % len(ids)] for i in range(len(waiting))]\n"
         "            nxt += len(waiting)\n"
         "            client.update(zip(running.add(batch), waiting))\n"
-        "            waiting = []; joins += 1; in_join += clock() - start\n"
+        "            waiting = []\n"
+        "            if measured:\n"
+        "                joins += 1; in_join += clock() - start\n"
         "        start = clock()\n"
         "        ended = running.step()\n"
-        "        now = clock(); steps += 1; in_step += now - start\n"
+        "        now = clock()\n"
+        "        if measured:\n"
+        "            steps += 1; in_step += now - start\n"
         "        for j in ended:\n"
         "            c = client.pop(j)\n"
-        "            latency.append(now - ready[c]); ready[c] = now; waiting.append(c)\n"
+        "            if measured:\n"
+        "                latency.append(now - ready[c])\n"
+        "            ready[c] = now; waiting.append(c)\n"
         "    return {'sentences_per_s': round(len(latency) / seconds, 2),\n"
         "            'p50_ms': round(1000 * statistics.median(latency), 1),\n"
         "            'sentences': len(latency), 'step_ms': round(1000 * in_step / steps, 2),\n"
         "            'join_ms': round(1000 * in_join / max(joins, 1), 2),\n"
-        "            'joins_per_step': round(joins / steps, 2)}\n"
-        "out = {}\n"
-        "for n in sorted({1, *sizes}):\n"
-        "    run(n, min(2.0, seconds))\n"  # the shapes of this load, once
-        "    out[f'{n} clients'] = run(n, seconds)\n"
+        "            'joins_per_step': round(joins / steps, 2), 'beam': decode.beam}\n"
+        "out = {f'{n} clients': run(n) for n in sorted({1, *sizes})}\n"
         "lone = out['1 clients']['p50_ms']\n"
         "for r in out.values():\n"
         "    r['p50_vs_lone'] = round(r['p50_ms'] / lone, 2)\n"
@@ -397,7 +410,7 @@ def ceiling_steps(
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
-        input=json.dumps([model, sizes, texts, seconds]),
+        input=json.dumps([model, sizes, texts, seconds, warmup, beam]),
         env=thread_env(threads),
         capture_output=True,
         text=True,
@@ -476,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="*",
         metavar="N",
-        help="also step-level batching alone (no HTTP) with N closed-loop one-sentence clients",
+        help="also step-level batching alone (no HTTP, no tokenizing) with N closed-loop "
+        "one-sentence clients (whatever --per-request), joining at once",
     )
     p.add_argument("--out", help="write the figures here as JSON")
     args = p.parse_args(argv)
@@ -484,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clients 1..256 and --seconds up to 600")
     if not 1 <= args.per_request <= 32:
         p.error("--per-request 1..32 (the server's --max-texts)")
+    if args.ceiling_steps and not all(1 <= n <= 256 for n in args.ceiling_steps):
+        p.error("--ceiling-steps 1..256")
     texts = sentences(args.sentences)
     extra = args.serve_args.split()
     load_before = load_average()
@@ -496,7 +512,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"decoding alone: {json.dumps(rows['decoding alone'])}", flush=True)
     if args.ceiling_steps:
         key = "step-level decoding alone"
-        rows[key] = ceiling_steps(args.model, texts, args.threads, args.ceiling_steps, args.seconds)
+        rows[key] = ceiling_steps(
+            args.model,
+            texts,
+            args.threads,
+            args.ceiling_steps,
+            args.seconds,
+            args.warmup,
+            args.beam,
+        )
         for row in rows[key].values():
             row["vs_translate"] = round(
                 row["sentences_per_s"] / ref["sentences_per_s_without_loading"], 2

@@ -314,6 +314,13 @@ def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
     third = pack_kept(weight, bias)
     assert third is not second
     torch.testing.assert_close(third(x), torch.nn.functional.linear(x, weight, bias), **TOL)
+    with torch.enable_grad():  # gradients wanted: nothing packed, kept or not
+        assert pack_kept(weight.requires_grad_(), bias) is None
+    weight.requires_grad_(False)
+    with torch.inference_mode():  # inference tensors have no version to check: packed each time
+        frozen = torch.randn(300, 32)
+        once = pack_kept(frozen)
+        assert once is not None and pack_kept(frozen) is not once
     key = id(weight)
     del weight, first, second, third
     gc.collect()

@@ -184,8 +184,10 @@ def smoke_bench_serve(tmp: Path, runs: list[Path]) -> None:
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in served)
     assert set(report["targets"]["default_vs --join-steps 0"]) == {"1", "2"}
     alone = results["step-level decoding alone"]
-    assert set(alone) == {"1 clients", "2 clients"} and alone["1 clients"]["p50_vs_lone"] == 1.0
-    assert all(r["sentences"] > 0 and r["step_ms"] > 0 for r in alone.values())
+    assert set(alone) == {"1 clients", "2 clients"}
+    for r in alone.values():  # the benchmark's beam, and where the time went
+        assert r["beam"] == 1 and r["sentences"] > 0 and r["step_ms"] > 0
+        assert r["join_ms"] > 0 and 0 < r["joins_per_step"] <= 1
 
 
 def smoke_bench_train(tmp: Path) -> None:

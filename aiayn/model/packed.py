@@ -60,28 +60,39 @@ def pack(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None:
     weight's own); None where a packed linear cannot run (not a CPU tensor, no oneDNN, a dtype
     other than float32 or bfloat16, or gradients wanted: oneDNN's op has no backward): the
     caller then runs the layer itself."""
-    if not available(weight.device) or (torch.is_grad_enabled() and weight.requires_grad):
-        return None
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
-    if dtype not in (torch.float32, torch.bfloat16):
+    dtype = _precision(weight)
+    if dtype is None:
         return None
     w = weight.detach().to(dtype)
     b = None if bias is None else bias.detach().to(dtype)
     return PackedLinear(torch.ops.mkldnn._reorder_linear_weight(w), b, dtype)
 
 
-# id(weight) -> {precision: (the state of weight and bias it was made from, the packed copy)};
+def _precision(weight: Tensor) -> torch.dtype | None:
+    """The dtype of ``weight``'s packed copy now; None where none can run (see :func:`pack`)."""
+    if not available(weight.device) or (torch.is_grad_enabled() and weight.requires_grad):
+        return None
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+    return dtype if dtype in (torch.float32, torch.bfloat16) else None
+
+
+# id(weight) -> {precision: (the state of weight and bias it was made from, the packed copy, the
+# tensors' storage held so that no other tensor takes their addresses while the entry is kept)};
 # an entry leaves with its weight (by id: a tensor's == is elementwise, so no WeakKeyDictionary)
-_KEPT: dict[int, dict[torch.dtype, tuple[tuple, PackedLinear]]] = {}
+_KEPT: dict[int, dict[torch.dtype, tuple[tuple, PackedLinear, tuple]]] = {}
 _KEPT_LOCK = threading.Lock()  # decoding workers run on threads of their own
 
 
 def pack_kept(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None:
     """:func:`pack`, kept with ``weight`` and given again while neither tensor has changed: an
     in-place update (an optimizer step, ``load_state_dict``, ``copy_`` under ``no_grad``) bumps
-    a tensor's version and the next call packs anew. A change made through ``.data`` bypasses the
-    version counter and is not seen: this is for weights that stay as loaded (inference)."""
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+    a tensor's version, new storage (``.to``, ``.data =``) changes its address, and the next call
+    packs anew. An in-place change made through ``.data`` bypasses the version counter and is
+    not seen: this is for weights that stay as loaded (inference). Tensors made under
+    ``torch.inference_mode`` have no version counter: they are packed at each call."""
+    dtype = _precision(weight)
+    if dtype is None or weight.is_inference() or (bias is not None and bias.is_inference()):
+        return pack(weight, bias)
     state = (_state(weight), _state(bias))
     with _KEPT_LOCK:
         kept = _KEPT.get(id(weight), {}).get(dtype)
@@ -89,10 +100,11 @@ def pack_kept(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None
         return kept[1]
     packed = pack(weight, bias)
     if packed is not None:
+        held = (weight.detach(), None if bias is None else bias.detach())
         with _KEPT_LOCK:
             if id(weight) not in _KEPT:
                 weakref.finalize(weight, _forget, id(weight))
-            _KEPT.setdefault(id(weight), {})[dtype] = (state, packed)
+            _KEPT.setdefault(id(weight), {})[dtype] = (state, packed, held)
     return packed
 
 
