@@ -201,3 +201,26 @@ def _copy_of(package):
         path.write_bytes(package.read_bytes())
 
     return build
+
+
+@torch.no_grad()
+def test_the_backend_compiles_again_when_the_weights_change(monkeypatch):
+    """decode.compile's package holds the weights it was compiled from: the backend keeps one
+    while the weights stay as they are, and compiles again (the disk cache is keyed by the
+    weights) after load_state_dict changed them, its packed output projection too."""
+    model, other = tiny(), tiny()
+    torch.nn.init.normal_(other.generator.weight)
+    calls = []
+    monkeypatch.setattr(
+        "aiayn.runtime.torch_backend.compiled_step",
+        lambda m, *a: calls.append(m) or CompiledStep(m, EagerRunner(m)),
+    )
+    backend = TorchBackend(model, torch.device("cpu"))
+    cfg = DecodeConfig(compile=True)
+    first = backend.compiled(cfg)
+    assert backend.compiled(cfg) is first and len(calls) == 1
+    model.load_state_dict(other.state_dict())
+    again = backend.compiled(cfg)
+    assert again is not first and len(calls) == 2
+    x = torch.randn(2, model.cfg.d_model)
+    torch.testing.assert_close(again.output(x), other.generator(x), **TOL)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PackedLinear", "pack", "pack_kept", "available"]
+__all__ = ["PackedLinear", "pack", "pack_kept", "available", "state_of"]
 
 
 def available(device: torch.device) -> bool:
@@ -93,7 +93,7 @@ def pack_kept(weight: Tensor, bias: Tensor | None = None) -> PackedLinear | None
     dtype = _precision(weight)
     if dtype is None or weight.is_inference() or (bias is not None and bias.is_inference()):
         return pack(weight, bias)
-    state = (_state(weight), _state(bias))
+    state = (state_of(weight), state_of(bias))
     with _KEPT_LOCK:
         kept = _KEPT.get(id(weight), {}).get(dtype)
     if kept is not None and kept[0] == state:
@@ -113,5 +113,9 @@ def _forget(key: int) -> None:
         _KEPT.pop(key, None)
 
 
-def _state(t: Tensor | None) -> tuple[int, int] | None:
-    return None if t is None else (t.data_ptr(), t._version)
+def state_of(t: Tensor | None) -> tuple[int, int] | None:
+    """A tensor's address and version: what an in-place change (the version) or new storage
+    (the address) changes. Tensors made under ``torch.inference_mode`` have no version: -1."""
+    if t is None:
+        return None
+    return t.data_ptr(), -1 if t.is_inference() else t._version

@@ -26,6 +26,7 @@ from aiayn.decode.translate import translate_ids
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
 from aiayn.model.compiled import CompiledDecoding, compiled_step
+from aiayn.model.packed import state_of
 
 __all__ = ["TorchBackend"]
 
@@ -56,7 +57,8 @@ class TorchBackend:
                 m.keep_packed_output = True  # its weights stay as loaded (aiayn/model/packed.py)
         self.device = device
         self.cfg: ModelConfig = model.cfg  # type: ignore[assignment]
-        self._compiled: dict[tuple[int, int], CompiledDecoding] = {}  # (threads, workers) ->
+        # (threads, workers) -> (the weights' states it was compiled from, the compiled model)
+        self._compiled: dict[tuple[int, int], tuple[tuple, CompiledDecoding]] = {}
         self._compiling = threading.Lock()
 
     def parameters(self) -> list[Tensor]:
@@ -82,12 +84,16 @@ class TorchBackend:
                 "(not with bf16, an ensemble or a GPU)"
             )
         threads = max(1, torch.get_num_threads() // cfg.workers)  # as in_workers shares them
+        # The package holds the weights as they were: weights changed since (load_state_dict,
+        # an in-place update) are compiled again (found on disk when compiled before)
+        weights = tuple(state_of(t) for t in (*self.model.parameters(), *self.model.buffers()))
         with self._compiling:
             key = (threads, cfg.workers)
-            if key not in self._compiled:
+            kept = self._compiled.get(key)
+            if kept is None or kept[0] != weights:
                 step = compiled_step(self.model, cache_dir() / "compiled", threads, cfg.workers)
-                self._compiled[key] = CompiledDecoding(self.model, step)
-            return self._compiled[key]
+                self._compiled[key] = (weights, CompiledDecoding(self.model, step))
+            return self._compiled[key][1]
 
     def running_translation(self, cfg: DecodeConfig) -> RunningTranslation:
         """A translation that sentences join between decoder steps (a Transformer or an
