@@ -19,9 +19,10 @@ not the words), on this machine's first GPU, and prints the seconds per update a
 implies, as JSON lines (and into ``--out``/wmt_measure.json). ``--minutes M`` trains for M minutes
 of wall-clock instead (``train.max_time``; a run long enough to see its batches' shapes again, as a
 real run does) and adds the seconds per update of each epoch, the steady rate over the run's second
-half, the MFU it implies and the projected hours to the recipe's step count on one such GPU; the
-training log goes to ``--out``/wmt_metrics_RECIPE.jsonl. Records of intervals that end in a
-validation pass are left out of every rate.
+half (from the second epoch at the earliest: the first sees every batch shape new), the MFU it
+implies and the projected hours to the recipe's step count on one such GPU; the training log goes
+to ``--out``/wmt_metrics_RECIPE.jsonl. Records of intervals that end in a validation pass are left
+out of every rate.
 """
 
 from __future__ import annotations
@@ -159,8 +160,11 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
         text = (Path(tmp) / "run/metrics.jsonl").read_text()
     # training records only: an interval that ends in a validation pass (the run's last) is slower
     lines = [r for r in map(json.loads, text.splitlines()) if "tokens_per_s" in r and "valid_loss" not in r]
-    if minutes:  # the second half of the run by wall-clock: the rate a long run settles at
-        timed = [r for r in lines if r["wall"] >= lines[-1]["wall"] / 2]
+    if minutes:  # the rate a long run settles at: the run's second half, after its first epoch
+        later = [r["wall"] for r in lines if r["epoch"] > 1]  # (every batch shape new in epoch 1)
+        if not later:
+            raise SystemExit("wmt_projection: the run never left its first epoch: train longer")
+        timed = [r for r in lines if r["wall"] >= max(lines[-1]["wall"] / 2, later[0])]
     else:
         timed = [r for r in lines if 10 <= r["step"] <= steps - 10]  # no warm-up, no final validation
     seconds, tokens_per_s = rate(timed)
