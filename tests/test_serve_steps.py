@@ -114,7 +114,7 @@ def test_requests_join_between_steps_and_are_answered_when_their_inputs_end():
     assert a.result(5).outputs == ["ended"] and b.result(5).outputs == ["ended", "ended"]
     assert log == [[0], [0, 1, 2], ("k", ["x"]), [0, 2]]
     assert b.result().batch_requests == 2 and b.result().batch_inputs == 3
-    assert len(steppers) == 1 and batcher.steps == 3 and batcher.requests == 4  # job, other
+    assert len(steppers) == 1 and batcher.stats.steps == 3 and batcher.stats.requests == 4  # job, other
     batcher.close()
 
 
@@ -186,7 +186,7 @@ def test_waiting_requests_join_together_at_a_fraction_of_the_batch_or_after_join
     for _ in range(4):
         steppers[0].gate.release()
     assert [f.result(5).outputs for f in (running, b, c)] == [["ended"] * 8, ["ended"], ["ended"]]
-    assert log == want and batcher.joins == joins  # the first request's included
+    assert log == want and batcher.stats.joins == joins  # the first request's included
     batcher.close()
 
 
@@ -317,9 +317,9 @@ def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder
     with ThreadPoolExecutor(6) as pool:
         futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
         answers = [f.result(60).outputs for f in futures]
-    steps = service.batcher.steps
+    steps = service.batcher.stats.steps
     service.close()
-    assert steps > 0 and service.batcher.batches == 1  # step by step (1: the thread setting)
+    assert steps > 0 and service.batcher.stats.batches == 0  # step by step, no batch
     for texts, answer in zip(requests, answers):
         alone = folder.translate_hypotheses(texts, decode)
         assert [[h["text"] for h in nbest] for nbest in answer] == [
@@ -340,7 +340,7 @@ def test_no_step_batching_batches_translations_at_boundaries_with_the_same_answe
         with ThreadPoolExecutor(3) as pool:
             futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
             answers.append([[[h["text"] for h in n] for n in f.result(60).outputs] for f in futures])
-        steps = service.batcher.steps
+        steps = service.batcher.stats.steps
         service.close()
         assert (steps > 0) is step_batching
     assert answers[0] == answers[1]
@@ -353,14 +353,14 @@ def test_a_translation_whose_client_went_away_stops_decoding_at_the_next_step(fo
     service = ModelService(folder, Limits())
     decode = dataclasses.replace(service.decode_config(2, None, None), min_len=25, max_len_b=30)
     future = service.translate(["a b c"], decode)
-    until(lambda: service.batcher.steps >= 1)
+    until(lambda: service.batcher.stats.steps >= 1)
     hold = threading.Event()
     held = service.batcher.call(hold.wait)  # runs between two steps, and holds the worker
     until(held.running)
     assert future.cancel()
     hold.set()
-    until(lambda: not service.batcher._running)
-    steps = service.batcher.steps
+    until(lambda: not service.batcher.scheduler.running)
+    steps = service.batcher.stats.steps
     service.close()
     assert steps < 25 and future.cancelled()
 

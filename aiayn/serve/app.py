@@ -100,15 +100,15 @@ def create_app(
 
     @app.get("/health", summary="Liveness and queue: needs no API key")
     async def health() -> dict[str, Any]:
-        b = service.batcher
+        stats = service.batcher.stats
         return {
             "status": "ok",
             "kind": service.kind,
-            "waiting": b.waiting,
-            "batches": b.batches,
-            "requests": b.requests,
-            "steps": b.steps,  # decoder steps of step-level batches
-            "step_requests": b.step_requests,  # requests in them, summed over the steps
+            "waiting": service.batcher.waiting,
+            "batches": stats.batches,
+            "requests": stats.requests,
+            "steps": stats.steps,  # decoder steps of step-level batches
+            "step_requests": stats.step_requests,  # requests in them, summed over the steps
         }
 
     return app
