@@ -282,6 +282,21 @@ def test_batcher_runs_its_idle_job_when_free_and_never_during_a_batch():
     assert 1 <= len(idle_runs) <= 4  # 1 s free: at most about one per 0.3 s
 
 
+def test_the_worker_runs_its_start_hook_first_and_its_round_hook_before_each_round():
+    """The thread setting `aiayn serve` passes in: once on the worker's thread before anything,
+    then (the load follower) before each round."""
+    order: list = []
+    hooks = WorkerHooks(
+        on_start=lambda: order.append(("start", threading.current_thread().name)),
+        between_rounds=lambda: order.append("round"),
+    )
+    batcher = DynamicBatcher(lambda key, inputs: order.append(key) or inputs, hooks=hooks)
+    assert batcher.submit("k", ["a"], cost=1).result(5).outputs == ["a"]
+    assert batcher.call(lambda: "job").result(5) == "job"
+    batcher.close()
+    assert order == [("start", "aiayn-batcher"), "round", "k", "round"]
+
+
 def test_service_chooses_threads_again_when_idle_unless_the_user_fixed_them(folder, monkeypatch):
     from aiayn.serve.service import ModelService
 

@@ -20,7 +20,7 @@ from trainutil import thread_fixture
 
 from aiayn.folder import load_model_folder
 from aiayn.serve import Limits
-from aiayn.serve.batching import DynamicBatcher, Stopping
+from aiayn.serve.batching import DynamicBatcher, Stopping, WorkerHooks
 from aiayn.serve.service import ModelService
 
 one_thread_module = thread_fixture(autouse=True, scope="module", name="one_thread_module")
@@ -265,6 +265,39 @@ def test_stopping_fails_the_running_requests_at_once():
     steppers[0].gate.release()
     with pytest.raises(Stopping):
         running.result(5)
+
+
+class Open(Gated):
+    """Gated, with every step let through."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__(log)
+        self.gate = threading.Semaphore(1000)
+
+
+def test_ctrl_c_in_a_round_fails_the_running_and_joining_requests_and_stops_the_worker():
+    """Ctrl+C on the main thread (`aiayn serve` runs the worker there) during a round: the
+    requests running and those taken to join fail with Stopping at once, and work() raises."""
+    log: list = []
+    late: list = []
+    rounds = iter(range(100))
+
+    def between_rounds() -> None:
+        n = next(rounds)
+        if n == 1:  # queued during the second round: taken to join in the third
+            late.append(batcher.submit("s", [9], cost=1))
+        if n == 2:
+            raise KeyboardInterrupt
+
+    hooks = WorkerHooks(between_rounds=between_rounds)
+    batcher, steppers = stepped(log, kinds=iter([Open]), thread=False, hooks=hooks)
+    running = [batcher.submit("s", [9], cost=1), batcher.submit("s", [9, 9], cost=2)]
+    with pytest.raises(KeyboardInterrupt):
+        batcher.work()
+    assert log == [[0, 1, 2], [0, 1, 2]] and len(late) == 1  # two steps, then Ctrl+C
+    for future in [*running, *late]:
+        with pytest.raises(Stopping):
+            future.result(0)
 
 
 def test_a_key_whose_stepper_cannot_be_made_is_batched_at_boundaries():

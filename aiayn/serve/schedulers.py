@@ -131,6 +131,8 @@ class WholeBatches:
     """Batching at batch boundaries: one call of ``run(key, inputs) -> outputs`` (one output per
     input, in order) per batch, after its window (module docstring)."""
 
+    running = False  # nothing runs between rounds
+
     def __init__(
         self,
         run: Callable[[Hashable, list[Any]], Sequence[Any]],
@@ -144,8 +146,6 @@ class WholeBatches:
         self.wait_s, self.max_wait_s = wait_s, max_wait_s
         self._last_requests = 0  # requests merged into the last batch
         self._answered = 0.0  # when the HTTP layer last handed an answer out
-
-    running = False  # nothing runs between rounds
 
     def answered(self) -> None:
         self._answered = time.monotonic()

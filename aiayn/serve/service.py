@@ -1,5 +1,8 @@
 """What the server does with a model folder, without HTTP: check a request against the limits,
-queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer.
+queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer. The service's
+settings choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
+translations where the backend can step and ``--step-batching`` is on, whole batches for
+everything else, and no merging at all with ``--no-batching``.
 
 Every method that queues work returns a :class:`concurrent.futures.Future`; the HTTP layer
 (:mod:`aiayn.serve.app`) awaits it under the request's time limit. A request the limits refuse
@@ -63,7 +66,7 @@ class ModelService:
         follow_load: bool | LoadFollower = True,
     ) -> None:
         """``follow_load``: True, the worker chooses torch's thread count again for the load
-        (:meth:`worker_hooks`) on a CPU unless the user fixed it (AIAYN_THREADS or
+        (:func:`worker_hooks`) on a CPU unless the user fixed it (AIAYN_THREADS or
         OMP_NUM_THREADS); False, never; a :class:`~aiayn.threads.LoadFollower`, that one."""
         self.folder, self.limits, self.engine = folder, limits, folder.engine
         self.kind: str = folder.kind
@@ -73,7 +76,8 @@ class ModelService:
         follower = follow_load if isinstance(follow_load, LoadFollower) else None
         if follow_load is True and folder.device.type == "cpu" and user_threads() is None:
             follower = LoadFollower(DEFAULT_THREADS)
-        # translations join a running decoding between steps where the backend can
+        # The scheduler: translations join a running decoding between steps (StepLevel) where
+        # the backend can and the limits allow; else whole batches (WholeBatches).
         steps = limits.step_batching and "steps" in folder.backend.capabilities
         self.batcher = DynamicBatcher(
             self._run,
@@ -212,6 +216,8 @@ class ModelService:
         self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
+        # The one place serve reaches into ModelFolder.model: attention weights (to become a
+        # backend capability, issue #58).
         model, tokenizer = self.folder.model, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
