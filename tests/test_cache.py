@@ -246,9 +246,9 @@ def test_workers_share_the_threads_and_keep_autocast():
 
 @torch.no_grad()
 def test_the_packed_output_projection_equals_f_linear():
-    """aiayn/model/packed.py: oneDNN's packed weight gives F.linear's values, in fp32 and under
+    """aiayn/decode/packed.py: oneDNN's packed weight gives F.linear's values, in fp32 and under
     bf16 autocast (bf16 out, as autocast's linear); no packing where gradients are wanted."""
-    from aiayn.model.packed import available, pack
+    from aiayn.decode.packed import available, pack
 
     torch.manual_seed(0)
     weight, x = torch.randn(300, 32), torch.randn(7, 1, 32)
@@ -271,20 +271,28 @@ def test_the_packed_output_projection_equals_f_linear():
 @torch.no_grad()
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_cache_packs_the_output_projection_once_per_decoding(bias):
-    """The packed projection gives the module's logits, its bias included (final_logits_bias)."""
+    """The packed projection (a decoding's, aiayn/decode/packed.py) gives the module's
+    log-probabilities, its bias included (final_logits_bias); the model itself packs nothing."""
+    from aiayn.decode.packed import Prepacked, available
+
     torch.manual_seed(0)
-    model = tiny(final_logits_bias=bias)
+    model = tiny(final_logits_bias=bias).eval()
     if bias:
         torch.nn.init.normal_(model.generator.bias)  # zeros would hide a dropped bias
     src, tgt = batch()
     memory = model.encode(src)
-    cache = model.init_cache(memory, src=src)
-    first = model.decode(tgt[:, :1], memory, cache=cache)
+    plain = model.init_cache(memory, src=src)
+    model.log_probs(tgt[:, :1], memory, plain)
+    assert plain.output is None  # the paper's model: no inference-speed state
+    decoder = Prepacked(model)
+    cache = decoder.init_cache(memory, src=src)
+    first = decoder.log_probs(tgt[:, :1], memory, cache)
     packed = cache.output
-    model.decode(tgt[:, 1:2], memory, cache=cache)
+    assert (packed is not None) == available(src.device)
+    decoder.log_probs(tgt[:, 1:2], memory, cache)
     assert cache.output is packed  # made at the first step only
     full = model.decode(tgt[:, :1], memory, src_mask=model.src_mask(src))  # F.linear
-    torch.testing.assert_close(first, full, **TOL)
+    torch.testing.assert_close(first, torch.log_softmax(full, dim=-1), **TOL)
 
 
 @torch.no_grad()
@@ -294,8 +302,8 @@ def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
     optimizer step do), with the new values; its entry leaves with the weight."""
     import gc
 
-    from aiayn.model import packed as packed_module
-    from aiayn.model.packed import available, pack_kept
+    from aiayn.decode import packed as packed_module
+    from aiayn.decode.packed import available, pack_kept
 
     torch.manual_seed(0)
     weight, bias, x = torch.randn(300, 32), torch.randn(300), torch.randn(7, 32)
@@ -329,19 +337,20 @@ def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
 
 @torch.no_grad()
 def test_a_model_opened_for_inference_decodes_its_new_weights(tmp_path):
-    """The torch backend keeps the output projection packed across decodings
-    (keep_packed_output); weights loaded into the same model afterwards are the ones used."""
+    """The torch backend keeps the output projection packed across decodings (its decoder's
+    ``keep``; the model holds no such state); weights loaded into the same model afterwards are
+    the ones used."""
     from aiayn.runtime.torch_backend import TorchBackend
 
     torch.manual_seed(0)
     model, other = tiny().eval(), tiny().eval()
     torch.nn.init.normal_(other.generator.weight)
-    TorchBackend(model, torch.device("cpu"))
-    assert model.keep_packed_output and not other.keep_packed_output
+    backend = TorchBackend(model, torch.device("cpu"))
+    assert backend.decoder.keep and backend.decoder.model is model
     src, _ = batch()
     sources = [row[row != model.cfg.pad_id].tolist() for row in src]
     cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6)
-    before = translate_ids(model, sources, cfg)
-    assert translate_ids(model, sources, cfg) == before
+    before = backend.translate_ids(sources, cfg)
+    assert backend.translate_ids(sources, cfg) == before == translate_ids(model, sources, cfg)
     model.load_state_dict(other.state_dict())
-    assert translate_ids(model, sources, cfg) == translate_ids(other, sources, cfg)
+    assert backend.translate_ids(sources, cfg) == translate_ids(other, sources, cfg)

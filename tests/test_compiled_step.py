@@ -1,4 +1,4 @@
-"""The decoder step compiled as one call (aiayn/model/compiled.py) decodes what the module code
+"""The decoder step compiled as one call (aiayn/runtime/compiled.py) decodes what the module code
 decodes: per-step log-probabilities to 1e-5, the same tokens for greedy and beam search.
 
 The fast tests run :class:`DecoderStep` eagerly behind the same plumbing as the package (cache
@@ -18,8 +18,8 @@ from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_s
 from aiayn.decode.ensemble import Ensemble
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
-from aiayn.model import compiled as compiled_module
-from aiayn.model.compiled import (
+from aiayn.runtime import compiled as compiled_module
+from aiayn.runtime.compiled import (
     FIRST_COMPILED_STEP,
     CompiledDecoding,
     CompiledStep,

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.packed import prepacked
 from aiayn.decode.search import BeamSearch, Hypothesis
 from aiayn.decode.step import Seq2SeqModel
 from aiayn.decode.translate import check_bad_ids, max_output_lengths, pad_rows, search_rules
@@ -52,7 +53,7 @@ class RunningTranslation:
 
     def __init__(self, model: JoinableModel, cfg: DecodeConfig, device: torch.device) -> None:
         check_bad_ids(model.cfg, cfg)
-        self.model, self.cfg, self.device = model, cfg, device
+        self.model, self.cfg, self.device = prepacked(model), cfg, device
         greedy = cfg.beam == 1  # scored and stopped as greedy_search does
         self.search = BeamSearch(
             cfg.beam,

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.packed import prepacked
 from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, decoding_device, force_prefix, transformer_step
 from aiayn.errors import ConfigError
@@ -141,6 +142,7 @@ def translate_ids(
     """
     was_training = isinstance(model, nn.Module) and model.training
     device = decoding_device(model, device)
+    decoder = prepacked(model)  # a Transformer's output projection packed once per decoding
     results: list[list[Hypothesis]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lock = threading.Lock()
@@ -149,7 +151,7 @@ def translate_ids(
         index = [todo[j] for j in batch]
         src = pad_rows([list(sources[i]) for i in index], model.cfg.pad_id, device)
         forced = _forced([prefixes[i] for i in index], device) if prefixes else None
-        for i, hyps in zip(index, _decode_batch(model, src, cfg, forced)):
+        for i, hyps in zip(index, _decode_batch(decoder, src, cfg, forced)):
             results[i] = hyps
         if progress is not None:
             with lock:

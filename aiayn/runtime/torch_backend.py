@@ -21,12 +21,12 @@ from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.continuous import RunningTranslation
 from aiayn.decode.generate import generate
+from aiayn.decode.packed import prepacked, state_of
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
-from aiayn.model.compiled import CompiledDecoding, compiled_step
-from aiayn.model.packed import state_of
+from aiayn.runtime.compiled import CompiledDecoding, compiled_step
 
 __all__ = ["TorchBackend"]
 
@@ -52,9 +52,9 @@ class TorchBackend:
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model = model
-        for m in model.modules():  # an Ensemble's members too
-            if isinstance(m, Transformer):
-                m.keep_packed_output = True  # its weights stay as loaded (aiayn/model/packed.py)
+        # what translations run: its output projections packed and kept across decodings while
+        # the weights stay as they are (aiayn/decode/packed.py)
+        self.decoder = prepacked(model, keep=True)
         self.device = device
         self.cfg: ModelConfig = model.cfg  # type: ignore[assignment]
         # (threads, workers) -> (the weights' states it was compiled from, the compiled model)
@@ -71,8 +71,8 @@ class TorchBackend:
         progress: Callable[[int], None] | None = None,
         prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
-        model = self.compiled(cfg) if cfg.compile else self.model
-        return translate_ids(model, sources, cfg, progress, None, prefixes)  # type: ignore[arg-type]
+        model = self.compiled(cfg) if cfg.compile else self.decoder
+        return translate_ids(model, sources, cfg, progress, None, prefixes)
 
     def compiled(self, cfg: DecodeConfig) -> CompiledDecoding:
         """The model with its decoder step compiled (``decode.compile``) for ``cfg.workers``
@@ -98,7 +98,7 @@ class TorchBackend:
     def running_translation(self, cfg: DecodeConfig) -> RunningTranslation:
         """A translation that sentences join between decoder steps (a Transformer or an
         Ensemble of them)."""
-        return RunningTranslation(self.model, cfg, self.device)  # type: ignore[arg-type]
+        return RunningTranslation(self.decoder, cfg, self.device)
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]
