@@ -49,9 +49,8 @@ def decodings(folder, cfg, step: str) -> dict:
     if step == "compiled":  # compiled into $AIAYN_CACHE (or loaded from it)
         model = folder.backend.compiled(replace(cfg, compile=True))
     else:
-        model = CompiledDecoding(
-            folder.model, CompiledStep(folder.model, EagerRunner(folder.model))
-        )
+        module = folder.torch_module()
+        model = CompiledDecoding(module, CompiledStep(module, EagerRunner(module)))
     first = time.perf_counter() - start
     return {
         "module": lambda texts: folder.translate_hypotheses(texts, cfg),

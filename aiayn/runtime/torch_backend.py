@@ -17,14 +17,16 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.data.registry import cache_dir
+from aiayn.decode.align import AttentionMaps, record_attention
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.continuous import RunningTranslation
+from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.generate import generate
 from aiayn.decode.packed import prepacked, state_of
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
-from aiayn.errors import ConfigError
+from aiayn.errors import AiaynError, ConfigError
 from aiayn.model import Transformer
 from aiayn.runtime.compiled import CompiledDecoding, compiled_step
 
@@ -47,6 +49,7 @@ class TorchBackend:
             "generate",
             "classify",
             "steps",
+            "module",
         }
     )
 
@@ -63,6 +66,17 @@ class TorchBackend:
 
     def parameters(self) -> list[Tensor]:
         return list(self.model.parameters())
+
+    def torch_module(self) -> nn.Module:
+        return self.model
+
+    def attention(self, src_ids: Sequence[int], tgt_ids: Sequence[int]) -> AttentionMaps:
+        """The attention weights of the model reading ``tgt_ids`` after ``src_ids``; an
+        ensemble's first model reads them (an ensemble translates as one model)."""
+        reader = self.model.models[0] if isinstance(self.model, Ensemble) else self.model
+        if not isinstance(reader, Transformer):
+            raise AiaynError(f"attention weights need a Transformer, got {type(reader).__name__}")
+        return record_attention(reader, src_ids, list(tgt_ids))
 
     def translate_ids(
         self,

@@ -215,7 +215,7 @@ class ModelService:
         self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
-        model, tokenizer = self.folder.model, self.folder.tokenizer
+        model, tokenizer = self.folder.backend, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
                 model, tokenizer, text, decode=decode, rank=rank, prefix=prefix
