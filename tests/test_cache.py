@@ -11,7 +11,14 @@ import pytest
 import torch
 from trainutil import tiny_model_config
 
-from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_step, translate_ids
+from aiayn.decode import (
+    DecodeConfig,
+    SearchSettings,
+    beam_search,
+    greedy_search,
+    transformer_step,
+    translate_ids,
+)
 from aiayn.decode.translate import in_workers
 from aiayn.model import Transformer
 
@@ -190,14 +197,15 @@ def test_search_over_the_cache_equals_search_over_full_recomputation():
     src, _ = batch(B=1)
     memory = model.encode(src)
     cached = greedy_search(transformer_step(model, memory), model.init_cache(memory, src=src),
-                           1, 1, 2, 12)
-    full = greedy_search(uncached_step(model, memory, src), None, 1, 1, 2, 12)
+                           1, 12, SearchSettings(1, 2))
+    full = greedy_search(uncached_step(model, memory, src), None, 1, 12, SearchSettings(1, 2))
     assert cached[0].tokens == full[0].tokens
     assert cached[0].log_prob == pytest.approx(full[0].log_prob, abs=1e-4)
     k = 4
     cache = model.init_cache(memory, src=src).with_beam(k)
-    cached = beam_search(transformer_step(model, memory), cache, 1, k, 1, 2, 12, nbest=4)[0]
-    full = beam_search(uncached_step(model, memory, src), None, 1, k, 1, 2, 12, nbest=4)[0]
+    settings = SearchSettings(1, 2, beam=k, nbest=4)
+    cached = beam_search(transformer_step(model, memory), cache, 1, 12, settings)[0]
+    full = beam_search(uncached_step(model, memory, src), None, 1, 12, settings)[0]
     assert [h.tokens for h in cached] == [h.tokens for h in full]
     assert [h.score for h in cached] == pytest.approx([h.score for h in full], abs=1e-4)
 
