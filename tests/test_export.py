@@ -687,4 +687,11 @@ def test_a_backend_refuses_what_it_cannot_do_in_one_line_naming_itself(model_dir
         onnx.translate(["abc"], bf16=True)
     with pytest.raises(Unsupported, match="the onnx backend has no compiled decoder step"):
         onnx.translate(["abc"], compile=True)
-    assert load_model_folder(model_dir).backend.capabilities >= {"attention", "bf16", "ensemble"}
+    with pytest.raises(Unsupported, match="the onnx backend has no PyTorch module"):
+        onnx.torch_module()  # what exporters convert: a model folder's, not an export's
+    from aiayn.viz.attention import attention_of_translation
+
+    with pytest.raises(Unsupported, match="the onnx backend has no attention weights"):
+        attention_of_translation(onnx.backend, onnx.tokenizer, "abc")
+    assert load_model_folder(model_dir).backend.capabilities >= {
+        "attention", "bf16", "ensemble", "module"}

@@ -7,7 +7,9 @@ PyTorch (:mod:`aiayn.runtime.torch_backend`), ONNX Runtime (:mod:`aiayn.runtime.
 and CTranslate2 (:mod:`aiayn.runtime.ct2_backend`) implement it. A backend declares what it can
 do in ``capabilities``; the caller asks (:func:`require`), never checks a type or a format
 string, and a missing capability is one line that names the backend (:class:`Unsupported`: exit 2
-on the command line, 404 or 422 from the server).
+on the command line, 404 or 422 from the server). A capability beyond the protocol comes with
+its methods: "steps" with :class:`Steps`, "attention" with :class:`Attention`, "module" with
+:class:`Module`.
 """
 
 from __future__ import annotations
