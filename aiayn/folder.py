@@ -145,9 +145,10 @@ def precision(device: torch.device, bf16: bool) -> Iterator[None]:
 
 @dataclass
 class ModelFolder:
-    """A loaded model folder (or an ensemble of translation folders): model, tokenizer, typed
-    run config, and the one way to use them (:meth:`translate`, :meth:`classify`,
-    :meth:`generate`, :meth:`score`)."""
+    """A loaded model folder (or an ensemble of translation folders): the backend that runs it,
+    tokenizer, typed run config, and the one way to use them (:meth:`translate`,
+    :meth:`classify`, :meth:`generate`, :meth:`score`); exporters take its PyTorch module
+    (:meth:`torch_module`)."""
 
     path: Path  # the folder (the first one, for an ensemble)
     paths: list[Path]  # all folders (ensemble members)
