@@ -362,3 +362,34 @@ def test_a_model_opened_for_inference_decodes_its_new_weights(tmp_path):
     assert backend.translate_ids(sources, cfg) == before == translate_ids(model, sources, cfg)
     model.load_state_dict(other.state_dict())
     assert backend.translate_ids(sources, cfg) == translate_ids(other, sources, cfg)
+
+
+@torch.no_grad()
+def test_the_backend_packs_once_across_decodings_and_a_plain_decoding_each_time(monkeypatch):
+    """Speed kept with the model pure: the torch backend's decoder packs the output projection
+    once for many decodings; translate_ids over the bare model packs it once per decoding."""
+    from aiayn.decode import packed as packed_module
+    from aiayn.runtime.torch_backend import TorchBackend
+
+    if not packed_module.available(torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN linear")
+    calls = []
+    real = packed_module.pack
+
+    def counting(weight, bias=None):
+        calls.append(1)
+        return real(weight, bias)
+
+    monkeypatch.setattr(packed_module, "pack", counting)
+    torch.manual_seed(0)
+    model = tiny().eval()
+    backend = TorchBackend(model, torch.device("cpu"))
+    src, _ = batch()
+    sources = [row[row != model.cfg.pad_id].tolist() for row in src]
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6)
+    for _ in range(3):
+        backend.translate_ids(sources, cfg)
+    assert len(calls) == 1
+    for _ in range(2):
+        translate_ids(model, sources, cfg)
+    assert len(calls) == 3
