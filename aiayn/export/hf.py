@@ -274,4 +274,4 @@ class HfExporter(Exporter):
     def write_output(
         self, loaded: Any, meta: Any, source: Path, tmp: Path, out: Path, options: ExportOptions
     ) -> None:
-        write_folder(loaded.model, loaded.tokenizer, meta.config.decode, tmp, source)
+        write_folder(loaded.torch_module(), loaded.tokenizer, meta.config.decode, tmp, source)

@@ -216,12 +216,10 @@ class ModelService:
         self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
-        # The one place serve reaches into ModelFolder.model: attention weights (to become a
-        # backend capability, issue #58).
-        model, tokenizer = self.folder.model, self.folder.tokenizer
+        backend, tokenizer = self.folder.backend, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
-                model, tokenizer, text, decode=decode, rank=rank, prefix=prefix
+                backend, tokenizer, text, decode=decode, rank=rank, prefix=prefix
             ).to_dict()
         )
 
