@@ -126,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=FIRST_STEPS,
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=version())
+    parser.add_argument(
+        "--version", action="version", version=version(), help="print aiayn's version and exit"
+    )
     add_global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:

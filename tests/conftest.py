@@ -78,6 +78,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_card": UNIT,
     "test_cli_help": UNIT,
     "test_cli_options": UNIT,
+    "test_reference": UNIT,
     "test_config": UNIT,
     "test_cuda": UNIT,
     "test_data_batching": UNIT,

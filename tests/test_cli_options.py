@@ -90,9 +90,9 @@ def test_data_and_summary_take_dotted_keys_and_bare_ones_with_a_warning(capsys):
 def test_every_set_flag_has_the_same_syntax():
     metavars = {name: a.metavar for name, p in sub_parsers(build_parser()) for a in p._actions
                 if "--set" in a.option_strings}
-    assert metavars == {"summary": "MODEL.KEY=VALUE", "train": "SECTION.KEY=VALUE",
-                        "data tokenizer": "DATA.KEY=VALUE", "data build": "DATA.KEY=VALUE",
-                        "data stats": "DATA.KEY=VALUE"}
+    assert metavars == {"summary": "model.KEY=VALUE", "train": "SECTION.KEY=VALUE",
+                        "data tokenizer": "data.KEY=VALUE", "data build": "data.KEY=VALUE",
+                        "data stats": "data.KEY=VALUE"}
 
 
 # ---- --version and the global flags --------------------------------------------------------------

@@ -132,8 +132,8 @@ def add_sets(p: argparse.ArgumentParser, section: str, example: str) -> None:
         dest="overrides",
         action="append",
         default=[],
-        metavar=f"{section.upper()}.KEY=VALUE",
-        help=f"override a config value, e.g. --set {example} (repeatable; the keys of "
+        metavar=f"{section}.KEY=VALUE",
+        help=f"override a recipe key, e.g. --set {example} (repeatable; every key: "
         "docs/reference.md)",
     )
 

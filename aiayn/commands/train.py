@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="run config (.toml); optional with --resume, which "
         "then reads the run folder's config.json",
     )
-    add_sets(p, "section", "train.max_steps=1000")
+    add_sets(p, "SECTION", "train.max_steps=1000")
     p.add_argument(
         "-o", "--out", metavar="RUN_DIR", help="the run folder (default: runs/<config name>)"
     )
