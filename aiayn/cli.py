@@ -174,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def log_level(args: argparse.Namespace) -> int:
+    """-v: debug lines too; -q: warnings only (-v wins when both are given); else info."""
+    return logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+
+
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # bare `aiayn`: the commands and first steps
@@ -181,7 +186,7 @@ def _run(argv: list[str] | None) -> int:
         return 0
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
+        level=log_level(args),
         format="%(message)s",
         stream=sys.stderr,
     )

@@ -5,13 +5,14 @@ engine and format choices from their registries, and every flag with a help stri
 from __future__ import annotations
 
 import argparse
+import logging
 from argparse import Namespace
 from importlib.metadata import version
 
 import pytest
 import torch
 
-from aiayn.cli import build_parser, main, sub_parsers
+from aiayn.cli import build_parser, log_level, main, sub_parsers
 from aiayn.commands.options import ADVANCED, inference_device
 from aiayn.errors import ConfigError
 
@@ -115,6 +116,8 @@ def test_version_prints_the_package_version(capsys):
 def test_global_flags_work_before_and_after_the_command(argv, verbose, quiet):
     args = build_parser().parse_args(argv)
     assert (args.verbose, args.quiet) == (verbose, quiet)
+    assert log_level(args) == (logging.DEBUG if verbose else logging.WARNING if quiet
+                               else logging.INFO)
 
 
 # ---- --device auto -------------------------------------------------------------------------------
@@ -163,3 +166,16 @@ def test_expert_flags_are_under_advanced_options(command, capsys):
               "generate": "--no-cache", "serve": "--batch-wait-ms", "summary": "--src-len"}
     options = out.split("\noptions:\n")[1].split(f"\n{ADVANCED}:\n")[0]
     assert expert[command] in advanced and expert[command] not in options
+
+
+def test_a_bare_set_key_through_the_command_line_is_one_warning_line(capsys):
+    capsys.readouterr()
+    assert main(["summary", "tiny", "--set", "d_model=64", "--set", "d_ff=64"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "aiayn: warning: --set d_model=64 is now --set model.d_model=64 (the recipes' SECTION.KEY)",
+        "aiayn: warning: --set d_ff=64 is now --set model.d_ff=64 (the recipes' SECTION.KEY)",
+    ]
+    assert "Total params" in captured.out
+    assert main(["summary", "tiny", "--set", "model.d_model=64"]) == 0
+    assert capsys.readouterr().err == ""
