@@ -1,5 +1,7 @@
-"""Options and helpers shared by the commands that use a trained model (translate, evaluate,
-classify, generate): the model folders, decoding flags, the device and input lines.
+"""Options and helpers shared by the commands: renamed flags (an old spelling still works, with
+one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the "advanced options"
+group; and, for the commands that use a trained model (translate, evaluate, classify, generate,
+serve), the model folders, decoding flags, the engine, the device and input lines.
 
 Decoding flags default to None: a flag given overrides the model folder's ``decode`` settings,
 which override :class:`~aiayn.decode.config.DecodeConfig`'s defaults (the only home of them).
