@@ -49,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--limit",
         type=int,
         default=0,
+        metavar="N",
         help="score only the first N examples, for a quick look (saved as "
         "eval_<name>_first<N>.json, beside the whole set's scores, never in their place)",
     )
