@@ -77,6 +77,8 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_continuous": UNIT,
     "test_card": UNIT,
     "test_cli_help": UNIT,
+    "test_cli_options": UNIT,
+    "test_reference": UNIT,
     "test_config": UNIT,
     "test_cuda": UNIT,
     "test_data_batching": UNIT,

@@ -244,7 +244,7 @@ def test_bad_flags(world, tmp_path, capsys):
         (["translate", avg, "-i", inp, "--beam", "0"], "beam must be >= 1"),
         (["translate", avg, "-i", inp, "--nbest", "5", "--beam", "2"], "nbest must be between"),
         (["translate", avg, "-i", inp, "--device", "tpu9"], "unknown device"),
-        (["translate", avg, "-i", inp, "--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["translate", avg, "-i", inp, "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
         (["translate", avg, "-i", inp, "--max-len-a", "0", "--max-len-b", "0"],
          "output cap is 0 tokens"),
         (["translate", avg, "-i", tmp_path / "none.txt"], "none.txt"),
@@ -270,7 +270,7 @@ def test_outputs_checked_before_any_work(world, tmp_path, capsys):
     broken = tmp_path / "broken"  # not a model: the output error must come first
     broken.mkdir()
     inp, file_ = world / "in.txt", world / "file.txt"
-    for flag in ("-o", "--output"):
+    for flag in ("-o", "--out"):
         fails(capsys, world, ["translate", broken, "-i", inp, flag, world / "out"], "is a folder")
     cases = [
         (["translate", broken, "-i", inp, "-o", file_ / "x.txt"], "is a file, not a folder"),

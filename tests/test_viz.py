@@ -44,7 +44,7 @@ def panel_data(fig) -> dict[str, torch.Tensor]:
 
 def test_plot_pe_cli_writes_one_panel(tmp_path):
     out = tmp_path / "pe.png"
-    assert main(["plot", "pe", "--length", "64", "--depth", "16", "-o", str(out)]) == 0
+    assert main(["plot", "pe", "--length", "64", "--d-model", "16", "-o", str(out)]) == 0
     titles = png_panels(out)
     assert len(titles) == 1 and "64 positions" in titles[0]
 
@@ -79,7 +79,7 @@ def test_pe_similarity_values():
 
 @pytest.mark.parametrize("argv, message", [
     (["pe-similarity", "--position", "5000"], "--position must be in [0, 2047]"),
-    (["pe", "--depth", "7"], "--depth must be an even number"),
+    (["pe", "--d-model", "7"], "--d-model must be an even number"),
     (["pe", "--length", "0"], "--length must be at least 1"),
     (["pe", "-o", "pe.jpg"], "ending in .png"),
 ])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands.options import add_device, inference_device
+from aiayn.commands.options import add_device, advanced, inference_device
 from aiayn.errors import ConfigError
 from aiayn.kinds import LM
 
@@ -22,7 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "model, printed as they are produced.",
     )
     p.add_argument("model", metavar="MODEL_DIR", help="a language-model folder, e.g. RUN/best")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument(
+        "--prompt",
+        required=True,
+        metavar="TEXT",
+        help="the start of the text, which the model continues (given on the command line)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to add (default: 500)")
     p.add_argument(
         "--temperature",
@@ -45,12 +50,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=int, help="random seed (-2**63 to 2**64-1), for reproducible output"
     )
-    p.add_argument(
+    add_device(p)
+    advanced(p).add_argument(
         "--no-cache",
         action="store_true",
         help="re-read the whole context at every step (slow; for checking the cache)",
     )
-    add_device(p)
     p.set_defaults(run=run)
     return p
 

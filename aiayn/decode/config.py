@@ -60,7 +60,8 @@ class DecodeConfig:
     min_len: int = 0
     # Hypotheses returned per input, best first (at most `beam`).
     nbest: int = 1
-    # Token budget of one batch: sentences × longest padded source length. With beam 5 the
+    # Token budget of one decoding batch (`--batch-tokens`; data.max_tokens is a training
+    # batch's): sentences × longest padded source length. With beam 5 the
     # decoder then holds ~5 × max_tokens / source length rows; past ~1,000 tokens a batch decoded
     # no faster on a 2-core CPU and only held more memory (demo model, test2016, 2 workers:
     # 0.73x CTranslate2 float32 at 1,024 tokens and 680 MB peak RSS, 0.67x at 4,096 and
