@@ -642,3 +642,18 @@ def test_the_flag_checker_finds_a_flag_of_another_command():
 def test_every_flag_in_the_guide_belongs_to_its_command(page):
     errors = flag_errors(page.read_text(encoding="utf-8"), parser_flags())
     assert not errors, f"{rel(page)}:\n" + "\n".join(errors)
+
+
+def test_the_install_commands_match_the_makefile():
+    """The README's CPU install pins the torch the Makefile installs by default, from the index
+    the Makefile takes as TORCH_INDEX; `make quick`, `make demo` and `make docs` exist."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    torch_default = re.search(r"^TORCH\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    assert f"pip install {torch_default} --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert re.search(r"^TORCH_INDEX\s*\?=\s*$", makefile, re.M)  # empty by default: PyPI, as before
+    assert "$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))" in makefile
+    for target in ("quick", "demo", "docs", "install-demo"):
+        assert re.search(rf"^{target}:", makefile, re.M), target
+    demo_extras = re.search(r"^DEMO\s*:=\s*(.+)$", makefile, re.M).group(1)
+    assert demo_extras == "-e '.[plot]'"  # make quick and make demo need no test tools
