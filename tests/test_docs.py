@@ -455,12 +455,12 @@ def test_a_page_or_a_results_file_that_disagree_fail(tmp_path):
 
 # --- The code blocks a newcomer pastes first run as written --------------------------------------
 #
-# README.md and docs/getting-started.md: every code block runs in this test, except those marked
+# README.md, docs/getting-started.md and docs/model.md: every code block runs in this test, except those marked
 # just before the fence with `<!-- not-run: REASON -->` (they train, download, install or need a
 # server). A shell block that runs may hold only `aiayn …` commands and comments; a Python block
 # runs as one program.
 
-RUN_PAGES = [ROOT / "README.md", ROOT / "docs" / "getting-started.md"]
+RUN_PAGES = [ROOT / "README.md", ROOT / "docs" / "getting-started.md", ROOT / "docs" / "model.md"]
 NOT_RUN = re.compile(r"<!--\s*not-run:[^>]*-->\s*\n$")
 
 
