@@ -69,6 +69,7 @@ KINDS = ("unit", "process", "serve", "browser")
 UNIT = ("unit",)
 MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_allocator": ("process",),
+    "test_api_docs": ("process",),  # pdoc renders the API reference in a subprocess
     "test_atomic_folders": UNIT,
     "test_bad_input": UNIT,
     "test_bench_train": UNIT,
