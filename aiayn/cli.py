@@ -51,7 +51,9 @@ EXAMPLES: dict[str, str] = {
     "import": "aiayn import hf opus-mt-en-de -o models/opus-mt-en-de",
 }
 FIRST_STEPS = """first steps:
-  make demo && make test     in a checkout: train, translate and score a 15-minute model; run the tests
+  source .venv/bin/activate  in a checkout, after make: puts aiayn on PATH (or run .venv/bin/aiayn)
+  make quick                 a first model in 3 minutes and two translations
+  make demo && make test     train, translate and score a 15-minute model; run the tests
   aiayn train configs/multi30k_demo.toml --out runs/x
   aiayn translate runs/x/best
 

@@ -39,7 +39,7 @@ CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMN")  # 50 + 4 spe
 
 def needs(module: str, extra: str):
     return pytest.importorskip(
-        module, reason=f"the '{extra}' extra is not installed: pip install 'aiayn[{extra}]'"
+        module, reason=f"the '{extra}' extra is not installed: pip install -e '.[{extra}]'"
     )
 
 
@@ -607,7 +607,7 @@ def test_missing_extra_names_it(model_dir, tmp_path, capsys, monkeypatch, module
     fails(
         capsys,
         ["export", str(model_dir), "--format", fmt, "-o", str(tmp_path / "o")],
-        f"pip install 'aiayn[{extra}]'",
+        f"pip install -e '.[{extra}]'",
     )
 
 

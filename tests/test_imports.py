@@ -169,6 +169,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("folder_config",),
     ("checkpoint", "folder_parts"),
     ("runtime",),
+    ("folder_score",),
     ("folder",),
     ("aiayn", "viz"),
     ("card",),

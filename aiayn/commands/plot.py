@@ -5,7 +5,7 @@
     aiayn plot attention MODEL_DIR --text "A man rides a bike." [--layer L] [--head H] -o att.png
     aiayn plot curves RUN_DIR [RUN_DIR ...] -o curves.png
 
-Needs matplotlib (``pip install 'aiayn[plot]'``).
+Needs matplotlib (``pip install -e '.[plot]'``).
 """
 
 from __future__ import annotations

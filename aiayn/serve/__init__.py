@@ -25,7 +25,7 @@ def require_extra() -> None:
     except ImportError as err:
         raise ConfigError(
             f"aiayn serve needs the 'serve' extra ({err.name} is missing): "
-            "pip install 'aiayn[serve]'"
+            "pip install -e '.[serve]'"
         ) from None
 
 

@@ -1,7 +1,7 @@
 """Plots that show what the Transformer computes: positional encodings (§3.5), attention maps
 (§3.2, Figures 3–5 of the paper), and learning curves of a training run.
 
-matplotlib is an optional dependency (``pip install 'aiayn[plot]'``): it is imported only when a
+matplotlib is an optional dependency (``pip install -e '.[plot]'``): it is imported only when a
 figure is drawn, with the non-interactive Agg backend, and a clear :class:`AiaynError` when it is
 missing. Each ``plot_*`` function returns a ``matplotlib.figure.Figure``; :func:`save_figure`
 writes it as a PNG whose ``Description`` text chunk lists the panel titles.
@@ -29,7 +29,7 @@ def pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise AiaynError(
-            "plotting needs matplotlib: pip install 'aiayn[plot]' (or pip install matplotlib)"
+            "plotting needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
