@@ -1,9 +1,11 @@
 """Tasks: what the one training loop needs to know about a model kind.
 
-The trainer (:mod:`aiayn.train.trainer`) owns optimisation, precision, processes, checkpoints and
-logging. A :class:`Task` owns the data and the model kind: it loads and tokenises the data,
-builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
-and token counts, and computes expensive validation metrics (BLEU for translation).
+The trainer owns optimisation, logging and validation (:mod:`aiayn.train.trainer`), the
+process's set-up: precision, threads, devices (:mod:`aiayn.train.setup`), and checkpoints
+(:mod:`aiayn.train.state`). A :class:`Task` owns the data and the model kind: it loads and
+tokenises the data, builds the model, cuts each epoch into token-bounded batches, turns a batch
+into a summed loss and token counts, and computes expensive validation metrics (BLEU for
+translation).
 
 Each model kind has one name (``data.kind`` in a recipe, ``kind`` in a model folder's
 config.json), one Task class and one model class, declared together in :mod:`aiayn.kinds`, which
