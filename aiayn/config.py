@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -95,14 +96,19 @@ def coerce_value(key: str, raw: Any, annotation: Any) -> Any:
     if annotation is float:
         if isinstance(raw, bool):
             raise ConfigError(f"{key}: expected a number, got {raw!r}")
+        value = None
         if isinstance(raw, (int, float)):
-            return float(raw)
-        if isinstance(raw, str):
+            value = float(raw)
+        elif isinstance(raw, str):
             try:
-                return float(raw.strip())
+                value = float(raw.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {raw!r}")
+        if value is None:
+            raise ConfigError(f"{key}: expected a number, got {raw!r}")
+        if not math.isfinite(value):  # TOML and JSON (Python's) accept nan and inf
+            raise ConfigError(f"{key}: expected a finite number, got {raw!r}")
+        return value
     if annotation is str:
         if isinstance(raw, str):
             return raw
