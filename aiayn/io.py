@@ -418,6 +418,8 @@ def _probe_writable(path: Path, folder: Path) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=_temp_prefix("aiayn-write-test"), dir=folder)
     except OSError as err:
+        if disk_full(err):
+            raise ConfigError(f"disk full while writing {path} (no room in {folder})") from None
         raise ConfigError(f"{path}: cannot write in {folder} ({err.strerror or err})") from None
     os.close(fd)
     os.unlink(probe)

@@ -204,7 +204,10 @@ class StoreWriter:
                 continue
             array = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
             array = array[~drop] if drop is not None else array
-            np.save(self.folder / f"{name}.npy", array, allow_pickle=False)
+            try:
+                np.save(self.folder / f"{name}.npy", array, allow_pickle=False)
+            except OSError as err:
+                raise write_error(self.folder / f"{name}.npy", err) from None
             n = len(array)
         return n
 
