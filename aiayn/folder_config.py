@@ -151,10 +151,12 @@ def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> Fo
     recover_folder(folder)
     if not folder.is_dir():
         writers = live_writers(folder)
-        if writers:  # a writer swapping it in is alive (or looks it): say where the folder is
+        if writers:  # a writer swapping it in is alive: say where the folder is, never hide it
+            entry, what, who = writers[0]
+            where = f"its last version is in {entry}" if what == "old" else f"it is in {entry}"
             raise CheckpointError(
-                f"{folder}: missing while a writer replaces it; its last version is in "
-                f"{writers[0]}: wait for the writer, or stop it and run again"
+                f"{folder}: missing while a writer ({who}) replaces it; {where}: wait for the "
+                "writer to finish, or stop it and run again"
             )
         raise CheckpointError(f"{folder}: model folder not found")
     path = folder / CONFIG_FILE

@@ -82,6 +82,18 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def _started_after(pid: int, when: float) -> bool:
+    """Whether process ``pid`` started more than a second after ``when`` (epoch seconds), so
+    that it cannot have written a file last touched then; False when /proc does not tell."""
+    start = start_time(pid)
+    try:
+        stat = Path("/proc/stat").read_text()
+        boot = float(next(ln.split()[1] for ln in stat.splitlines() if ln.startswith("btime ")))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return start is not None and boot + start / os.sysconf("SC_CLK_TCK") > when + 1.0
+
+
 def _writer_tag(pid: int | None = None) -> str:
     """PID.START.BOOT of this process (PID alone where /proc does not tell the rest)."""
     pid = os.getpid() if pid is None else pid
@@ -155,9 +167,12 @@ def write_error(
     ``written`` of ``total`` bytes when the writer counted them."""
     if disk_full(err):
         counts = f" ({written} of {total} bytes written)" if total is not None else ""
-        return OutputError(f"disk full while writing {path}{counts}")
-    reason = err.strerror or str(err) or type(err).__name__
-    return OutputError(f"{path}: cannot write ({reason})")
+        error = OutputError(f"disk full while writing {path}{counts}")
+    else:
+        reason = err.strerror or str(err) or type(err).__name__
+        error = OutputError(f"{path}: cannot write ({reason})")
+    error.errno = err.errno  # the message stays one line; callers can still ask disk_full()
+    return error
 
 
 def write_all(fd: int, data: Any, path: str | os.PathLike, offset: int = 0) -> int:
@@ -257,6 +272,12 @@ def _writer_dead(entry: Path, match: re.Match[str]) -> bool:
                 return True  # written before this host last booted
             if pid != os.getpid() and start_time(pid) != int(match["start"]):
                 return True  # the pid is gone, or now another process's
+        elif pid != os.getpid():  # a name from before start times: the file's time tells
+            try:
+                if _started_after(pid, entry.lstat().st_mtime):
+                    return True  # the pid's process started after the writer last touched it
+            except OSError:
+                return False  # gone meanwhile: its writer finished
         return not _alive(pid)
     try:
         return time.time() - entry.lstat().st_mtime > LEASE_S
@@ -264,9 +285,9 @@ def _writer_dead(entry: Path, match: re.Match[str]) -> bool:
         return False  # gone meanwhile: its writer finished
 
 
-def live_writers(path: str | os.PathLike) -> list[str]:
-    """What live writers of ``path`` leave beside it, as ``NAME (pid P on HOST)``: why ``path``
-    may be missing for now (a writer is swapping it)."""
+def live_writers(path: str | os.PathLike) -> list[tuple[Path, str, str]]:
+    """(entry, "tmp"|"old", "pid P on HOST") of what live writers of ``path`` leave beside it,
+    old folders first: why ``path`` may be missing for now (a writer is swapping it in)."""
     path = Path(path)
     try:
         entries = list(path.parent.iterdir())
@@ -276,8 +297,8 @@ def live_writers(path: str | os.PathLike) -> list[str]:
     for entry in entries:
         m = _TEMP.match(entry.name)
         if m and m["name"] == path.name and not _writer_dead(entry, m):
-            found.append(f"{entry} (pid {m['pid']} on {m['host'] or _HOST})")
-    return sorted(found)
+            found.append((entry, m["what"], f"pid {m['pid']} on {m['host'] or _HOST}"))
+    return sorted(found, key=lambda f: (f[1] != "old", str(f[0])))
 
 
 def _leftovers(folder: Path, name: str | None = None) -> list[tuple[Path, str]]:

@@ -243,13 +243,29 @@ def test_a_reused_pid_does_not_keep_a_dead_writer_alive(tmp_path):
     assert (tmp_path / "model" / "config.json").read_text() == "{}"
 
 
+def test_an_old_style_leftover_of_a_reused_pid_is_judged_by_its_time(tmp_path):
+    """Names from before start times were recorded: a process that started after the leftover
+    was last touched cannot have written it."""
+    parent = os.getppid()
+    old = tmp_path / f".model.old-{parent}@{aiayn.io._HOST}-abc123"
+    old.mkdir()
+    os.utime(old, (0, 0))  # touched long before the parent started (1970)
+    recover_folder(tmp_path / "model")
+    assert (tmp_path / "model").is_dir() and not old.exists()
+    again = tmp_path / f".other.old-{parent}@{aiayn.io._HOST}-abc123"
+    again.mkdir()  # touched now: the parent may have written it, and it is alive
+    recover_folder(tmp_path / "other")
+    assert again.is_dir() and not (tmp_path / "other").exists()
+
+
 @pytest.mark.skipif(not aiayn.io._BOOT, reason="no /proc boot id on this system")
 def test_a_live_writers_leftover_never_hides_the_model_folder(tmp_path):
     parent = os.getppid()  # a live writer: its pid, start time and boot
     old = _leftover(tmp_path, parent, aiayn.io.start_time(parent), aiayn.io._BOOT)
-    with pytest.raises(CheckpointError, match="missing while a writer replaces it") as e:
+    with pytest.raises(CheckpointError, match=rf"missing while a writer \(pid {parent} on "
+                       r".*\) replaces it; its last version is in ") as e:
         read_folder_config(tmp_path / "model")
-    assert str(old) in str(e.value) and f"pid {parent}" in str(e.value)
+    assert str(old) in str(e.value)
 
 
 # ---- a full disk -------------------------------------------------------------------------------

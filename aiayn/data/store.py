@@ -27,7 +27,7 @@ DIGEST is a hash of what the store holds (the settings above, the source paths).
 the manifest against the files as they are now: a store whose sources changed, whose arrays do
 not match its manifest, or whose files' content is not what was written (a ``src.bin``
 overwritten with other bytes of the same size; :mod:`aiayn.checksum`, checked in full at a
-process's first open: ~0.32 s for the 5 M-pair WMT14 store) is rebuilt (one log line says why),
+process's first open: ~0.3 s for the 5 M-pair WMT14 store, extrapolated) is rebuilt (one log line says why),
 never read; a store built before checksums were recorded is rebuilt once. Building takes a lock
 beside the folder (one process builds, the others wait, then read) and writes through
 :func:`aiayn.io.new_folder`, so a kill mid-build leaves no folder that looks complete.

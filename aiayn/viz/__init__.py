@@ -58,8 +58,6 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
                 bbox_inches="tight",
                 metadata={"Software": "aiayn", "Description": titles},
             )
-    except OutputError:
-        raise
     except OSError as err:
         if disk_full(err):
             raise OutputError(f"disk full while writing {path}") from None
