@@ -44,9 +44,10 @@ def check_number(
 ) -> None:
     """ConfigError unless ``value`` is a finite real number (not a bool) within the bounds."""
     bounds = _bounds(minimum, above, maximum)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not real or not math.isfinite(float(value)):
         want = "a finite number" + (f" {bounds}" if bounds else "")
-        raise ConfigError(f"{name} must be {want}, got {value!r}")
+        raise ConfigError(f"{name} must be {want}, got {value if real else repr(value)}")
     if (
         (minimum is not None and value < minimum)
         or (above is not None and value <= above)
