@@ -10,10 +10,11 @@ command reads or writes NAME, puts the old folder back and removes what a killed
 Several hosts may share one file system (a multi-node run's folder): a writer on this host is
 judged dead by its pid, its start time and the boot it ran in (all three in the name: a pid
 reused by another process since, or one from before a reboot, is a dead writer, never a live
-one), one on another host, whose pid cannot be checked from here, only by an expired lease: while it works, a writer touches its temporary every ``HEARTBEAT_S`` seconds, and
-one whose temporary has not been touched for ``LEASE_S`` seconds is dead. (Hosts' clocks must
-agree to well within ``LEASE_S``; names from before hosts or start times were recorded are judged
-by pid alone.)
+one), one on another host, whose pid cannot be checked from here, only by an expired lease:
+while it works, a writer touches its temporary every ``HEARTBEAT_S`` seconds, and one whose
+temporary has not been touched for ``LEASE_S`` seconds is dead. (Hosts' clocks must agree to
+well within ``LEASE_S``; a name from before start times were recorded is judged by its pid and
+its time: a process that started after the leftover was last touched did not write it.)
 
 Output paths are checked before the work that produces them (:func:`check_output_file`,
 :func:`check_output_folder`), and a failed write (full disk, read-only place) is a
@@ -147,12 +148,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OutputError as err:  # name the file asked for, not the temporary
-        raise OutputError(str(err).replace(str(tmp), str(path))) from None
+        raise _renamed(err, str(tmp), path) from None
     except OSError as err:
         raise write_error(path, err) from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _renamed(err: OutputError, tmp: str, path: str | os.PathLike) -> OutputError:
+    """``err`` naming ``path`` where it named the temporary ``tmp`` (its errno kept)."""
+    renamed = OutputError(str(err).replace(tmp, str(path)))
+    renamed.errno = err.errno
+    return renamed
 
 
 def disk_full(err: BaseException) -> bool:
@@ -391,7 +399,7 @@ def new_folder(path: str | os.PathLike, overwrite: bool = False, flag: str = "--
             with _lease(tmp):
                 yield tmp
         except OutputError as err:  # name the folder the user asked for, not the temporary one
-            raise OutputError(str(err).replace(str(tmp), str(path))) from None
+            raise _renamed(err, str(tmp), path) from None
         swap_in(tmp, path)
     finally:
         if tmp.exists():
