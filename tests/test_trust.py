@@ -210,11 +210,15 @@ def test_nan_weights_are_refused_at_load_naming_file_and_tensor(folder):
         check_finite_tensors({"w": torch.tensor([1.0, math.inf])}, "f")
 
 
-def test_a_prefix_the_vocabulary_lacks_is_refused_not_cut(folder):
+def test_a_prefix_the_vocabulary_lacks_is_refused_not_cut(folder, capsys):
     model = load_model_folder(folder)
     assert model.translate(["abc"], prefixes=["ab"], beam=1)[0].startswith("ab")
     with pytest.raises(ConfigError, match=r"cannot represent 'z' \(U\+007A\), 'é' \(U\+00E9\)"):
         model.translate(["abc"], prefixes=["abzé"], beam=1)
+    prefixes = folder.parent / "prefixes.txt"
+    prefixes.write_text("abzé\n", encoding="utf-8")
+    argv = ["translate", folder, "-i", folder.parent / "in.txt", "--prefixes", prefixes]
+    fails(capsys, argv, "prefix 'abzé': the tokenizer cannot represent 'z'", unchanged=[folder])
 
 
 # ---- dead writers ------------------------------------------------------------------------------
