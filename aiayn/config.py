@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -114,14 +115,19 @@ def _coerce_int(key: str, raw: Any) -> int:
 def _coerce_float(key: str, raw: Any) -> float:
     if isinstance(raw, bool):
         raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    value = None
     if isinstance(raw, (int, float)):
-        return float(raw)
-    if isinstance(raw, str):
+        value = float(raw)
+    elif isinstance(raw, str):
         try:
-            return float(raw.strip())
+            value = float(raw.strip())
         except ValueError:
             pass
-    raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    if value is None:
+        raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    if not math.isfinite(value):  # TOML and JSON (Python's) accept nan and inf
+        raise ConfigError(f"{key}: expected a finite number, got {raw!r}")
+    return value
 
 
 def _coerce_str(key: str, raw: Any) -> str:

@@ -276,12 +276,13 @@ class ModelFolder:
         self, texts: Sequence[str], prefixes: Sequence[str | None] | None
     ) -> list[list[int]] | None:
         """The token ids of each text's target prefix ([] for none); ConfigError for a list of
-        another length or a prefix the decoder cannot hold."""
+        another length, a prefix the decoder cannot hold, or one the tokenizer cannot represent
+        exactly (:meth:`~aiayn.data.tokenizer.Tokenizer.encode_prefix`)."""
         if prefixes is None:
             return None
         if len(prefixes) != len(texts):
             raise ConfigError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text")
-        ids = [self.tokenizer.encode(p) if p and p.strip() else [] for p in prefixes]
+        ids = [self.tokenizer.encode_prefix(p) if p and p.strip() else [] for p in prefixes]
         limit = self.backend.cfg.max_len - 1
         for n, prefix in enumerate(ids, 1):
             if len(prefix) > limit:

@@ -132,6 +132,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_train_recipe": UNIT,
     "test_train_resume": UNIT,
     "test_translate_cli": UNIT,
+    "test_trust": UNIT,
     "test_viz": UNIT,
     "test_walkthrough": UNIT,
 }

@@ -152,14 +152,16 @@ def test_compile_is_refused_in_one_line_where_it_cannot_run(model, cfg):
         backend.translate_ids([[5, 6, 2]], cfg)
 
 
-def test_a_cache_it_cannot_write_or_a_damaged_package_is_one_line(tmp_path):
+def test_a_cache_it_cannot_write_or_a_damaged_package_is_one_line(tmp_path, monkeypatch):
     model = tiny()
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(ConfigError, match="compiling the decoder step into .* failed: ") as e:
         compiled_step(model, tmp_path / "file" / "compiled")
     assert "\n" not in str(e.value)
     damaged = tmp_path / f"decoder-step-{package_key(model, 1)}.pt2"
-    damaged.write_bytes(b"half a package")
+    # a package that its compilation wrote so (its checksum is what was written) and that this
+    # torch cannot load: one line, the file left for the user to look at
+    monkeypatch.setattr(compiled_module, "_build", lambda m, path: path.write_bytes(b"half a package"))
     with pytest.raises(ConfigError, match="is not a package this torch can load") as e:
         compiled_step(model, tmp_path)
     assert "\n" not in str(e.value) and damaged.read_bytes() == b"half a package"

@@ -195,6 +195,14 @@ def _extra_weight(folder):
     save_file(state, str(folder / "model.safetensors"))
 
 
+def _nan_weight(folder):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    save_file(state, str(folder / "model.safetensors"))
+
+
 def _pickled_code(folder):
     (folder / "model.safetensors").unlink()
     torch.save({"model.shared.weight": _Payload()}, folder / "pytorch_model.bin")
@@ -226,6 +234,41 @@ BAD = {
     "vocab size": (
         _edit_json("config.json", vocab_size=300, decoder_vocab_size=300),
         "vocab.json has 255 tokens",
+    ),
+    # settings every later command refused, or that made every translation blank (issue #55):
+    # refused at the door, naming the file and the key
+    "no beams": (
+        _edit_json("generation_config.json", num_beams=0),
+        "generation_config.json: num_beams must be >= 1, got 0",
+    ),
+    "bad word outside the vocabulary": (
+        _edit_json("generation_config.json", bad_words_ids=[[5], [100000]]),
+        "generation_config.json: bad_words_ids [100000]: ids must be in the vocabulary (0 … 254)",
+    ),
+    "min above max": (
+        _edit_json("generation_config.json", min_length=30, max_length=10),
+        "generation_config.json: min_length (30) must not exceed max_length (10)",
+    ),
+    "negative max_length": (
+        _edit_json("generation_config.json", max_length=-5),
+        "generation_config.json: max_length must be >= 1, got -5",
+    ),
+    "NaN length penalty": (
+        _edit_json("generation_config.json", length_penalty=float("nan")),
+        "generation_config.json: length_penalty must be a finite number >= 0, got nan",
+    ),
+    "inf length penalty": (
+        _edit_json("generation_config.json", length_penalty=float("inf")),
+        "generation_config.json: length_penalty must be a finite number >= 0, got inf",
+    ),
+    "NaN dropout": (
+        _edit_json("config.json", dropout=float("nan")),
+        "config.json: dropout must be a finite number >= 0 and <= 1, got nan",
+    ),
+    "NaN weights": (_nan_weight, "model.safetensors: tensor 'model.encoder.layers.0.fc1.weight' holds NaN"),
+    "corrupt source.spm": (
+        lambda f: (f / "source.spm").write_bytes(b"\x00" * 64),
+        "source.spm: not a SentencePiece model",
     ),
 }
 

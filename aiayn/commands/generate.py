@@ -61,16 +61,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from aiayn.checks import check_number
     from aiayn.decode.generate import check_seed
 
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not args.temperature > 0:
-        raise ConfigError(f"--temperature must be > 0, got {args.temperature}")
+    check_number("--temperature", args.temperature, above=0)
     if args.top_k < 0:
         raise ConfigError(f"--top-k must be >= 0, got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
+    check_number("--top-p", args.top_p, above=0, maximum=1)
     check_seed(args.seed)
     if not args.prompt:
         raise ConfigError("--prompt is empty; give at least one character to continue")

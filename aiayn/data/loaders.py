@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiayn.checksum import seal, seal_problem
 from aiayn.data.build import (
     Cleaning,
     log_counts,
@@ -229,11 +230,33 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
     }
     path = cache_dir() / "tokenizers" / f"{cfg.dataset or 'files'}-{cache_key(key)}.json"
     if path.is_file():
-        log.info("tokenizer: trained before on the same files, read from %s", path)
-        return Tokenizer.from_file(path)
+        tokenizer, problem = _cached_tokenizer(cfg, path, key)
+        if tokenizer is not None:
+            log.info("tokenizer: trained before on the same files, read from %s", path)
+            return tokenizer
+        log.warning("tokenizer cache: %s; training it again", problem)
     tokenizer = _train_on_sample(cfg)
     tokenizer.save(path)
+    seal(path, key)
     return tokenizer
+
+
+def _cached_tokenizer(
+    cfg: DataConfig, path: Path, key: dict[str, Any]
+) -> tuple[Tokenizer | None, str]:
+    """The tokenizer cached at ``path`` when its record (:func:`aiayn.checksum.seal`) says it
+    was trained for ``key`` and its content is unchanged, and it is of the configured kind; else
+    (None, why not)."""
+    problem = seal_problem(path, key)
+    if problem:
+        return None, problem
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except DataError as err:
+        return None, str(err)
+    if tokenizer.kind != cfg.tokenizer:
+        return None, f"{path} holds a {tokenizer.kind} tokenizer, not {cfg.tokenizer}"
+    return tokenizer, ""
 
 
 def _train_on_sample(cfg: DataConfig) -> Tokenizer:

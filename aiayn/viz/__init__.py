@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.errors import AiaynError
-from aiayn.io import atomic_path
+from aiayn.errors import AiaynError, OutputError
+from aiayn.io import atomic_path, disk_full
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -59,6 +59,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
                 metadata={"Software": "aiayn", "Description": titles},
             )
     except OSError as err:
+        if disk_full(err):
+            raise OutputError(f"disk full while writing {path}") from None
         raise AiaynError(f"{path}: cannot write the figure ({err.strerror or err})") from None
     finally:
         pyplot().close(fig)

@@ -238,7 +238,7 @@ def attention_of_translation(
     (src,) = encode_sources(tokenizer, [text], cfg.max_len)
     if not src:
         raise AiaynError("--text is empty: give a sentence to translate")
-    forced = [tokenizer.encode(prefix)] if prefix and prefix.strip() else None
+    forced = [tokenizer.encode_prefix(prefix)] if prefix and prefix.strip() else None
     hyps = backend.translate_ids([src], decode, prefixes=forced)[0]  # the sentence's n-best
     chosen = hyps[min(rank, len(hyps)) - 1]
     # The decoder inputs the search fed: BOS and every token but one cut at the length cap (the
