@@ -156,6 +156,70 @@ def test_aiayn_has_no_import_cycle():
     assert find_cycles(graph) == []
 
 
+# The layers, bottom-up (../shared/LAYOUT.md): a module imports only modules of its own layer or of
+# those below it. A new top-level module or package of aiayn/ gets its place here.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),
+    ("config", "io", "env", "threads", "memory", "eval", "checks"),
+    ("model",),
+    ("kinds",),
+    ("data",),
+    ("decode",),
+    ("run_config",),
+    ("folder_config",),
+    ("checkpoint", "folder_parts"),
+    ("runtime",),
+    ("folder",),
+    ("aiayn", "viz"),
+    ("card",),
+    ("interop",),
+    ("export", "train", "serve"),
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+# The longest chain of imports between aiayn modules (issue #58: no longer than on 2026-11-29,
+# commands.serve -> serve -> ... -> model.packed, 19 edges).
+LONGEST_CHAIN = 19
+
+
+def layer_of(module: str) -> str:
+    """aiayn.data.store -> data; aiayn -> aiayn (the package's __init__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "aiayn"
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest path of imports in the (acyclic) graph, as the modules along it."""
+    memo: dict[str, list[str]] = {}
+
+    def walk(v: str) -> list[str]:
+        if v not in memo:
+            memo[v] = [v, *max((walk(w) for w in sorted(graph[v])), key=len, default=[])]
+        return memo[v]
+
+    return max((walk(v) for v in sorted(graph)), key=len)
+
+
+def test_every_import_goes_down_the_layers():
+    graph = import_graph()
+    unplaced = sorted({layer_of(m) for m in graph} - set(RANK))
+    assert not unplaced, f"place {unplaced} in LAYERS"
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if RANK[layer_of(b)] > RANK[layer_of(a)]
+    ]
+    assert upward == []
+
+
+def test_the_longest_import_chain_is_no_longer_than_before():
+    chain = longest_chain(import_graph())
+    assert len(chain) - 1 <= LONGEST_CHAIN, " -> ".join(chain)
+
+
 def test_no_private_name_is_imported_from_another_module():
     """A ``_name`` is private to its module: one that another module needs is made public."""
     found = []
