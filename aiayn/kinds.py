@@ -36,6 +36,7 @@ __all__ = [
     "LM",
     "MASKED_LM",
     "OLD_NAMES",
+    "DATA_SOURCES",
     "SETTINGS",
     "Kind",
     "KINDS",
@@ -53,6 +54,15 @@ MASKED_LM = "masked_lm"
 
 #: names older model folders wrote in config.json "kind" -> today's name
 OLD_NAMES: Mapping[str, str] = {"seq2seq": TRANSLATION, "classifier": CLASSIFICATION}
+
+#: the data sources a kind may read (:attr:`Kind.reads`; aiayn.data.loaders reads and stores
+#: each), named after the kind whose data they are: the user's own files of a split each reads,
+#: ``data.train_<f>`` and ``data.valid_<f>``
+DATA_SOURCES: Mapping[str, tuple[str, ...]] = {
+    TRANSLATION: ("src", "tgt"),  # sentence pairs
+    CLASSIFICATION: ("file",),  # labelled texts
+    LM: ("file",),  # one running text
+}
 
 #: the settings that only some kinds take (:attr:`Kind.takes`): a config check refuses a run that
 #: sets one its kind does not take (aiayn/run_config.py, aiayn/data/config.py)
@@ -85,8 +95,7 @@ class Kind:
     # `aiayn export --format` value -> "module:function" that writes it in that format
     # (imported on use; the format calls it)
     exporters: Mapping[str, str]
-    # The data source its examples are read and stored with: a name in
-    # aiayn.data.loaders.SOURCES, each named after the kind whose data it is (sentence pairs,
+    # The data source its examples are read and stored with (DATA_SOURCES: sentence pairs,
     # labelled texts, a running text); masked_lm reads classification's.
     reads: str
     stack: Mapping[str, int]  # ModelConfig fields its model fixes (no decoder, no encoder)
@@ -104,11 +113,20 @@ class Kind:
     engines: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.reads not in DATA_SOURCES:
+            raise ConfigError(
+                f"kind '{self.name}': no data source '{self.reads}' (have: {list(DATA_SOURCES)})"
+            )
         unknown = sorted(self.takes - SETTINGS.keys())
         if unknown:
             raise ConfigError(
                 f"kind '{self.name}': unknown settings {unknown} (have: {list(SETTINGS)})"
             )
+
+    @property
+    def data_files(self) -> tuple[str, ...]:
+        """The user's files of a split it reads: ``data.train_<f>``, ``data.valid_<f>``."""
+        return DATA_SOURCES[self.reads]
 
     def does(self, use: str) -> bool:
         """Whether a loaded folder of this kind answers ``use`` (translate, classify, generate,

@@ -20,7 +20,6 @@ from typing import Any, Literal
 from aiayn.config import ModelConfig, apply_overrides, flatten_keys, parse_override, to_dict
 from aiayn.data.batching import round_up
 from aiayn.data.config import DataConfig
-from aiayn.data.loaders import data_source
 from aiayn.data.registry import cache_dir
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
@@ -406,7 +405,7 @@ def _check_kind_settings(cfg: RunConfig) -> None:
 def _check_own_files(d: DataConfig) -> None:
     """The user's files given are those the kind's data source reads (data.train_src/train_tgt
     for sentence pairs, data.train_file for texts)."""
-    reads = data_source(d).own_files
+    reads = get_kind(d.kind).data_files
     given = [f"{split}_{f}" for split in ("train", "valid") for f in ("src", "tgt", "file")]
     wrong = [key for key in given if getattr(d, key) and key.split("_")[1] not in reads]
     if wrong:

@@ -410,8 +410,8 @@ class DataSource:
     text. A kind names the one it trains on (:attr:`aiayn.kinds.Kind.reads`); everything above
     asks it (:func:`data_source`) instead of the kind."""
 
-    name: str  # the datasets it reads (a DatasetSpec's task) and its stores' and caches' key
-    own_files: tuple[str, ...]  # the user's files of a split: data.train_<f>, data.valid_<f>
+    name: str  # aiayn.kinds.DATA_SOURCES; the datasets it reads (a DatasetSpec's task) and its
+    # stores' and caches' key
     langs: bool  # whether data.src_lang / data.tgt_lang pick its files (and key its caches)
     files: Callable[[DataConfig, str], list[Path]]  # the files a split is read from
     texts: Callable[[DataConfig], list[str]]  # the training split's text, in memory
@@ -425,7 +425,6 @@ class DataSource:
 
 PAIRS = DataSource(
     TRANSLATION,
-    ("src", "tgt"),
     langs=True,
     files=lambda cfg, split: list(translation_files(cfg, split)),
     texts=_pair_texts,
@@ -435,7 +434,6 @@ PAIRS = DataSource(
 )
 LABELLED = DataSource(
     CLASSIFICATION,
-    ("file",),
     langs=False,
     files=lambda cfg, split: classification_source(cfg, split)[0],
     texts=lambda cfg: load_classification(cfg, cfg.train_split)[0],
@@ -445,7 +443,6 @@ LABELLED = DataSource(
 )
 RUNNING_TEXT = DataSource(
     LM,
-    ("file",),
     langs=False,
     files=lambda cfg, split: [lm_file(cfg, split)],
     texts=lambda cfg: [load_lm_text(cfg, cfg.train_split)],
@@ -459,11 +456,8 @@ SOURCES: dict[str, DataSource] = {s.name: s for s in (PAIRS, LABELLED, RUNNING_T
 
 
 def data_source(cfg: DataConfig) -> DataSource:
-    """The data source ``data.kind`` reads (DataError when its kind names none)."""
-    reads = get_kind(cfg.kind).reads
-    if reads not in SOURCES:
-        raise DataError(f"data.kind '{cfg.kind}' reads '{reads}': no such data source")
-    return SOURCES[reads]
+    """The data source ``data.kind`` reads (its Kind says which)."""
+    return SOURCES[get_kind(cfg.kind).reads]
 
 
 # ---- the examples as lists (small data, tests, benchmarks) ------------------------------------
