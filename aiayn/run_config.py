@@ -358,7 +358,8 @@ def _check_training(t: TrainConfig) -> None:
 
 
 # The run-level settings that only some kinds take (aiayn.kinds.SETTINGS): the setting's name
-# there, whether a config sets it, and the error ({able}: the kinds that take it; {kind}: this).
+# there, whether a config sets it, and the error ({able}: the kinds that take it; {kind}: the
+# config's; {long_examples}, {output_vocab}: the config's values).
 _KIND_SETTINGS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
     (
         "bleu",
@@ -368,7 +369,8 @@ _KIND_SETTINGS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
     (
         "long_examples",
         lambda c: c.data.long_examples != "filter",
-        "data.long_examples = '{value}' applies to classification texts, not data.kind = '{kind}'",
+        "data.long_examples = '{long_examples}' applies to classification texts, "
+        "not data.kind = '{kind}'",
     ),
     (
         "bleu",
@@ -383,7 +385,7 @@ _KIND_SETTINGS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
     (
         "output_vocab",
         lambda c: c.model.output_vocab != "all",
-        "model.output_vocab = '{value}' applies to data.kind = {able} only, not '{kind}'",
+        "model.output_vocab = '{output_vocab}' applies to data.kind = {able} only, not '{kind}'",
     ),
 )
 
@@ -392,12 +394,14 @@ def _check_kind_settings(cfg: RunConfig) -> None:
     """ConfigError when the config sets what its kind does not take (the kind says what it
     takes: :attr:`aiayn.kinds.Kind.takes`)."""
     kind = get_kind(cfg.data.kind)
-    values = {"long_examples": cfg.data.long_examples, "output_vocab": cfg.model.output_vocab}
     for setting, is_set, message in _KIND_SETTINGS:
         if is_set(cfg) and setting not in kind.takes:
             raise ConfigError(
                 message.format(
-                    able=kinds_taking(setting), kind=kind.name, value=values.get(setting, "")
+                    able=kinds_taking(setting),
+                    kind=kind.name,
+                    long_examples=cfg.data.long_examples,
+                    output_vocab=cfg.model.output_vocab,
                 )
             )
 
