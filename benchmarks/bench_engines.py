@@ -157,7 +157,10 @@ def run_one(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     folder = load_model_folder([args.folder], "cpu", workers=workers)  # any engine
     if args.worker == "native int8":
-        folder.backend.model = quantize_int8(folder.model)  # the torch backend runs it
+        from aiayn.runtime.torch_backend import TorchBackend
+
+        # the torch backend runs it
+        folder.backend = TorchBackend(quantize_int8(folder.torch_module()), folder.device)
     loaded = time.perf_counter() - start
     if args.mode == "prepare":  # compile the decoder step into $AIAYN_CACHE (or load it)
         folder.backend.compiled(cfg)  # for the batches' threads per worker

@@ -1,4 +1,4 @@
-"""The decoder step compiled as one call (aiayn/model/compiled.py) decodes what the module code
+"""The decoder step compiled as one call (aiayn/runtime/compiled.py) decodes what the module code
 decodes: per-step log-probabilities to 1e-5, the same tokens for greedy and beam search.
 
 The fast tests run :class:`DecoderStep` eagerly behind the same plumbing as the package (cache
@@ -14,12 +14,12 @@ import pytest
 import torch
 from trainutil import tiny_model_config
 
-from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_step
+from aiayn.decode import DecodeConfig, SearchSettings, beam_search, greedy_search, transformer_step
 from aiayn.decode.ensemble import Ensemble
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
-from aiayn.model import compiled as compiled_module
-from aiayn.model.compiled import (
+from aiayn.runtime import compiled as compiled_module
+from aiayn.runtime.compiled import (
     FIRST_COMPILED_STEP,
     CompiledDecoding,
     CompiledStep,
@@ -53,9 +53,10 @@ def search(model, src, beam: int):
     cache = model.init_cache(memory, src=src)
     step = transformer_step(model, memory)
     if beam == 1:
-        hyps = greedy_search(step, cache, src.size(0), 1, 2, 20, min_len=12)
+        hyps = greedy_search(step, cache, src.size(0), 20, SearchSettings(1, 2, min_len=12))
         return [(h.tokens, h.score) for h in hyps]
-    nbest = beam_search(step, cache.with_beam(beam), src.size(0), beam, 1, 2, 20, nbest=3)
+    nbest = beam_search(step, cache.with_beam(beam), src.size(0), 20,
+                        SearchSettings(1, 2, beam=beam, nbest=3))
     return [[(h.tokens, h.score) for h in line] for line in nbest]
 
 

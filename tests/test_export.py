@@ -58,7 +58,7 @@ def exported(tmp_path: Path, model, kind: str, fmt: str = "onnx", **options):
     """(the export's model as its backend runs it, its config.json)."""
     src = save(tmp_path / "model", model, kind)
     out = export_model(src, fmt, tmp_path / fmt, **options)
-    return load_model_folder(out).model, json.loads((out / "config.json").read_text())
+    return load_model_folder(out).backend.model, json.loads((out / "config.json").read_text())
 
 
 def random_sources(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -89,8 +89,8 @@ def test_an_engine_is_opened_with_the_folders_workers_unless_told(tmp_path):
     needs("ctranslate2", "ctranslate2")
     src = save(tmp_path / "model", Transformer(small_cfg()), "translation", decode={"workers": 2})
     out = export_model(src, "ctranslate2", tmp_path / "ct2")
-    assert load_model_folder(out).model.translator.num_translators == 2
-    assert load_model_folder(out, workers=1).model.translator.num_translators == 1
+    assert load_model_folder(out).backend.model.translator.num_translators == 2
+    assert load_model_folder(out, workers=1).backend.model.translator.num_translators == 1
 
 # ---- ONNX: the graphs compute what the model computes --------------------------------------------
 
@@ -687,4 +687,11 @@ def test_a_backend_refuses_what_it_cannot_do_in_one_line_naming_itself(model_dir
         onnx.translate(["abc"], bf16=True)
     with pytest.raises(Unsupported, match="the onnx backend has no compiled decoder step"):
         onnx.translate(["abc"], compile=True)
-    assert load_model_folder(model_dir).backend.capabilities >= {"attention", "bf16", "ensemble"}
+    with pytest.raises(Unsupported, match="the onnx backend has no PyTorch module"):
+        onnx.torch_module()  # what exporters convert: a model folder's, not an export's
+    from aiayn.viz.attention import attention_of_translation
+
+    with pytest.raises(Unsupported, match="the onnx backend has no attention weights"):
+        attention_of_translation(onnx.backend, onnx.tokenizer, "abc")
+    assert load_model_folder(model_dir).backend.capabilities >= {
+        "attention", "bf16", "ensemble", "module"}

@@ -29,7 +29,13 @@ from aiayn.decode import DecodeConfig, translate_hypotheses  # noqa: E402
 from aiayn.folder import load_model_folder as load_folder  # noqa: E402
 from aiayn.serve import Limits, create_app  # noqa: E402
 from aiayn.errors import ConfigError  # noqa: E402
-from aiayn.serve.batching import DynamicBatcher, QueueFull, Stopping, TooLarge  # noqa: E402
+from aiayn.serve.batching import (  # noqa: E402
+    DynamicBatcher,
+    QueueFull,
+    Stopping,
+    TooLarge,
+    WorkerHooks,
+)
 from aiayn.viz.attention import attention_of_translation  # noqa: E402
 
 KEY = "s3cret-key"
@@ -265,9 +271,8 @@ def test_batcher_runs_its_idle_job_when_free_and_never_during_a_batch():
     worker has been free ``idle_s``, at most once per ``idle_every_s``, between batches only."""
     calls: list = []
     idle_runs: list = []
-    batcher = DynamicBatcher(slow_first(calls, 0.5), wait_s=0.0)
-    batcher.idle_s, batcher.idle_every_s = 0.2, 0.3
-    batcher.on_idle = lambda: idle_runs.append(len(calls))  # batches done when it ran
+    hooks = WorkerHooks(on_idle=lambda: idle_runs.append(len(calls)), idle_s=0.2, idle_every_s=0.3)
+    batcher = DynamicBatcher(slow_first(calls, 0.5), wait_s=0.0, hooks=hooks)  # idle: batches run
     batcher._idle_done = 0.0  # due as soon as the worker is free idle_s
     first = batcher.submit("k", ["a"], cost=1)
     assert first.result(5).outputs == ["k:a"]
@@ -277,17 +282,32 @@ def test_batcher_runs_its_idle_job_when_free_and_never_during_a_batch():
     assert 1 <= len(idle_runs) <= 4  # 1 s free: at most about one per 0.3 s
 
 
+def test_the_worker_runs_its_start_hook_first_and_its_round_hook_before_each_round():
+    """The thread setting `aiayn serve` passes in: once on the worker's thread before anything,
+    then (the load follower) before each round."""
+    order: list = []
+    hooks = WorkerHooks(
+        on_start=lambda: order.append(("start", threading.current_thread().name)),
+        between_rounds=lambda: order.append("round"),
+    )
+    batcher = DynamicBatcher(lambda key, inputs: order.append(key) or inputs, hooks=hooks)
+    assert batcher.submit("k", ["a"], cost=1).result(5).outputs == ["a"]
+    assert batcher.call(lambda: "job").result(5) == "job"
+    batcher.close()
+    assert order == [("start", "aiayn-batcher"), "round", "k", "round"]
+
+
 def test_service_chooses_threads_again_when_idle_unless_the_user_fixed_them(folder, monkeypatch):
     from aiayn.serve.service import ModelService
 
     monkeypatch.delenv("AIAYN_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     service = ModelService(folder, Limits())
-    assert service.batcher.on_idle is not None
+    assert service.batcher.hooks.on_idle is not None
     service.close()
     monkeypatch.setenv("AIAYN_THREADS", "1")
     service = ModelService(folder, Limits())
-    assert service.batcher.on_idle is None
+    assert service.batcher.hooks.on_idle is None
     service.close()
 
 
@@ -331,7 +351,7 @@ def test_a_request_larger_than_the_queue_is_refused_at_once(folder):
     with pytest.raises(ConfigError, match="--max-texts .5. is more than --max-queue .4."):
         Limits(max_texts=5, max_queue=4)
     with TestClient(create_app(folder, Limits(max_texts=2, max_queue=2))) as c:
-        c.app.state.service.batcher.max_queue = 1  # as if the limits had let it through
+        c.app.state.service.batcher.queue.max_queue = 1  # as if the limits had let it through
         r = c.post("/v1/translate", json={"texts": ["a cat", "a dog"]})
         assert r.status_code == 422 and "Retry-After" not in r.headers
         assert "can never fit this server's queue of 1" in r.json()["error"]
@@ -362,7 +382,7 @@ def test_translate_uses_the_folder_settings_and_equals_the_library(client, folde
     body = r.json()
     assert body["decode"] == {"beam": 2, "alpha": 1.0, "nbest": 1}  # from config.json "decode"
     expected = translate_hypotheses(
-        folder.model,
+        folder.torch_module(),
         folder.tokenizer,
         texts,
         DecodeConfig(beam=2, alpha=1.0, max_len_a=0.0, max_len_b=8),
@@ -418,7 +438,7 @@ def test_attention_gives_every_layer_and_head_for_the_translation(client, folder
     best = client.post("/v1/translate", json={"texts": ["the dog runs under the table"]}).json()
     assert a["translation"] == best["translations"][0]["text"]
     ref = attention_of_translation(
-        folder.model, folder.tokenizer, "the dog runs under the table", decode=folder.decode
+        folder.backend, folder.tokenizer, "the dog runs under the table", decode=folder.decode
     )
     assert torch.allclose(torch.tensor(a["cross"]), torch.stack(ref.maps.cross), atol=1e-4)
     second = client.post(
@@ -433,16 +453,16 @@ def test_attention_gives_every_layer_and_head_for_the_translation(client, folder
 def test_attention_of_a_hypothesis_cut_at_the_length_cap(folder):
     """A random model never emits EOS: the search stops at the cap, and the re-read feeds the
     tokens the search fed (not one more, which would overrun the positional table)."""
-    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=folder.model.cfg.max_len)
-    att = attention_of_translation(folder.model, folder.tokenizer, "a cat", decode=cfg)
-    assert len(att.tgt_tokens) == folder.model.cfg.max_len  # <s> + 31 of the 32 tokens
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=folder.backend.cfg.max_len)
+    att = attention_of_translation(folder.backend, folder.tokenizer, "a cat", decode=cfg)
+    assert len(att.tgt_tokens) == folder.backend.cfg.max_len  # <s> + 31 of the 32 tokens
 
 
 def test_model_card(client, folder_dir):
     info = client.get("/v1/model").json()
     assert info["kind"] == "translation"
     assert info["parameters"] == sum(
-        p.numel() for p in load_folder([folder_dir]).model.parameters()
+        p.numel() for p in load_folder([folder_dir]).parameters()
     )
     assert info["vocab_size"] == load_folder([folder_dir]).tokenizer.vocab_size
     assert info["scores"] == {"test": {"bleu": 12.5, "chrf": 40.1}}
@@ -637,10 +657,10 @@ def test_full_queue_is_503_and_time_limit_is_504(folder):
         assert batcher.waiting == 0  # the late request left the queue
         release.set()
         blocker.result(5)
-        served = batcher.requests
+        served = batcher.stats.requests
         ok = c.post("/v1/translate", json={"texts": ["the mat"]})
         assert ok.status_code == 200
-        assert batcher.requests == served + 1  # the cancelled request was never decoded
+        assert batcher.stats.requests == served + 1  # the cancelled request was never decoded
 
 
 # ---- the command ------------------------------------------------------------------------------

@@ -121,8 +121,7 @@ def test_under_steady_traffic_the_thread_count_follows_a_fake_load(trained, monk
     and back up when it goes. (torch's real count is left alone: set_num_threads is a fake.)"""
     monkeypatch.delenv("AIAYN_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    service = ModelService(load_model_folder(trained), Limits(), worker_thread=True)
-    service.translate([PAIRS[0][0]], service.decode_config(1, None, None)).result()  # started
+    folder = load_model_folder(trained)
     others, count, chosen = {"n": 0}, {"n": 4}, []
     monkeypatch.setattr(threads, "cores", lambda: 4)
     monkeypatch.setattr(threads, "_own_running", lambda: 1)
@@ -133,12 +132,14 @@ def test_under_steady_traffic_the_thread_count_follows_a_fake_load(trained, monk
     real = threads.threads_for_load
 
     def recorded(**kw):
-        work = service.batcher.batches + service.batcher.steps  # batches, or decoder steps
+        stats = service.batcher.stats
+        work = stats.batches + stats.steps  # batches, or decoder steps
         chosen.append((time.monotonic(), real(**kw), work))
         return chosen[-1][1]
 
     monkeypatch.setattr(threads, "threads_for_load", recorded)
-    service.follow_load(most=4, busy_every_s=0.3)
+    follower = threads.LoadFollower(most=4, busy_every_s=0.3)
+    service = ModelService(folder, Limits(), worker_thread=True, follow_load=follower)
     stop = threading.Event()
 
     def traffic() -> None:  # one client, back to back: the worker is never idle for 1 s
@@ -175,7 +176,8 @@ def test_a_thread_count_the_user_set_is_never_changed_under_traffic(trained, mon
     monkeypatch.setenv("AIAYN_THREADS", "1")
     service = ModelService(load_model_folder(trained), Limits(), worker_thread=True)
     try:
-        assert service.batcher.on_idle is None and service.batcher.between_batches is None
+        hooks = service.batcher.hooks
+        assert hooks.on_idle is None and hooks.between_rounds is None
     finally:
         service.close()
     assert torch.get_num_threads() >= 1

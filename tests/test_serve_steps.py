@@ -20,7 +20,7 @@ from trainutil import thread_fixture
 
 from aiayn.folder import load_model_folder
 from aiayn.serve import Limits
-from aiayn.serve.batching import DynamicBatcher, Stopping
+from aiayn.serve.batching import DynamicBatcher, Stopping, WorkerHooks
 from aiayn.serve.service import ModelService
 
 one_thread_module = thread_fixture(autouse=True, scope="module", name="one_thread_module")
@@ -114,7 +114,7 @@ def test_requests_join_between_steps_and_are_answered_when_their_inputs_end():
     assert a.result(5).outputs == ["ended"] and b.result(5).outputs == ["ended", "ended"]
     assert log == [[0], [0, 1, 2], ("k", ["x"]), [0, 2]]
     assert b.result().batch_requests == 2 and b.result().batch_inputs == 3
-    assert len(steppers) == 1 and batcher.steps == 3 and batcher.requests == 4  # job, other
+    assert len(steppers) == 1 and batcher.stats.steps == 3 and batcher.stats.requests == 4  # job, other
     batcher.close()
 
 
@@ -186,7 +186,7 @@ def test_waiting_requests_join_together_at_a_fraction_of_the_batch_or_after_join
     for _ in range(4):
         steppers[0].gate.release()
     assert [f.result(5).outputs for f in (running, b, c)] == [["ended"] * 8, ["ended"], ["ended"]]
-    assert log == want and batcher.joins == joins  # the first request's included
+    assert log == want and batcher.stats.joins == joins  # the first request's included
     batcher.close()
 
 
@@ -267,6 +267,39 @@ def test_stopping_fails_the_running_requests_at_once():
         running.result(5)
 
 
+class Open(Gated):
+    """Gated, with every step let through."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__(log)
+        self.gate = threading.Semaphore(1000)
+
+
+def test_ctrl_c_in_a_round_fails_the_running_and_joining_requests_and_stops_the_worker():
+    """Ctrl+C on the main thread (`aiayn serve` runs the worker there) during a round: the
+    requests running and those taken to join fail with Stopping at once, and work() raises."""
+    log: list = []
+    late: list = []
+    rounds = iter(range(100))
+
+    def between_rounds() -> None:
+        n = next(rounds)
+        if n == 1:  # queued during the second round: taken to join in the third
+            late.append(batcher.submit("s", [9], cost=1))
+        if n == 2:
+            raise KeyboardInterrupt
+
+    hooks = WorkerHooks(between_rounds=between_rounds)
+    batcher, steppers = stepped(log, kinds=iter([Open]), thread=False, hooks=hooks)
+    running = [batcher.submit("s", [9], cost=1), batcher.submit("s", [9, 9], cost=2)]
+    with pytest.raises(KeyboardInterrupt):
+        batcher.work()
+    assert log == [[0, 1, 2], [0, 1, 2]] and len(late) == 1  # two steps, then Ctrl+C
+    for future in [*running, *late]:
+        with pytest.raises(Stopping):
+            future.result(0)
+
+
 def test_a_key_whose_stepper_cannot_be_made_is_batched_at_boundaries():
     """A stepper that refuses its key (a setting the model cannot decode with) leaves the key
     to ``run``, whose error the requests get; the worker goes on."""
@@ -317,9 +350,9 @@ def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder
     with ThreadPoolExecutor(6) as pool:
         futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
         answers = [f.result(60).outputs for f in futures]
-    steps = service.batcher.steps
+    steps = service.batcher.stats.steps
     service.close()
-    assert steps > 0 and service.batcher.batches == 1  # step by step (1: the thread setting)
+    assert steps > 0 and service.batcher.stats.batches == 0  # step by step, no batch
     for texts, answer in zip(requests, answers):
         alone = folder.translate_hypotheses(texts, decode)
         assert [[h["text"] for h in nbest] for nbest in answer] == [
@@ -340,7 +373,7 @@ def test_no_step_batching_batches_translations_at_boundaries_with_the_same_answe
         with ThreadPoolExecutor(3) as pool:
             futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
             answers.append([[[h["text"] for h in n] for n in f.result(60).outputs] for f in futures])
-        steps = service.batcher.steps
+        steps = service.batcher.stats.steps
         service.close()
         assert (steps > 0) is step_batching
     assert answers[0] == answers[1]
@@ -353,14 +386,14 @@ def test_a_translation_whose_client_went_away_stops_decoding_at_the_next_step(fo
     service = ModelService(folder, Limits())
     decode = dataclasses.replace(service.decode_config(2, None, None), min_len=25, max_len_b=30)
     future = service.translate(["a b c"], decode)
-    until(lambda: service.batcher.steps >= 1)
+    until(lambda: service.batcher.stats.steps >= 1)
     hold = threading.Event()
     held = service.batcher.call(hold.wait)  # runs between two steps, and holds the worker
     until(held.running)
     assert future.cancel()
     hold.set()
-    until(lambda: not service.batcher._running)
-    steps = service.batcher.steps
+    until(lambda: not service.batcher.scheduler.running)
+    steps = service.batcher.stats.steps
     service.close()
     assert steps < 25 and future.cancelled()
 

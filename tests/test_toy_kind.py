@@ -55,7 +55,7 @@ def test_the_toy_kind_trains_with_its_own_task_and_model(run):
 
 def test_the_toy_kind_saves_loads_and_translates(run):
     model = aiayn.load(run / "best")
-    assert model.kind == "reverse" and type(model.model) is toy_kind.Reverser
+    assert model.kind == "reverse" and type(model.torch_module()) is toy_kind.Reverser
     out = model.translate(["a b c", "d e"], beam=1)
     assert len(out) == 2 and all(isinstance(x, str) for x in out)
     assert "reverser" in (run / "best" / "README.md").read_text()  # its model card's words

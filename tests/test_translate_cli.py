@@ -76,7 +76,7 @@ def test_translating_a_file_equals_translating_each_line_alone(model_dir, tmp_pa
     assert got[-1] == "" and len(got) - 1 == len(lines)
     assert got[3] == "" and got[7] == ""
     folder = load_model_folder(model_dir)
-    model, tokenizer = folder.model, folder.tokenizer
+    model, tokenizer = folder.torch_module(), folder.tokenizer
     for line, translation in zip(lines, got):
         assert [one_line(t) for t in translate_texts(model, tokenizer, [line], beam=3, max_len_b=6)] == [translation]
 
@@ -96,7 +96,7 @@ def test_interactive_prompt_on_a_terminal(model_dir, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", stdin)
     assert cli("translate", model_dir, "--beam", 2, "--max-len-b", 6) == 0
     folder = load_model_folder(model_dir)
-    model, tokenizer = folder.model, folder.tokenizer
+    model, tokenizer = folder.torch_module(), folder.tokenizer
     expected = translate_texts(model, tokenizer, ["the cat", "red dog"], beam=2, max_len_b=6)
     assert capsys.readouterr().out.split("\n")[:-1] == [one_line(t) for t in expected]
 

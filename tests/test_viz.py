@@ -19,7 +19,8 @@ from aiayn.errors import AiaynError, DataError  # noqa: E402
 from aiayn.model import Transformer, sinusoidal_table  # noqa: E402
 from aiayn.model.attention import attention_weights  # noqa: E402
 from aiayn.viz import panels, save_figure  # noqa: E402
-from aiayn.viz.attention import plot_attention, record_attention  # noqa: E402
+from aiayn.decode.align import record_attention  # noqa: E402
+from aiayn.viz.attention import plot_attention  # noqa: E402
 from aiayn.viz.curves import plot_curves, plot_runs, read_metrics  # noqa: E402
 from aiayn.viz.pe import pe_similarity, plot_pe, plot_pe_similarity  # noqa: E402
 

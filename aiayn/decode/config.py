@@ -72,7 +72,7 @@ class DecodeConfig:
     workers: int = 1
     # Run the matmuls in bfloat16 autocast (faster on CPUs with AVX512-BF16/AMX and on GPUs).
     bf16: bool = False
-    # Run the decoder step as one compiled call (AOTInductor, aiayn/model/compiled.py): one
+    # Run the decoder step as one compiled call (AOTInductor, aiayn/runtime/compiled.py): one
     # translation model, float32, on the CPU. Compiled once per model, CPU and thread count into
     # $AIAYN_CACHE/compiled (~1 minute), then loaded in a fraction of a second (docs/decoding.md).
     compile: bool = False

@@ -275,4 +275,4 @@ class HfExporter(Exporter):
         self, loaded: Any, meta: Any, source: Path, tmp: Path, out: Path, options: ExportOptions
     ) -> None:
         write = get_kind(loaded.kind).exporter(self.name)  # write_folder
-        write(loaded.model, loaded.tokenizer, meta.config.decode, tmp, source)
+        write(loaded.torch_module(), loaded.tokenizer, meta.config.decode, tmp, source)

@@ -1,8 +1,11 @@
 """`aiayn serve`: a model folder over HTTP, with dynamic batching and a web page (extra ``serve``).
 
-:mod:`aiayn.serve.batching` (the dynamic batcher, no web dependency), :mod:`aiayn.serve.limits`
-(the bounds), :mod:`aiayn.serve.service` (requests checked and queued, answers shaped) and
-:mod:`aiayn.serve.app` (FastAPI: routes, errors, API key, the page in ``static/``).
+Without a web dependency: :mod:`aiayn.serve.queue` (the bounded request queue),
+:mod:`aiayn.serve.schedulers` (what runs next: whole batches or step-level batching, behind one
+interface), :mod:`aiayn.serve.batching` (the worker that runs them), :mod:`aiayn.serve.limits`
+(the bounds) and :mod:`aiayn.serve.service` (requests checked and queued, answers shaped). With
+FastAPI: :mod:`aiayn.serve.app` puts together ``schemas`` (request bodies and their rules),
+``routes``, ``errors``, ``guard`` (API key, body size) and ``page`` (the page in ``static/``).
 docs/serving.md is the guide.
 """
 

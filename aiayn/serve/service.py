@@ -1,5 +1,8 @@
 """What the server does with a model folder, without HTTP: check a request against the limits,
-queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer.
+queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer. The service's
+settings choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
+translations where the backend can step and ``--step-batching`` is on, whole batches for
+everything else, and no merging at all with ``--no-batching``.
 
 Every method that queues work returns a :class:`concurrent.futures.Future`; the HTTP layer
 (:mod:`aiayn.serve.app`) awaits it under the request's time limit. A request the limits refuse
@@ -29,7 +32,7 @@ from aiayn.folder import ModelFolder, precision
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
 from aiayn.runtime.backend import Steps
-from aiayn.serve.batching import BatchResult, DynamicBatcher
+from aiayn.serve.batching import BatchResult, DynamicBatcher, WorkerHooks
 from aiayn.serve.limits import Limits
 from aiayn.serve.stepping import Stepper
 from aiayn.threads import DEFAULT_THREADS, LoadFollower, user_threads
@@ -55,12 +58,27 @@ class GenerationStopped(Exception):
 class ModelService:
     """One model folder (:class:`~aiayn.folder.ModelFolder`, any engine) behind a batcher."""
 
-    def __init__(self, folder: ModelFolder, limits: Limits, worker_thread: bool = True) -> None:
+    def __init__(
+        self,
+        folder: ModelFolder,
+        limits: Limits,
+        worker_thread: bool = True,
+        follow_load: bool | LoadFollower = True,
+    ) -> None:
+        """``follow_load``: True, the worker chooses torch's thread count again for the load
+        (:func:`worker_hooks`) on a CPU unless the user fixed it (AIAYN_THREADS or
+        OMP_NUM_THREADS); False, never; a :class:`~aiayn.threads.LoadFollower`, that one."""
         self.folder, self.limits, self.engine = folder, limits, folder.engine
         self.kind: str = folder.kind
         # The kind's routes that its backend can answer (no attention weights from an export).
         self.routes = [r for r in KINDS[self.kind].routes if r in folder.backend.capabilities]
         self.max_text_tokens = min(limits.max_text_tokens, folder.config.model.max_len)
+        follower = follow_load if isinstance(follow_load, LoadFollower) else None
+        if follow_load is True and folder.device.type == "cpu" and user_threads() is None:
+            follower = LoadFollower(DEFAULT_THREADS)
+        # The scheduler: translations join a running decoding between steps (StepLevel) where
+        # the backend can and the limits allow; else whole batches (WholeBatches).
+        steps = limits.step_batching and "steps" in folder.backend.capabilities
         self.batcher = DynamicBatcher(
             self._run,
             max_batch_cost=limits.batch_tokens,
@@ -69,27 +87,10 @@ class ModelService:
             max_queue=limits.max_queue,
             merge=limits.batching,
             thread=worker_thread,  # False: the caller runs self.batcher.work()
+            stepper=self._stepper if steps else None,
             join_steps=limits.join_steps,  # 0: every waiting request joins at the next step
-            # translations join a running decoding between steps where the backend can
-            stepper=(
-                self._stepper
-                if limits.step_batching and "steps" in folder.backend.capabilities
-                else None
-            ),
+            hooks=worker_hooks(follower),
         )
-        # The worker decodes with the intra-op threads of the caller (a per-thread setting).
-        threads = torch.get_num_threads()
-        self.batcher.call(lambda: torch.set_num_threads(threads))
-        if folder.device.type == "cpu" and user_threads() is None:
-            self.follow_load()
-
-    def follow_load(self, most: int = DEFAULT_THREADS, busy_every_s: float = 30.0) -> None:
-        """A server runs for days, and the thread count chosen at start fits the load of that
-        moment: the worker chooses again when idle for a second (at most once a minute) and,
-        under steady traffic, between batches at most once per ``busy_every_s``."""
-        follower = LoadFollower(most, busy_every_s)
-        self.batcher.on_idle = follower.choose
-        self.batcher.between_batches = follower.between_batches
 
     def close(self) -> None:
         self.batcher.close()
@@ -215,10 +216,10 @@ class ModelService:
         self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
-        model, tokenizer = self.folder.model, self.folder.tokenizer
+        backend, tokenizer = self.folder.backend, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
-                model, tokenizer, text, decode=decode, rank=rank, prefix=prefix
+                backend, tokenizer, text, decode=decode, rank=rank, prefix=prefix
             ).to_dict()
         )
 
@@ -342,6 +343,22 @@ class TextTranslation:
 
     def drop(self, ids: Sequence[int]) -> None:
         self.running.drop(ids)
+
+
+def worker_hooks(follower: LoadFollower | None) -> WorkerHooks:
+    """The worker's jobs besides requests: it decodes with the intra-op threads of the thread
+    that made the service (a per-thread setting); with ``follower``, a server that runs for days
+    chooses the count again for the load of the moment (the one chosen at start fits the load
+    of that moment): when idle for a second (at most once a minute) and, under steady traffic,
+    between rounds at most once per the follower's ``busy_every_s``."""
+    threads = torch.get_num_threads()
+    if follower is None:
+        return WorkerHooks(on_start=lambda: torch.set_num_threads(threads))
+    return WorkerHooks(
+        on_start=lambda: torch.set_num_threads(threads),
+        between_rounds=follower.between_batches,
+        on_idle=follower.choose,
+    )
 
 
 def measured_scores(paths: Sequence[Path]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ A :class:`Stepper` is that computation (for translation, a
 :class:`~aiayn.decode.continuous.RunningTranslation` behind the service's text handling): inputs
 are added, each ``step()`` returns the outputs of the inputs that ended in it, and inputs can be
 dropped. :class:`Running` is one stepper with the requests in it, as the
-:class:`~aiayn.serve.batching.DynamicBatcher` worker drives it: a request's future resolves at
+:class:`~aiayn.serve.schedulers.StepLevel` scheduler drives it: a request's future resolves at
 the step its last input ends, whatever the others in the batch are doing; a request whose future
 was cancelled (its time limit passed, or its client went away) is dropped at the next step, and
 its rows leave the batch. Futures stay pending while their requests run, so that cancelling
@@ -48,7 +48,8 @@ class Stepper(Protocol):
 
 
 class Request(Protocol):
-    """What the batcher queues (its ``_Request``): the future, inputs, cost, arrival time."""
+    """What the queue holds (:class:`aiayn.serve.queue.Request`): the future, inputs, cost,
+    arrival time."""
 
     future: Future
     inputs: Any

@@ -10,7 +10,7 @@ the time. :class:`DecoderStep` is the same step written as a function of tensors
 keys and values going in and the step's new ones coming out, so that ``torch.export`` takes it whole and AOTInductor compiles it into one
 shared library: a step is then one C++ call (fused element-wise kernels around the linear
 layers' GEMMs). What stays in Python is the cache write (:meth:`LayerCache.append_self`), the
-prepacked output projection and the log-softmax (:meth:`Transformer.log_probs_of`).
+prepacked output projection and the log-softmax (:meth:`CompiledDecoding.log_probs`).
 
 The self-attention of the one new query runs over the past keys and the new key without joining
 them (two score blocks, one softmax): the cache is read in place, never copied. Cross-attention
@@ -39,11 +39,11 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from aiayn.decode.packed import pack
 from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.model.cache import DecoderCache, whole_buffer
 from aiayn.model.layers import DecoderLayer, Residual
-from aiayn.model.packed import pack
 from aiayn.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -365,7 +365,7 @@ class CompiledDecoding:
         if not self.step.accepts(tgt, cache):
             return self.model.log_probs(tgt, memory, cache)
         h = self.step(tgt, cache)  # (N, D)
-        return self.model.log_probs_of(h[:, None], cache)  # (N, 1, V)
+        return torch.log_softmax(self.model.logits(h[:, None], cache.output).float(), dim=-1)
 
     def parameters(self) -> Any:
         return self.model.parameters()
