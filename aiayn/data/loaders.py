@@ -410,8 +410,9 @@ class DataSource:
     text. A kind names the one it trains on (:attr:`aiayn.kinds.Kind.reads`); everything above
     asks it (:func:`data_source`) instead of the kind."""
 
-    name: str  # aiayn.kinds.DATA_SOURCES; the datasets it reads (a DatasetSpec's task) and its
-    # stores' and caches' key
+    # Its name in aiayn.kinds.DATA_SOURCES: also the task of the datasets it reads (DatasetSpec)
+    # and part of its stores' and tokenizers' cache keys.
+    name: str
     langs: bool  # whether data.src_lang / data.tgt_lang pick its files (and key its caches)
     files: Callable[[DataConfig, str], list[Path]]  # the files a split is read from
     texts: Callable[[DataConfig], list[str]]  # the training split's text, in memory
