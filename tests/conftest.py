@@ -126,6 +126,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_shipped_configs": UNIT,
     "test_syncs": UNIT,
     "test_threads": UNIT,
+    "test_toy_kind": ("serve",),
     "test_train_cli": UNIT,
     "test_train_ddp": ("process",),
     "test_train_loop": UNIT,

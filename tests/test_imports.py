@@ -307,8 +307,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "aiayn.serve.app is the FastAPI app (the 'serve' extra); aiayn.serve's limits and "
         "batcher import without it",
     ("kinds.py", "importlib.import_module"):
-        "a kind's training task, by dotted path: loading a model for inference imports nothing "
-        "from aiayn.train (tests/test_kinds_registry.py)",
+        "a kind's training task, its format writers and its ONNX engine, by dotted path: loading "
+        "a model for inference imports nothing from aiayn.train (tests/test_kinds_registry.py), "
+        "and kinds.py, below those layers, never imports them",
     ("data/tokenizer.py", "importlib.import_module"):
         "a tokenizer.json of another module's type (TOKENIZER_TYPES: SentencePiece, in "
         "aiayn.data.spm, which itself builds on aiayn.data.tokenizer), looked up by name",

@@ -17,8 +17,6 @@ import logging
 import time
 import tomllib
 
-import numpy as np
-
 from aiayn.commands.options import add_output_file, add_sets, advanced, section_sets
 from aiayn.config import apply_overrides
 from aiayn.data import (
@@ -28,6 +26,7 @@ from aiayn.data import (
     Tokenizer,
     TokenStore,
     cache_dir,
+    data_source,
     download_dataset,
     is_downloaded,
     padding_fraction,
@@ -36,7 +35,6 @@ from aiayn.data import (
 )
 from aiayn.data.readers import read_text
 from aiayn.errors import ConfigError
-from aiayn.kinds import LM, TRANSLATION
 from aiayn.run_config import data_keys
 
 log = logging.getLogger(__name__)
@@ -180,18 +178,15 @@ def run_stats(args: argparse.Namespace) -> int:
     fitted = time.perf_counter()
     stores = split_stores(cfg, tokenizer)
     train, valid = stores["train"], stores["valid"]
-    if cfg.kind == LM:
+    source = data_source(cfg)
+    if source.example_lengths is None:  # one running text
         print(
             f"{cfg.kind}: {int(train.lengths('text')[0])} training and {int(valid.lengths('text')[0])} "
             f"validation tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
         )
         print(store_line(train))
         return 0
-    lengths: tuple[np.ndarray, np.ndarray | None]
-    if cfg.kind == TRANSLATION:
-        lengths = (train.lengths("src"), train.lengths("tgt") + 1)
-    else:
-        lengths = (train.lengths("text"), None)
+    lengths = source.example_lengths(train)
     sampler = TokenBatchSampler(
         lengths[0],
         lengths[1],

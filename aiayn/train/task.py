@@ -11,7 +11,10 @@ Each model kind has one name (``data.kind`` in a recipe, ``kind`` in a model fol
 config.json), one Task class and one model class, declared together in :mod:`aiayn.kinds`, which
 names the Task class by its dotted path: :func:`build_task` imports it when a run starts. This
 module never imports the Task modules, so no import cycle is possible. Adding a kind is one new
-Task module and one entry in :data:`aiayn.kinds.KINDS`.
+Task module and one entry in :data:`aiayn.kinds.KINDS` (or :func:`aiayn.kinds.register_kind`):
+the entry names the data source the loaders read, the settings the config checks allow, the
+routes the server answers and the formats that export it, so that no other module changes
+(``tests/test_toy_kind.py`` adds a kind from outside aiayn, trains, loads and serves it).
 """
 
 from __future__ import annotations
