@@ -1,7 +1,7 @@
-"""Write docs/reference.md: every `aiayn` command and flag with its help, read from the parsers,
+"""Write docs/reference/cli.md: every `aiayn` command and flag with its help, read from the parsers,
 and every recipe key with its default and the why-comment above it in the config dataclasses.
 
-    python scripts/make_reference.py           # rewrite docs/reference.md
+    python scripts/make_reference.py           # rewrite docs/reference/cli.md
     python scripts/make_reference.py --check   # exit 1 when the page is not what this writes
 
 tests/test_reference.py checks that the page in the repository is the one this writes, so a flag
@@ -23,7 +23,7 @@ from aiayn.cli import _HelpFormatter, build_parser, sub_parsers
 from aiayn.run_config import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "reference.md"
+PAGE = ROOT / "docs" / "reference" / "cli.md"
 
 HEADER = """# Reference: commands, flags and recipe keys
 

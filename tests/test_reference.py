@@ -1,4 +1,4 @@
-"""docs/reference.md is what scripts/make_reference.py writes from the parsers and the config
+"""docs/reference/cli.md is what scripts/make_reference.py writes from the parsers and the config
 dataclasses: a flag, its help or a recipe key changed without the page fails here."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ def make_reference():
 
 
 def test_the_reference_page_is_what_the_script_writes():
-    page = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
     assert page == make_reference().render(), (
-        "docs/reference.md is stale: run `python scripts/make_reference.py`")
+        "docs/reference/cli.md is stale: run `python scripts/make_reference.py`")
 
 
 def test_every_recipe_key_has_a_reason_and_every_command_a_section():
@@ -49,4 +49,4 @@ def test_a_key_without_a_comment_is_shown_as_such_and_shared_comments_carry_over
 
 def test_the_check_mode_says_whether_the_page_is_current(capsys):
     assert make_reference().main(["--check"]) == 0
-    assert capsys.readouterr().out == "docs/reference.md: current\n"
+    assert capsys.readouterr().out == "docs/reference/cli.md: current\n"

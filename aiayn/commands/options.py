@@ -136,7 +136,7 @@ def add_sets(p: argparse.ArgumentParser, section: str, example: str) -> None:
         default=[],
         metavar=f"{section}.KEY=VALUE",
         help=f"override a recipe key, e.g. --set {example} (repeatable; every key: "
-        "docs/reference.md)",
+        "docs/reference/cli.md)",
     )
 
 

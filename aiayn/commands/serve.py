@@ -87,7 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.serve import require_extra
+    from aiayn.serve.extra import require_extra
 
     require_extra()
     import uvicorn
