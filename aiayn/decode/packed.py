@@ -80,7 +80,15 @@ def _precision(weight: Tensor) -> torch.dtype | None:
     if not available(weight.device) or (torch.is_grad_enabled() and weight.requires_grad):
         return None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+    if dtype == torch.bfloat16 and not bf16_packing():
+        return None  # oneDNN packs bf16 only with AVX512-BW/VL/DQ or AVX-NE-CONVERT (e.g. not AVX2)
     return dtype if dtype in (torch.float32, torch.bfloat16) else None
+
+
+def bf16_packing() -> bool:
+    """Whether this CPU runs oneDNN's bf16 packed linear (AVX-512 BW/VL/DQ or AVX-NE-CONVERT):
+    where it does not, bf16 decoding runs the output projection unpacked."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # id(weight) -> {precision: (the state of weight and bias it was made from, the packed copy, the
