@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiayn.config import ModelConfig, apply_overrides, flatten_keys, parse_override, to_dict
-from aiayn.data.batching import round_up
+from aiayn.data.batching import padded_width
 from aiayn.data.config import DataConfig
 from aiayn.data.registry import cache_dir
 from aiayn.decode.config import DecodeConfig
@@ -303,11 +303,16 @@ def check_run_config(cfg: RunConfig) -> None:
             "training examples would not fit the model's positions; raise model.max_len or "
             "lower data.max_len"
         )
-    padded = round_up(d.max_len, d.pad_to_multiple)
+    padded = padded_width(d.max_len, d.pad_to_multiple, d.bucket_widths)
     if m.max_len < padded:
         raise ConfigError(
             f"model.max_len ({m.max_len}) is below data.max_len ({d.max_len}) padded to "
-            f"data.pad_to_multiple ({d.pad_to_multiple}), {padded}: the widest padded batches "
+            + (
+                f"its data.bucket_widths bucket, {padded}"
+                if d.bucket_widths
+                else f"data.pad_to_multiple ({d.pad_to_multiple}), {padded}"
+            )
+            + ": the widest padded batches "
             "would not fit the model's positions; raise model.max_len or lower data.max_len"
         )
     if d.max_tokens < d.max_len:
