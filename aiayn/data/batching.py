@@ -263,9 +263,9 @@ class TokenBatchSampler:
         shapes = self._shapes_of(order)
         if not len(shapes):
             return []
-        _, first = np.unique(shapes, axis=0, return_index=True)
+        _, firsts = np.unique(shapes, axis=0, return_index=True)
         first = sorted(
-            first.tolist(), key=lambda j: -int(shapes[j, 0] * (shapes[j, 1] + shapes[j, 2]))
+            firsts.tolist(), key=lambda j: -int(shapes[j, 0] * (shapes[j, 1] + shapes[j, 2]))
         )
         return [
             (
