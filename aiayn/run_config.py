@@ -127,6 +127,10 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # Show a tqdm progress bar (rank 0 only).
     progress: bool = True
+    # Seconds at most, before training starts, to run one batch of each distinct batch shape
+    # forward and backward (no optimizer step, the same losses after; aiayn/train/warmup.py), so
+    # that a GPU's first sight of each shape is paid up front, with data.bucket_widths. 0 = off.
+    warm_shapes: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -167,6 +171,7 @@ class TrainConfig:
             "warmup_init_lr",
             "min_lr",
             "save_every_minutes",
+            "warm_shapes",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")

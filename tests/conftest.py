@@ -129,6 +129,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_train_resume": UNIT,
     "test_translate_cli": UNIT,
     "test_viz": UNIT,
+    "test_warmup": UNIT,
     "test_walkthrough": UNIT,
 }
 

@@ -38,6 +38,7 @@ from aiayn.train.distributed import DistContext, resolve_precision
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
 from aiayn.train.task import Task
+from aiayn.train.warmup import warm_shapes
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,10 @@ class Trainer:
         self._bar = self._progress_bar()
         self._interval = _Interval()
         self.governor = self._thread_governor()
+        if self.train_cfg.warm_shapes:  # each batch shape once, before the clock (warmup.py)
+            with _rng_untouched():
+                net, seconds = self.ddp or self.model, self.train_cfg.warm_shapes
+                warm_shapes(net, self.task, self.device, self._autocast, seconds)
         self.session_start = time.perf_counter()
         self._synced_wall = self.progress.wall
         # The time limit is checked after updates; at the start only the saved wall-clock counts
