@@ -329,6 +329,24 @@ def smoke_wmt_projection(tmp: Path, capsys) -> None:
     assert (tmp / "wmt_metrics_base.jsonl").read_text().count("tokens_per_s") >= 2
 
 
+def smoke_profile_step(tmp: Path) -> None:
+    """Both targets on the CPU at tiny sizes: the per-update figures and the top ops, as JSON
+    and a table (the CUDA-only figures say n/a)."""
+    mirror_or_skip()
+    sets = [a for x in TINY_WMT for a in ("--set", x)]
+    run_main("benchmarks/profile_step.py", "--device", "cpu", "--updates", "2", "--pairs", "60",
+             "--max-tokens", "256", "--bench-preset", "dry-base", "--bench-max-tokens", "512",
+             "--top", "5", "--out", tmp, *sets)
+    report = read_json(tmp / "profile.json")
+    assert list(report["targets"]) == ["wmt", "bench"]
+    for r in report["targets"].values():
+        assert r["updates"] == 2 and r["tokens_per_s"] > 0 and r["s_per_update"] > 0
+        assert 0 < r["cpu_op_share"] <= 1 and r["launches_per_update"] > 0
+        assert r["syncs_per_update"].startswith("n/a") and len(r["top"]) == 5
+    assert report["about"]["wmt"]["micro_batches_per_update"] == 2
+    assert "| wmt |" in (tmp / "profile.md").read_text()
+
+
 # gpu_check's smoke run is its whole dry run, with its own assertions, in tests/test_gpu_check.py.
 ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
 
@@ -345,6 +363,7 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_serve.py": smoke_bench_serve,
     "benchmarks/bench_train.py": smoke_bench_train,
     "benchmarks/gpu_check.py": ELSEWHERE,
+    "benchmarks/profile_step.py": smoke_profile_step,
     "benchmarks/same_convergence.py": smoke_same_convergence,
     "benchmarks/train_throughput.py": smoke_train_throughput,
     "benchmarks/wmt_projection.py": smoke_wmt_projection,
