@@ -323,9 +323,15 @@ def smoke_wmt_projection(tmp: Path, capsys) -> None:
     assert [m["recipe"] for m in measured] == ["base", "big"]
     assert all(m["seconds_per_update"] > 0 and m["micro_batches"] == 2 for m in measured)
     run_main("benchmarks/wmt_projection.py", "--measure", "base", "--device", "cpu", "--minutes", "0.1",
-             "--pairs", "40", "--out", tmp, *sets)  # a few epochs in 6 s
+             "--pairs", "40", "--buckets", "4", "--set", "train.warm_shapes=30", "--out", tmp,
+             *sets)  # a few epochs in 6 s, batches in 4 bucket widths, each shape warmed first
     timed = read_json(tmp / "wmt_measure.json")[0]
     assert timed["updates"] > 0 and timed["projected_hours_to_recipe_steps"] > 0 and timed["minutes"] == 0.1
+    widths = timed["bucket_widths"]
+    assert 1 <= len(widths) <= 4 and widths[-1] == 256 and widths == sorted(widths)
+    warm = timed["warm_shapes"]
+    assert warm["shapes"] == warm["listed"] > 0 and not warm["stopped"] and warm["seconds"] >= 0
+    assert timed["first_epoch_ratio"] is None or timed["first_epoch_ratio"] > 0
     assert (tmp / "wmt_metrics_base.jsonl").read_text().count("tokens_per_s") >= 2
 
 
