@@ -197,12 +197,17 @@ def smoke_bench_train(tmp: Path) -> None:
     out = tmp / "performance"
     run_main("benchmarks/bench_train.py", "--device", "cpu", "--presets", "dry", "--precisions",
              "fp32", "bf16", "--systems", "aiayn", "torch", "--steps", "1", "1", "--max-tokens",
-             "256", "--peak-sizes", "32", "64", "--threads", "1", "--out", out)
+             "256", "--peak-sizes", "32", "64", "--threads", "1", "--warm-pass", "on", "--out", out)
     run = read_json(out.with_suffix(".json"))["runs"]["threads=1"]
     assert [(g["preset"], g["precision"], sorted(g["systems"])) for g in run["groups"]] == [
         ("dry", "fp32", ["aiayn", "torch"]), ("dry", "bf16", ["aiayn", "torch"])]
     assert run["same_math"]["dry"]["abs_diff"] < 1e-4
-    assert "| dry | bf16 | aiayn |" in out.with_suffix(".md").read_text()
+    text = out.with_suffix(".md").read_text()
+    assert "| dry | bf16 | aiayn |" in text
+    # the warm pass: every timed batch stepped through once before, its seconds kept apart
+    assert run["meta"]["warm_pass"] is True and "a warm pass" in text
+    assert all(r["first_sight_step_s"] > 0 and r["first_sight_ratio"] > 0
+               for g in run["groups"] for r in g["systems"].values())
 
 
 def smoke_same_convergence(tmp: Path) -> None:
