@@ -135,7 +135,7 @@ WMT_PAIRS = "60000"
 
 # Every size of the GPU run, per command: the stage functions read them through Context.args.
 REAL_ARGS: dict[str, list[str]] = {
-    "profile": ["--device", "cuda", "--updates", "8", "--pairs", WMT_PAIRS, "--max-tokens", "12500",
+    "profile": ["--device", "cuda", "--updates", "5", "--pairs", WMT_PAIRS, "--max-tokens", "12500",
                 "--bench-preset", "base", "--bench-max-tokens", "16384"],
     # a minute: ~100 updates an epoch, so ~5 epochs, the steady rate from the second half
     "wmt": ["--measure", "base", "--device", "cuda", "--minutes", "1", "--pairs", WMT_PAIRS,
@@ -164,7 +164,7 @@ DRY_VALUES: dict[str, Any] = {
     "--steps": {"1": "1", "12": "1"},
     "--max-tokens": {"16384": "512", "12500": "256"},
     "--warm-pass": KEEP,
-    "--updates": {"8": "2"},
+    "--updates": {"5": "2"},
     "--pairs": {WMT_PAIRS: "40"},
     "--bench-preset": {"base": "dry-base"},
     "--bench-max-tokens": {"16384": "512"},
