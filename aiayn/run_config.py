@@ -131,6 +131,11 @@ class TrainConfig:
     # forward and backward (no optimizer step, the same losses after; aiayn/train/warmup.py), so
     # that a GPU's first sight of each shape is paid up front, with data.bucket_widths. 0 = off.
     warm_shapes: float = 0.0
+    # torch.compile the model's forward pass (the loss, the optimizer and decoding stay eager): a
+    # graph per batch shape, then one with dynamic sizes, compiled in the first updates (or in
+    # train.warm_shapes). Dropout then draws from the compiler's own generator: other masks than
+    # an eager run of the same seed. Not yet measured on a GPU (issue 57): off by default.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -150,6 +150,8 @@ class Trainer:
         self.model = task.build_model(cfg.model).to(self.device)
         if self.train_cfg.init_from and not resume:
             self._init_from(self.train_cfg.init_from)
+        if self.train_cfg.compile:  # the model's forward compiled; loss and optimizer stay eager
+            self.model.forward = torch.compile(self.model.forward)
         self.optimizer = self._build_optimizer()
         self.schedule = make_schedule(self.train_cfg, cfg.model.d_model)
         self.progress = _Progress()
