@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiayn.config import ModelConfig, apply_overrides, flatten_keys, parse_override, to_dict
-from aiayn.data.batching import round_up
+from aiayn.data.batching import padded_width
 from aiayn.data.config import DataConfig
 from aiayn.data.registry import cache_dir
 from aiayn.decode.config import DecodeConfig
@@ -127,6 +127,15 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # Show a tqdm progress bar (rank 0 only).
     progress: bool = True
+    # Seconds at most, before training starts, to run one batch of each distinct batch shape
+    # forward and backward (no optimizer step, the same losses after; aiayn/train/warmup.py), so
+    # that a GPU's first sight of each shape is paid up front, with data.bucket_widths. 0 = off.
+    warm_shapes: float = 0.0
+    # torch.compile the model's forward pass (the loss, the optimizer and decoding stay eager): a
+    # graph per batch shape, then one with dynamic sizes, compiled in the first updates (or in
+    # train.warm_shapes). Dropout then draws from the compiler's own generator: other masks than
+    # an eager run of the same seed. Not yet measured on a GPU (issue 57): off by default.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -202,6 +211,7 @@ _NOT_NEGATIVE = (
     "warmup_init_lr",
     "min_lr",
     "save_every_minutes",
+    "warm_shapes",
 )
 
 
@@ -320,11 +330,16 @@ def _check_lengths(m: ModelConfig, d: DataConfig) -> None:
             "training examples would not fit the model's positions; raise model.max_len or "
             "lower data.max_len"
         )
-    padded = round_up(d.max_len, d.pad_to_multiple)
+    padded = padded_width(d.max_len, d.pad_to_multiple, d.bucket_widths)
     if m.max_len < padded:
         raise ConfigError(
             f"model.max_len ({m.max_len}) is below data.max_len ({d.max_len}) padded to "
-            f"data.pad_to_multiple ({d.pad_to_multiple}), {padded}: the widest padded batches "
+            + (
+                f"its data.bucket_widths bucket, {padded}"
+                if d.bucket_widths
+                else f"data.pad_to_multiple ({d.pad_to_multiple}), {padded}"
+            )
+            + ": the widest padded batches "
             "would not fit the model's positions; raise model.max_len or lower data.max_len"
         )
     if d.max_tokens < d.max_len:

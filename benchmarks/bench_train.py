@@ -546,19 +546,32 @@ class Worker:
             _send(self.proc.stdin, ("quit",))
 
 
-def run_group(systems: list[str], spec: dict[str, Any], n_steps: int) -> dict[str, Any]:
+def run_group(systems: list[str], spec: dict[str, Any], n_steps: int, warmup: int = 0,
+              warm_pass: bool = False) -> dict[str, Any]:
     """Start one worker per system, then run steps 0..n_steps-1 round-robin (the order rotates
-    each step). Returns per-system step seconds, losses, parameter count and peak RSS."""
+    each step). With ``warm_pass``, the timed batches (``warmup``..n_steps-1) are first stepped
+    through once each, by every system alike, after the warm-up steps: their seconds are kept
+    apart (``first_sight_seconds``), so that every timed step sees a batch shape seen before.
+    Returns per-system step seconds, losses, parameter count and peak RSS."""
     workers = [Worker({**spec, "system": name}) for name in systems]
+    steps = list(range(n_steps))
+    if warm_pass:
+        steps = steps[:warmup] + [-1 - i for i in steps[warmup:]] + steps[warmup:]  # -1-i: warm i
     try:
-        result = {w.name: {"params": w.ask()["params"], "seconds": [], "loss": []} for w in workers}
-        for i in range(n_steps):
-            for w in workers[i % len(workers):] + workers[:i % len(workers)]:
-                r = w.ask("step", i)
+        result = {w.name: {"params": w.ask()["params"], "seconds": [], "loss": [],
+                           "first_sight_seconds": []} for w in workers}
+        for k, i in enumerate(steps):
+            for w in workers[k % len(workers):] + workers[:k % len(workers)]:
+                r = w.ask("step", i if i >= 0 else -1 - i)
+                if i < 0:
+                    result[w.name]["first_sight_seconds"].append(r["seconds"])
+                    continue
                 result[w.name]["seconds"].append(r["seconds"])
                 result[w.name]["loss"].append(r["loss"])
-            print(f"  step {i + 1}/{n_steps}: " + ", ".join(
-                f"{n} {result[n]['seconds'][-1]:.2f}s" for n in systems), flush=True)
+            what = f"step {i + 1}/{n_steps}" if i >= 0 else f"warm pass {-i}/{n_steps}"
+            key = "seconds" if i >= 0 else "first_sight_seconds"
+            print(f"  {what}: " + ", ".join(
+                f"{n} {result[n][key][-1]:.2f}s" for n in systems), flush=True)
         for w in workers:
             mem = w.ask("rss")
             result[w.name]["max_rss_mib"] = mem["max_rss_kib"] / 1024
@@ -586,8 +599,11 @@ def summarise(raw: dict[str, Any], batches: list[Batch], flops: list[float], war
         sec = [r["seconds"][i] for i in timed]
         tok_s = [batches[i].n_tokens / r["seconds"][i] for i in timed]
         mfu = [flops[i] / r["seconds"][i] / 1e9 / peak for i in timed]
+        first = r.get("first_sight_seconds") or []
+        seen = {"first_sight_step_s": statistics.median(first),
+                "first_sight_ratio": statistics.median(first) / statistics.median(sec)} if first else {}
         out[name] = {"tokens_per_s": statistics.median(tok_s), "step_s": statistics.median(sec),
-                     "mfu": statistics.median(mfu), "max_rss_mib": r["max_rss_mib"],
+                     "mfu": statistics.median(mfu), "max_rss_mib": r["max_rss_mib"], **seen,
                      **({"max_gpu_mib": r["max_gpu_mib"]} if "max_gpu_mib" in r else {}),
                      "params": r["params"], "loss_first": r["loss"][0], "loss_last": r["loss"][-1],
                      "tokens_per_s_steps": tok_s}
@@ -626,6 +642,13 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(f"| {g['preset']} | {g['precision']} | {name} | {_fmt(r['tokens_per_s'])} | "
                              f"{r['step_s']:.3f} | {100 * r['mfu']:.1f}% | {r.get(mem_key, 0):.0f} | "
                              f"{r['params'] / 1e6:.2f}M | {up} |")
+        seen = [f"{g['preset']} {name} {r['first_sight_step_s']:.3f} s ({r['first_sight_ratio']:.1f}× "
+                f"its timed step)" for g in run["groups"] for name, r in g["systems"].items()
+                if "first_sight_step_s" in r]
+        if seen:
+            lines += ["", "Every timed batch was stepped through once before (a warm pass, every "
+                      "system alike); the warm pass's median step, the first sight of each "
+                      "batch's shape: " + "; ".join(seen) + "."]
         lines += ["", *targets(run), ""]
         for preset, sm in run["same_math"].items():
             lines.append(f"Same math ({preset}, fp32, dropout off, {sm['sentences']} sentences): "
@@ -708,6 +731,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
     p.add_argument("--steps", type=int, nargs=2, metavar=("WARMUP", "TIMED"), action="append",
                    help="override the steps of every preset (default small 2+6, base 1+6)")
+    p.add_argument("--warm-pass", choices=["auto", "on", "off"], default="auto",
+                   help="step through the timed batches once before timing them, every system "
+                   "alike, so that no timed step sees a batch shape first (auto: on a GPU, where "
+                   "a first sight costs ~0.3 s; the CPU's figures stay comparable with before)")
     p.add_argument("--peak-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="n of the n×n×n matmuls of the peak (default 1024 2048; 4096 8192 on a GPU)")
     p.add_argument("--date", default=str(date.today()))
@@ -724,6 +751,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cuda = torch.device(args.device).type == "cuda"
     if cuda and not torch.cuda.is_available():
         p.error(f"--device {args.device}: CUDA is not available on this machine")
+    args.warm_pass = args.warm_pass == "on" or (args.warm_pass == "auto" and cuda)
     if args.hardware is None:
         args.hardware = (torch.cuda.get_device_name(args.device) if cuda
                          else f"{cpu_name()}, shared with other jobs")
@@ -760,7 +788,7 @@ def bench_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict
               f"{args.threads} threads", flush=True)
         spec = {"shape": vars(s), "precision": precision, "threads": args.threads, "data": data_file,
                 "device": args.device}
-        raw = run_group(args.systems, spec, n)
+        raw = run_group(args.systems, spec, n, warmup, args.warm_pass)
         groups.append({"preset": preset, "precision": precision, "raw": raw, "batches": batches,
                        "flops": flops, "warmup": warmup})
     return groups, check, data
@@ -797,6 +825,7 @@ def main(argv: list[str] | None = None) -> None:
             "transformers": transformers_version, "python": platform.python_version(),
             "load_start": list(load_start), "load_end": list(os.getloadavg()),
             "wall_s": round(time.time() - started, 1), "peak_gflops": peaks, "aiayn": aiayn_version(),
+            "warm_pass": args.warm_pass,
             "tokens": "source + target tokens without padding",
             "flops": "train_flops(): 3 x forward matmul FLOPs of non-pad tokens (docs/performance.md)"}
     run = {"meta": meta, "same_math": checks, "data": data, "groups": [

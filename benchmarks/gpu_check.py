@@ -1,30 +1,38 @@
 """One command for a short GPU slot: prove and measure every CUDA path of aiayn (issue 37).
 
-Four stages, each in its own process with its own time budget; a stage that fails or runs out of
+Six stages, each in its own process with its own time budget; a stage that fails or runs out of
 time is recorded and the next one still runs:
 
 1. ``tests``        tests/test_cuda.py: a training step, greedy and beam decoding, cached = uncached
                     decoding, the fused and explicit attention paths and the trainer's bf16 autocast
                     on ``cuda``, each against the CPU result of the same weights, and the
                     host-device sync counts under ``torch.cuda.set_sync_debug_mode``;
-2. ``bench_train``  benchmarks/bench_train.py on ``cuda``: SMALL and BASE in bf16, aiayn beside
-                    ``nn.Transformer`` and Hugging Face Marian (tokens/s, MFU against the bf16
-                    matmul peak measured in the same run, peak GPU memory);
-3. ``decode``       decoding speed on ``cuda`` (random weights, forced output length): greedy and
+2. ``profile``      benchmarks/profile_step.py: torch.profiler over steady updates of the WMT base
+                    recipe (synthetic store) and of bench_train's BASE: the share of each update the
+                    GPU is busy, host time, kernel launches, syncs, the top kernels;
+3. ``wmt``          benchmarks/wmt_projection.py: a minute of the WMT base recipe with 16 fitted
+                    bucket widths and each batch shape warmed first (train.warm_shapes): the steady
+                    tokens/s, the hours to 100k updates and the first epoch ÷ steady seconds per update;
+4. ``bench_train``  benchmarks/bench_train.py on ``cuda``: SMALL and BASE in bf16, aiayn beside
+                    ``nn.Transformer`` and Hugging Face Marian, every timed batch seen once before (a
+                    warm pass; its first-sight seconds beside), tokens/s, MFU against the bf16 matmul
+                    peak measured in the same run, peak GPU memory;
+5. ``decode``       decoding speed on ``cuda`` (random weights, forced output length): greedy and
                     beam 5, fp32 and bf16, the headline shape and BASE, and the syncs per step;
-4. ``train``        3 minutes of training of the headline model (configs/multi30k_en_de.toml with GPU
+6. ``train``        3 minutes of training of the headline model (configs/multi30k_en_de.toml with GPU
                     batch sizes) and ``aiayn evaluate`` on test2016 (beam 5, α 1.4).
 
 It prints one summary table and writes, into one folder (``--out``, default ``$OUT`` when set, else
-``gpu_check/``): gpu_check.json (everything, for the docs to quote), gpu_check.md (the table),
-gpu_check.log (every stage's output), tests.xml, bench_train.json, bench_train.md and
-train_metrics.jsonl. Bulky files (the run folder, dataset cache) go to ``--work`` (default: a
+``gpu_check/``): gpu_check.json (everything, for the docs to quote, with the docs/results.json keys
+of issue 57 under "results"), gpu_check.md (the table, and the profile's tables),
+gpu_check.log (every stage's output), tests.xml, bench_train.json, bench_train.md,
+train_metrics.jsonl and wmt_metrics.jsonl (eight files: what one device call returns). Bulky files (the run folder, dataset cache) go to ``--work`` (default: a
 temporary folder), so that the output folder stays small.
 
 Nothing is downloaded: the data come from ``$AIAYN_DATA_MIRROR``, else ``shared/data`` or
 ``.gpu_data`` inside the checkout, else ``../shared/data`` beside it (docs/gpu.md).
 
-    python benchmarks/gpu_check.py                # on a machine with a CUDA GPU, ~8 minutes
+    python benchmarks/gpu_check.py                # on a machine with a CUDA GPU, ~9 minutes
     python benchmarks/gpu_check.py --dry-run      # the same code paths on the CPU, tiny shapes
     python benchmarks/gpu_check.py --stages decode train   # some stages only
 
@@ -56,7 +64,7 @@ if str(ROOT) not in sys.path:
 
 # Where the data mirror is looked for, in order, after $AIAYN_DATA_MIRROR.
 MIRROR_PLACES = (ROOT / "shared" / "data", ROOT / ".gpu_data", ROOT.parent / "shared" / "data")
-TOTAL_BUDGET_S = 540  # the whole check; a device call may run 600 s
+TOTAL_BUDGET_S = 570  # the whole check; a device call may run 600 s
 
 
 @dataclass
@@ -120,11 +128,23 @@ def train_sets(settings: dict[str, Any]) -> list[str]:
     return [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
 
 
+# The WMT base recipe on one GPU (configs/wmt14_en_de_base.toml): micro-batches of 12,500 tokens,
+# two per 25,000-token update; the synthetic pairs of wmt_projection.py, the same in both stages
+# (each writes and tokenizes them anew: ~16 s on an H100 machine, 2026-11-26).
+WMT_PAIRS = "60000"
+
 # Every size of the GPU run, per command: the stage functions read them through Context.args.
 REAL_ARGS: dict[str, list[str]] = {
-    # GPU batches: ~16k padded tokens (the paper's were ~25k source + 25k target tokens).
+    "profile": ["--device", "cuda", "--updates", "5", "--pairs", WMT_PAIRS, "--max-tokens", "12500",
+                "--bench-preset", "base", "--bench-max-tokens", "16384"],
+    # a minute: ~100 updates an epoch, so ~5 epochs, the steady rate from the second half
+    "wmt": ["--measure", "base", "--device", "cuda", "--minutes", "1", "--pairs", WMT_PAIRS,
+            "--buckets", "16", "--set", "data.max_tokens=12500", "--set", "train.warm_shapes=60"],
+    # GPU batches: ~16k padded tokens (the paper's were ~25k source + 25k target tokens); every
+    # timed batch stepped through once before (the warm pass), one warm-up step before that.
     "bench_train": ["--device", "cuda", "--presets", "small", "base", "--precisions", "bf16",
-                    "--steps", "3", "15", "--max-tokens", "16384", "--peak-sizes", "4096", "8192"],
+                    "--steps", "1", "12", "--max-tokens", "16384", "--peak-sizes", "4096", "8192",
+                    "--warm-pass", "on"],
     "decode": ["--device", "cuda", "--shapes", "tiny", "base", "--sentences", "1000",
                "--length", "25", "--rounds", "2"],
     "train": ["configs/multi30k_en_de.toml", *train_sets(GPU_TRAIN)],
@@ -141,8 +161,16 @@ DRY_VALUES: dict[str, Any] = {
     "--presets": {"small": "dry", "base": "dry-base"},  # bench_train.PRESETS
     "--shapes": {"tiny": "dry", "base": "dry-base"},  # DECODE_SHAPES
     "--precisions": KEEP,
-    "--steps": {"3": "1", "15": "1"},
-    "--max-tokens": {"16384": "512"},
+    "--steps": {"1": "1", "12": "1"},
+    "--max-tokens": {"16384": "512", "12500": "256"},
+    "--warm-pass": KEEP,
+    "--updates": {"5": "2"},
+    "--pairs": {WMT_PAIRS: "40"},
+    "--bench-preset": {"base": "dry-base"},
+    "--bench-max-tokens": {"16384": "512"},
+    "--measure": KEEP,
+    "--minutes": {"1": "0.1"},
+    "--buckets": {"16": "4"},
     "--peak-sizes": {"4096": "64", "8192": "128"},
     "--sentences": {"1000": "16"},
     "--length": {"25": "8"},
@@ -152,14 +180,21 @@ DRY_VALUES: dict[str, Any] = {
               "train.schedule_clock=time": KEEP, "train.max_steps=1000000": "train.max_steps=3",
               "train.valid_every=500": "train.valid_every=3",
               "train.save_every=500": "train.save_every=3", "train.metrics_every=0": KEEP,
-              "train.log_every=100": "train.log_every=1", "train.progress=False": KEEP},
+              "train.log_every=100": "train.log_every=1", "train.progress=False": KEEP,
+              "data.max_tokens=12500": "data.max_tokens=256", "train.warm_shapes=60": KEEP},
     "--split": KEEP,
     "--beam": {"5": "2"},
     "--alpha": KEEP,
 }
 # What the dry run adds: the model's size, which the GPU run takes from the config file; one
 # thread; 20 test sentences.
+# The WMT recipe's model made tiny, with 2 micro-batches of 256 tokens per update.
+DRY_WMT = train_sets({"model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
+                      "model.n_encoder_layers": 1, "model.n_decoder_layers": 1,
+                      "data.vocab_size": 300, "train.tokens_per_update": 512})
 DRY_EXTRA: dict[str, list[str]] = {
+    "profile": DRY_WMT,
+    "wmt": DRY_WMT,
     "bench_train": ["--threads", "1"],
     "train": train_sets({"model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
                          "model.n_encoder_layers": 1, "model.n_decoder_layers": 1,
@@ -247,7 +282,34 @@ def junit_summary(path: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Stage 2: bench_train on the device
+# Stage 2: where a steady update's time goes
+# --------------------------------------------------------------------------------------------
+
+
+def stage_profile(ctx: Context, seconds: float) -> dict[str, Any]:
+    target = ctx.work / "profile"
+    cmd = [sys.executable, "benchmarks/profile_step.py", *ctx.args("profile"), "--out", str(target)]
+    run_command(ctx, "profile", cmd, seconds)
+    report = json.loads((target / "profile.json").read_text())
+    report["table"] = (target / "profile.md").read_text()  # appended to gpu_check.md
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 3: the WMT base recipe with bucket widths, each shape warmed first
+# --------------------------------------------------------------------------------------------
+
+
+def stage_wmt(ctx: Context, seconds: float) -> dict[str, Any]:
+    target = ctx.work / "wmt"
+    cmd = [sys.executable, "benchmarks/wmt_projection.py", *ctx.args("wmt"), "--out", str(target)]
+    run_command(ctx, "wmt", cmd, seconds)
+    shutil.copy(target / "wmt_metrics_base.jsonl", ctx.out / "wmt_metrics.jsonl")
+    return json.loads((target / "wmt_measure.json").read_text())[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 4: bench_train on the device
 # --------------------------------------------------------------------------------------------
 
 
@@ -274,7 +336,8 @@ def stage_bench_train(ctx: Context, seconds: float) -> dict[str, Any]:
             rows.append({"preset": g["preset"], "precision": g["precision"], "system": system,
                          "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"], "mfu": r["mfu"],
                          "peak_gpu_mib": r.get("max_gpu_mib"), "peak_rss_mib": r["max_rss_mib"],
-                         "speedup": r.get("speedup"), "speedup_vs": r.get("speedup_vs")})
+                         "speedup": r.get("speedup"), "speedup_vs": r.get("speedup_vs"),
+                         "first_sight_step_s": r.get("first_sight_step_s")})
     summary: dict[str, Any] = {"rows": rows, "matmul_peak_gflops": run["meta"]["peak_gflops"],
                                "hardware": run["meta"]["hardware"]}
     if "marian" not in systems:
@@ -283,7 +346,7 @@ def stage_bench_train(ctx: Context, seconds: float) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Stage 3: decoding speed
+# Stage 5: decoding speed
 # --------------------------------------------------------------------------------------------
 
 
@@ -403,11 +466,12 @@ def cuda_syncs_per_step(model: Any, sources: list[list[int]], length: int) -> di
 
 
 # --------------------------------------------------------------------------------------------
-# Stage 4: 3 minutes of the headline model, then test2016
+# Stage 6: 3 minutes of the headline model, then test2016
 # --------------------------------------------------------------------------------------------
 
 TRAIN_SECONDS = 180
-EVAL_RESERVE_S = 90  # start-up, the last validation and evaluate after the training time
+EVAL_RESERVE_S = 50  # start-up, the last validation and evaluate after the training time (18 s
+# in the 2026-11-26 slots: 198 s for the stage)
 
 
 def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
@@ -442,11 +506,16 @@ def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
     return summary
 
 
+# Budgets on a GPU: the four 2026-11-26 stages took 20-24, 88-118, 30-36 and 196-198 s on an H100;
+# profile and wmt are estimates (set-up ~20 s each, then ~40 s and the minute of training + ~20 s
+# of warm-up). Expected ~540 s in all; the total (TOTAL_BUDGET_S) bounds the last stage.
 STAGES = [
-    Stage("tests", 75, 60, stage_tests),
-    Stage("bench_train", 150, 120, stage_bench_train, needs_data=True),
-    Stage("decode", 45, 30, stage_decode),
-    Stage("train", 270, 120, stage_train, needs_data=True),
+    Stage("tests", 45, 60, stage_tests),
+    Stage("profile", 90, 90, stage_profile, needs_data=True),
+    Stage("wmt", 130, 90, stage_wmt),
+    Stage("bench_train", 130, 120, stage_bench_train, needs_data=True),
+    Stage("decode", 40, 30, stage_decode),
+    Stage("train", 230, 120, stage_train, needs_data=True),
 ]
 
 
@@ -461,14 +530,28 @@ def _k(x: float | None) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
+def _share(x: Any) -> str:
+    return f"{100 * x:.0f}%" if isinstance(x, float) else "n/a"
+
+
 def figures(name: str, s: dict[str, Any]) -> str:
     """The stage's key figures in one cell of the summary table."""
     if name == "tests":
         return f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped"
+    if name == "profile":
+        return "; ".join(
+            f"{t} {r['s_per_update']:.3f} s/update, GPU busy {_share(r['device_busy_share'])}, "
+            f"{r['launches_per_update']} launches, {r['syncs_per_update']} syncs"
+            for t, r in s["targets"].items())
+    if name == "wmt":
+        return (f"{_k(s.get('tokens_per_s'))} tok/s, {s.get('seconds_per_update')} s/update, "
+                f"{s.get('projected_hours_to_recipe_steps')} h to 100k, first epoch "
+                f"{s.get('first_epoch_ratio')}x steady, warm-up {s.get('warm_shapes')}")
     if name == "bench_train":
         return "; ".join(
             f"{r['preset']} {r['system']} {_k(r['tokens_per_s'])} tok/s MFU {100 * r['mfu']:.0f}%"
             + (f" {r['peak_gpu_mib']:.0f} MiB" if r.get("peak_gpu_mib") else "")
+            + (f" first sight {r['first_sight_step_s']:.2f} s" if r.get("first_sight_step_s") else "")
             for r in s["rows"])
     if name == "decode":
         return "; ".join(f"{r['shape']} beam {r['beam']} {'bf16' if r['bf16'] else 'fp32'} "
@@ -490,7 +573,36 @@ def table(report: dict[str, Any]) -> str:
     for name, st in report["stages"].items():
         cell = figures(name, st["summary"]) if st["status"] == "passed" else st.get("error", "")
         lines.append(f"| {name} | {st['status']} | {st['seconds']:.0f} | {cell} |")
+    lines += ["", "Issue 57's docs/results.json keys (not written there: a dry run or one check):", ""]
+    lines += [f"- `{k}`: {v}" for k, v in report.get("results", {}).items()]
+    profile = report["stages"].get("profile", {}).get("summary", {})
+    if profile.get("table"):
+        lines += ["", profile["table"]]
     return "\n".join(lines) + "\n"
+
+
+# The presets of bench_train's GPU run and their dry-run stand-ins.
+PRESET_OF = {"small": "small", "dry": "small", "base": "base", "dry-base": "base"}
+
+
+def results(stages: dict[str, Any]) -> dict[str, Any]:
+    """The docs/results.json keys of issue 57 from the stages that passed (None where not)."""
+    def summary(name: str) -> dict[str, Any]:
+        st = stages.get(name, {})
+        return st.get("summary", {}) if st.get("status") == "passed" else {}
+
+    wmt = summary("wmt")
+    out: dict[str, Any] = {
+        "gpu.wmt_base.tokens_per_s": wmt.get("tokens_per_s"),
+        "gpu.wmt_base.hours_to_100k": wmt.get("projected_hours_to_recipe_steps"),
+        "gpu.wmt_base.first_epoch_ratio": wmt.get("first_epoch_ratio"),
+        "gpu.train.small_bf16_speedup": None,
+        "gpu.train.base_bf16_speedup": None,
+    }
+    for r in summary("bench_train").get("rows", []):
+        if r["system"] == "aiayn" and r["precision"] == "bf16" and r["preset"] in PRESET_OF:
+            out[f"gpu.train.{PRESET_OF[r['preset']]}_bf16_speedup"] = r.get("speedup")
+    return out
 
 
 def commit() -> str:
@@ -627,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(out, work, args.dry_run, args.mirror, log,
                       started + args.budget)
         report = {"meta": meta(args, device), "stages": run_stages(ctx, args.stages)}
+        report["results"] = results(report["stages"])
     report["meta"]["wall_s"] = round(time.monotonic() - started, 1)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
     text = table(report)

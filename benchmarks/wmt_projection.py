@@ -22,13 +22,21 @@ real run does) and adds the seconds per update of each epoch, the steady rate ov
 half (from the second epoch at the earliest: the first sees every batch shape new), the MFU it
 implies and the projected hours to the recipe's step count on one such GPU; the training log goes
 to ``--out``/wmt_metrics_RECIPE.jsonl. Records of intervals that end in a validation pass are left
-out of every rate.
+out of every rate. It reports too the first epoch's seconds per update counted from update 0
+divided by the steady ones (``first_epoch_ratio``: the first sight of every batch shape is paid in
+the first epoch; issue 57 asks for at most 1.5).
+
+``--buckets N`` pads the batches to the N bucket widths that waste the least padding on the
+synthetic store's lengths (``fit_bucket_widths``, ``data.bucket_widths``), and ``--set
+train.warm_shapes=60`` runs each of their shapes once before the clock starts; its seconds and
+shapes are reported (``warm_shapes``), apart from the training time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 import tempfile
@@ -141,22 +149,64 @@ def rate(lines: list[dict]) -> tuple[float, float]:
     return seconds, tokens_per_s
 
 
+def fitted_buckets(config: Path, sets: list[str], n: int) -> str:
+    """``data.bucket_widths=...``: the ``n`` widths that pad the run's training pairs least (its
+    tokenizer and token store are built here, into the data cache the run then reads)."""
+    import numpy as np
+
+    from aiayn.data.batching import fit_bucket_widths
+    from aiayn.train.config import load_run_config
+    from aiayn.train.task import build_task
+
+    cfg, _ = load_run_config(config, sets)
+    task = build_task(cfg)
+    task.setup(None)
+    src, tgt = task.example_lengths("train")
+    widths = fit_bucket_widths(np.maximum(src, tgt), n, cfg.data.max_len)
+    return "data.bucket_widths=" + ",".join(map(str, widths))
+
+
+class _WarmupRecord(logging.Handler):
+    """Keeps what train.warm_shapes logged: shapes run, shapes listed, seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        shapes, listed, seconds, stopped = record.args
+        self.seen = dict(shapes=shapes, listed=listed, seconds=round(seconds, 1),
+                         stopped=bool(stopped))
+
+
 def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
-            minutes: float | None = None, out: Path | None = None) -> dict:
+            minutes: float | None = None, out: Path | None = None, buckets: int = 0) -> dict:
     import torch
 
     from aiayn.run_config import load_run_config, micro_batches_per_update
     from aiayn.train.run import train_run
 
     started = time.perf_counter()
+    warmup = _WarmupRecord()
     with tempfile.TemporaryDirectory() as tmp:
         data = write_synthetic_pairs(Path(tmp), pairs)
         stop = [f"train.max_time={60 * minutes}"] if minutes else [f"train.max_steps={steps}"]
         sets = [*data, *stop, "train.valid_every=0", "train.log_every=10",
                 "train.save_every_minutes=0", "train.progress=false", f"train.device={device}",
                 *extra]
-        cfg, _ = load_run_config(ROOT / f"configs/wmt14_en_de_{recipe}.toml", sets)
-        train_run(cfg, Path(tmp) / "run")
+        config = ROOT / f"configs/wmt14_en_de_{recipe}.toml"
+        if buckets:
+            sets.append(fitted_buckets(config, sets, buckets))
+        cfg, _ = load_run_config(config, sets)
+        logger = logging.getLogger("aiayn.train.warmup")
+        level = logger.level
+        logger.addHandler(warmup)
+        logger.setLevel(logging.INFO)
+        try:
+            train_run(cfg, Path(tmp) / "run")
+        finally:
+            logger.removeHandler(warmup)
+            logger.setLevel(level)
         text = (Path(tmp) / "run/metrics.jsonl").read_text()
     # training records only: an interval that ends in a validation pass (the run's last) is slower
     lines = [r for r in map(json.loads, text.splitlines()) if "tokens_per_s" in r and "valid_loss" not in r]
@@ -184,6 +234,11 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
             of_epoch = [r for r in lines if r["epoch"] == e]
             if len(of_epoch) > 1:
                 epochs[e] = round(rate(of_epoch)[0], 4)
+        first = [r for r in lines if r["epoch"] == 1]
+        from_zero = first[-1]["wall"] / first[-1]["step"] if first else None  # update 0 at wall 0
+        result.update(first_epoch_s_per_update_from_update_0=from_zero and round(from_zero, 4),
+                      first_epoch_ratio=from_zero and round(from_zero / seconds, 2),
+                      bucket_widths=list(cfg.data.bucket_widths), warm_shapes=warmup.seen)
         result.update(minutes=minutes, pairs=pairs, updates=lines[-1]["step"],
                       train_wall_s=lines[-1]["wall"], setup_and_train_s=round(time.perf_counter() - started, 1),
                       first_loss=round(lines[0]["loss"], 3), last_loss=round(lines[-1]["loss"], 3),
@@ -205,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--device", default="cuda")
     p.add_argument("--set", dest="extra", action="append", default=[], help="more overrides (a dry run)")
+    p.add_argument("--buckets", type=int, default=0,
+                   help="pad batches to this many bucket widths fitted to the pairs' lengths")
     args = p.parse_args(argv)
     if not args.measure:
         print(json.dumps({"assumptions": ASSUMPTIONS, "paper_implied_mfu_p100": check_against_the_paper()}))
@@ -213,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     results = []
     for recipe in args.measure:
-        results.append(measure(recipe, args.steps, args.pairs, args.device, args.extra, args.minutes, args.out))
+        results.append(measure(recipe, args.steps, args.pairs, args.device, args.extra, args.minutes,
+                               args.out, args.buckets))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

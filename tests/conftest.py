@@ -135,6 +135,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_translate_cli": UNIT,
     "test_trust": UNIT,
     "test_viz": UNIT,
+    "test_warmup": UNIT,
     "test_walkthrough": UNIT,
 }
 
@@ -142,6 +143,7 @@ TEST_KINDS: dict[str, tuple[str, ...]] = {
     "test_compiled_step::test_the_compiled_package_decodes_what_the_module_code_decodes": (
         "process",
     ),  # the compiler (g++) runs
+    "test_warmup::test_the_compiled_forward_gives_the_eager_losses": ("process",),  # g++ runs
     "test_data_store::test_two_processes_racing_build_once": ("process",),
     "test_data_store::test_sigkill_mid_build_leaves_no_store_that_looks_complete": ("process",),
     "test_data_store::test_resume_and_a_second_run_reuse_tokenizer_and_store": ("process",),

@@ -115,7 +115,7 @@ def test_two_presets_in_one_run_each_check_the_same_math_in_a_folder_of_their_ow
         return pairs, [batch] * n, {"dataset": "fixed"}
 
     monkeypatch.setattr(bench, "multi30k_batches", batches)
-    monkeypatch.setattr(bench, "run_group", lambda systems, spec, n: {})
+    monkeypatch.setattr(bench, "run_group", lambda systems, spec, n, *warm: {})
     args = bench.parse_args(["--presets", "dry", "dry-base", "--precisions", "fp32"])
     checks = [bench.bench_preset(p, args, str(tmp_path))[1] for p in args.presets]
     assert [c["abs_diff"] < 1e-5 for c in checks] == [True, True], checks

@@ -253,3 +253,81 @@ def test_padding_to_a_multiple_leaves_the_models_outputs_unchanged():
     (a, loss_a), (p, loss_p) = outs
     assert p.shape[1] == 16 and torch.allclose(p[:, : a.shape[1]], a, atol=1e-5)
     assert torch.allclose(loss_a, loss_p, atol=1e-6)
+
+
+BUCKETS = (8, 12, 16, 24, 32, 48, 64, 80)
+
+
+def test_bucket_widths_pad_to_a_few_widths_and_fix_each_buckets_rows():
+    """data.bucket_widths: each batch's source and target widths are buckets, rows x bucket
+    stays within max_tokens, a batch never spans two buckets, so every batch of a bucket but its
+    last has budget // bucket rows; an epoch has a few shapes, each batch's shape one of those
+    that shape_batches() lists (one batch each, the most padded cells first), in every epoch."""
+    from aiayn.data.batching import bucket_width
+
+    plain, bucketed = sampler(shuffle=False), sampler(bucket_widths=BUCKETS)
+    src, tgt = np.asarray(SRC), np.asarray(TGT)
+    rows_of: dict[int, list[int]] = {}
+    for b in sampler(shuffle=False, bucket_widths=BUCKETS).batches():
+        widths = bucket_width(np.maximum(src[b], tgt[b]), BUCKETS)
+        assert len(set(widths.tolist())) == 1  # one bucket per batch
+        width = int(widths[0])
+        assert len(b) * width <= BUDGET
+        rows_of.setdefault(width, []).append(len(b))
+    for width, rows in rows_of.items():
+        assert set(rows[:-1]) <= {BUDGET // width} and rows[-1] <= BUDGET // width
+    assert sorted(i for b in bucketed.batches(2) for i in b) == list(range(len(SRC)))
+    listed = bucketed.shape_batches()
+    assert len(listed) == bucketed.distinct_shapes() and bucketed.distinct_shapes() * 3 < plain.distinct_shapes()
+    cells = [rows * (s + t) for (rows, s, t), _ in listed]
+    assert cells == sorted(cells, reverse=True)
+    for shape, b in listed:
+        c = collate_translation([([5] * SRC[i], [6] * (TGT[i] - 1)) for i in b], widths=BUCKETS)
+        assert (len(c), c.src.size(1), c.tgt_in.size(1)) == shape
+    for epoch in (0, 3):
+        seen = {(len(b), bucket_width(int(src[b].max()), BUCKETS), bucket_width(int(tgt[b].max()), BUCKETS))
+                for b in bucketed.batches(epoch)}
+        assert seen == {shape for shape, _ in listed}
+    batch = collate_translation([([5] * 3, [6] * 9), ([5] * 10, [6] * 2)], widths=BUCKETS)
+    assert batch.src.shape == (2, 12) and batch.tgt_in.shape == batch.tgt_out.shape == (2, 12)
+    assert bucket_width(np.array([1, 8, 9, 80, 81]), BUCKETS).tolist() == [8, 8, 12, 80, 81]
+    with pytest.raises(ValueError, match="bucket_widths"):
+        sampler(bucket_widths=(16, 8))
+
+
+def test_bucket_widths_off_leaves_the_batches_as_they_were():
+    assert sampler(bucket_widths=()).batches(2) == sampler().batches(2)
+    assert sampler(bucket_widths=()).distinct_shapes() == sampler().distinct_shapes()
+
+
+def test_bucket_widths_config_checks():
+    DataConfig(bucket_widths=(16, 32, 256)).validate()
+    for bad, words in [(dict(bucket_widths=(32, 16, 256)), "ascending"),
+                       (dict(bucket_widths=(16, 128)), r"reach data.max_len \(256\)"),
+                       (dict(bucket_widths=(0, 256)), "positive"),
+                       (dict(bucket_widths=(16, 256), pad_to_multiple=8), "without data.pad_to"),
+                       (dict(kind="classification", bucket_widths=(256,)), "translation")]:
+        with pytest.raises(ConfigError, match=words):
+            DataConfig(**bad)
+    from aiayn.config import ModelConfig
+    from aiayn.run_config import RunConfig, check_run_config
+
+    cfg = RunConfig(model=ModelConfig(max_len=40), data=DataConfig(max_len=34, bucket_widths=(16, 48)))
+    with pytest.raises(ConfigError, match="bucket, 48"):
+        check_run_config(cfg)
+
+
+def test_fit_bucket_widths_wastes_the_least_padding():
+    """Against every choice of widths by brute force, on a small histogram."""
+    import itertools
+
+    from aiayn.data.batching import bucket_width, fit_bucket_widths
+
+    widths = np.random.default_rng(3).integers(1, 15, size=200)
+    for n in (1, 2, 3, 4):
+        got = fit_bucket_widths(widths, n, 16)
+        assert got[-1] == 16 and len(got) <= n
+        waste = lambda ws: int((bucket_width(widths, ws) - widths).sum())  # noqa: E731
+        best = min(waste((*c, 16)) for c in itertools.combinations(range(1, 16), n - 1))
+        assert waste(got) == best
+    assert fit_bucket_widths([3, 3, 5, 9], 5, 9) == (3, 5, 9)  # no empty bucket

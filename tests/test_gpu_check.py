@@ -75,6 +75,22 @@ def test_a_failed_stage_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
     assert "2 passed, 0 failed, 1 skipped" in table
 
 
+def test_the_results_keys_come_from_the_stages_that_passed():
+    stages = {
+        "wmt": {"status": "passed", "summary": {"tokens_per_s": 1_000_000,
+                                                "projected_hours_to_recipe_steps": 1.1,
+                                                "first_epoch_ratio": 1.3}},
+        "bench_train": {"status": "failed", "summary": {"rows": [
+            {"system": "aiayn", "precision": "bf16", "preset": "small", "speedup": 1.6}]}},
+    }
+    assert gpu_check.results(stages) == {
+        "gpu.wmt_base.tokens_per_s": 1_000_000, "gpu.wmt_base.hours_to_100k": 1.1,
+        "gpu.wmt_base.first_epoch_ratio": 1.3, "gpu.train.small_bf16_speedup": None,
+        "gpu.train.base_bf16_speedup": None}
+    stages["bench_train"]["status"] = "passed"
+    assert gpu_check.results(stages)["gpu.train.small_bf16_speedup"] == 1.6
+
+
 def test_every_option_of_the_gpu_run_has_a_tiny_stand_in():
     """The dry run's commands are the GPU run's, each option's values mapped to tiny ones: the
     same options in the same order, as many values each (two presets stay two presets)."""
@@ -123,6 +139,11 @@ def test_the_gpu_settings_make_valid_configs():
     assert cfg.train.device == "cuda" and cfg.train.max_time == 180
     assert cfg.train.schedule_clock == "time" and cfg.data.max_tokens == 8192
     assert cfg.train.precision == "auto"  # bf16 autocast on a GPU that supports it
+    sets = gpu_check.REAL_ARGS["wmt"]
+    sets = [v for k, v in zip(sets, sets[1:]) if k == "--set"]
+    cfg, _ = load_run_config(ROOT / "configs" / "wmt14_en_de_base.toml", sets)
+    assert cfg.data.max_tokens == 12500 and cfg.train.warm_shapes == 60
+    assert gpu_check.REAL_ARGS["profile"][gpu_check.REAL_ARGS["profile"].index("--max-tokens") + 1] == "12500"
     shapes = gpu_check.DECODE_SHAPES
     assert shapes["tiny"] == ("tiny", {"norm_first": True}, 8000)
     assert shapes["base"] == ("base", {}, 32000)
@@ -137,20 +158,33 @@ def test_the_whole_dry_run_passes(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((out / "gpu_check.json").read_text())
     assert list(report["stages"]) == [s.name for s in gpu_check.STAGES]
-    assert [s["status"] for s in report["stages"].values()] == ["passed"] * 4, report
+    assert [s["status"] for s in report["stages"].values()] == ["passed"] * 6, report
+    profile = report["stages"]["profile"]["summary"]["targets"]
+    assert list(profile) == ["wmt", "bench"]  # the WMT base recipe and bench_train's BASE
+    assert all(r["tokens_per_s"] > 0 and r["top"] for r in profile.values())
+    assert report["stages"]["profile"]["summary"]["about"]["bench"]["preset"] == "dry-base"
+    wmt = report["stages"]["wmt"]["summary"]
+    assert len(wmt["bucket_widths"]) <= 4 and wmt["warm_shapes"]["shapes"] > 0
+    results = report["results"]  # issue 57's keys, all filled from the stages
+    assert set(results) == {"gpu.wmt_base.tokens_per_s", "gpu.wmt_base.hours_to_100k",
+                            "gpu.wmt_base.first_epoch_ratio", "gpu.train.small_bf16_speedup",
+                            "gpu.train.base_bf16_speedup"}
+    assert results["gpu.wmt_base.tokens_per_s"] == wmt["tokens_per_s"]
+    assert all(results[f"gpu.train.{p}_bf16_speedup"] > 0 for p in ("small", "base"))
+    assert "Issue 57's docs/results.json keys" in (out / "gpu_check.md").read_text()
     tests = report["stages"]["tests"]["summary"]
     assert tests["passed"] >= 8 and tests["failed"] == 0
     rows = report["stages"]["bench_train"]["summary"]["rows"]
     systems = ("aiayn", "torch") + (("marian",) if gpu_check.have_transformers() else ())
     assert {(r["preset"], r["system"]) for r in rows} == {
         (p, s) for p in ("dry", "dry-base") for s in systems}
-    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert all(r["tokens_per_s"] > 0 and r["first_sight_step_s"] > 0 for r in rows)  # warm pass
     rows = report["stages"]["decode"]["summary"]["rows"]
     assert {(r["shape"], r["beam"], r["bf16"]) for r in rows} == {
         (s, b, f) for s in ("dry", "dry-base") for b in (1, 5) for f in (False, True)}
     train = report["stages"]["train"]["summary"]
     assert train["updates"] == 3 and train["eval_sentences"] == 20
     for name in ("gpu_check.json", "gpu_check.md", "gpu_check.log", "tests.xml",
-                 "bench_train.json", "bench_train.md", "train_metrics.jsonl"):
+                 "bench_train.json", "bench_train.md", "train_metrics.jsonl", "wmt_metrics.jsonl"):
         assert (out / name).is_file(), name
     assert len(list(out.iterdir())) <= 8  # a device call returns at most 8 files

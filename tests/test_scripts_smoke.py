@@ -197,12 +197,17 @@ def smoke_bench_train(tmp: Path) -> None:
     out = tmp / "performance"
     run_main("benchmarks/bench_train.py", "--device", "cpu", "--presets", "dry", "--precisions",
              "fp32", "bf16", "--systems", "aiayn", "torch", "--steps", "1", "1", "--max-tokens",
-             "256", "--peak-sizes", "32", "64", "--threads", "1", "--out", out)
+             "256", "--peak-sizes", "32", "64", "--threads", "1", "--warm-pass", "on", "--out", out)
     run = read_json(out.with_suffix(".json"))["runs"]["threads=1"]
     assert [(g["preset"], g["precision"], sorted(g["systems"])) for g in run["groups"]] == [
         ("dry", "fp32", ["aiayn", "torch"]), ("dry", "bf16", ["aiayn", "torch"])]
     assert run["same_math"]["dry"]["abs_diff"] < 1e-4
-    assert "| dry | bf16 | aiayn |" in out.with_suffix(".md").read_text()
+    text = out.with_suffix(".md").read_text()
+    assert "| dry | bf16 | aiayn |" in text
+    # the warm pass: every timed batch stepped through once before, its seconds kept apart
+    assert run["meta"]["warm_pass"] is True and "a warm pass" in text
+    assert all(r["first_sight_step_s"] > 0 and r["first_sight_ratio"] > 0
+               for g in run["groups"] for r in g["systems"].values())
 
 
 def smoke_same_convergence(tmp: Path) -> None:
@@ -323,10 +328,34 @@ def smoke_wmt_projection(tmp: Path, capsys) -> None:
     assert [m["recipe"] for m in measured] == ["base", "big"]
     assert all(m["seconds_per_update"] > 0 and m["micro_batches"] == 2 for m in measured)
     run_main("benchmarks/wmt_projection.py", "--measure", "base", "--device", "cpu", "--minutes", "0.1",
-             "--pairs", "40", "--out", tmp, *sets)  # a few epochs in 6 s
+             "--pairs", "40", "--buckets", "4", "--set", "train.warm_shapes=30", "--out", tmp,
+             *sets)  # a few epochs in 6 s, batches in 4 bucket widths, each shape warmed first
     timed = read_json(tmp / "wmt_measure.json")[0]
     assert timed["updates"] > 0 and timed["projected_hours_to_recipe_steps"] > 0 and timed["minutes"] == 0.1
+    widths = timed["bucket_widths"]
+    assert 1 <= len(widths) <= 4 and widths[-1] == 256 and widths == sorted(widths)
+    warm = timed["warm_shapes"]
+    assert warm["shapes"] == warm["listed"] > 0 and not warm["stopped"] and warm["seconds"] >= 0
+    assert timed["first_epoch_ratio"] is None or timed["first_epoch_ratio"] > 0
     assert (tmp / "wmt_metrics_base.jsonl").read_text().count("tokens_per_s") >= 2
+
+
+def smoke_profile_step(tmp: Path) -> None:
+    """Both targets on the CPU at tiny sizes: the per-update figures and the top ops, as JSON
+    and a table (the CUDA-only figures say n/a)."""
+    mirror_or_skip()
+    sets = [a for x in TINY_WMT for a in ("--set", x)]
+    run_main("benchmarks/profile_step.py", "--device", "cpu", "--updates", "2", "--pairs", "60",
+             "--max-tokens", "256", "--bench-preset", "dry-base", "--bench-max-tokens", "512",
+             "--top", "5", "--out", tmp, *sets)
+    report = read_json(tmp / "profile.json")
+    assert list(report["targets"]) == ["wmt", "bench"]
+    for r in report["targets"].values():
+        assert r["updates"] == 2 and r["tokens_per_s"] > 0 and r["s_per_update"] > 0
+        assert 0 < r["cpu_op_share"] <= 1 and r["launches_per_update"] > 0
+        assert r["syncs_per_update"].startswith("n/a") and len(r["top"]) == 5
+    assert report["about"]["wmt"]["micro_batches_per_update"] == 2
+    assert "| wmt |" in (tmp / "profile.md").read_text()
 
 
 # gpu_check's smoke run is its whole dry run, with its own assertions, in tests/test_gpu_check.py.
@@ -345,6 +374,7 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_serve.py": smoke_bench_serve,
     "benchmarks/bench_train.py": smoke_bench_train,
     "benchmarks/gpu_check.py": ELSEWHERE,
+    "benchmarks/profile_step.py": smoke_profile_step,
     "benchmarks/same_convergence.py": smoke_same_convergence,
     "benchmarks/train_throughput.py": smoke_train_throughput,
     "benchmarks/wmt_projection.py": smoke_wmt_projection,

@@ -193,6 +193,7 @@ def run_stats(args: argparse.Namespace) -> int:
         max_tokens=cfg.max_tokens,
         seed=cfg.seed,
         pad_to_multiple=cfg.pad_to_multiple,
+        bucket_widths=cfg.bucket_widths,
     )
     batches = sampler.batches()
     done = time.perf_counter()
@@ -203,7 +204,8 @@ def run_stats(args: argparse.Namespace) -> int:
     )
     print(
         f"batches: {len(batches)} at max_tokens={cfg.max_tokens}, padding "
-        f"{100 * padding_fraction(sampler):.1f}% of source+target cells"
+        f"{100 * padding_fraction(sampler):.1f}% of source+target cells, "
+        f"{sampler.distinct_shapes()} distinct batch shapes"
     )
     print(store_line(train))
     print(

@@ -24,6 +24,9 @@ import torch
 __all__ = [
     "Batches",
     "round_up",
+    "bucket_width",
+    "padded_width",
+    "fit_bucket_widths",
     "TokenBatchSampler",
     "pair_lengths",
     "Seq2SeqBatch",
@@ -44,6 +47,52 @@ def round_up(n: Any, multiple: int) -> Any:
     """``n`` (an int or an integer array) rounded up to a multiple of ``multiple``: the width a
     batch's tensors get with ``data.pad_to_multiple``."""
     return n if multiple == 1 else -(-n // multiple) * multiple
+
+
+def bucket_width(n: Any, widths: Sequence[int]) -> Any:
+    """``n`` (an int or an integer array) rounded up to the smallest of the ascending ``widths``
+    that holds it (``data.bucket_widths``); a width above the largest is left as it is."""
+    if not len(widths):
+        return n
+    table = np.asarray(widths, dtype=np.int64)
+    at = np.searchsorted(table, n)  # the first bucket >= n
+    out = np.where(at < len(table), table[np.minimum(at, len(table) - 1)], n)
+    return out if isinstance(n, np.ndarray) else int(out)
+
+
+def padded_width(n: Any, multiple: int = 1, widths: Sequence[int] = ()) -> Any:
+    """The width a batch of longest sequence ``n`` gets: its bucket (``data.bucket_widths``) when
+    there are buckets, else ``n`` rounded up to ``data.pad_to_multiple``."""
+    return bucket_width(n, widths) if len(widths) else round_up(n, multiple)
+
+
+def fit_bucket_widths(widths: Sequence[int] | np.ndarray, n: int, largest: int) -> tuple[int, ...]:
+    """The ``n`` bucket widths, the last one ``largest``, that round the examples' ``widths``
+    (each its longer side, as the sampler's budget counts it) up by the fewest padding tokens in
+    all: a dynamic programme over the length histogram, exact for that cost (a batch's padding
+    within its bucket comes on top, as without buckets). For ``data.bucket_widths``."""
+    w = np.minimum(np.asarray(widths, dtype=np.int64), largest)
+    hist = np.bincount(w, minlength=largest + 1).astype(np.float64)
+    count, total = np.cumsum(hist), np.cumsum(hist * np.arange(largest + 1))
+    a, b = np.arange(largest + 1)[:, None], np.arange(largest + 1)[None, :]
+    # cost[a, b]: the examples of width in (a, b] padded to b; a bucket needs a < b
+    cost = np.where(a < b, b * (count[b] - count[a]) - (total[b] - total[a]), np.inf)
+    best = np.full(largest + 1, np.inf)
+    best[0] = 0.0
+    cuts = []
+    for _ in range(min(n, largest)):
+        paths = best[:, None] + cost  # (a, b): the best way to end the last bucket at b from a
+        cuts.append(paths.argmin(0))
+        best = paths.min(0)
+    out, end = [], largest
+    for cut in reversed(cuts):
+        out.append(end)
+        end = int(cut[end])
+        if end == 0:
+            break
+    # a bucket that holds no example (with more buckets than lengths) is left out
+    kept = [x for x, before in zip(out, [*out[1:], 0]) if x == largest or count[x] > count[before]]
+    return tuple(sorted(kept))
 
 
 class Batches(Sequence[list[int]]):
@@ -105,6 +154,7 @@ class TokenBatchSampler:
         max_batch_size: int | None = None,
         warn_long: bool = True,
         pad_to_multiple: int = 1,
+        bucket_widths: Sequence[int] = (),
     ) -> None:
         # int32: a length fits, and 5 M examples' arrays take 20 MB each instead of 40
         src = np.asarray(src_lengths, dtype=np.int32)
@@ -127,9 +177,13 @@ class TokenBatchSampler:
         if pad_to_multiple < 1:
             raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
         self.multiple = int(pad_to_multiple)  # batch widths are rounded up to a multiple of it
+        # or to the smallest of these that holds them (a batch then never spans two buckets)
+        self.buckets = tuple(int(w) for w in bucket_widths)
+        if list(self.buckets) != sorted(set(self.buckets)) or any(w < 1 for w in self.buckets):
+            raise ValueError(f"bucket_widths must be positive and ascending, got {self.buckets}")
         self.epoch = 0
         self.position = 0  # batches of this epoch already handed out (by this rank)
-        self._width = np.maximum(round_up(src, self.multiple), round_up(tgt, self.multiple))
+        self._width = np.maximum(self.pad(src), self.pad(tgt))
         order = self._sort_keys(None)
         self._bounds = np.asarray(self._cut(self._width[order]), np.int64)
         self._shapes = self._count_shapes(order)
@@ -138,6 +192,10 @@ class TokenBatchSampler:
             log.warning(
                 "%d examples exceed max_tokens=%d and form batches of one", n_over, max_tokens
             )
+
+    def pad(self, n: Any) -> Any:
+        """The padded width of a batch whose longest sequence is ``n`` (an int or an array)."""
+        return padded_width(n, self.multiple, self.buckets)
 
     # ---- batch construction -------------------------------------------------------------------
     def _sort_keys(self, rng: np.random.Generator | None) -> np.ndarray:
@@ -150,11 +208,14 @@ class TokenBatchSampler:
 
         In a sorted run the last element is the widest, so ``fits(end) = (end - start) *
         widths[end - 1] <= max_tokens`` is monotone in ``end``: binary-search the largest end.
+        With bucket widths a batch ends where its bucket ends, so that every batch of a bucket
+        but its last has the same number of rows (the same tensor shape but for its widths).
         """
         bounds, start, n = [0], 0, len(widths)
         cap = self.max_batch_size or n
         while start < n:
-            lo, hi = start + 1, min(start + cap, n)  # lo always kept: a batch has >= 1 example
+            end = int(np.searchsorted(widths, widths[start], "right")) if self.buckets else n
+            lo, hi = start + 1, min(start + cap, end)  # lo always kept: a batch has >= 1 example
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if (mid - start) * int(widths[mid - 1]) <= self.max_tokens:
@@ -175,19 +236,44 @@ class TokenBatchSampler:
         per_rank = n // self.world_size if self.world_size > 1 else n
         return Batches(order, self._bounds, pick[self.rank :: self.world_size][:per_rank])
 
-    def _count_shapes(self, order: np.ndarray) -> int:
+    def _shapes_of(self, order: np.ndarray) -> np.ndarray:
+        """(rows, source width, target width) of each batch of the cut, over ``order``."""
         starts = self._bounds[:-1]
         if not len(starts):
-            return 0
+            return np.zeros((0, 3), np.int64)
         rows = np.diff(self._bounds)
-        src = round_up(np.maximum.reduceat(self.src[order], starts), self.multiple)
-        tgt = round_up(np.maximum.reduceat(self.tgt[order], starts), self.multiple)
-        return len(np.unique(np.stack([rows, src, tgt], axis=1), axis=0))
+        src = self.pad(np.maximum.reduceat(self.src[order], starts))
+        tgt = self.pad(np.maximum.reduceat(self.tgt[order], starts))
+        return np.stack([rows, src, tgt], axis=1)
+
+    def _count_shapes(self, order: np.ndarray) -> int:
+        return len(np.unique(self._shapes_of(order), axis=0))
 
     def distinct_shapes(self) -> int:
         """How many distinct (rows, source width, target width) an epoch's batches have (the cut
         is the same every epoch; the widths counted in the unshuffled order)."""
         return self._shapes
+
+    def shape_batches(self) -> list[tuple[tuple[int, int, int], list[int]]]:
+        """One batch of each distinct (rows, source width, target width) of an epoch, over all
+        ranks, the most padded cells first: what a warm-up runs once (aiayn/train/warmup.py).
+        The sort order puts the same examples in the same batches every epoch, up to examples of
+        equal lengths, so an epoch's shapes are those of every epoch."""
+        order = self._sort_keys(None)
+        shapes = self._shapes_of(order)
+        if not len(shapes):
+            return []
+        _, firsts = np.unique(shapes, axis=0, return_index=True)
+        first = sorted(
+            firsts.tolist(), key=lambda j: -int(shapes[j, 0] * (shapes[j, 1] + shapes[j, 2]))
+        )
+        return [
+            (
+                (int(shapes[j, 0]), int(shapes[j, 1]), int(shapes[j, 2])),
+                order[self._bounds[j] : self._bounds[j + 1]].tolist(),
+            )
+            for j in first
+        ]
 
     def __len__(self) -> int:
         n = len(self._bounds) - 1
@@ -246,11 +332,12 @@ def pad_sequences(
     prefix: int | None = None,
     suffix: int | None = None,
     multiple: int = 1,
+    widths: Sequence[int] = (),
 ) -> torch.Tensor:
     """Right-padded (B, L) LongTensor of ``[prefix] + seq + [suffix]`` for each sequence, L
-    rounded up to a multiple of ``multiple``."""
+    rounded up to a multiple of ``multiple`` or to its bucket among ``widths``."""
     extra = (prefix is not None) + (suffix is not None)
-    width = round_up(max((len(s) for s in seqs), default=0) + extra, multiple)
+    width = padded_width(max((len(s) for s in seqs), default=0) + extra, multiple, widths)
     out = np.full((len(seqs), width), pad_id, dtype=np.int64)
     start = int(prefix is not None)
     for i, seq in enumerate(seqs):
@@ -292,17 +379,19 @@ def collate_translation(
     bos_id: int = 1,
     eos_id: int = 2,
     multiple: int = 1,
+    widths: Sequence[int] = (),
 ) -> Seq2SeqBatch:
     """Pad (source ids, target ids) pairs into a :class:`Seq2SeqBatch` (no BOS/EOS on the
-    source), the widths rounded up to a multiple of ``multiple`` (data.pad_to_multiple)."""
+    source), the widths rounded up to a multiple of ``multiple`` (data.pad_to_multiple) or to
+    the smallest of ``widths`` that holds them (data.bucket_widths)."""
     if not pairs:
         raise ValueError("collate_translation needs at least one pair")
     src = [x for x, _ in pairs]
     tgt = [y for _, y in pairs]
     return Seq2SeqBatch(
-        src=pad_sequences(src, pad_id, multiple=multiple),
-        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, multiple=multiple),
-        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, multiple=multiple),
+        src=pad_sequences(src, pad_id, multiple=multiple, widths=widths),
+        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, multiple=multiple, widths=widths),
+        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, multiple=multiple, widths=widths),
         n_src_tokens=sum(len(x) for x in src),
         n_tgt_tokens=sum(len(y) + 1 for y in tgt),
     )
@@ -345,6 +434,5 @@ def padding_fraction(sampler: TokenBatchSampler, epoch: int = 0) -> float:
     for batch in sampler.batches(epoch):
         src, tgt = sampler.src[batch], sampler.tgt[batch]
         real += int(src.sum()) + int(tgt.sum())
-        m = sampler.multiple  # data.pad_to_multiple
-        padded += len(batch) * (round_up(int(src.max()), m) + round_up(int(tgt.max()), m))
+        padded += len(batch) * (sampler.pad(int(src.max())) + sampler.pad(int(tgt.max())))
     return 1.0 - real / padded if padded else 0.0

@@ -65,6 +65,12 @@ class DataConfig:
     # batches per epoch: 8 gave 103 shapes instead of 2,825 and 11% more batches on a 5 M-pair
     # corpus at 12,500 tokens (docs/data.md#batching).
     pad_to_multiple: int = 1
+    # Translation: pad each batch's source and target widths up to the smallest of these widths
+    # (ascending; the largest at least max_len) that holds them, and cut each bucket's examples
+    # into batches of the same rows (budget // width; the bucket's last batch fewer), so that an
+    # epoch's batch shapes are a few dozen, each seen again every epoch: what a GPU's first sight
+    # of a shape, a warm-up (train.warm_shapes) or a captured graph wants. () = off.
+    bucket_widths: tuple[int, ...] = ()
     # Longest sequence kept for training, in tokens with BOS/EOS; longer examples are dropped.
     max_len: int = 256
     # What to do with classification texts longer than max_len: drop them, or cut them (logged).
@@ -87,6 +93,18 @@ class DataConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def _check_buckets(self) -> None:
+        widths = self.bucket_widths
+        if self.kind != TRANSLATION or self.pad_to_multiple > 1:
+            raise ConfigError(
+                "data.bucket_widths pads translation batches, without data.pad_to_multiple"
+            )
+        if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] < self.max_len:
+            raise ConfigError(
+                f"data.bucket_widths must be positive, ascending and reach data.max_len "
+                f"({self.max_len}), got {list(widths)}"
+            )
+
     @property
     def uses_own_files(self) -> bool:
         """True when the run reads the user's files instead of a registered dataset."""
@@ -106,6 +124,8 @@ class DataConfig:
                 f"data.pad_to_multiple pads the batches of data.kind = "
                 f"{kinds_taking('pad_to_multiple')}; data.kind is {self.kind!r}"
             )
+        if self.bucket_widths:
+            self._check_buckets()
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
         if self.bpe_dropout and (self.tokenizer != "bpe" or "bpe_dropout" not in takes):

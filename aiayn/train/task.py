@@ -133,6 +133,11 @@ class Task(ABC):
         (None: not counted; a kind whose batches all have one shape)."""
         return None
 
+    def shape_batches(self) -> Sequence[list[int]]:
+        """One training batch of each distinct tensor shape of an epoch, over all processes, the
+        largest first (what train.warm_shapes runs once; empty: not known for this kind)."""
+        return []
+
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Expensive validation metrics, computed on rank 0 when ``train.metrics_every`` says so."""
         return {}
@@ -194,6 +199,7 @@ class TokenBatchedTask(Task):
                     rank=rank,
                     world_size=world_size,
                     pad_to_multiple=self.cfg.data.pad_to_multiple,  # translation only (validated)
+                    bucket_widths=self.cfg.data.bucket_widths,  # translation only (validated)
                 )
                 if len(lengths)
                 else None
@@ -206,6 +212,10 @@ class TokenBatchedTask(Task):
     def batch_shapes(self, rank: int, world_size: int) -> int | None:
         sampler = self._sampler("train", rank, world_size)
         return None if sampler is None else sampler.distinct_shapes()
+
+    def shape_batches(self) -> Sequence[list[int]]:
+        sampler = self._sampler("train", 0, 1)
+        return [] if sampler is None else [batch for _, batch in sampler.shape_batches()]
 
     def valid_batches(self, rank: int, world_size: int) -> Sequence[list[int]]:
         sampler = self._sampler("valid", 0, 1)

@@ -33,6 +33,7 @@ from aiayn.train.schedule import make_schedule
 from aiayn.train.setup import TrainingSetup
 from aiayn.train.state import Progress, TrainState, rng_untouched
 from aiayn.train.task import Task
+from aiayn.train.warmup import warm_shapes
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ class Trainer:
         self.device = dist.device
         self.state = TrainState.start(cfg, task, self.setup, folder if resume else None)
         self.model, self.optimizer = self.state.model, self.state.optimizer
+        if train.compile:  # the model's forward compiled; loss and optimizer stay eager
+            self.model.forward = torch.compile(self.model.forward)
         self.schedule = make_schedule(train, cfg.model.d_model)
         self.ddp = self.setup.wrap(self.model)
         self.update_freq = _micro_batches(cfg, dist.world_size)
@@ -170,6 +173,10 @@ class Trainer:
         with self.setup:
             self._bar = _progress_bar(self.train_cfg, self.dist.is_main, self.progress.step)
             self._interval = _Interval()
+            if self.train_cfg.warm_shapes:  # each batch shape once, before the clock
+                with rng_untouched():
+                    net, seconds = self.ddp or self.model, self.train_cfg.warm_shapes
+                    warm_shapes(net, self.task, self.device, self.setup.autocast, seconds)
             self.session_start = time.perf_counter()
             self._synced_wall = self.progress.wall
             # At the start the clock reads the saved wall-clock (the same on every process), so

@@ -111,8 +111,9 @@ class TranslationTask(TokenBatchedTask):
             chosen = self._noisy_pairs(indices)
         else:
             chosen = list(zip(store.rows("src", indices), store.rows("tgt", indices)))
+        data = self.cfg.data
         return collate_translation(
-            chosen, m.pad_id, m.bos_id, m.eos_id, self.cfg.data.pad_to_multiple
+            chosen, m.pad_id, m.bos_id, m.eos_id, data.pad_to_multiple, data.bucket_widths
         )
 
     def _noisy_pairs(self, indices: list[int]) -> list[tuple[list[int], list[int]]]:
