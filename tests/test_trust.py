@@ -40,8 +40,8 @@ from aiayn.folder import load_model_folder
 from aiayn.folder_config import read_folder_config
 from aiayn.io import recover_folder, write_bytes
 from aiayn.model import Transformer
-from aiayn.model import compiled as compiled_module
-from aiayn.model.compiled import EagerRunner, compiled_step, package_key
+from aiayn.runtime import compiled as compiled_module
+from aiayn.runtime.compiled import EagerRunner, compiled_step, package_key
 from aiayn.run_config import load_run_config
 
 
