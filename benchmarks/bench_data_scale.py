@@ -203,7 +203,7 @@ def measure_tokens_per_s(keys: dict[str, str], smoke: bool, steps: int) -> dict:
     import torch
 
     from aiayn.data import collate_translation, train_tokenizer_for, translation_store
-    from aiayn.train.config import load_run_config
+    from aiayn.run_config import load_run_config
     from aiayn.train.task import build_task
 
     overrides = config_values(keys, smoke, steps)[1::2]

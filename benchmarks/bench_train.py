@@ -204,7 +204,7 @@ class AiaynSystem:
                  device: str = "cpu", **train_settings: Any) -> None:
         from aiayn.config import ModelConfig
         from aiayn.data import DataConfig, pair_store
-        from aiayn.train.config import RunConfig, TrainConfig
+        from aiayn.run_config import RunConfig, TrainConfig
         from aiayn.train.distributed import DistContext
         from aiayn.train.run_folder import RunFolder
         from aiayn.train.translation import TranslationTask

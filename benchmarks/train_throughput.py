@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from aiayn.train.config import load_run_config, micro_batches_per_update
+from aiayn.run_config import load_run_config, micro_batches_per_update
 from aiayn.train.distributed import DistContext, cpu_has_bf16
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.task import build_task

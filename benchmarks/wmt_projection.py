@@ -145,7 +145,7 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
             minutes: float | None = None, out: Path | None = None) -> dict:
     import torch
 
-    from aiayn.train.config import load_run_config, micro_batches_per_update
+    from aiayn.run_config import load_run_config, micro_batches_per_update
     from aiayn.train.run import train_run
 
     started = time.perf_counter()

@@ -9,13 +9,12 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from aiayn.train.allocator import (KERNEL_CACHE_CAPACITY, MANY_SHAPES_CAPACITY, SHAPES_CACHED_WHOLE,
                                    kernel_cache_capacity)
-from aiayn.train.trainer import Trainer
+from aiayn.train.setup import cache_kernels_for
 
 glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                            reason="glibc malloc only")
@@ -178,7 +177,7 @@ def test_the_kernel_cache_is_sized_by_the_runs_batch_shapes(monkeypatch):
             seen.append((rank, world_size))
             return 4069
 
-    Trainer._cache_kernels(SimpleNamespace(task=Task(), dist=SimpleNamespace(rank=1, world_size=2)))
+    cache_kernels_for(Task(), rank=1, world_size=2)
     assert seen == [(1, 2)]
     assert os.environ["LRU_CACHE_CAPACITY"] == os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"
 

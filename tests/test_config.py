@@ -124,7 +124,7 @@ def test_a_bad_config_in_a_real_process_is_one_line_and_exit_2():
 def test_the_warm_up_advice_is_logged_once_per_run_not_per_read(caplog):
     """A config is checked when read and again when its task is built; advice that is not an
     error (warm-up longer than the run) is logged once, when the run starts."""
-    from aiayn.train.config import build_run_config
+    from aiayn.run_config import build_run_config
     from aiayn.train.task import build_task
 
     values = {"train.max_steps": 10, "train.warmup_steps": 20, "train.lr_schedule": "inverse_sqrt"}

@@ -124,7 +124,7 @@ def test_bf16_autocast_is_close_to_fp32_on_cpu():
 
 def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2, **train):
     from aiayn.data import DataConfig, pair_store
-    from aiayn.train.config import RunConfig, TrainConfig
+    from aiayn.run_config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
     from aiayn.train.translation import TranslationTask
@@ -169,7 +169,7 @@ def test_trainer_update_matches_cpu(tmp_path):
 def test_trainer_takes_bf16_autocast_on_the_gpu(tmp_path):
     trainer = _trainer(tmp_path, DEVICE, "auto", "auto")
     if REAL_CUDA:
-        assert trainer.autocast_dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
+        assert trainer.setup.autocast_dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
     assert trainer.update([list(range(12))])
     assert trainer._interval.loss > 0
 

@@ -392,7 +392,7 @@ def running_text(n_words: int, seed: int = 0) -> str:
 
 
 def lm_config(path: Path, kind: str, **over):
-    from aiayn.train.config import build_run_config
+    from aiayn.run_config import build_run_config
 
     return build_run_config({"data.kind": "lm", "data.dataset": "", "data.train_file": str(path),
                              "data.valid_file": str(path), "data.tokenizer": kind,

@@ -115,7 +115,7 @@ def test_a_gpu_option_without_a_stand_in_stops_the_dry_run_before_it_starts(tmp_
 def test_the_gpu_settings_make_valid_configs():
     """What only a GPU run uses: the train stage's overrides of the headline config (the time
     budget and the time clock of the cosine) and the decode stage's model shapes."""
-    from aiayn.train.config import load_run_config
+    from aiayn.run_config import load_run_config
 
     config, *sets = gpu_check.REAL_ARGS["train"]
     sets += gpu_check.train_sets({"train.max_time": gpu_check.TRAIN_SECONDS})

@@ -118,7 +118,7 @@ def test_lm_overfits_tiny_text():
 
 def _adversarial_task(eps: float):
     from aiayn.train.classification import ClassificationTask
-    from aiayn.train.config import build_run_config
+    from aiayn.run_config import build_run_config
 
     return ClassificationTask(build_run_config({"data.kind": "classification",
                                                 "train.adversarial_eps": eps,
@@ -174,7 +174,7 @@ def test_adversarial_loss_of_a_padded_batch_is_the_sum_over_texts_alone():
 
 def test_adversarial_eps_is_checked():
     from aiayn.errors import ConfigError
-    from aiayn.train.config import build_run_config
+    from aiayn.run_config import build_run_config
     from aiayn.train.task import build_task
 
     with pytest.raises(ConfigError, match="adversarial_eps must be >= 0"):

@@ -19,7 +19,7 @@ from aiayn.decode import translate_texts
 from aiayn.folder import load_model_folder
 from aiayn.model import Transformer
 from aiayn.train.average import average_checkpoints
-from aiayn.train.config import build_run_config
+from aiayn.run_config import build_run_config
 from aiayn.train.run import train_run
 from aiayn.train.task import build_task
 from aiayn.train.translation import TranslationTask, kept_outputs

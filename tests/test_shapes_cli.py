@@ -16,7 +16,7 @@ from aiayn.data.clean import clean_text
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.generate import generate, lm_step
 from aiayn.model import TransformerClassifier, TransformerLM
-from aiayn.train.config import build_run_config
+from aiayn.run_config import build_run_config
 from aiayn.train.lm import LanguageModelTask
 from trainutil import SHAPE_TRAIN, fails, one_thread, reviews, write_toml, write_tsv  # noqa: F401
 from trainutil import tiny_model_config, torch_threads

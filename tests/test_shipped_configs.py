@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.train.config import load_run_config
+from aiayn.run_config import load_run_config
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
 
@@ -51,7 +51,7 @@ PAPER = {
 
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_wmt_recipes_have_the_papers_settings(name):
-    from aiayn.train.config import micro_batches_per_update
+    from aiayn.run_config import micro_batches_per_update
 
     cfg, _ = load_run_config(CONFIGS[0].parent / name)
     m, d, t, dec, paper = cfg.model, cfg.data, cfg.train, cfg.decode, PAPER[name]

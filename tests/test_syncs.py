@@ -118,7 +118,7 @@ def _attention_path(fused: bool) -> Iterator[None]:
 
 def _update_syncs(tmp_path, layers: int, output_vocab: str) -> Counter:
     from aiayn.data import DataConfig, pair_store
-    from aiayn.train.config import RunConfig, TrainConfig
+    from aiayn.run_config import RunConfig, TrainConfig
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
     from aiayn.train.translation import TranslationTask

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.folder import load_model_dir
-from aiayn.train.config import build_run_config
+from aiayn.run_config import build_run_config
 from aiayn.train.distributed import DistContext
 from aiayn.train.run import train_run
 from aiayn.train.run_folder import RunFolder
@@ -86,7 +86,7 @@ def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_weights(tmp_pa
     logged = [r["valid_loss"] for r in _metrics(tmp_path / "run") if "valid_loss" in r]
     assert len(logged) == 3
     fresh = _trainer(tmp_path / "fresh", max_steps=12, lr=1e-2)  # the same data, written again
-    assert fresh.fused_optimizer  # the kernel the training above used
+    assert fresh.optimizer.defaults["fused"]  # the kernel the training above used
     saved, _, _ = load_model_dir(tmp_path / "run")
     fresh.model.load_state_dict(saved.state_dict())
     assert fresh._valid_loss()["valid_loss"] == pytest.approx(logged[-1], rel=1e-5)
@@ -283,7 +283,7 @@ def test_checkpoints_every_n_minutes_of_training(tmp_path, monkeypatch):
 
 def test_tokens_per_update_sets_the_micro_batches_per_update(tmp_path):
     from aiayn.errors import ConfigError
-    from aiayn.train.config import micro_batches_per_update
+    from aiayn.run_config import micro_batches_per_update
 
     trainer = _trainer(tmp_path, tokens_per_update=400)  # data.max_tokens = 160: ⌈400/160⌉ = 3
     assert trainer.update_freq == 3

@@ -12,7 +12,7 @@ from trainutil import tiny_model_config
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.train.config import TrainConfig, build_run_config, load_run_config
+from aiayn.run_config import TrainConfig, build_run_config, load_run_config
 from aiayn.train import loss as loss_module
 from aiayn.train.loss import label_smoothed_nll_loss, projected_label_smoothed_nll_loss
 from aiayn.train.schedule import cosine_lr, inverse_sqrt_lr, make_schedule, noam_lr, time_cosine_lr

@@ -1,14 +1,12 @@
-"""oneDNN's kernel caches on CPU, sized for a training run's batch shapes; and (re-exported from
-:mod:`aiayn.memory`) glibc set to keep freed memory in the process.
+"""oneDNN's kernel caches on CPU, sized for a training run's batch shapes (applied by
+:class:`aiayn.train.setup.TrainingSetup`, beside :mod:`aiayn.memory`'s malloc settings).
 """
 
 from __future__ import annotations
 
 import os
 
-from aiayn.memory import keep_freed_memory
-
-__all__ = ["cache_cpu_kernels", "kernel_cache_capacity", "keep_freed_memory"]
+__all__ = ["cache_cpu_kernels", "kernel_cache_capacity"]
 
 # oneDNN, which runs torch's bf16 (and many fp32) matrix multiplies on x86 CPUs, JIT-compiles a
 # kernel ("primitive") for every new shape: a (1000, 8000) x (8000, 128) bf16 product took ~15 ms

@@ -11,7 +11,6 @@ adversarially perturbed embeddings), and validation also reports accuracy.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Any
 
@@ -20,15 +19,13 @@ import torch
 from torch import nn
 
 from aiayn.config import ModelConfig
-from aiayn.data import Tokenizer, collate_classification, split_stores, train_tokenizer_for
+from aiayn.data import collate_classification
 from aiayn.decode.classify import predict_ids
 from aiayn.errors import ConfigError, DataError
 from aiayn.kinds import CLASSIFICATION
 from aiayn.model import TransformerClassifier
 from aiayn.train.loss import label_smoothed_nll_loss
 from aiayn.train.task import Lengths, StepStats, TokenBatchedTask
-
-log = logging.getLogger(__name__)
 
 __all__ = ["ClassificationTask"]
 
@@ -38,30 +35,11 @@ class ClassificationTask(TokenBatchedTask):
 
     kind = CLASSIFICATION
 
-    def setup(self, tokenizer_json: str | None) -> str:
-        data = self.cfg.data
-        if tokenizer_json is None:
-            log.info(
-                "training a %s tokenizer (vocabulary %d) on the cleaned training split",
-                data.tokenizer,
-                data.vocab_size,
-            )
-            self.tokenizer = train_tokenizer_for(data)
-        else:
-            self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
-        self.stores = split_stores(data, self.tokenizer)
-        self._check_labels()
-        log.info(
-            "%d training texts, %d validation texts, vocabulary %d",
-            len(self.stores["train"]),
-            len(self.stores["valid"]),
-            self.tokenizer.vocab_size,
-        )
-        return self.tokenizer.to_str()
+    examples = "texts"
+    tokenizer_text = "the cleaned training split"
 
-    def _check_labels(self) -> None:
-        if not len(self.stores["train"]):
-            raise ConfigError("no training texts left after filtering by data.max_len")
+    def check_data(self) -> None:
+        """Every label below model.n_classes."""
         top = max(int(store.labels.max()) for store in self.stores.values() if len(store))
         if top >= self.cfg.model.n_classes:
             raise DataError(

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.data import Tokenizer, split_stores, train_tokenizer_for
+from aiayn.data import split_stores
 from aiayn.errors import ConfigError
 from aiayn.kinds import LM
 from aiayn.train.loss import projected_label_smoothed_nll_loss
@@ -40,11 +40,7 @@ class LanguageModelTask(Task):
 
     def setup(self, tokenizer_json: str | None) -> str:
         data = self.cfg.data
-        if tokenizer_json is None:
-            log.info("training a %s tokenizer on the training text", data.tokenizer)
-            self.tokenizer = train_tokenizer_for(data)
-        else:
-            self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
+        self.tokenizer = self.load_tokenizer(tokenizer_json, " on the training text")
         # the text's ids, memory-mapped from its token store
         self.ids = {
             split: store.mapped("text")

@@ -121,6 +121,26 @@ def rows_per_projection(device: torch.device) -> int:
     return PROJECT_ROWS if device.type == "cpu" else DEVICE_PROJECT_ROWS
 
 
+def _chunk_terms(
+    z: Tensor, gold: Tensor, epsilon: float, stats: Tensor, sub: int, need_grad: bool
+) -> None:
+    """Add the summed loss and NLL of a chunk of logits ``z`` (C, V) to ``stats`` (in its wide
+    dtype), ``sub`` rows per float32 pass; with ``need_grad``, overwrite ``z`` by the gradient of
+    the summed loss with respect to it, G = softmax(z) - (1 - ε)·onehot - ε/V."""
+    V = z.size(1)
+    for b in range(0, z.size(0), sub):
+        zs = z[b : b + sub].to(stats.dtype, copy=True)  # (c, V)
+        g = gold[b : b + zs.size(0)]
+        nll_rows, smooth_rows, e, total = _row_terms(zs, g)
+        nll = nll_rows.sum()
+        stats[0] += (1.0 - epsilon) * nll + epsilon * smooth_rows.sum()
+        stats[1] += nll
+        if need_grad:
+            e.div_(total).sub_(epsilon / V)
+            e[torch.arange(e.size(0), device=e.device), g] += epsilon - 1.0
+            z[b : b + sub] = e
+
+
 class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     """Output projection + label-smoothed cross-entropy, summed over rows, chunk by chunk.
 
@@ -156,15 +176,10 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         wt = w.t()
         stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
         dh = torch.empty_like(h) if need_dh else None
-        dw = (
-            (
-                weight.new_empty(weight.shape, dtype=_wide(weight.dtype))
-                if N
-                else weight.new_zeros(weight.shape, dtype=_wide(weight.dtype))
-            )
-            if need_dw
-            else None
-        )
+        dw = None
+        if need_dw:  # summed over the chunks (zero when there are none)
+            make = weight.new_empty if N else weight.new_zeros
+            dw = make(weight.shape, dtype=_wide(weight.dtype))
         project_rows = rows_per_projection(h.device)
         buffer = h.new_empty(min(N, project_rows), V, dtype=dtype)
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
@@ -178,17 +193,7 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         for a in range(0, N, project_rows):
             rows = hc[a : a + project_rows]
             z = torch.mm(rows, wt, out=buffer[: rows.size(0)])  # (C, V) logits
-            for b in range(0, z.size(0), sub):
-                zs = z[b : b + sub].to(wide, copy=True)  # (c, V)
-                g = gold[a + b : a + b + zs.size(0)]
-                nll_rows, smooth_rows, e, total = _row_terms(zs, g)
-                nll = nll_rows.sum()
-                stats[0] += (1.0 - epsilon) * nll + epsilon * smooth_rows.sum()
-                stats[1] += nll
-                if need_grad:
-                    e.div_(total).sub_(epsilon / V)
-                    e[torch.arange(e.size(0), device=e.device), g] += epsilon - 1.0
-                    z[b : b + sub] = e
+            _chunk_terms(z, gold[a : a + z.size(0)], epsilon, stats, sub, need_grad)
             if dh is not None:
                 dh[a : a + z.size(0)] = torch.mm(z, w)
             if dw is not None and dw_part is not None and dw_wide is not None:

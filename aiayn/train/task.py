@@ -14,6 +14,7 @@ Task module and one entry in :data:`aiayn.kinds.KINDS`.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,10 +25,12 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.data import TokenBatchSampler
+from aiayn.data import TokenBatchSampler, Tokenizer, split_stores, train_tokenizer_for
 from aiayn.errors import ConfigError
 from aiayn.kinds import KINDS, get_kind
 from aiayn.run_config import RunConfig, check_run_config, warn_run_config
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "StepStats",
@@ -84,6 +87,14 @@ class Task(ABC):
         """Load the data; train the tokenizer unless ``tokenizer_json`` restores one. Returns the
         tokenizer as JSON (saved in the run folder)."""
 
+    def load_tokenizer(self, tokenizer_json: str | None, trained_on: str) -> Tokenizer:
+        """The tokenizer ``tokenizer_json`` restores, or a new one trained as ``data`` says
+        (logged as "training a <kind> tokenizer<trained_on>")."""
+        if tokenizer_json is not None:
+            return Tokenizer.from_str(tokenizer_json, "tokenizer.json")
+        log.info("training a %s tokenizer%s", self.cfg.data.tokenizer, trained_on)
+        return train_tokenizer_for(self.cfg.data)
+
     def model_config(self, model: ModelConfig) -> ModelConfig:
         """``model`` with the fields the data fixes (vocabulary size) filled in."""
         return model
@@ -124,12 +135,39 @@ class Task(ABC):
 
 class TokenBatchedTask(Task):
     """A kind whose examples are batched by token count (:class:`~aiayn.data.TokenBatchSampler`),
-    one sampler per split and process, made on first use. Subclasses give
-    :meth:`example_lengths`."""
+    one sampler per split and process, made on first use. :meth:`setup` builds the tokenizer and
+    the splits' token stores (``self.stores``); subclasses give :meth:`example_lengths` and may
+    check or prepare more in :meth:`check_data`."""
+
+    #: what one example is called in the logs and errors ("pairs", "texts")
+    examples: ClassVar[str] = "examples"
+    #: what the tokenizer is trained on, in the log
+    tokenizer_text: ClassVar[str] = "the training split"
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self._samplers: dict[tuple[str, int, int], Any] = {}
+
+    def setup(self, tokenizer_json: str | None) -> str:
+        data = self.cfg.data
+        trained_on = f" (vocabulary {data.vocab_size}) on {self.tokenizer_text}"
+        self.tokenizer = self.load_tokenizer(tokenizer_json, trained_on)
+        self.stores = split_stores(data, self.tokenizer)
+        if not len(self.stores["train"]):
+            raise ConfigError(f"no training {self.examples} left after filtering by data.max_len")
+        self.check_data()
+        log.info(
+            "%d training %s, %d validation %s, vocabulary %d",
+            len(self.stores["train"]),
+            self.examples,
+            len(self.stores["valid"]),
+            self.examples,
+            self.tokenizer.vocab_size,
+        )
+        return self.tokenizer.to_str()
+
+    def check_data(self) -> None:
+        """The kind's own checks and preparations of the loaded data (``self.stores``)."""
 
     @abstractmethod
     def example_lengths(self, split: str) -> tuple[Lengths, Lengths | None]:

@@ -16,27 +16,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from aiayn.checkpoint import init_from_model_dir, load_weights, save_model_dir
-from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.memory import keep_freed_memory
-from aiayn.run_config import RunConfig, micro_batches_per_update
-from aiayn.threads import ThreadGovernor, threads_for_load
-from aiayn.train.allocator import cache_cpu_kernels, kernel_cache_capacity
-from aiayn.train.distributed import DistContext, resolve_precision
+from aiayn.errors import AiaynError, ConfigError
+from aiayn.run_config import RunConfig, TrainConfig, micro_batches_per_update
+from aiayn.train.distributed import DistContext
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
+from aiayn.train.setup import TrainingSetup
+from aiayn.train.state import Progress, TrainState, rng_untouched
 from aiayn.train.task import Task
 
 log = logging.getLogger(__name__)
@@ -58,21 +53,6 @@ class TrainResult:
 
 
 @dataclass
-class _Progress:
-    """Counters that a checkpoint saves and a resume restores."""
-
-    step: int = 0  # updates applied
-    epoch: int = 1  # the epoch in progress (1-based)
-    position: int = 0  # batches of this epoch already consumed (this process's list)
-    wall: float = 0.0  # seconds of training before this session
-    best: float | None = None  # best value of train.best_metric so far
-    bad_valid: int = 0  # validations since the last new best (early stopping)
-    bad_steps: int = 0  # consecutive updates skipped for a non-finite loss
-    skipped: int = 0  # all updates skipped so far
-    warmup_wall: float | None = None  # wall-clock when the warm-up ended (schedule_clock = "time")
-
-
-@dataclass
 class _Interval:
     """Sums since the last metrics line."""
 
@@ -84,46 +64,72 @@ class _Interval:
     updates: int = 0
     start: float = field(default_factory=time.perf_counter)
 
+    def add(self, loss: float, nll: float, targets: float, tokens: float, norm: float) -> None:
+        self.loss += loss
+        self.nll += nll
+        self.targets += targets
+        self.tokens += tokens
+        self.grad_norm += norm
+        self.updates += 1
 
-def _rng_state() -> dict[str, Any]:
-    np_state: Any = np.random.get_state()  # the legacy tuple
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": list(random.getstate()[1]),
-        "python_gauss": random.getstate()[2],
-        "numpy": [
-            torch.from_numpy(np_state[1].astype(np.int64)),
-            int(np_state[2]),
-            int(np_state[3]),
-            float(np_state[4]),
-        ],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
-    keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    def record(self, head: dict[str, Any], lr: float, skipped: int, until: float | None) -> dict:
+        """The metrics line: ``head`` (step, wall, epoch), then the means of the interval."""
+        elapsed = max((until or time.perf_counter()) - self.start, 1e-9)
+        targets = max(self.targets, 1.0)
+        return {
+            **head,
+            "loss": self.loss / targets,
+            "nll": self.nll / targets,
+            "lr": lr,
+            "tokens_per_s": self.tokens / elapsed,
+            "grad_norm": self.grad_norm / max(self.updates, 1),
+            "skipped": skipped,
+        }
 
 
-@contextlib.contextmanager
-def _rng_untouched() -> Iterator[None]:
-    """Whatever runs inside (batching, validation) leaves the global RNGs as they were."""
-    saved = _rng_state()
-    try:
-        yield
-    finally:
-        _set_rng_state(saved)
+def _micro_batches(cfg: RunConfig, world_size: int) -> int:
+    """Micro-batches per update on each process (train.update_freq or train.tokens_per_update)."""
+    n = micro_batches_per_update(cfg, world_size)
+    if cfg.train.tokens_per_update:
+        log.info(
+            "train.tokens_per_update = %d: %d micro-batches of data.max_tokens = %d on each "
+            "of %d processes per update",
+            cfg.train.tokens_per_update,
+            n,
+            cfg.data.max_tokens,
+            world_size,
+        )
+    return n
+
+
+def _time_used(progress: Progress, train: TrainConfig, wall: float) -> float:
+    """The share of the time budget after the warm-up spent by ``wall`` (schedule_clock =
+    "time"); the update that ends the warm-up records its wall-clock in ``progress``."""
+    if train.schedule_clock != "time" or progress.step < train.warmup_steps:
+        return 0.0
+    if progress.warmup_wall is None:  # this update ends the warm-up
+        progress.warmup_wall = wall if train.warmup_steps else 0.0
+    return (wall - progress.warmup_wall) / max(train.max_time - progress.warmup_wall, 1e-9)
+
+
+def _progress_bar(train: TrainConfig, is_main: bool, step: int) -> Any:
+    """The bar of updates on rank 0 (train.progress), starting at ``step``; None otherwise."""
+    if not (train.progress and is_main):
+        return None
+    total = train.max_steps or None
+    return tqdm(
+        total=total, initial=step, desc="train", unit="upd", dynamic_ncols=True, leave=False
+    )
 
 
 class Trainer:
-    """Trains ``task``'s model with ``cfg.train`` into ``folder``; see the module docstring."""
+    """Trains ``task``'s model with ``cfg.train`` into ``folder``; see the module docstring.
+
+    Three parts: the process's set-up (:class:`~aiayn.train.setup.TrainingSetup`: allocator,
+    kernel caches, device, precision, threads), the state a checkpoint holds
+    (:class:`~aiayn.train.state.TrainState`: model, optimizer, counters, RNGs), and here the loop
+    (:meth:`fit` -> epochs -> :meth:`update`) with validation, logging and the stopping rules.
+    """
 
     def __init__(
         self,
@@ -136,44 +142,16 @@ class Trainer:
         resume: bool,
     ) -> None:
         self.cfg, self.task, self.folder, self.dist = cfg, task, folder, dist
-        self.governor = ThreadGovernor(active=False)  # fit() starts the real one
-        self.train_cfg = cfg.train
+        self.train_cfg = train = cfg.train
         self.meta = meta
         self.tokenizer_json = tokenizer_json
+        self.setup = TrainingSetup(train, task, dist)  # before the model: the first step's memory
         self.device = dist.device
-        if self.device.type == "cpu":
-            keep_freed_memory()  # no page faults for memory freed by the previous step
-            self._cache_kernels()
-        self.autocast_dtype = resolve_precision(self.train_cfg.precision, self.device)
-        torch.manual_seed(self.train_cfg.seed)
-        self.model = task.build_model(cfg.model).to(self.device)
-        if self.train_cfg.init_from and not resume:
-            self._init_from(self.train_cfg.init_from)
-        self.optimizer = self._build_optimizer()
-        self.schedule = make_schedule(self.train_cfg, cfg.model.d_model)
-        self.progress = _Progress()
-        if resume:
-            self._restore()
-        else:
-            # Processes share the initial weights (seed) but each draws its own dropout masks.
-            torch.manual_seed(self.train_cfg.seed + 1_000_003 * dist.rank)
-        self.ddp = (
-            DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
-            if dist.active
-            else None
-        )
-        self.update_freq = micro_batches_per_update(cfg, dist.world_size)
-        if self.train_cfg.tokens_per_update:
-            log.info(
-                "train.tokens_per_update = %d: %d micro-batches of data.max_tokens = %d on each "
-                "of %d processes per update",
-                self.train_cfg.tokens_per_update,
-                self.update_freq,
-                cfg.data.max_tokens,
-                dist.world_size,
-            )
+        self.state = TrainState.start(cfg, task, self.setup, folder if resume else None)
+        self.model, self.optimizer = self.state.model, self.state.optimizer
+        self.schedule = make_schedule(train, cfg.model.d_model)
+        self.ddp = self.setup.wrap(self.model)
+        self.update_freq = _micro_batches(cfg, dist.world_size)
         self._last_save_wall = self.progress.wall  # train.save_every_minutes counts from here
         self.last_valid: dict[str, float] = {}
         self.session_start = time.perf_counter()
@@ -181,121 +159,35 @@ class Trainer:
         self._bar: Any = None
         self._interval = _Interval()
 
-    # ---- construction ------------------------------------------------------------------------
-    def _cache_kernels(self) -> None:
-        """oneDNN's kernel caches sized for the run's batch shapes (aiayn/train/allocator.py)."""
-        shapes = self.task.batch_shapes(self.dist.rank, self.dist.world_size)
-        capacity = kernel_cache_capacity(shapes)
-        if cache_cpu_kernels(capacity):
-            log.info(
-                "oneDNN kernel caches: %d kernels (an epoch has %s batch shapes)",
-                capacity,
-                "uncounted" if shapes is None else f"{shapes:,}",
-            )
-
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        train = self.train_cfg
-        opt = torch.optim.AdamW if train.weight_decay > 0 else torch.optim.Adam
-        # The fused kernel: one pass over each parameter instead of ~10 foreach passes (BASE,
-        # 60 M parameters, 2 threads here: 37 ms against 160 ms a step); the same update.
-        self.fused_optimizer = self.device.type in ("cpu", "cuda")
-        return opt(
-            self.model.parameters(),
-            lr=0.0,
-            betas=(train.adam_betas[0], train.adam_betas[1]),
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-            fused=self.fused_optimizer,
-        )
-
-    def _init_from(self, folder: str) -> None:
-        copied, fresh = init_from_model_dir(self.model, folder)
-        log.info(
-            "train.init_from: %d tensors from %s; initialised here: %s",
-            len(copied),
-            folder,
-            ", ".join(fresh) or "none",
-        )
-
-    def _fuse_optimizer_groups(self) -> None:
-        """A state saved before the fused optimizer kernel brings back its groups' ``fused`` flag
-        (load_state_dict restores the saved groups); switch them to the fused kernel again."""
-        for group in self.optimizer.param_groups:
-            if self.fused_optimizer and not group.get("fused"):
-                group["fused"], group["foreach"] = True, None
-                for param in group["params"]:
-                    st = self.optimizer.state.get(param, {})
-                    if torch.is_tensor(st.get("step")):
-                        st["step"] = st["step"].to(param.device, torch.float32)
-
-    def _restore(self) -> None:
-        state = self.folder.load_state()
-        snapshot = self.folder.checkpoints / state["snapshot"]
-        self.folder.check_parts(snapshot, self.cfg.model)  # config.json edited since?
-        load_weights(self.model, snapshot)
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError, RuntimeError) as err:
-            raise CheckpointError(
-                f"{self.folder.state}: optimizer state does not fit the model ({err})"
-            ) from None
-        self._fuse_optimizer_groups()
-        try:
-            self.progress = _Progress(**state["progress"])
-            rngs = state["rng"]
-            _set_rng_state(rngs[self.dist.rank % len(rngs)])
-        except (TypeError, KeyError, ValueError, RuntimeError, IndexError) as err:
-            raise CheckpointError(
-                f"{self.folder.state}: not an aiayn trainer state ({err})"
-            ) from None
-        if len(rngs) != self.dist.world_size:
-            log.warning(
-                "resuming with %d processes, the checkpoint had %d: dropout masks and the "
-                "data order will differ from an uninterrupted run",
-                self.dist.world_size,
-                len(rngs),
-            )
-        if self.dist.is_main:
-            self.folder.discard_after(self.progress.step)
-        log.info(
-            "resumed %s at step %d (epoch %d)", self.folder.path, state["step"], state["epoch"]
-        )
+    @property
+    def progress(self) -> Progress:
+        """The step counters (held by the state, which a resume replaces)."""
+        return self.state.progress
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         """Train until a limit, early stopping or divergence; returns where it stopped."""
-        self._bar = self._progress_bar()
-        self._interval = _Interval()
-        self.governor = self._thread_governor()
-        self.session_start = time.perf_counter()
-        self._synced_wall = self.progress.wall
-        # The time limit is checked after updates; at the start only the saved wall-clock counts
-        # (the same on every process), so resuming a run that used up max_time trains no more.
-        reason = self._limit_reached(check_time=False)
-        if (
-            reason is None
-            and self.train_cfg.max_time
-            and self.progress.wall >= self.train_cfg.max_time
-        ):
-            reason = "max_time"
-        try:
-            while reason is None:
-                reason = self._run_epoch()
-        finally:
-            if self._bar is not None:
-                self._bar.close()
-        self._finish(reason)
+        with self.setup:
+            self._bar = _progress_bar(self.train_cfg, self.dist.is_main, self.progress.step)
+            self._interval = _Interval()
+            self.session_start = time.perf_counter()
+            self._synced_wall = self.progress.wall
+            # The time limit is checked after updates; at the start only the saved wall-clock
+            # counts (the same on every process), so resuming a run that used up max_time trains
+            # no more.
+            reason = self._limit_reached(check_time=False)
+            train = self.train_cfg
+            if reason is None and train.max_time and self.progress.wall >= train.max_time:
+                reason = "max_time"
+            try:
+                while reason is None:
+                    reason = self._run_epoch()
+            finally:
+                if self._bar is not None:
+                    self._bar.close()
+            self._finish(reason)
         progress = self.progress
         return TrainResult(progress.step, progress.epoch, reason, progress.best, self.last_valid)
-
-    def _thread_governor(self) -> Any:
-        """On the CPU: threads for the load now, then re-measured now and then (aiayn/threads.py);
-        nothing when the user set a thread count."""
-        governor = ThreadGovernor(active=self.device.type == "cpu")
-        if governor.active:
-            threads_for_load()
-            governor.current = torch.get_num_threads()
-        return governor
 
     def _run_epoch(self) -> str | None:
         progress = self.progress
@@ -315,7 +207,7 @@ class Trainer:
         return self._limit_reached()
 
     def _epoch_batches(self, epoch: int) -> Sequence[list[int]]:
-        with _rng_untouched():
+        with rng_untouched():
             batches = self.task.epoch_batches(epoch, self.dist.rank, self.dist.world_size)
         # Every process must run the same number of updates, or DDP would wait forever.
         n = int(self.dist.all_reduce([len(batches)], op="min")[0])
@@ -325,11 +217,6 @@ class Trainer:
                 "data for the number of processes"
             )
         return batches[:n]
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def update(self, group: Sequence[list[int]]) -> bool:
         """One optimizer update from ``group``'s micro-batches; False when it was skipped."""
@@ -349,7 +236,7 @@ class Trainer:
             sync = ddp is None or i == len(batches) - 1
             with (
                 contextlib.nullcontext() if ddp is None or sync else ddp.no_sync(),
-                self._autocast(),
+                self.setup.autocast(),
             ):
                 stats = self.task.loss(net, batch, self.device)
             (stats.loss * scale).backward()
@@ -366,14 +253,17 @@ class Trainer:
         if not (math.isfinite(loss) and math.isfinite(norm)):
             return self._skip(loss, norm)
         self.progress.step += 1
-        lr = self.schedule(self.progress.step, self._time_used())
+        used = _time_used(self.progress, self.train_cfg, self._synced_wall)
+        lr = self.schedule(self.progress.step, used)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.bad_steps = 0
-        self._count(loss, nll, n_targets, tokens, norm)
-        self.governor.record(tokens, time.perf_counter() - start)
+        self._interval.add(loss, nll, n_targets, tokens, norm)
+        if self._bar is not None:
+            self._bar.update(1)
+        self.setup.governor.record(tokens, time.perf_counter() - start)
         return True
 
     def _grad_norm(self) -> torch.Tensor:
@@ -401,17 +291,6 @@ class Trainer:
                 "train.warmup_steps, or try precision = fp32"
             )
         return False
-
-    def _count(self, loss: float, nll: float, targets: float, tokens: float, norm: float) -> None:
-        interval = self._interval
-        interval.loss += loss
-        interval.nll += nll
-        interval.targets += targets
-        interval.tokens += tokens
-        interval.grad_norm += norm
-        interval.updates += 1
-        if self._bar is not None:
-            self._bar.update(1)
 
     # ---- after each update: log, validate, save, stop ------------------------------------
     def _due(self, every: int) -> bool:
@@ -441,17 +320,6 @@ class Trainer:
     def _wall(self) -> float:
         return self.progress.wall + time.perf_counter() - self.session_start
 
-    def _time_used(self) -> float:
-        """The share of the time budget after the warm-up spent so far (schedule_clock = "time")."""
-        progress, train = self.progress, self.train_cfg
-        if train.schedule_clock != "time" or progress.step < train.warmup_steps:
-            return 0.0
-        if progress.warmup_wall is None:  # this update ends the warm-up
-            progress.warmup_wall = self._synced_wall if train.warmup_steps else 0.0
-        return (self._synced_wall - progress.warmup_wall) / max(
-            train.max_time - progress.warmup_wall, 1e-9
-        )
-
     def _limit_reached(self, check_time: bool = True) -> str | None:
         progress, train = self.progress, self.train_cfg
         if train.max_steps and progress.step >= train.max_steps:
@@ -466,30 +334,15 @@ class Trainer:
         return None
 
     def _log(self, valid: dict[str, float], until: float | None = None) -> None:
-        interval, progress = self._interval, self.progress
-        elapsed = max((until or time.perf_counter()) - interval.start, 1e-9)
-        targets = max(interval.targets, 1.0)
-        record = {
-            "step": progress.step,
-            "wall": round(self._wall(), 3),
-            "epoch": progress.epoch,
-            "loss": interval.loss / targets,
-            "nll": interval.nll / targets,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "tokens_per_s": interval.tokens / elapsed,
-            "grad_norm": interval.grad_norm / max(interval.updates, 1),
-            "skipped": progress.skipped,
-            **valid,
-        }
+        progress = self.progress
+        head = {"step": progress.step, "wall": round(self._wall(), 3), "epoch": progress.epoch}
+        lr = self.optimizer.param_groups[0]["lr"]
+        record = {**self._interval.record(head, lr, progress.skipped, until), **valid}
         if self.dist.is_main:
             self.folder.append_metrics(record)
             if self._bar is not None:
-                self._bar.set_postfix(
-                    loss=f"{record['loss']:.3f}",
-                    lr=f"{record['lr']:.2e}",
-                    tok_s=f"{record['tokens_per_s']:.0f}",
-                    refresh=False,
-                )
+                loss, tok_s = f"{record['loss']:.3f}", f"{record['tokens_per_s']:.0f}"
+                self._bar.set_postfix(loss=loss, lr=f"{lr:.2e}", tok_s=tok_s, refresh=False)
         self._interval = _Interval()
 
     # ---- validation --------------------------------------------------------------------------
@@ -499,7 +352,7 @@ class Trainer:
         sums = [0.0, 0.0]
         for indices in self.task.valid_batches(self.dist.rank, self.dist.world_size):
             batch = self.task.collate("valid", indices)
-            with self._autocast():
+            with self.setup.autocast():
                 stats = self.task.loss(self.model, batch, self.device)
             sums[0] += stats.nll.item()
             sums[1] += stats.n_targets
@@ -510,17 +363,16 @@ class Trainer:
 
     def _validate(self) -> str | None:
         """Validation loss (+ BLEU when due), keep-best and early stopping."""
-        with _rng_untouched():
+        with rng_untouched():
             metrics = self._valid_loss()
             if self._due(self.train_cfg.metrics_every):
                 extra = None
                 if self.dist.is_main:
                     self.model.eval()
-                    with torch.no_grad(), self._autocast():
+                    with torch.no_grad(), self.setup.autocast():
                         extra = self.task.valid_metrics(self.model, self.progress.step)
                 metrics.update(self.dist.broadcast(extra))
         self.last_valid = metrics
-        self._valid_step = self.progress.step
         return self._track_best(metrics)
 
     def _track_best(self, metrics: dict[str, float]) -> str | None:
@@ -534,7 +386,8 @@ class Trainer:
         if better:
             progress.best, progress.bad_valid = value, 0
             if self.dist.is_main:
-                self._save_best(value)
+                meta, kind = self.meta, self.task.kind
+                self.state.save_best(self.folder.best, value, kind, self.tokenizer_json, meta)
             return None
         progress.bad_valid += 1
         if train.patience and progress.bad_valid >= train.patience:
@@ -548,42 +401,10 @@ class Trainer:
         return None
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        progress = self.progress
-        progress_state = {k: v for k, v in vars(progress).items()}
-        progress_state["wall"] = self._wall()
-        return {
-            "step": progress.step,
-            "epoch": progress.epoch,
-            "position": progress.position,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"name": self.train_cfg.lr_schedule, "step": progress.step},
-            "rng": self.dist.gather(_rng_state()),
-            "progress": progress_state,
-            "world_size": self.dist.world_size,
-        }
-
     def _save(self) -> None:
-        state = self._state()  # collective (RNG states of every process): all ranks call it
-        if self.dist.is_main:
-            self.folder.save_checkpoint(self.model, state, self.train_cfg.keep_last)
+        self.state.save(self.folder, self._wall())  # all ranks call it
         self._saved_step = self.progress.step
         self._last_save_wall = self._synced_wall
-
-    def _save_best(self, value: float) -> None:
-        extra = {k: v for k, v in self.meta.items() if k not in ("kind", "model")}
-        save_model_dir(
-            self.folder.best,
-            self.model,
-            self.cfg.model,
-            kind=self.task.kind,
-            tokenizer_json=self.tokenizer_json,
-            extra={
-                **extra,
-                "best": {"step": self.progress.step, self.train_cfg.best_metric: value},
-            },
-            overwrite=True,  # this run's own best/ (prepare refused a folder holding another)
-        )
 
     def _finish(self, reason: str) -> None:
         """Validate, log and save the final step unless that already happened."""
@@ -596,16 +417,3 @@ class Trainer:
             self._log(self.last_valid)
         if getattr(self, "_saved_step", None) != progress.step:
             self._save()
-
-    def _progress_bar(self) -> Any:
-        if not (self.train_cfg.progress and self.dist.is_main):
-            return None
-        total = self.train_cfg.max_steps or None
-        return tqdm(
-            total=total,
-            initial=self.progress.step,
-            desc="train",
-            unit="upd",
-            dynamic_ncols=True,
-            leave=False,
-        )

@@ -16,14 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.data import (
-    SubwordTokenizer,
-    Tokenizer,
-    collate_translation,
-    load_translation,
-    split_stores,
-    train_tokenizer_for,
-)
+from aiayn.data import SubwordTokenizer, collate_translation, load_translation
 from aiayn.decode import translate_texts
 from aiayn.errors import ConfigError
 from aiayn.eval.bleu import corpus_scores
@@ -69,34 +62,17 @@ class TranslationTask(TokenBatchedTask):
 
     noisy_tokenizer: Any = None  # the BPE-dropout tokenizer of training batches (data.bpe_dropout)
 
-    def setup(self, tokenizer_json: str | None) -> str:
-        data = self.cfg.data
-        if tokenizer_json is None:
-            log.info(
-                "training a %s tokenizer (vocabulary %d) on the training split",
-                data.tokenizer,
-                data.vocab_size,
-            )
-            self.tokenizer = train_tokenizer_for(data)
-        else:
-            self.tokenizer = Tokenizer.from_str(tokenizer_json, "tokenizer.json")
-        self.stores = split_stores(data, self.tokenizer)
-        if not len(self.stores["train"]):
-            raise ConfigError("no training pairs left after filtering by data.max_len")
-        # BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at random.
+    examples = "pairs"
+
+    def check_data(self) -> None:
+        """BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at
+        random (``data.bpe_dropout``)."""
         self.noisy_tokenizer = None
-        if data.bpe_dropout:
+        if self.cfg.data.bpe_dropout:
             if not isinstance(self.tokenizer, SubwordTokenizer):
                 raise ConfigError("data.bpe_dropout needs a subword tokenizer (bpe or unigram)")
-            self.noisy_tokenizer = self.tokenizer.with_dropout(data.bpe_dropout)
+            self.noisy_tokenizer = self.tokenizer.with_dropout(self.cfg.data.bpe_dropout)
             self.train_texts = self._kept_texts()
-        log.info(
-            "%d training pairs, %d validation pairs, vocabulary %d",
-            len(self.stores["train"]),
-            len(self.stores["valid"]),
-            self.tokenizer.vocab_size,
-        )
-        return self.tokenizer.to_str()
 
     def _kept_texts(self) -> list[tuple[str, str]]:
         """The (source, target) texts of the stored training pairs, which BPE-dropout re-encodes
