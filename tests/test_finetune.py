@@ -5,15 +5,23 @@ step's label-smoothed loss to 1e-5 and its gradients to 1e-4, the weights after 
 from the folder, and a setting that would change a weight's shape or meaning is refused."""
 
 
+import json
+import logging
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from hf_helpers import sentences
-from trainutil import torch_threads
+from trainutil import fails, torch_threads
 
+from aiayn.cli import main
 from aiayn.data import collate_translation
 from aiayn.folder import load_model_folder
 from aiayn.interop.marian import import_marian, marian_names
+from aiayn.run_config import TrainConfig
 from aiayn.train.loss import projected_label_smoothed_nll_loss
+from aiayn.train.state import build_optimizer
 from aiayn.train.task import freeze
 from aiayn.train.translation import kept_outputs
 
@@ -119,3 +127,102 @@ def test_twenty_adamw_steps_give_the_weights_of_transformers(imported):
     assert torch.equal(ours.generator.bias, start.generator.bias)  # final_logits_bias: fixed
     moved = ours.src_embed.token.weight - start.src_embed.token.weight
     assert moved.abs().max() > 5e-4  # they did train
+
+
+# ---- the command: configs/finetune.toml with train.init_from ---------------------------------
+
+RECIPE = Path(__file__).resolve().parent.parent / "configs" / "finetune.toml"
+
+
+def _files(folder, n=120, skip=3000, odd=False):
+    """Train and valid files of short Multi30k pairs (a line of characters the tiny
+    SentencePiece models lack with ``odd``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    src, tgt = sentences("en", 4 * n, skip=skip), sentences("de", 4 * n, skip=skip)
+    pairs = [(x, y) for x, y in zip(src, tgt) if len(x.split()) <= 8][:n]
+    if odd:
+        pairs[0] = ("☃☃ Ωmega 漢字 snow", "☃☃ Ωmega 漢字 Schnee")
+    for name, part in (("train", pairs[10:]), ("valid", pairs[:10])):
+        (folder / f"{name}.en").write_text("".join(x + "\n" for x, _ in part), encoding="utf-8")
+        (folder / f"{name}.de").write_text("".join(y + "\n" for _, y in part), encoding="utf-8")
+    return [
+        "--set", f"data.train_src={folder / 'train.en'}", "--set",
+        f"data.train_tgt={folder / 'train.de'}", "--set", f"data.valid_src={folder / 'valid.en'}",
+        "--set", f"data.valid_tgt={folder / 'valid.de'}",
+    ]
+
+
+def _finetune(init, out, data, *sets):
+    argv = ["train", str(RECIPE), "--out", str(out), "--set", f"train.init_from={init}", *data]
+    argv += ["--set", "train.max_steps=2", "--set", "train.valid_every=2", "--set",
+             "train.metrics_every=2", "--set", "train.save_every=2", "--set", "train.progress=false"]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def test_lr0_finetune_translates_as_the_import(imported, tmp_path, caplog):
+    _, out = imported
+    data = _files(tmp_path / "data", odd=True)
+    run = tmp_path / "ft"
+    with torch_threads(1), caplog.at_level(logging.INFO):
+        assert main(_finetune(out, run, data, "train.lr=0", "model.dropout=0.2")) == 0
+    log = caplog.text
+    assert "training data: " in log and "tokens are <unk>" in log  # the odd line, counted
+    start, tuned = load_model_folder(out), load_model_folder(run)
+    saved = json.loads((run / "config.json").read_text())
+    # the model section is the folder's but for the dropout the run sets
+    assert saved["model"] == {**json.loads((out / "config.json").read_text())["model"],
+                              "dropout": 0.2}
+    assert (run / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
+    for name, value in start.model.state_dict().items():
+        assert torch.equal(tuned.model.state_dict()[name], value), name
+    sources = [s for s in sentences("en", 200, skip=1000) if len(s.split()) <= 10][:16]
+    assert tuned.translate(sources) == start.translate(sources)  # the folder's decode settings
+
+
+def test_settings_that_change_a_weight_are_refused(imported, tmp_path, capsys):
+    _, out = imported
+    data = _files(tmp_path / "data", n=30)
+    run = tmp_path / "ft"
+    for setting, value in (("d_model", 32), ("n_heads", 4), ("activation", "relu"),
+                           ("sinusoid_layout", "interleaved"), ("pad_id", 0),
+                           ("final_logits_bias", "false"), ("max_len", 300)):
+        fails(capsys, _finetune(out, run, data, f"model.{setting}={value}"),
+              f"model.{setting}: ", unchanged=[out])
+        assert not run.exists()
+    sizes = ("model.src_vocab_size=300", "model.tgt_vocab_size=300")
+    fails(capsys, _finetune(out, run, data, *sizes), "model.src_vocab_size: 300 here but 255 in")
+    assert not run.exists()
+
+
+def test_a_folder_of_another_kind_is_refused(imported, tmp_path, capsys):
+    _, out = imported
+    other = tmp_path / "lm"
+    shutil.copytree(out, other)
+    meta = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**meta, "kind": "lm"}))
+    data = _files(tmp_path / "data", n=30)
+    fails(capsys, _finetune(other, tmp_path / "ft", data),
+          "holds a 'lm' model; a 'translation' run (data.kind) starts from a 'translation' model",
+          unchanged=[other])
+    assert not (tmp_path / "ft").exists()
+
+
+def test_frozen_parts_do_not_change(imported):
+    ours, tok, _ = _models(imported)
+    frozen = freeze(ours, ("encoder",))
+    assert frozen and all(n.startswith("encoder.") for n in frozen[:-1])
+    assert frozen[-1] == "generator.bias"
+    before = {n: p.detach().clone() for n, p in ours.named_parameters()}
+    optimizer = build_optimizer(ours, TrainConfig(weight_decay=0.01), fused=False)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == sum(
+        p.requires_grad for p in ours.parameters())
+    optimizer.param_groups[0]["lr"] = 1e-2
+    with torch_threads(1):
+        _our_loss(ours, _batch(tok, ours.cfg), ours.cfg.pad_id).backward()
+    optimizer.step()
+    for name, p in ours.named_parameters():
+        assert torch.equal(p, before[name]) == (name in frozen), name
+    embeddings = freeze(_models(imported)[0], ("embeddings",))
+    assert "src_embed.token.weight" in embeddings

@@ -20,6 +20,7 @@ from aiayn import __version__
 from aiayn.card import write_model_card
 from aiayn.checkpoint import TOKENIZER_FILE
 from aiayn.config import ModelConfig, flatten_keys
+from aiayn.decode.config import DecodeConfig
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.folder import FolderConfig, read_folder_config
@@ -141,6 +142,18 @@ def init_model(
     return replace(there, **free)
 
 
+def init_decode(cfg: RunConfig, parsed: FolderConfig) -> DecodeConfig:
+    """The decoding settings of a fine-tuned model: the init folder's (an imported model's
+    generation_config.json), with those the run's config sets (differs from the defaults)."""
+    default, here = DecodeConfig(), cfg.decode
+    own = {
+        f.name: getattr(here, f.name)
+        for f in fields(DecodeConfig)
+        if getattr(here, f.name) != getattr(default, f.name)
+    }
+    return replace(parsed.config.decode, **own)
+
+
 def _fit_positions(cfg: RunConfig) -> RunConfig:
     """``cfg`` with data.max_len cut to the positions the init folder's model has (logged)."""
     if cfg.data.max_len <= cfg.model.max_len:
@@ -215,8 +228,8 @@ def train_run(
         elif cfg.train.init_from:
             parsed = _on_main(dist, lambda: init_folder(cfg))
             if parsed.kind == cfg.data.kind:
-                cfg = replace(cfg, model=init_model(cfg, parsed, model_keys))
-                cfg = _fit_positions(cfg)
+                model = init_model(cfg, parsed, model_keys)
+                cfg = _fit_positions(replace(cfg, model=model, decode=init_decode(cfg, parsed)))
             saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg, parsed))
             cfg = replace(cfg, data=replace(cfg.data, **keys))  # config.json says what was used
             task.cfg = cfg

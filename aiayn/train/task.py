@@ -63,8 +63,8 @@ def output_bias(model: nn.Module) -> Tensor | None:
     return generator.bias
 
 
-# train.freeze's parts: what their parameters' names start with or contain.
-_FROZEN_NAMES = {"embeddings": "embed.", "encoder": "encoder."}
+# train.freeze's parts: what their parameters' names start with (every kind's model).
+_FROZEN_NAMES = {"embeddings": ("embed.", "src_embed.", "tgt_embed."), "encoder": ("encoder.",)}
 
 
 def freeze(model: nn.Module, parts: Sequence[str]) -> list[str]:
@@ -73,8 +73,7 @@ def freeze(model: nn.Module, parts: Sequence[str]) -> list[str]:
     returns the frozen names. ConfigError when the model has no such part."""
     frozen = []
     for part in parts:
-        key = _FROZEN_NAMES[part]
-        names = [n for n, _ in model.named_parameters() if n.startswith(key) or f".{key}" in n]
+        names = [n for n, _ in model.named_parameters() if n.startswith(_FROZEN_NAMES[part])]
         if not names:
             raise ConfigError(f"train.freeze: this model has no {part}")
         frozen += names

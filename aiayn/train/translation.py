@@ -71,13 +71,32 @@ class TranslationTask(TokenBatchedTask):
 
     def check_data(self) -> None:
         """BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at
-        random (``data.bpe_dropout``)."""
+        random (``data.bpe_dropout``). With a pretrained tokenizer (``train.init_from``), a count
+        of the training tokens that are ``<unk>`` (characters it lacks) is logged."""
+        if self.cfg.train.init_from:
+            self._count_unknown()
         self.noisy_tokenizer = None
         if self.cfg.data.bpe_dropout:
             if not isinstance(self.tokenizer, SubwordTokenizer):
                 raise ConfigError("data.bpe_dropout needs a subword tokenizer (bpe or unigram)")
             self.noisy_tokenizer = self.tokenizer.with_dropout(self.cfg.data.bpe_dropout)
             self.train_texts = self._kept_texts()
+
+    def _count_unknown(self) -> None:
+        """Log how many training tokens are ``<unk>``, per side (read from the token store)."""
+        store, tok = self.stores["train"], self.tokenizer
+        counts = {side: store.token_counts(side, tok.vocab_size) for side in ("src", "tgt")}
+        unknown = {side: int(c[tok.unk_id]) for side, c in counts.items()}
+        if any(unknown.values()):
+            log.warning(
+                "training data: %d of %d source and %d of %d target tokens are <unk> "
+                "(characters the tokenizer of train.init_from lacks): trained as <unk>, and "
+                "translated as <unk> too",
+                unknown["src"],
+                int(counts["src"].sum()),
+                unknown["tgt"],
+                int(counts["tgt"].sum()),
+            )
 
     def _kept_texts(self) -> list[tuple[str, str]]:
         """The (source, target) texts of the stored training pairs, which BPE-dropout re-encodes
