@@ -207,6 +207,10 @@ def test_a_folder_of_another_kind_is_refused(imported, tmp_path, capsys):
           "holds a 'lm' model; a 'translation' run (data.kind) starts from a 'translation' model",
           unchanged=[other])
     assert not (tmp_path / "ft").exists()
+    (other / "config.json").write_text(json.dumps({**meta, "format": "onnx"}))
+    fails(capsys, _finetune(other, tmp_path / "ft", data),
+          "is an export (onnx); start from the model folder it was exported from", unchanged=[other])
+    assert not (tmp_path / "ft").exists()
 
 
 def test_frozen_parts_do_not_change(imported):
@@ -226,3 +230,53 @@ def test_frozen_parts_do_not_change(imported):
         assert torch.equal(p, before[name]) == (name in frozen), name
     embeddings = freeze(_models(imported)[0], ("embeddings",))
     assert "src_embed.token.weight" in embeddings
+
+
+# ---- the fine-tuned folder is a model like any other -----------------------------------------
+
+
+def test_a_finetuned_folder_exports_to_transformers_and_translates_the_same(
+    imported, tmp_path, capsys
+):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    _, out = imported
+    data = _files(tmp_path / "data")
+    run, hf = tmp_path / "ft", tmp_path / "hf"
+    with torch_threads(1):
+        assert main(_finetune(out, run, data, "train.lr=1e-3", "train.warmup_steps=1")) == 0
+        assert main(["export", str(run), "--format", "hf", "-o", str(hf)]) == 0
+    tuned = load_model_folder(run)
+    start = load_model_folder(out)
+    assert not torch.equal(tuned.model.generator.weight, start.model.generator.weight)
+    sources = [s for s in sentences("en", 200, skip=1000) if len(s.split()) <= 10][:12]
+    ours = tuned.translate(sources, beam=1)
+    model, tok = MarianMTModel.from_pretrained(hf).eval(), MarianTokenizer.from_pretrained(hf)
+    with torch_threads(1), torch.no_grad():
+        batch = tok(sources, return_tensors="pt", padding=True)
+        theirs = tok.batch_decode(model.generate(**batch, num_beams=1), skip_special_tokens=True)
+    assert theirs == ours
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    capsys.readouterr()
+    with torch_threads(1):
+        assert main(["translate", str(run), "--input", str(tmp_path / "in.txt")]) == 0
+    assert capsys.readouterr().out.splitlines() == tuned.translate(sources)
+
+
+def test_aiayns_own_hf_export_imports_back(tmp_path):
+    """An aiayn model (BPE tokenizer, BOS as the decoder's start, the paper's interleaved
+    sinusoids) exported --format hf imports back: the same logits and greedy tokens."""
+    from test_hf_export import random_folder
+
+    from aiayn.export import export_model
+
+    folder = random_folder(tmp_path / "own")
+    back = import_marian(export_model(folder, "hf", tmp_path / "hf"), tmp_path / "back")
+    a, b = load_model_folder(folder), load_model_folder(back)
+    assert b.model.cfg.bos_id == a.model.cfg.bos_id != a.model.cfg.pad_id
+    assert (tmp_path / "back" / "tokenizer.json").is_file()
+    src, tgt = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[a.model.cfg.bos_id, 9, 10, 11]])
+    with torch.no_grad():
+        assert (a.model.eval()(src, tgt) - b.model.eval()(src, tgt)).abs().max() < 1e-4
+    texts = ["a b c d", "e f g", "h i j a b"]
+    assert b.translate(texts, beam=1) == a.translate(texts, beam=1)

@@ -106,8 +106,8 @@ def init_folder(cfg: RunConfig) -> FolderConfig:
     parsed = read_folder_config(folder)
     if parsed.format is not None:
         raise ConfigError(
-            f"train.init_from: {folder} is a {parsed.format} export; start from the model folder "
-            "it was exported from"
+            f"train.init_from: {folder} is an export ({parsed.format}); start from the model "
+            "folder it was exported from"
         )
     kind = cfg.data.kind
     if parsed.kind != kind and KINDS[parsed.kind].reads != kind:
