@@ -5,6 +5,7 @@ step's label-smoothed loss to 1e-5 and its gradients to 1e-4, the weights after 
 from the folder, and a setting that would change a weight's shape or meaning is refused."""
 
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -165,8 +166,11 @@ def test_lr0_finetune_translates_as_the_import(imported, tmp_path, caplog):
     _, out = imported
     data = _files(tmp_path / "data", odd=True)
     run = tmp_path / "ft"
+    sets = ("train.lr=0", "model.dropout=0.2", "train.max_steps=4")
     with torch_threads(1), caplog.at_level(logging.INFO):
-        assert main(_finetune(out, run, data, "train.lr=0", "model.dropout=0.2")) == 0
+        assert main(_finetune(out, run, data, *sets)) == 0
+        # checkpoint averaging as for any run
+        assert main(["average", str(run), "--last", "2", "-o", str(tmp_path / "avg")]) == 0
     log = caplog.text
     assert "training data: " in log and "tokens are <unk>" in log  # the odd line, counted
     start, tuned = load_model_folder(out), load_model_folder(run)
@@ -179,6 +183,7 @@ def test_lr0_finetune_translates_as_the_import(imported, tmp_path, caplog):
         assert torch.equal(tuned.model.state_dict()[name], value), name
     sources = [s for s in sentences("en", 200, skip=1000) if len(s.split()) <= 10][:16]
     assert tuned.translate(sources) == start.translate(sources)  # the folder's decode settings
+    assert load_model_folder(tmp_path / "avg").translate(sources) == tuned.translate(sources)
 
 
 def test_settings_that_change_a_weight_are_refused(imported, tmp_path, capsys):
@@ -198,13 +203,14 @@ def test_settings_that_change_a_weight_are_refused(imported, tmp_path, capsys):
 
 def test_a_folder_of_another_kind_is_refused(imported, tmp_path, capsys):
     _, out = imported
-    other = tmp_path / "lm"
+    other = tmp_path / "classifier"
     shutil.copytree(out, other)
     meta = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**meta, "kind": "lm"}))
+    (other / "config.json").write_text(json.dumps({**meta, "kind": "classification"}))
     data = _files(tmp_path / "data", n=30)
     fails(capsys, _finetune(other, tmp_path / "ft", data),
-          "holds a 'lm' model; a 'translation' run (data.kind) starts from a 'translation' model",
+          "holds a 'classification' model; a 'translation' run (data.kind) starts from a "
+          "'translation' model",
           unchanged=[other])
     assert not (tmp_path / "ft").exists()
     (other / "config.json").write_text(json.dumps({**meta, "format": "onnx"}))
@@ -280,3 +286,25 @@ def test_aiayns_own_hf_export_imports_back(tmp_path):
         assert (a.model.eval()(src, tgt) - b.model.eval()(src, tgt)).abs().max() < 1e-4
     texts = ["a b c d", "e f g", "h i j a b"]
     assert b.translate(texts, beam=1) == a.translate(texts, beam=1)
+
+
+def test_one_of_aiayns_own_models_finetunes(tmp_path):
+    """An aiayn model (BPE, aiayn's special ids, interleaved sinusoids) fine-tunes with the
+    same recipe: its model section and tokenizer are kept, and training moves its weights."""
+    from test_hf_export import TEXTS, random_folder
+
+    folder = random_folder(tmp_path / "own")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "valid"):
+        (data / f"{name}.en").write_text("\n".join(TEXTS * 5) + "\n")
+        (data / f"{name}.de").write_text("\n".join(t[::-1] for t in TEXTS * 5) + "\n")
+    files = [f"data.{split}_{side}={data / f'{split}.{lang}'}"
+             for split in ("train", "valid") for side, lang in (("src", "en"), ("tgt", "de"))]
+    argv = _finetune(folder, tmp_path / "ft", [], *files, "train.lr=1e-3", "train.warmup_steps=1")
+    with torch_threads(1):
+        assert main(argv) == 0
+    start, tuned = load_model_folder(folder), load_model_folder(tmp_path / "ft")
+    assert dataclasses.replace(tuned.model.cfg, dropout=start.model.cfg.dropout) == start.model.cfg
+    assert (tmp_path / "ft" / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+    assert not torch.equal(tuned.model.generator.weight, start.model.generator.weight)
