@@ -304,7 +304,16 @@ def test_one_of_aiayns_own_models_finetunes(tmp_path):
     argv = _finetune(folder, tmp_path / "ft", [], *files, "train.lr=1e-3", "train.warmup_steps=1")
     with torch_threads(1):
         assert main(argv) == 0
+        assert main([*argv[:3], str(tmp_path / "frozen"), *argv[4:], "--set",
+                     "train.freeze=embeddings,encoder"]) == 0
     start, tuned = load_model_folder(folder), load_model_folder(tmp_path / "ft")
     assert dataclasses.replace(tuned.model.cfg, dropout=start.model.cfg.dropout) == start.model.cfg
     assert (tmp_path / "ft" / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
     assert not torch.equal(tuned.model.generator.weight, start.model.generator.weight)
+    # train.freeze: the embeddings (tied to the output layer) and the encoder stay as they were
+    frozen = dict(load_model_folder(tmp_path / "frozen").model.named_parameters())
+    for name, value in start.model.named_parameters():
+        if name.startswith(("src_embed.", "encoder.")):
+            assert torch.equal(frozen[name], value), name
+        else:  # the decoder's layers trained
+            assert name.startswith("decoder.") and not torch.equal(frozen[name], value), name
