@@ -6,21 +6,24 @@ vocabulary holds tokens that no target ever has.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
-from trainutil import base_values, one_thread  # noqa: F401 (autouse fixture)
 
 from aiayn.checkpoint import init_from_model_dir
+from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.decode import translate_texts
-from aiayn.folder import load_model_dir, load_model_folder
+from aiayn.folder import load_model_folder
 from aiayn.model import Transformer
-from aiayn.run_config import build_run_config
 from aiayn.train.average import average_checkpoints
+from aiayn.run_config import build_run_config
 from aiayn.train.run import train_run
 from aiayn.train.task import build_task
 from aiayn.train.translation import TranslationTask, kept_outputs
+from trainutil import base_values, one_thread  # noqa: F401 (autouse fixture)
 
 SOURCE, TARGET = "abcdefghij", "klmnopqrst"
 
