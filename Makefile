@@ -1,13 +1,17 @@
-# aiayn — two commands: `make demo` (the main job) and `make test`.
+# aiayn — `make quick` (a model in 3 minutes), `make demo` (the main job), `make test`, `make docs`.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-TORCH   := torch==2.13.0
+# The torch build: TORCH is the pip requirement, TORCH_INDEX the index it comes from, when set.
+#   CPU only (no CUDA wheels):  make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+#   CUDA 12.8:                  make demo TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH   ?= torch==2.13.0
+TORCH_INDEX ?=
 # Where datasets are read from when no download is possible: a folder (or URL) laid out as NAME/FILE.
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install demo lint test test-slow smoke bench bench-decode bench-engines bench-train \
+.PHONY: install install-demo quick demo docs lint test test-slow smoke bench bench-decode bench-engines bench-train \
 	bench-convergence bench-scaling gpu-check gpu-check-dry gpu-data clean
 
 $(BIN)/python:
@@ -21,19 +25,41 @@ $(BIN)/python:
 PIP     := $(BIN)/pip install -q --disable-pip-version-check --no-compile
 INSTALL  = $(BIN)/uv pip install -q --python $(BIN)/python $(1) || $(PIP) $(1)
 DEV      := -e '.[test,plot,serve,export,ctranslate2]'
+# What `make quick` and `make demo` need: aiayn and its core dependencies, matplotlib for the plots.
+DEMO     := -e '.[plot]'
+TORCH_PIP = $(PIP) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) '$(TORCH)'
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(PIP) $(TORCH)
+	$(TORCH_PIP)
 	-$(PIP) uv
 	$(call INSTALL,$(DEV))
+	touch $@ $(VENV)/.installed-demo
+
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml
+	$(TORCH_PIP)
+	-$(PIP) uv
+	$(call INSTALL,$(DEMO))
 	touch $@
 
 install: $(VENV)/.installed
+install-demo: $(VENV)/.installed-demo
+
+# A first model of your own in 3 minutes (configs/multi30k_quick.toml), then two translations.
+QUICK_RUN ?= runs/quick
+quick: install-demo
+	@if [ ! -f $(QUICK_RUN)/model.safetensors ]; then \
+	  $(BIN)/aiayn train configs/multi30k_quick.toml --out $(QUICK_RUN); fi
+	printf '%s\n' "A man in a blue shirt is riding a bike down the street." \
+	  "A dog is running through the snow." | $(BIN)/aiayn translate $(QUICK_RUN)
+
+# The API reference from the docstrings (pdoc) -> build/api/index.html
+docs: install
+	$(BIN)/python scripts/api_docs.py --out build/api
 
 # The main job: Transformer-tiny on Multi30k En->De, 15 minutes of training (resumed, not
 # restarted, after an interruption; skipped once runs/demo/avg5 exists), the last 5 checkpoints
 # averaged, a few translations, test2016 BLEU.
 DEMO_RUN ?= runs/demo
-demo: install
+demo: install-demo
 	@if [ ! -f $(DEMO_RUN)/avg5/model.safetensors ]; then \
 	  if [ -f $(DEMO_RUN)/trainer_state.pt ]; then \
 	    $(BIN)/aiayn train --resume --out $(DEMO_RUN); \
@@ -82,13 +108,13 @@ bench-decode: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_decode.py
 
 # One trained model run by native PyTorch fp32 / bf16, ONNX Runtime and CTranslate2 float32 / int8:
-# sentences/s, BLEU, peak RSS, size on disk -> docs/experiments/engines.json and the table in docs/decoding.md.
+# sentences/s, BLEU, peak RSS, size on disk -> docs/experiments/engines.json and the table in docs/experiments/engines.md.
 # Needs a trained model folder (default: the demo's, `make demo`). ENGINES_ARGS="--limit 200" etc.
 ENGINES_MODEL ?= $(DEMO_RUN)/avg5
 bench-engines: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_engines.py --model $(ENGINES_MODEL) $(ENGINES_ARGS)
 
-# Training tokens/s, peak RSS, MFU against nn.Transformer and HF Marian -> docs/performance.json, .md
+# Training tokens/s, peak RSS, MFU against nn.Transformer and HF Marian -> docs/experiments/performance.json, .md
 # (real Multi30k batches: needs the data mirror or a download). BENCH_ARGS="--threads 1" etc.
 bench-train: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_train.py $(BENCH_ARGS)
@@ -97,7 +123,7 @@ bench-train: $(VENV)/.bench
 bench-convergence: $(VENV)/.bench
 	$(BIN)/python benchmarks/same_convergence.py
 
-# How aiayn's step time grows with sentence length and batch size -> docs/experiments/scaling.json, performance.md
+# How aiayn's step time grows with sentence length and batch size -> docs/experiments/scaling.json, performance.md (both in docs/experiments/)
 bench-scaling: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_scaling.py $(SCALING_ARGS)
 

@@ -213,13 +213,29 @@ def _run_folder(folder: Path, meta: FolderConfig) -> Path:
     return folder
 
 
+def _row_of_card(folder: Path, key: str) -> str:
+    """The ``key`` row of the card the folder already has (a folder copied away from its run keeps
+    what its card said when the run's metrics.jsonl was at hand)."""
+    try:
+        text = (folder / CARD_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    prefix = f"| {key} | "
+    for line in text.splitlines():
+        if line.startswith(prefix) and line.endswith(" |"):
+            return line[len(prefix) : -2]
+    return ""
+
+
 def _training(folder: Path, meta: FolderConfig, train: dict[str, Any]) -> str:
+    """The training row from the run's metrics.jsonl; without one, the row the folder's card
+    already has, or else "not recorded here"."""
     path = _run_folder(folder, meta) / "metrics.jsonl"
     limits = ", ".join(
         f"{k} {train[k]}" for k in ("max_steps", "max_epochs", "max_time") if train.get(k)
     )
     if not path.is_file():
-        return f"not recorded here (limits: {limits or 'none'})"
+        return _row_of_card(folder, "training") or f"not recorded here (limits: {limits or 'none'})"
     try:
         lines = read_metrics(path)  # a last line cut by a kill is skipped
     except DataError as err:  # empty, or a malformed line

@@ -20,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from aiayn.checks import check_finite_tensors
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.data.tokenizer import tokenizer_digest  # noqa: F401 (re-exported: the folder's record)
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
@@ -174,6 +175,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
                 f"{path}: tensor '{name}' has shape {tuple(tensor.shape)}, "
                 f"the model expects {tuple(expected[name].shape)}"
             )
+    check_finite_tensors(state, path)  # NaN weights would make every output blank
     model.load_state_dict(state, strict=False)
 
 

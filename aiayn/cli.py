@@ -9,10 +9,12 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 from aiayn.errors import AiaynError
 
@@ -37,7 +39,7 @@ COMMANDS: list[str] = [
 EXAMPLES: dict[str, str] = {
     "data": "aiayn data prepare multi30k",
     "plot": "aiayn plot curves runs/demo -o curves.png",
-    "summary": "aiayn summary base --set src_vocab_size=37000 --set tgt_vocab_size=37000",
+    "summary": "aiayn summary base --set model.src_vocab_size=37000 --set model.d_model=256",
     "train": "aiayn train configs/multi30k_demo.toml --out runs/demo",
     "average": "aiayn average runs/demo --last 5 -o runs/demo/avg5",
     "translate": 'echo "A dog is running through the snow." | aiayn translate runs/demo/avg5',
@@ -49,7 +51,9 @@ EXAMPLES: dict[str, str] = {
     "import": "aiayn import hf opus-mt-en-de -o models/opus-mt-en-de",
 }
 FIRST_STEPS = """first steps:
-  make demo && make test     in a checkout: train, translate and score a 15-minute model; run the tests
+  source .venv/bin/activate  in a checkout, after make: puts aiayn on PATH (or run .venv/bin/aiayn)
+  make quick                 a first model in 3 minutes and two translations
+  make demo && make test     train, translate and score a 15-minute model; run the tests
   aiayn train configs/multi30k_demo.toml --out runs/x
   aiayn translate runs/x/best
 
@@ -60,12 +64,61 @@ Example: echo "A man rides a bike." | aiayn translate runs/x/best"""
 
 class _HelpFormatter(argparse.HelpFormatter):
     """Wraps descriptions as usual but prints an epilog (the example, the first steps) as written:
-    a command must not be broken across lines."""
+    a command must not be broken across lines. A renamed flag's old spellings are left out."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith(("Example:", "first steps:")):
             return "".join(indent + line for line in text.splitlines(keepends=True))
         return super()._fill_text(text, width, indent)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        old = getattr(action, "old_spellings", ())
+        if not old:
+            return super()._format_action_invocation(action)
+        shown = copy.copy(action)
+        shown.option_strings = [s for s in action.option_strings if s not in old]
+        return super()._format_action_invocation(shown)
+
+
+def version() -> str:
+    """``aiayn X.Y.Z``, from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return f"aiayn {installed('aiayn')}"
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from aiayn import __version__
+
+        return f"aiayn {__version__}"
+
+
+def add_global_flags(parser: argparse.ArgumentParser, top: bool) -> None:
+    """-v/-q, before the command (``top``) or after it: a sub-command's own copy sets them only
+    when given, so that it never resets what was said before the command."""
+    group: Any = parser if top else parser.add_argument_group("global options")
+    default = False if top else argparse.SUPPRESS
+    group.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="log debug lines too"
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default,
+        help="log warnings only (no progress lines)",
+    )
+
+
+def sub_parsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every command's parser, nested ones too (``data prepare``), as ("data prepare", parser)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.append((name, sub))
+                found += [(f"{name} {n}", p) for n, p in sub_parsers(sub)]
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,19 +128,24 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=FIRST_STEPS,
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--version", action="version", version=version(), help="print aiayn's version and exit"
+    )
+    add_global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         command = importlib.import_module(f"aiayn.commands.{name}").add_parser(sub)
         if command.epilog is None and name in EXAMPLES:
             command.epilog = f"Example: {EXAMPLES[name]}"
-            if command.formatter_class is argparse.HelpFormatter:
-                command.formatter_class = _HelpFormatter
+    for _, command in sub_parsers(parser):
+        if command.formatter_class is argparse.HelpFormatter:
+            command.formatter_class = _HelpFormatter
+        add_global_flags(command, top=False)
     return parser
 
 
 # Options that name an output file, in every command that has them: checked before any work.
-OUTPUT_FILES = {"output": "--output", "hyps": "--hyps"}
+OUTPUT_FILES = {"output": "--out", "hyps": "--hyps"}
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -118,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def log_level(args: argparse.Namespace) -> int:
+    """-v: debug lines too; -q: warnings only (-v wins when both are given); else info."""
+    return logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+
+
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # bare `aiayn`: the commands and first steps
@@ -125,7 +188,7 @@ def _run(argv: list[str] | None) -> int:
         return 0
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=log_level(args),
         format="%(message)s",
         stream=sys.stderr,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -44,70 +45,103 @@ def coerce_value(key: str, raw: Any, annotation: Any) -> Any:
     Raises ConfigError naming ``key`` when the value does not fit the type.
     """
     origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return coerce_value(key, raw, arg)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{key}: invalid value {raw!r}")
+        return _coerce_union(key, raw, typing.get_args(annotation))
     if origin is Literal:
+        args = typing.get_args(annotation)
         text = raw if not isinstance(raw, str) else raw.strip()
         if text in args:
             return text
         raise ConfigError(f"{key}: {raw!r} is not one of {', '.join(map(repr, args))}")
     if origin in (tuple, list):
-        if isinstance(raw, str):
-            raw = [p for p in raw.strip("()[] ").split(",") if p.strip()]
-        if not isinstance(raw, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {raw!r}")
-        item_t = args[0] if args else str
-        items = [coerce_value(key, r, item_t) for r in raw]
-        return tuple(items) if origin is tuple else items
-    if annotation is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.strip().lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(raw, str) and raw.strip().lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{key}: expected true or false, got {raw!r}")
-    if annotation is int:
-        if isinstance(raw, bool):
-            raise ConfigError(f"{key}: expected an integer, got {raw!r}")
-        if isinstance(raw, int):
-            return raw
-        if isinstance(raw, float) and raw.is_integer():
-            return int(raw)
-        if isinstance(raw, str):
-            try:
-                return int(raw.strip().replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected an integer, got {raw!r}")
-    if annotation is float:
-        if isinstance(raw, bool):
-            raise ConfigError(f"{key}: expected a number, got {raw!r}")
-        if isinstance(raw, (int, float)):
-            return float(raw)
-        if isinstance(raw, str):
-            try:
-                return float(raw.strip())
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {raw!r}")
-    if annotation is str:
-        if isinstance(raw, str):
-            return raw
-        raise ConfigError(f"{key}: expected a string, got {raw!r}")
+        return _coerce_sequence(key, raw, origin, typing.get_args(annotation))
+    if annotation in _SCALARS:
+        return _SCALARS[annotation](key, raw)
     raise ConfigError(f"{key}: unsupported field type {annotation!r}")
+
+
+def _coerce_union(key: str, raw: Any, args: tuple[Any, ...]) -> Any:
+    """``int | None`` and the like: "none"/"null" for None, else the first type that fits."""
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null")):
+        if type(None) in args:
+            return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return coerce_value(key, raw, arg)
+        except ConfigError as err:
+            errors.append(str(err))
+    raise ConfigError(errors[0] if errors else f"{key}: invalid value {raw!r}")
+
+
+def _coerce_sequence(key: str, raw: Any, origin: type, args: tuple[Any, ...]) -> Any:
+    """A tuple or list: a TOML array, or "a,b,c" (brackets optional) from the command line."""
+    if isinstance(raw, str):
+        raw = [p for p in raw.strip("()[] ").split(",") if p.strip()]
+    if not isinstance(raw, (list, tuple)):
+        raise ConfigError(f"{key}: expected a list, got {raw!r}")
+    item_t = args[0] if args else str
+    items = [coerce_value(key, r, item_t) for r in raw]
+    return tuple(items) if origin is tuple else items
+
+
+def _coerce_bool(key: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(raw, str) and raw.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {raw!r}")
+
+
+def _coerce_int(key: str, raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{key}: expected an integer, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip().replace("_", ""))
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected an integer, got {raw!r}")
+
+
+def _coerce_float(key: str, raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    value = None
+    if isinstance(raw, (int, float)):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            pass
+    if value is None:
+        raise ConfigError(f"{key}: expected a number, got {raw!r}")
+    if not math.isfinite(value):  # TOML and JSON (Python's) accept nan and inf
+        raise ConfigError(f"{key}: expected a finite number, got {raw!r}")
+    return value
+
+
+def _coerce_str(key: str, raw: Any) -> str:
+    if isinstance(raw, str):
+        return raw
+    raise ConfigError(f"{key}: expected a string, got {raw!r}")
+
+
+_SCALARS: dict[Any, typing.Callable[[str, Any], Any]] = {
+    bool: _coerce_bool,
+    int: _coerce_int,
+    float: _coerce_float,
+    str: _coerce_str,
+}
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -310,6 +344,20 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the field when a value makes no sense."""
+        self._validate_sizes()
+        self._validate_options()
+        ids = {
+            "pad_id": self.pad_id,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "unk_id": self.unk_id,
+        }
+        for name, value in ids.items():
+            if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
+                raise ConfigError(f"{name} ({value}) must be inside the vocabulary")
+
+    def _validate_sizes(self) -> None:
+        """Widths, depths and rates: positive, non-negative, in [0, 1)."""
         for name in (
             "src_vocab_size",
             "tgt_vocab_size",
@@ -338,6 +386,9 @@ class ModelConfig:
         for name in ("dropout", "activation_dropout", "token_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    def _validate_options(self) -> None:
+        """Options that apply to one stack only, and the sharing of embeddings."""
         if self.final_logits_bias and (self.n_encoder_layers == 0 or self.n_decoder_layers == 0):
             raise ConfigError(
                 "model.final_logits_bias applies to encoder–decoder (translation) models"
@@ -364,12 +415,3 @@ class ModelConfig:
                 f"(got {self.src_vocab_size} and {self.tgt_vocab_size}); "
                 "set share_embeddings=false for separate vocabularies"
             )
-        ids = {
-            "pad_id": self.pad_id,
-            "bos_id": self.bos_id,
-            "eos_id": self.eos_id,
-            "unk_id": self.unk_id,
-        }
-        for name, value in ids.items():
-            if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
-                raise ConfigError(f"{name} ({value}) must be inside the vocabulary")

@@ -35,5 +35,5 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise ConfigError(
-            f"{purpose} needs the '{extra}' extra: pip install 'aiayn[{extra}]'"
+            f"{purpose} needs the '{extra}' extra: pip install -e '.[{extra}]' in the aiayn checkout"
         ) from None

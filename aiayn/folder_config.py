@@ -23,7 +23,7 @@ from typing import Any
 
 from aiayn.config import to_dict
 from aiayn.errors import AiaynError, CheckpointError
-from aiayn.io import recover_folder, write_json
+from aiayn.io import live_writers, recover_folder, write_json
 from aiayn.kinds import KINDS, kind_name
 from aiayn.run_config import SECTIONS, RunConfig, run_config_from_dict
 
@@ -150,6 +150,14 @@ def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> Fo
     folder = Path(folder)
     recover_folder(folder)
     if not folder.is_dir():
+        writers = live_writers(folder)
+        if writers:  # a writer swapping it in is alive: say where the folder is, never hide it
+            entry, what, who = writers[0]
+            where = f"its last version is in {entry}" if what == "old" else f"it is in {entry}"
+            raise CheckpointError(
+                f"{folder}: missing while a writer ({who}) replaces it; {where}: wait for the "
+                "writer to finish, or stop it and run again"
+            )
         raise CheckpointError(f"{folder}: model folder not found")
     path = folder / CONFIG_FILE
     if not path.is_file():

@@ -8,14 +8,18 @@ kill between the two renames leaves NAME missing; :func:`recover_folder`, called
 command reads or writes NAME, puts the old folder back and removes what a killed writer left.
 
 Several hosts may share one file system (a multi-node run's folder): a writer on this host is
-judged dead by its pid, one on another host, whose pid cannot be checked from here, only by an
-expired lease: while it works, a writer touches its temporary every ``HEARTBEAT_S`` seconds, and
-one whose temporary has not been touched for ``LEASE_S`` seconds is dead. (Hosts' clocks must
-agree to well within ``LEASE_S``; names from before hosts were recorded are judged by pid.)
+judged dead by its pid, its start time and the boot it ran in (all three in the name: a pid
+reused by another process since, or one from before a reboot, is a dead writer, never a live
+one), one on another host, whose pid cannot be checked from here, only by an expired lease:
+while it works, a writer touches its temporary every ``HEARTBEAT_S`` seconds, and one whose
+temporary has not been touched for ``LEASE_S`` seconds is dead. (Hosts' clocks must agree to
+well within ``LEASE_S``; a name from before start times were recorded is judged by its pid and
+its time: a process that started after the leftover was last touched did not write it.)
 
 Output paths are checked before the work that produces them (:func:`check_output_file`,
 :func:`check_output_folder`), and a failed write (full disk, read-only place) is a
-:class:`~aiayn.errors.OutputError` naming the path.
+:class:`~aiayn.errors.OutputError` naming the path; a full disk says so ("disk full while
+writing FILE (N of M bytes written)", :func:`write_all`).
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ from aiayn.errors import ConfigError, OutputError
 log = logging.getLogger(__name__)
 
 # What a writer leaves beside its target while it works: atomic_path's file, new_folder's folder
-# and the old folder new_folder moves aside. The writer's pid and host tell a live writer from a
-# dead one (the host is absent from names written before it was recorded).
+# and the old folder new_folder moves aside, named .NAME.tmp-PID.START.BOOT@HOST-XXXX. The
+# writer's pid, its start time (clock ticks after boot, /proc/PID/stat field 22), the boot id
+# (/proc/sys/kernel/random/boot_id, 8 hex digits) and the host tell a live writer from a dead one
+# (START.BOOT is absent from names written before it was recorded, the host from older ones).
 _TEMP = re.compile(
-    r"^\.(?P<name>.+)\.(?P<what>tmp|old)-(?P<pid>\d+)(?:@(?P<host>[A-Za-z0-9._-]+))?-[A-Za-z0-9_]+$"
+    r"^\.(?P<name>.+)\.(?P<what>tmp|old)-(?P<pid>\d+)(?:\.(?P<start>\d+)\.(?P<boot>[0-9a-f]+))?"
+    r"(?:@(?P<host>[A-Za-z0-9._-]+))?-[A-Za-z0-9_]+$"
 )
 _HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "localhost"
 # A writer touches its temporary every HEARTBEAT_S seconds; another host's temporary untouched
@@ -52,8 +59,51 @@ HEARTBEAT_S = 60.0
 LEASE_S = 600.0
 
 
+def _read_boot_id() -> str:
+    try:
+        text = Path("/proc/sys/kernel/random/boot_id").read_text()
+    except OSError:
+        return ""
+    return re.sub(r"[^0-9a-f]", "", text.lower())[:8]
+
+
+_BOOT = _read_boot_id()  # "" where /proc does not tell it (then pids alone judge)
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, /proc/PID/stat field 22), None when
+    it does not exist or /proc does not tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:  # the fields after the command name, which may hold spaces and parentheses
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _started_after(pid: int, when: float) -> bool:
+    """Whether process ``pid`` started more than a second after ``when`` (epoch seconds), so
+    that it cannot have written a file last touched then; False when /proc does not tell."""
+    start = start_time(pid)
+    try:
+        stat = Path("/proc/stat").read_text()
+        boot = float(next(ln.split()[1] for ln in stat.splitlines() if ln.startswith("btime ")))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return start is not None and boot + start / os.sysconf("SC_CLK_TCK") > when + 1.0
+
+
+def _writer_tag(pid: int | None = None) -> str:
+    """PID.START.BOOT of this process (PID alone where /proc does not tell the rest)."""
+    pid = os.getpid() if pid is None else pid
+    start = start_time(pid)
+    return f"{pid}.{start}.{_BOOT}" if start is not None and _BOOT else str(pid)
+
+
 def _temp_prefix(name: str, what: str = "tmp") -> str:
-    return f".{name}.{what}-{os.getpid()}@{_HOST}-"
+    return f".{name}.{what}-{_writer_tag()}@{_HOST}-"
 
 
 @contextlib.contextmanager
@@ -97,6 +147,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except OutputError as err:  # name the file asked for, not the temporary
+        raise _renamed(err, str(tmp), path) from None
     except OSError as err:
         raise write_error(path, err) from None
     finally:
@@ -104,11 +156,50 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
-def write_error(path: str | os.PathLike, err: OSError) -> OutputError:
-    """The one-line error for a failed write of ``path``."""
-    reason = err.strerror or str(err) or type(err).__name__
-    hint = " (the disk is full)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-    return OutputError(f"{path}: cannot write ({reason}){hint}")
+def _renamed(err: OutputError, tmp: str, path: str | os.PathLike) -> OutputError:
+    """``err`` naming ``path`` where it named the temporary ``tmp`` (its errno kept)."""
+    renamed = OutputError(str(err).replace(tmp, str(path)))
+    renamed.errno = err.errno
+    return renamed
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` says the disk (or the user's quota) is full."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_error(
+    path: str | os.PathLike, err: OSError, written: int | None = None, total: int | None = None
+) -> OutputError:
+    """The one-line error for a failed write of ``path``; a full disk is named as such, with
+    ``written`` of ``total`` bytes when the writer counted them."""
+    if disk_full(err):
+        counts = f" ({written} of {total} bytes written)" if total is not None else ""
+        error = OutputError(f"disk full while writing {path}{counts}")
+    else:
+        reason = err.strerror or str(err) or type(err).__name__
+        error = OutputError(f"{path}: cannot write ({reason})")
+    error.errno = err.errno  # the message stays one line; callers can still ask disk_full()
+    return error
+
+
+def write_all(fd: int, data: Any, path: str | os.PathLike, offset: int = 0) -> int:
+    """Write all of ``data`` (bytes or a contiguous array) to the file descriptor ``fd`` of
+    ``path``, which holds ``offset`` bytes before it; returns the bytes written. A short write
+    that makes no progress, or ENOSPC, is an OutputError: "disk full while writing PATH (N of M
+    bytes written)", counting the whole file."""
+    view = memoryview(data).cast("B")
+    done, total = 0, len(view)
+    while done < total:
+        try:
+            n = os.write(fd, view[done:])
+        except OSError as err:
+            raise write_error(path, err, offset + done, offset + total) from None
+        if n <= 0:  # no room for one more byte, without an error code
+            full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise write_error(path, full, offset + done, offset + total)
+        done += n
+    return total
 
 
 def _umask() -> int:
@@ -132,7 +223,11 @@ def _fsync_dir(folder: Path) -> None:
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            write_all(fd, data, tmp)
+        finally:
+            os.close(fd)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -174,14 +269,44 @@ def _alive(pid: int) -> bool:
 
 
 def _writer_dead(entry: Path, match: re.Match[str]) -> bool:
-    """Whether the writer that left ``entry`` is dead: by its pid on this host (or when the name
-    records no host), by its lease (the entry's mtime) on another."""
+    """Whether the writer that left ``entry`` is dead: on this host (or when the name records no
+    host) by its pid, start time and boot (a live pid that started at another time, or in
+    another boot, is another process: the writer is dead), by its lease (the entry's mtime) on
+    another."""
     if match["host"] in (None, _HOST):
-        return not _alive(int(match["pid"]))
+        pid = int(match["pid"])
+        if match["start"] is not None and _BOOT:
+            if match["boot"] != _BOOT:
+                return True  # written before this host last booted
+            if pid != os.getpid() and start_time(pid) != int(match["start"]):
+                return True  # the pid is gone, or now another process's
+        elif pid != os.getpid():  # a name from before start times: the file's time tells
+            try:
+                if _started_after(pid, entry.lstat().st_mtime):
+                    return True  # the pid's process started after the writer last touched it
+            except OSError:
+                return False  # gone meanwhile: its writer finished
+        return not _alive(pid)
     try:
         return time.time() - entry.lstat().st_mtime > LEASE_S
     except OSError:
         return False  # gone meanwhile: its writer finished
+
+
+def live_writers(path: str | os.PathLike) -> list[tuple[Path, str, str]]:
+    """(entry, "tmp"|"old", "pid P on HOST") of what live writers of ``path`` leave beside it,
+    old folders first: why ``path`` may be missing for now (a writer is swapping it in)."""
+    path = Path(path)
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m and m["name"] == path.name and not _writer_dead(entry, m):
+            found.append((entry, m["what"], f"pid {m['pid']} on {m['host'] or _HOST}"))
+    return sorted(found, key=lambda f: (f[1] != "old", str(f[0])))
 
 
 def _leftovers(folder: Path, name: str | None = None) -> list[tuple[Path, str]]:
@@ -274,7 +399,7 @@ def new_folder(path: str | os.PathLike, overwrite: bool = False, flag: str = "--
             with _lease(tmp):
                 yield tmp
         except OutputError as err:  # name the folder the user asked for, not the temporary one
-            raise OutputError(str(err).replace(str(tmp), str(path))) from None
+            raise _renamed(err, str(tmp), path) from None
         swap_in(tmp, path)
     finally:
         if tmp.exists():
@@ -322,6 +447,8 @@ def _probe_writable(path: Path, folder: Path) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=_temp_prefix("aiayn-write-test"), dir=folder)
     except OSError as err:
+        if disk_full(err):
+            raise ConfigError(f"disk full while writing {path} (no room in {folder})") from None
         raise ConfigError(f"{path}: cannot write in {folder} ({err.strerror or err})") from None
     os.close(fd)
     os.unlink(probe)

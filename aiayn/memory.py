@@ -5,7 +5,7 @@ logits every step, in sizes that change with the batch's shape. glibc serves blo
 mmap threshold (128 KiB, rising to at most 32 MiB) with a fresh ``mmap`` and gives them back to
 the kernel on ``free``, so a step page-faults much of its memory in again: on this project's
 2-core VM up to ~220,000 minor faults and 1.6 s of kernel time in a ~5 s BASE step
-(docs/performance.md, "What was tried"). With ``M_MMAP_MAX = 0`` every block comes from the heap, and
+(docs/experiments/performance.md, "What was tried"). With ``M_MMAP_MAX = 0`` every block comes from the heap, and
 with a large ``M_TRIM_THRESHOLD`` freed heap memory stays in the process, so once the steps have
 reached their peak they fault almost nothing. The price: the process keeps its peak memory until
 it exits, which is what a training process does anyway. With ``M_ARENA_MAX = 1`` every thread

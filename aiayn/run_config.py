@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +23,7 @@ from aiayn.data.config import DataConfig
 from aiayn.data.registry import cache_dir
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
-from aiayn.kinds import CLASSIFICATION, MASKED_LM, TRANSLATION
+from aiayn.kinds import get_kind, kinds_taking
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
+        """Raise ConfigError naming the field when a value makes no sense."""
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
@@ -147,33 +148,24 @@ class TrainConfig:
         for name in ("update_freq", "keep_last", "log_every", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "warmup_steps",
-            "max_steps",
-            "max_epochs",
-            "valid_every",
-            "metrics_every",
-            "bleu_max_sentences",
-            "patience",
-            "save_every",
-            "tokens_per_update",
-        ):
+        for name in _NOT_NEGATIVE:
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        for name in (
-            "adversarial_eps",
-            "lr",
-            "lr_scale",
-            "adam_eps",
-            "max_time",
-            "clip_norm",
-            "weight_decay",
-            "warmup_init_lr",
-            "min_lr",
-            "save_every_minutes",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        self._check_schedule()
+        if self.tokens_per_update and self.update_freq != 1:
+            raise ConfigError(
+                f"train.tokens_per_update ({self.tokens_per_update}) derives update_freq; "
+                f"leave train.update_freq at 1 (got {self.update_freq})"
+            )
+        if self.bleu_beam < 1:
+            raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
+        if self.best_metric == "valid_bleu" and self.metrics_every == 0:
+            raise ConfigError("train.best_metric = 'valid_bleu' needs train.metrics_every > 0")
+        if len(set(self.freeze)) != len(self.freeze):
+            raise ConfigError(f"train.freeze names a part twice: {list(self.freeze)}")
+
+    def _check_schedule(self) -> None:
+        """The learning-rate schedule has the warm-up and the end it decays to."""
         if self.lr_schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("train.warmup_steps must be > 0 for the noam schedule")
         if self.schedule_clock == "time" and not (
@@ -193,17 +185,30 @@ class TrainConfig:
                 "train.lr_schedule = 'cosine' decays over train.max_steps, which must "
                 f"be > warmup_steps ({self.warmup_steps}), got {self.max_steps}"
             )
-        if self.tokens_per_update and self.update_freq != 1:
-            raise ConfigError(
-                f"train.tokens_per_update ({self.tokens_per_update}) derives update_freq; "
-                f"leave train.update_freq at 1 (got {self.update_freq})"
-            )
-        if self.bleu_beam < 1:
-            raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
-        if self.best_metric == "valid_bleu" and self.metrics_every == 0:
-            raise ConfigError("train.best_metric = 'valid_bleu' needs train.metrics_every > 0")
-        if len(set(self.freeze)) != len(self.freeze):
-            raise ConfigError(f"train.freeze names a part twice: {list(self.freeze)}")
+
+
+#: TrainConfig's counts, rates and durations, none of which may be negative
+_NOT_NEGATIVE = (
+    "warmup_steps",
+    "max_steps",
+    "max_epochs",
+    "valid_every",
+    "metrics_every",
+    "bleu_max_sentences",
+    "patience",
+    "save_every",
+    "tokens_per_update",
+    "adversarial_eps",
+    "lr",
+    "lr_scale",
+    "adam_eps",
+    "max_time",
+    "clip_norm",
+    "weight_decay",
+    "warmup_init_lr",
+    "min_lr",
+    "save_every_minutes",
+)
 
 
 @dataclass(frozen=True)
@@ -302,7 +307,19 @@ def warn_run_config(cfg: RunConfig) -> None:
 def check_run_config(cfg: RunConfig) -> None:
     """Settings of different sections that contradict each other: a ConfigError naming both,
     when the config is read (before a tokenizer is trained or a folder written)."""
-    m, d, t = cfg.model, cfg.data, cfg.train
+    _check_lengths(cfg.model, cfg.data)
+    _check_training(cfg.train)
+    _check_kind_settings(cfg)
+    if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
+        raise ConfigError(
+            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
+            "a noisy segmentation produces tokens the clean targets never hold"
+        )
+    _check_own_files(cfg.data)
+
+
+def _check_lengths(m: ModelConfig, d: DataConfig) -> None:
+    """The longest example fits the model's positions (padded widths too) and a batch."""
     if m.max_len < d.max_len:
         raise ConfigError(
             f"model.max_len ({m.max_len}) is below data.max_len ({d.max_len}): the longest "
@@ -321,6 +338,10 @@ def check_run_config(cfg: RunConfig) -> None:
             f"data.max_tokens ({d.max_tokens}) is below data.max_len ({d.max_len}): a batch "
             "could not hold the longest example"
         )
+
+
+def _check_training(t: TrainConfig) -> None:
+    """The run stops, patience has validations to count, the schedule's rates are in order."""
     if t.max_steps == 0 and t.max_epochs == 0 and t.max_time == 0:
         raise ConfigError(
             "train.max_steps, max_epochs and max_time are all 0: the run would never stop; "
@@ -331,15 +352,6 @@ def check_run_config(cfg: RunConfig) -> None:
             "train.patience counts validations, but train.valid_every = 0 validates only at "
             "the end; set train.valid_every"
         )
-    if t.best_metric == "valid_bleu" and d.kind != TRANSLATION:
-        raise ConfigError(
-            f"train.best_metric = 'valid_bleu' needs data.kind = 'translation', not '{d.kind}'"
-        )
-    if d.long_examples != "filter" and d.kind not in (CLASSIFICATION, MASKED_LM):
-        raise ConfigError(
-            f"data.long_examples = '{d.long_examples}' applies to classification texts, "
-            f"not data.kind = '{d.kind}'"
-        )
     if t.lr_schedule == "cosine" and t.min_lr > t.lr:
         raise ConfigError(
             f"train.min_lr ({t.min_lr}) is above train.lr ({t.lr}): cosine decays from lr to min_lr"
@@ -349,30 +361,66 @@ def check_run_config(cfg: RunConfig) -> None:
             f"train.warmup_init_lr ({t.warmup_init_lr}) is above train.lr ({t.lr}): the "
             "warm-up rises from warmup_init_lr to lr"
         )
-    if t.metrics_every and t.bleu_beam > 1 and d.kind != TRANSLATION:
-        raise ConfigError(f"train.bleu_beam applies to translation, not data.kind = '{d.kind}'")
-    if t.adversarial_eps and d.kind != CLASSIFICATION:
-        raise ConfigError(
-            f"train.adversarial_eps applies to data.kind = 'classification' only, not '{d.kind}'"
-        )
-    if m.output_vocab != "all" and d.kind != TRANSLATION:
-        raise ConfigError(
-            f"model.output_vocab = '{m.output_vocab}' applies to data.kind = 'translation' "
-            f"only, not '{d.kind}'"
-        )
-    if m.output_vocab == "targets" and d.bpe_dropout:
-        raise ConfigError(
-            "model.output_vocab = 'targets' does not go with data.bpe_dropout: "
-            "a noisy segmentation produces tokens the clean targets never hold"
-        )
-    if d.kind in (CLASSIFICATION, MASKED_LM) and (d.train_src or d.train_tgt):
-        raise ConfigError(
-            f"data.kind = '{d.kind}' reads data.train_file, not data.train_src/train_tgt"
-        )
-    if d.kind == TRANSLATION and (d.train_file or d.valid_file):
-        raise ConfigError(
-            "data.kind = 'translation' reads data.train_src/train_tgt, not data.train_file"
-        )
+
+
+# The run-level settings that only some kinds take (aiayn.kinds.SETTINGS): the setting's name
+# there, whether a config sets it, and the error ({able}: the kinds that take it; {kind}: the
+# config's; {long_examples}, {output_vocab}: the config's values).
+_KIND_SETTINGS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
+    (
+        "bleu",
+        lambda c: c.train.best_metric == "valid_bleu",
+        "train.best_metric = 'valid_bleu' needs data.kind = {able}, not '{kind}'",
+    ),
+    (
+        "long_examples",
+        lambda c: c.data.long_examples != "filter",
+        "data.long_examples = '{long_examples}' applies to classification texts, "
+        "not data.kind = '{kind}'",
+    ),
+    (
+        "bleu",
+        lambda c: bool(c.train.metrics_every) and c.train.bleu_beam > 1,
+        "train.bleu_beam applies to data.kind = {able}, not '{kind}'",
+    ),
+    (
+        "adversarial_eps",
+        lambda c: c.train.adversarial_eps > 0,
+        "train.adversarial_eps applies to data.kind = {able} only, not '{kind}'",
+    ),
+    (
+        "output_vocab",
+        lambda c: c.model.output_vocab != "all",
+        "model.output_vocab = '{output_vocab}' applies to data.kind = {able} only, not '{kind}'",
+    ),
+)
+
+
+def _check_kind_settings(cfg: RunConfig) -> None:
+    """ConfigError when the config sets what its kind does not take (the kind says what it
+    takes: :attr:`aiayn.kinds.Kind.takes`)."""
+    kind = get_kind(cfg.data.kind)
+    for setting, is_set, message in _KIND_SETTINGS:
+        if is_set(cfg) and setting not in kind.takes:
+            raise ConfigError(
+                message.format(
+                    able=kinds_taking(setting),
+                    kind=kind.name,
+                    long_examples=cfg.data.long_examples,
+                    output_vocab=cfg.model.output_vocab,
+                )
+            )
+
+
+def _check_own_files(d: DataConfig) -> None:
+    """The user's files given are those the kind's data source reads (data.train_src/train_tgt
+    for sentence pairs, data.train_file for texts)."""
+    reads = get_kind(d.kind).data_files
+    given = [f"{split}_{f}" for split in ("train", "valid") for f in ("src", "tgt", "file")]
+    wrong = [key for key in given if getattr(d, key) and key.split("_")[1] not in reads]
+    if wrong:
+        wanted = "/".join(f"train_{f}" for f in reads)
+        raise ConfigError(f"data.kind = '{d.kind}' reads data.{wanted}, not data.{wrong[0]}")
 
 
 def load_run_config(

@@ -43,15 +43,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def decodings(folder, cfg, step: str) -> dict:
     """Name -> a function translating a list of texts: the module code and the step function."""
     from aiayn.decode.translate import translate_hypotheses
-    from aiayn.model.compiled import CompiledDecoding, CompiledStep, EagerRunner
+    from aiayn.runtime.compiled import CompiledDecoding, CompiledStep, EagerRunner
 
     start = time.perf_counter()
     if step == "compiled":  # compiled into $AIAYN_CACHE (or loaded from it)
         model = folder.backend.compiled(replace(cfg, compile=True))
     else:
-        model = CompiledDecoding(
-            folder.model, CompiledStep(folder.model, EagerRunner(folder.model))
-        )
+        module = folder.torch_module()
+        model = CompiledDecoding(module, CompiledStep(module, EagerRunner(module)))
     first = time.perf_counter() - start
     return {
         "module": lambda texts: folder.translate_hypotheses(texts, cfg),

@@ -19,7 +19,7 @@ float32. Two measurements per engine and round: the whole test set in token-boun
     make bench-engines                      # runs/demo/avg5, test_2016_flickr, beam 5, 5 rounds
     python benchmarks/bench_engines.py --model RUN/avg5 --limit 200 --repeats 3
 
-Writes docs/experiments/engines.json and the table between the markers in docs/decoding.md.
+Writes docs/experiments/engines.json and the table between the markers in docs/experiments/engines.md.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--note", default="", help="what else ran on the machine")
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "engines.json"))
-    p.add_argument("--doc", default=str(ROOT / "docs" / "decoding.md"))
+    p.add_argument("--doc", default=str(ROOT / "docs" / "experiments" / "engines.md"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine, print JSON
     p.add_argument("--mode", default="batch", help=argparse.SUPPRESS)  # batch | latency | prepare
     p.add_argument("--folder", help=argparse.SUPPRESS)
@@ -157,7 +157,10 @@ def run_one(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     folder = load_model_folder([args.folder], "cpu", workers=workers)  # any engine
     if args.worker == "native int8":
-        folder.backend.model = quantize_int8(folder.model)  # the torch backend runs it
+        from aiayn.runtime.torch_backend import TorchBackend
+
+        # the torch backend runs it
+        folder.backend = TorchBackend(quantize_int8(folder.torch_module()), folder.device)
     loaded = time.perf_counter() - start
     if args.mode == "prepare":  # compile the decoder step into $AIAYN_CACHE (or load it)
         folder.backend.compiled(cfg)  # for the batches' threads per worker

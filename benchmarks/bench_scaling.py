@@ -14,7 +14,7 @@ dropout 0.1) on synthetic batches of equal-length sentences (source = target len
 
 Each point: ``--warmup`` updates, then the median of ``--steps`` timed updates; tokens/s counts
 source + target tokens, FLOPs use bench_train's formula, MFU is against the matmul peak measured
-in the same run. Writes the marked section of docs/performance.md and docs/experiments/scaling.json.
+in the same run. Writes the marked section of docs/experiments/performance.md and docs/experiments/scaling.json.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peak-sizes", type=int, nargs="+", default=[1024, 2048], metavar="N",
                    help="n of the n×n×n matmuls of the peak (default 1024 2048)")
     p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "scaling.json"))
-    p.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
+    p.add_argument("--doc", default=str(ROOT / "docs" / "experiments" / "performance.md"))
     args = p.parse_args(argv)
     torch.manual_seed(0)
     s = dataclasses.replace(bt.PRESETS[args.preset], max_len=max(args.lengths + [args.length]) + 2)

@@ -28,8 +28,8 @@ docs/performance.md).
     python benchmarks/bench_train.py [--threads N] [--presets small base] [--precisions fp32 bf16]
     python benchmarks/bench_train.py --device cuda --out DIR/bench_train   # bf16 on a GPU
 
-writes docs/performance.json (one entry per thread count, or per device on a GPU, kept across runs)
-and the table between the markers of docs/performance.md. With ``--device cuda`` every system runs
+writes docs/experiments/performance.json (one entry per thread count, or per device on a GPU, kept across runs)
+and the table between the markers of docs/experiments/performance.md. With ``--device cuda`` every system runs
 on the GPU (aiayn through its trainer with ``train.device``), step times include a
 ``torch.cuda.synchronize()``, and memory is the peak of ``torch.cuda.max_memory_allocated``.
 """
@@ -713,7 +713,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--date", default=str(date.today()))
     p.add_argument("--hardware", default=None,
                    help="the machine, for the table (default: the CPU's name and flags, shared with other jobs)")
-    p.add_argument("--out", default=str(ROOT / "docs" / "performance"), help="writes OUT.json, OUT.md")
+    p.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "performance"), help="writes OUT.json, OUT.md")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:  # a baseline's worker never imports aiayn (its spec says everything)

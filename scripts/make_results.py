@@ -1,4 +1,4 @@
-"""Score a Multi30k run (and its ablations) and write the results tables of docs/experiments.md and docs/experiments/multi30k_en_de.md.
+"""Score a Multi30k run (and its ablations) and write the results tables of docs/experiments/log.md and docs/experiments/multi30k_en_de.md.
 
     .venv/bin/python scripts/make_results.py --run runs/en_de \\
         --ablation "post-LN, dropout 0.1=runs/abl_post_d01" --ablation "pre-LN, dropout 0.1=runs/abl_pre_d01"
@@ -12,7 +12,7 @@ side) the main result is their ensemble (``aiayn evaluate A B``): the same rows 
 of their last checkpoints and of their averages, then each member's average alone. Each ablation
 run is averaged the same way and scored with the chosen beam on val and test2016. Ten test2016
 sentences with their references are kept as samples. Everything lands in docs/experiments/multi30k_en_de.json, the
-marked section of docs/experiments/multi30k_en_de.md and the marked table of docs/experiments.md: no number in those tables is
+marked section of docs/experiments/multi30k_en_de.md and the marked table of docs/experiments/log.md: no number in those tables is
 typed by hand.
 """
 
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--command", default="OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 "
                    "-m aiayn train configs/multi30k_en_de.toml --out runs/en_de")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "experiments" / "multi30k_en_de")
-    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "experiments.md",
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "experiments" / "log.md",
                    help="the page whose results:begin/end markers get the headline table")
     args = p.parse_args(argv)
     if args.limit and (args.out == p.get_default("out") or args.readme == p.get_default("readme")):

@@ -69,6 +69,7 @@ KINDS = ("unit", "process", "serve", "browser")
 UNIT = ("unit",)
 MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_allocator": ("process",),
+    "test_api_docs": ("process",),  # pdoc renders the API reference in a subprocess
     "test_atomic_folders": UNIT,
     "test_bad_input": UNIT,
     "test_bench_train": UNIT,
@@ -77,6 +78,8 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_continuous": UNIT,
     "test_card": UNIT,
     "test_cli_help": UNIT,
+    "test_cli_options": UNIT,
+    "test_reference": UNIT,
     "test_config": UNIT,
     "test_cuda": UNIT,
     "test_data_batching": UNIT,
@@ -124,12 +127,14 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_shipped_configs": UNIT,
     "test_syncs": UNIT,
     "test_threads": UNIT,
+    "test_toy_kind": ("serve",),
     "test_train_cli": UNIT,
     "test_train_ddp": ("process",),
     "test_train_loop": UNIT,
     "test_train_recipe": UNIT,
     "test_train_resume": UNIT,
     "test_translate_cli": UNIT,
+    "test_trust": UNIT,
     "test_viz": UNIT,
     "test_walkthrough": UNIT,
 }

@@ -11,7 +11,14 @@ import pytest
 import torch
 from trainutil import tiny_model_config
 
-from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_step, translate_ids
+from aiayn.decode import (
+    DecodeConfig,
+    SearchSettings,
+    beam_search,
+    greedy_search,
+    transformer_step,
+    translate_ids,
+)
 from aiayn.decode.translate import in_workers
 from aiayn.model import Transformer
 
@@ -190,14 +197,15 @@ def test_search_over_the_cache_equals_search_over_full_recomputation():
     src, _ = batch(B=1)
     memory = model.encode(src)
     cached = greedy_search(transformer_step(model, memory), model.init_cache(memory, src=src),
-                           1, 1, 2, 12)
-    full = greedy_search(uncached_step(model, memory, src), None, 1, 1, 2, 12)
+                           1, 12, SearchSettings(1, 2))
+    full = greedy_search(uncached_step(model, memory, src), None, 1, 12, SearchSettings(1, 2))
     assert cached[0].tokens == full[0].tokens
     assert cached[0].log_prob == pytest.approx(full[0].log_prob, abs=1e-4)
     k = 4
     cache = model.init_cache(memory, src=src).with_beam(k)
-    cached = beam_search(transformer_step(model, memory), cache, 1, k, 1, 2, 12, nbest=4)[0]
-    full = beam_search(uncached_step(model, memory, src), None, 1, k, 1, 2, 12, nbest=4)[0]
+    settings = SearchSettings(1, 2, beam=k, nbest=4)
+    cached = beam_search(transformer_step(model, memory), cache, 1, 12, settings)[0]
+    full = beam_search(uncached_step(model, memory, src), None, 1, 12, settings)[0]
     assert [h.tokens for h in cached] == [h.tokens for h in full]
     assert [h.score for h in cached] == pytest.approx([h.score for h in full], abs=1e-4)
 
@@ -246,9 +254,9 @@ def test_workers_share_the_threads_and_keep_autocast():
 
 @torch.no_grad()
 def test_the_packed_output_projection_equals_f_linear():
-    """aiayn/model/packed.py: oneDNN's packed weight gives F.linear's values, in fp32 and under
+    """aiayn/decode/packed.py: oneDNN's packed weight gives F.linear's values, in fp32 and under
     bf16 autocast (bf16 out, as autocast's linear); no packing where gradients are wanted."""
-    from aiayn.model.packed import available, pack
+    from aiayn.decode.packed import available, bf16_packing, pack
 
     torch.manual_seed(0)
     weight, x = torch.randn(300, 32), torch.randn(7, 1, 32)
@@ -259,11 +267,15 @@ def test_the_packed_output_projection_equals_f_linear():
     torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight), **TOL)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         packed16 = pack(weight)
-        assert packed16 is not None
-        out = packed16(x)
-        expected = torch.nn.functional.linear(x, weight)
-    assert out.dtype == expected.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+        if not bf16_packing():  # e.g. AVX2 only: bf16 runs the projection unpacked
+            assert packed16 is None
+        else:
+            assert packed16 is not None
+            out = packed16(x)
+            expected = torch.nn.functional.linear(x, weight)
+    if bf16_packing():
+        assert out.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
     with torch.enable_grad():
         assert pack(weight.requires_grad_()) is None
 
@@ -271,20 +283,28 @@ def test_the_packed_output_projection_equals_f_linear():
 @torch.no_grad()
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_cache_packs_the_output_projection_once_per_decoding(bias):
-    """The packed projection gives the module's logits, its bias included (final_logits_bias)."""
+    """The packed projection (a decoding's, aiayn/decode/packed.py) gives the module's
+    log-probabilities, its bias included (final_logits_bias); the model itself packs nothing."""
+    from aiayn.decode.packed import Prepacked, available
+
     torch.manual_seed(0)
-    model = tiny(final_logits_bias=bias)
+    model = tiny(final_logits_bias=bias).eval()
     if bias:
         torch.nn.init.normal_(model.generator.bias)  # zeros would hide a dropped bias
     src, tgt = batch()
     memory = model.encode(src)
-    cache = model.init_cache(memory, src=src)
-    first = model.decode(tgt[:, :1], memory, cache=cache)
+    plain = model.init_cache(memory, src=src)
+    model.log_probs(tgt[:, :1], memory, plain)
+    assert plain.output is None  # the paper's model: no inference-speed state
+    decoder = Prepacked(model)
+    cache = decoder.init_cache(memory, src=src)
+    first = decoder.log_probs(tgt[:, :1], memory, cache)
     packed = cache.output
-    model.decode(tgt[:, 1:2], memory, cache=cache)
+    assert (packed is not None) == available(src.device)
+    decoder.log_probs(tgt[:, 1:2], memory, cache)
     assert cache.output is packed  # made at the first step only
     full = model.decode(tgt[:, :1], memory, src_mask=model.src_mask(src))  # F.linear
-    torch.testing.assert_close(first, full, **TOL)
+    torch.testing.assert_close(first, torch.log_softmax(full, dim=-1), **TOL)
 
 
 @torch.no_grad()
@@ -294,8 +314,8 @@ def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
     optimizer step do), with the new values; its entry leaves with the weight."""
     import gc
 
-    from aiayn.model import packed as packed_module
-    from aiayn.model.packed import available, pack_kept
+    from aiayn.decode import packed as packed_module
+    from aiayn.decode.packed import available, bf16_packing, pack_kept
 
     torch.manual_seed(0)
     weight, bias, x = torch.randn(300, 32), torch.randn(300), torch.randn(7, 32)
@@ -304,7 +324,8 @@ def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
     first = pack_kept(weight, bias)
     assert first is not None and pack_kept(weight, bias) is first
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert pack_kept(weight, bias).dtype == torch.bfloat16  # a copy of its own
+        kept16 = pack_kept(weight, bias)  # a copy of its own, where this CPU packs bf16
+        assert kept16.dtype == torch.bfloat16 if bf16_packing() else kept16 is None
     assert pack_kept(weight, bias) is first
     weight.mul_(2)
     second = pack_kept(weight, bias)
@@ -329,19 +350,51 @@ def test_a_kept_packed_projection_is_made_again_when_the_weights_change():
 
 @torch.no_grad()
 def test_a_model_opened_for_inference_decodes_its_new_weights(tmp_path):
-    """The torch backend keeps the output projection packed across decodings
-    (keep_packed_output); weights loaded into the same model afterwards are the ones used."""
+    """The torch backend keeps the output projection packed across decodings (its decoder's
+    ``keep``; the model holds no such state); weights loaded into the same model afterwards are
+    the ones used."""
     from aiayn.runtime.torch_backend import TorchBackend
 
     torch.manual_seed(0)
     model, other = tiny().eval(), tiny().eval()
     torch.nn.init.normal_(other.generator.weight)
-    TorchBackend(model, torch.device("cpu"))
-    assert model.keep_packed_output and not other.keep_packed_output
+    backend = TorchBackend(model, torch.device("cpu"))
+    assert backend.decoder.keep and backend.decoder.model is model
     src, _ = batch()
     sources = [row[row != model.cfg.pad_id].tolist() for row in src]
     cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6)
-    before = translate_ids(model, sources, cfg)
-    assert translate_ids(model, sources, cfg) == before
+    before = backend.translate_ids(sources, cfg)
+    assert backend.translate_ids(sources, cfg) == before == translate_ids(model, sources, cfg)
     model.load_state_dict(other.state_dict())
-    assert translate_ids(model, sources, cfg) == translate_ids(other, sources, cfg)
+    assert backend.translate_ids(sources, cfg) == translate_ids(other, sources, cfg)
+
+
+@torch.no_grad()
+def test_the_backend_packs_once_across_decodings_and_a_plain_decoding_each_time(monkeypatch):
+    """Speed kept with the model pure: the torch backend's decoder packs the output projection
+    once for many decodings; translate_ids over the bare model packs it once per decoding."""
+    from aiayn.decode import packed as packed_module
+    from aiayn.runtime.torch_backend import TorchBackend
+
+    if not packed_module.available(torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN linear")
+    calls = []
+    real = packed_module.pack
+
+    def counting(weight, bias=None):
+        calls.append(1)
+        return real(weight, bias)
+
+    monkeypatch.setattr(packed_module, "pack", counting)
+    torch.manual_seed(0)
+    model = tiny().eval()
+    backend = TorchBackend(model, torch.device("cpu"))
+    src, _ = batch()
+    sources = [row[row != model.cfg.pad_id].tolist() for row in src]
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6)
+    for _ in range(3):
+        backend.translate_ids(sources, cfg)
+    assert len(calls) == 1
+    for _ in range(2):
+        translate_ids(model, sources, cfg)
+    assert len(calls) == 3

@@ -64,6 +64,24 @@ def test_a_metrics_line_cut_by_a_kill_still_gives_the_training(run):
     assert "200 updates in 2.1 min" in model_card(run / "avg2")
 
 
+def test_a_copied_folder_keeps_its_training_row(run, tmp_path):
+    """A model folder copied away from its run (no metrics.jsonl beside it) keeps the training row
+    its card had when `aiayn evaluate` refreshes the card."""
+    import shutil
+
+    run, _ = run
+    write_model_card(run / "best")  # its run's metrics.jsonl is in the folder above
+    copy = tmp_path / "shipped" / "best"
+    shutil.copytree(run / "best", copy)
+    (copy / "eval_test_2016_flickr.json").write_text(json.dumps({"bleu": 40.0, "n": 3}))
+    write_model_card(copy)
+    card = (copy / "README.md").read_text()
+    assert "| training | 200 updates in 2.1 min" in card and "not recorded here" not in card
+    assert "eval_test_2016_flickr.json" in card
+    (copy / "README.md").unlink()  # no card and no metrics: said so
+    assert "| training | not recorded here (limits: max_steps 10600" in model_card(copy)
+
+
 def test_best_folder_names_its_checkpoint(run):
     run, _ = run
     card = model_card(run / "best")

@@ -52,4 +52,5 @@ def test_every_command_help_ends_with_an_example_that_parses(name, capsys):
 
 def test_example_lines_are_not_wrapped(capsys):
     out = help_text(["summary", "--help"], capsys)
-    assert "Example: aiayn summary base --set src_vocab_size=37000 --set tgt_vocab_size=37000" in out
+    assert ("Example: aiayn summary base --set model.src_vocab_size=37000 --set model.d_model=256"
+            in out)

@@ -1,4 +1,4 @@
-"""The decoder step compiled as one call (aiayn/model/compiled.py) decodes what the module code
+"""The decoder step compiled as one call (aiayn/runtime/compiled.py) decodes what the module code
 decodes: per-step log-probabilities to 1e-5, the same tokens for greedy and beam search.
 
 The fast tests run :class:`DecoderStep` eagerly behind the same plumbing as the package (cache
@@ -14,12 +14,12 @@ import pytest
 import torch
 from trainutil import tiny_model_config
 
-from aiayn.decode import DecodeConfig, beam_search, greedy_search, transformer_step
+from aiayn.decode import DecodeConfig, SearchSettings, beam_search, greedy_search, transformer_step
 from aiayn.decode.ensemble import Ensemble
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
-from aiayn.model import compiled as compiled_module
-from aiayn.model.compiled import (
+from aiayn.runtime import compiled as compiled_module
+from aiayn.runtime.compiled import (
     FIRST_COMPILED_STEP,
     CompiledDecoding,
     CompiledStep,
@@ -53,9 +53,10 @@ def search(model, src, beam: int):
     cache = model.init_cache(memory, src=src)
     step = transformer_step(model, memory)
     if beam == 1:
-        hyps = greedy_search(step, cache, src.size(0), 1, 2, 20, min_len=12)
+        hyps = greedy_search(step, cache, src.size(0), 20, SearchSettings(1, 2, min_len=12))
         return [(h.tokens, h.score) for h in hyps]
-    nbest = beam_search(step, cache.with_beam(beam), src.size(0), beam, 1, 2, 20, nbest=3)
+    nbest = beam_search(step, cache.with_beam(beam), src.size(0), 20,
+                        SearchSettings(1, 2, beam=beam, nbest=3))
     return [[(h.tokens, h.score) for h in line] for line in nbest]
 
 
@@ -151,14 +152,16 @@ def test_compile_is_refused_in_one_line_where_it_cannot_run(model, cfg):
         backend.translate_ids([[5, 6, 2]], cfg)
 
 
-def test_a_cache_it_cannot_write_or_a_damaged_package_is_one_line(tmp_path):
+def test_a_cache_it_cannot_write_or_a_damaged_package_is_one_line(tmp_path, monkeypatch):
     model = tiny()
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(ConfigError, match="compiling the decoder step into .* failed: ") as e:
         compiled_step(model, tmp_path / "file" / "compiled")
     assert "\n" not in str(e.value)
     damaged = tmp_path / f"decoder-step-{package_key(model, 1)}.pt2"
-    damaged.write_bytes(b"half a package")
+    # a package that its compilation wrote so (its checksum is what was written) and that this
+    # torch cannot load: one line, the file left for the user to look at
+    monkeypatch.setattr(compiled_module, "_build", lambda m, path: path.write_bytes(b"half a package"))
     with pytest.raises(ConfigError, match="is not a package this torch can load") as e:
         compiled_step(model, tmp_path)
     assert "\n" not in str(e.value) and damaged.read_bytes() == b"half a package"

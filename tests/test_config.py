@@ -96,7 +96,8 @@ def test_summary_builds_the_model_the_config_trains(capsys, tmp_path):
 
 
 def test_summary_cli_prints_table(capsys):
-    assert main(["summary", "tiny", "--set", "src_vocab_size=1000", "--set", "tgt_vocab_size=1000"]) == 0
+    assert main(["summary", "tiny", "--set", "model.src_vocab_size=1000", "--set",
+                 "model.tgt_vocab_size=1000"]) == 0
     out = capsys.readouterr().out
     assert "encoder.layers.3 (EncoderLayer)" in out and "(2, 16, 1000)" in out
     total = sum(p.numel() for p in Transformer(ModelConfig.preset(
@@ -106,10 +107,11 @@ def test_summary_cli_prints_table(capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["summary", "bsae"], "unknown preset 'bsae' (did you mean 'base'?)"),
-    (["summary", "base", "--set", "d_model=100"], "d_model (100) must be divisible by n_heads (8)"),
-    (["summary", "base", "--set", "d_modle=100"], "unknown config key 'd_modle'"),
-    (["summary", "base", "--set", "src_vocab_size=10", "--set", "tgt_vocab_size=20"], "share_embeddings"),
-    (["summary", "base", "--set", "d_ff=-1"], "d_ff must be positive"),
+    (["summary", "base", "--set", "model.d_model=100"], "d_model (100) must be divisible by n_heads (8)"),
+    (["summary", "base", "--set", "model.d_modle=100"], "unknown config key 'd_modle'"),
+    (["summary", "base", "--set", "model.src_vocab_size=10", "--set",
+      "model.tgt_vocab_size=20"], "share_embeddings"),
+    (["summary", "base", "--set", "model.d_ff=-1"], "d_ff must be positive"),
     (["summary", "missing.toml"], "missing.toml: config file not found"),
 ])
 def test_cli_bad_input_is_one_line_error_no_traceback(args, message, capsys):
@@ -118,7 +120,7 @@ def test_cli_bad_input_is_one_line_error_no_traceback(args, message, capsys):
 
 def test_a_bad_config_in_a_real_process_is_one_line_and_exit_2():
     """The same as above through `python -m aiayn`: the exit status and stderr a shell sees."""
-    process_fails(["summary", "base", "--set", "d_modle=100"], "unknown config key 'd_modle'")
+    process_fails(["summary", "base", "--set", "model.d_modle=100"], "unknown config key 'd_modle'")
 
 
 def test_the_warm_up_advice_is_logged_once_per_run_not_per_read(caplog):

@@ -11,7 +11,7 @@ from trainutil import tiny_model_config
 
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.decode.continuous import RunningTranslation
-from aiayn.decode.search import BeamSearch
+from aiayn.decode.search import BeamSearch, SearchSettings
 from aiayn.model import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -226,7 +226,7 @@ def run_stub(tables, joins, **search):
         probs = [tables[s].get(tuple(r), dist(0.0)) for s, r in zip(cache.sentence, rows)]
         return torch.tensor(probs).log(), cache
 
-    beam_search = BeamSearch(2, BOS, EOS, **search)
+    beam_search = BeamSearch(SearchSettings(BOS, EOS, beam=2, **search))
     cache, names, out, at = StubRows(), {}, {}, 0
     while len(out) < len(joins):
         for name in [name for name, when in joins.items() if when == at]:

@@ -193,11 +193,11 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, case
         b.unlink()
     if case == "label":
         tsv = write(tmp_path / "c.tsv", "1\tok\nyes\tno\n")
-        args = ["--set", "kind=classification", "--set", f"train_file={tsv}"]
+        args = ["--set", "data.kind=classification", "--set", f"data.train_file={tsv}"]
     else:
-        args = ["--set", f"train_src={a}", "--set", f"train_tgt={b}"]
+        args = ["--set", f"data.train_src={a}", "--set", f"data.train_tgt={b}"]
     before = files_in(tmp_path)
-    rc, out, err = run_cli(capsys, "data", "tokenizer", "--set", "dataset=", *args,
+    rc, out, err = run_cli(capsys, "data", "tokenizer", "--set", "data.dataset=", *args,
                            "-o", str(tmp_path / "tokenizer.json"))
     expected = {"lengths": r"a\.txt:2: parallel files differ", "utf8": r"b\.txt:2: not valid UTF-8",
                 "empty": r"b\.txt: file is empty", "missing": r"b\.txt: no such file",
@@ -210,13 +210,14 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, case
 
 
 def test_cli_tokenizer_and_prepare(tmp_path, capsys, parallel):
-    rc, out, _ = run_cli(capsys, "data", "tokenizer", "--set", "dataset=", "--set", "tokenizer=bpe",
-                         "--set", "vocab_size=300", "--set", f"train_src={parallel.train_src}",
+    rc, out, _ = run_cli(capsys, "data", "tokenizer", "--set", "data.dataset=", "--set",
+                         "data.tokenizer=bpe", "--set", "data.vocab_size=300", "--set",
+                         f"data.train_src={parallel.train_src}",
                          "--set", f"data.train_tgt={parallel.train_tgt}", "-o", str(tmp_path / "t.json"))
     assert rc == 0 and "bpe tokenizer" in out and (tmp_path / "t.json").is_file()
     rc, _, err = run_cli(capsys, "data", "prepare", "multi3k")
     assert rc == 2 and "unknown dataset 'multi3k' (did you mean 'multi30k'?)" in err
-    rc, _, err = run_cli(capsys, "data", "stats", "--set", "max_tokenz=5")
+    rc, _, err = run_cli(capsys, "data", "stats", "--set", "data.max_tokenz=5")
     assert rc == 2 and "unknown config key 'data.max_tokenz' (did you mean 'data.max_tokens'?)" in err
 
 

@@ -14,7 +14,7 @@ from trainutil import fails, tiny_model_config
 from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.data import train_tokenizer
-from aiayn.decode import DecodeConfig, greedy_search
+from aiayn.decode import DecodeConfig, SearchSettings, greedy_search
 from aiayn.decode.search import Rules, _apply_rules
 from aiayn.decode.step import force_prefix
 from aiayn.errors import ConfigError
@@ -100,7 +100,7 @@ def test_forced_prefix_keeps_the_models_log_probs_and_search_goes_on():
     table = table.log_softmax(-1)
     forced = torch.tensor([[4, 5, -1], [-1, -1, -1]])  # row 0: prefix 4 5; row 1: none
     step, cache = force_prefix(fixed_step(table), None, forced)
-    hyps = greedy_search(step, cache, 2, 1, 2, max_len=6)
+    hyps = greedy_search(step, cache, 2, 6, SearchSettings(1, 2))
     assert hyps[0].tokens[:2] == [4, 5] and hyps[0].tokens[2] == 3
     assert hyps[1].tokens[0] == 3
     path = [1, *hyps[0].tokens, *([2] if hyps[0].finished else [])]

@@ -451,3 +451,209 @@ def test_a_page_or_a_results_file_that_disagree_fail(tmp_path):
         "imdb.accuracy, whose figure is 89.79 (docs/results.json)"]
     wrong.write_text("Our headline: 41.08 sacreBLEU.\n")
     assert "without its mark" in page_errors(wrong, results)[0]
+
+
+# --- The code blocks a newcomer pastes first run as written --------------------------------------
+#
+# README.md, docs/getting-started.md and docs/model.md: every code block runs in this test, except those marked
+# just before the fence with `<!-- not-run: REASON -->` (they train, download, install or need a
+# server). A shell block that runs may hold only `aiayn …` commands and comments; a Python block
+# runs as one program.
+
+RUN_PAGES = [ROOT / "README.md", ROOT / "docs" / "getting-started.md", ROOT / "docs" / "model.md"]
+NOT_RUN = re.compile(r"<!--\s*not-run:[^>]*-->\s*\n$")
+
+
+def runnable_blocks(text: str) -> list[tuple[int, str, str]]:
+    """(line, language, code) of each fenced block not marked `not-run`."""
+    found = []
+    for match in FENCE.finditer(text):
+        lang = match.group(1).strip()
+        if NOT_RUN.search(text[max(0, match.start() - 200):match.start()]):
+            continue
+        if lang in ("bash", "sh", "shell", "python"):
+            found.append((line_of(text, match.start()), lang, match.group(2)))
+    return found
+
+
+def shell_commands(code: str) -> list[list[str]]:
+    """The argv of each `aiayn …` line of a shell block; ValueError for any other command."""
+    commands = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if words[0] != "aiayn":
+            raise ValueError(f"`{line.strip()}` is not an aiayn command: mark the block "
+                             "<!-- not-run: why --> or run only aiayn commands in it")
+        commands.append(words[1:])
+    return commands
+
+
+def test_the_block_finder_skips_marked_blocks():
+    text = ("<!-- not-run: trains -->\n```bash\nmake demo\n```\n\n```bash\naiayn --help  # x\n```\n"
+            "```text\nout\n```\n```python\nx = 1\n```\n")
+    blocks = runnable_blocks(text)
+    assert [(lang, code) for _, lang, code in blocks] == [("bash", "aiayn --help  # x\n"),
+                                                         ("python", "x = 1\n")]
+    assert shell_commands(blocks[0][2]) == [["--help"]]
+    with pytest.raises(ValueError, match="not an aiayn command"):
+        shell_commands("make demo\n")
+
+
+@pytest.mark.parametrize("page", RUN_PAGES, ids=rel)
+def test_code_blocks_that_need_no_training_run(page, tmp_path, monkeypatch):
+    from aiayn.cli import main
+
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))  # nothing cached, nothing written
+    monkeypatch.chdir(tmp_path)
+    failures = []
+    for line, lang, code in runnable_blocks(page.read_text(encoding="utf-8")):
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                if lang == "python":
+                    exec(compile(code, f"{rel(page)}:{line}", "exec"), {"__name__": "__docs__"})
+                    continue
+                for argv in shell_commands(code):
+                    try:
+                        code_ = main(argv)
+                    except SystemExit as exit_:  # --help
+                        code_ = exit_.code or 0
+                    if code_:
+                        failures.append(f"line {line}: aiayn {' '.join(argv)} exited {code_}: "
+                                        f"{out.getvalue()[-300:]}")
+        except Exception as err:  # noqa: BLE001 - reported with the block's line
+            failures.append(f"line {line}: {type(err).__name__}: {err}")
+    assert not failures, f"{rel(page)}:\n" + "\n".join(failures)
+
+
+# --- Every flag the guide writes is one its command accepts --------------------------------------
+#
+# In code (fenced blocks and inline `code`), a `--flag` belongs to the aiayn command before it on
+# the same line or span (`aiayn translate … --beam 5`, or a span that starts with the command:
+# `evaluate --paper-bleu`), else to the last one named earlier in the same paragraph; it must be
+# one of that command's options. A flag with no command in its paragraph must be an option of
+# some aiayn command. A line or span that runs another program (pip, torchrun, python, make,
+# pytest, curl, sacrebleu) before any aiayn command names that program's flags, which are not checked.
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])")
+COMMAND = re.compile(r"\baiayn\s+([a-z][a-z0-9-]*)(?:\s+([a-z][a-z0-9-]*))?")
+OTHER_PROGRAM = re.compile(r"(?:^|[\s;&|(`$])(pip|torchrun|python3?|make|pytest|curl|git|ruff|uv|sacrebleu|"
+                           r"benchmarks/[\w.]+|scripts/[\w.]+)\b")
+
+
+def parser_flags() -> dict[str, set[str]]:
+    """Each command's option strings ("translate", "data list", …; a command with actions also
+    holds theirs), and "" for the global ones."""
+    import argparse
+
+    flags: dict[str, set[str]] = {}
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        flags[name] = {s for a in parser._actions for s in a.option_strings}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    walk(subparser, f"{name} {sub}".strip())
+                    if name:
+                        flags[name] |= flags[f"{name} {sub}"]
+
+    walk(build_parser(), "")
+    return flags
+
+
+def code_pieces(text: str) -> list[tuple[int, str | None, bool]]:
+    """(line, code, inline) in page order: each line of each shell block, each inline code span,
+    and (line, None, False) where a paragraph ends (a blank line, a heading, a block's end)."""
+    pieces: list[tuple[int, str | None, bool]] = []
+    pos = 0
+    for match in FENCE.finditer(text):
+        pieces += prose_pieces(text, pos, match.start())
+        if match.group(1).strip() in SHELL_BLOCKS:
+            start = line_of(text, match.start(2))
+            for i, line in enumerate(match.group(2).replace("\\\n", " ").splitlines()):
+                pieces.append((start + i, line, False))
+        pieces.append((line_of(text, match.end()), None, False))
+        pos = match.end()
+    return pieces + prose_pieces(text, pos, len(text))
+
+
+def prose_pieces(text: str, start: int, end: int) -> list[tuple[int, str | None, bool]]:
+    pieces: list[tuple[int, str | None, bool]] = []
+    for match in re.finditer(r"^#{1,6} .*$|^\s*$|`[^`\n]+`", text[start:end], re.M):
+        line = line_of(text, start + match.start())
+        code = match.group()
+        pieces.append((line, code.strip("`"), True) if code.startswith("`") else (line, None, False))
+    return pieces
+
+
+def command_named(code: str, at: int, flags: dict[str, set[str]], inline: bool) -> str | None:
+    """The aiayn command named in code before position at, if any."""
+    found = list(COMMAND.finditer(code, 0, at))
+    words = code.split()
+    if found:
+        first, second = found[-1].group(1), found[-1].group(2)
+    elif inline and words and words[0] in flags and words[0] != "":
+        first, second = words[0], words[1] if len(words) > 1 else None
+    else:
+        return None
+    if f"{first} {second}" in flags:
+        return f"{first} {second}"
+    return first if first in flags else None
+
+
+def flag_errors(text: str, flags: dict[str, set[str]]) -> list[str]:
+    every = set().union(*flags.values())
+    errors, current = [], None
+    for line, code, inline in code_pieces(text):
+        if code is None:
+            current = None
+            continue
+        command = COMMAND.search(code)
+        other = OTHER_PROGRAM.search(code)
+        if other and (command is None or other.start() < command.start()):
+            code = code[command.start():] if command else ""
+        for match in FLAG.finditer(code):
+            current = command_named(code, match.start(), flags, inline) or current
+            allowed = every if current is None else flags[current] | flags[""]
+            if match.group() not in allowed:
+                where = f"aiayn {current}" if current else "any aiayn command"
+                errors.append(f"line {line}: {match.group()} is not an option of {where}")
+        current = command_named(code, len(code), flags, inline) or current
+    return errors
+
+
+def test_the_flag_checker_finds_a_flag_of_another_command():
+    flags = parser_flags()
+    assert flag_errors("`aiayn translate runs/x --beam 5` and `--nbest 3`.", flags) == []
+    assert flag_errors("`aiayn serve runs/x`, then `--nbest 3`.", flags) == [
+        "line 1: --nbest is not an option of aiayn serve"]
+    assert flag_errors("`aiayn serve runs/x`.\n\nThen `--nbest 3`.", flags) == []  # a new paragraph
+    assert flag_errors("`aiayn serve m`\n## Next\n`--beam`", flags) == []  # a heading too
+    assert flag_errors("`export --format onnx`, `evaluate --paper-bleu`", flags) == []
+    assert flag_errors("```bash\npip install --index-url U torch\naiayn data list\n```\n", flags) == []
+    assert "--no-such" in flag_errors("```bash\naiayn evaluate m --no-such 1\n```\n", flags)[0]
+    assert flag_errors("Then `--no-such-flag`.", flags) == [
+        "line 1: --no-such-flag is not an option of any aiayn command"]
+
+
+@pytest.mark.parametrize("page", GUIDE, ids=rel)
+def test_every_flag_in_the_guide_belongs_to_its_command(page):
+    errors = flag_errors(page.read_text(encoding="utf-8"), parser_flags())
+    assert not errors, f"{rel(page)}:\n" + "\n".join(errors)
+
+
+def test_the_install_commands_match_the_makefile():
+    """The README's CPU install pins the torch the Makefile installs by default, from the index
+    the Makefile takes as TORCH_INDEX; `make quick`, `make demo` and `make docs` exist."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    torch_default = re.search(r"^TORCH\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    assert f"pip install {torch_default} --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert re.search(r"^TORCH_INDEX\s*\?=\s*$", makefile, re.M)  # empty by default: PyPI, as before
+    assert "$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))" in makefile
+    for target in ("quick", "demo", "docs", "install-demo"):
+        assert re.search(rf"^{target}:", makefile, re.M), target
+    demo_extras = re.search(r"^DEMO\s*:=\s*(.+)$", makefile, re.M).group(1)
+    assert demo_extras == "-e '.[plot]'"  # make quick and make demo need no test tools

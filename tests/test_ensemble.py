@@ -144,9 +144,9 @@ def test_evaluate_and_translate_an_ensemble(two_model_dirs, tmp_path, capsys):
     out = tmp_path / "out.txt"
     assert cli("translate", first, second, "-i", src, "-o", out, "--beam", 2, "--max-len-b", 6) == 0
     assert out.read_text(encoding="utf-8") == hyps.read_text(encoding="utf-8")
-    model = load_model_folder([first, second]).model
+    model = load_model_folder([first, second]).torch_module()
     assert isinstance(model, Ensemble) and len(model.models) == 2
-    single = load_model_folder([first]).model
+    single = load_model_folder([first]).torch_module()
     assert not isinstance(single, Ensemble)
 
 

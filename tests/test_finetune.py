@@ -41,7 +41,7 @@ def _models(imported):
     folder, out = imported
     ours = load_model_folder(out)
     theirs = MarianMTModel.from_pretrained(folder)
-    return ours.model.train(), ours.tokenizer, theirs.train()
+    return ours.torch_module().train(), ours.tokenizer, theirs.train()
 
 
 def _batch(tokenizer, cfg, n=8, skip=2000):
@@ -124,7 +124,7 @@ def test_twenty_adamw_steps_give_the_weights_of_transformers(imported):
         # up to steps of ±lr in both: noise, not a difference of the models
         if not name.endswith("k_proj.bias"):
             assert (p - q).abs().max() < 1e-4, name
-    start = load_model_folder(imported[1]).model
+    start = load_model_folder(imported[1]).torch_module()
     assert torch.equal(ours.generator.bias, start.generator.bias)  # final_logits_bias: fixed
     moved = ours.src_embed.token.weight - start.src_embed.token.weight
     assert moved.abs().max() > 5e-4  # they did train
@@ -179,8 +179,8 @@ def test_lr0_finetune_translates_as_the_import(imported, tmp_path, caplog):
     assert saved["model"] == {**json.loads((out / "config.json").read_text())["model"],
                               "dropout": 0.2}
     assert (run / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
-    for name, value in start.model.state_dict().items():
-        assert torch.equal(tuned.model.state_dict()[name], value), name
+    for name, value in start.torch_module().state_dict().items():
+        assert torch.equal(tuned.torch_module().state_dict()[name], value), name
     sources = [s for s in sentences("en", 200, skip=1000) if len(s.split()) <= 10][:16]
     assert tuned.translate(sources) == start.translate(sources)  # the folder's decode settings
     assert load_model_folder(tmp_path / "avg").translate(sources) == tuned.translate(sources)
@@ -254,7 +254,7 @@ def test_a_finetuned_folder_exports_to_transformers_and_translates_the_same(
         assert main(["export", str(run), "--format", "hf", "-o", str(hf)]) == 0
     tuned = load_model_folder(run)
     start = load_model_folder(out)
-    assert not torch.equal(tuned.model.generator.weight, start.model.generator.weight)
+    assert not torch.equal(tuned.torch_module().generator.weight, start.torch_module().generator.weight)
     sources = [s for s in sentences("en", 200, skip=1000) if len(s.split()) <= 10][:12]
     ours = tuned.translate(sources, beam=1)
     model, tok = MarianMTModel.from_pretrained(hf).eval(), MarianTokenizer.from_pretrained(hf)
@@ -279,11 +279,11 @@ def test_aiayns_own_hf_export_imports_back(tmp_path):
     folder = random_folder(tmp_path / "own")
     back = import_marian(export_model(folder, "hf", tmp_path / "hf"), tmp_path / "back")
     a, b = load_model_folder(folder), load_model_folder(back)
-    assert b.model.cfg.bos_id == a.model.cfg.bos_id != a.model.cfg.pad_id
+    assert b.torch_module().cfg.bos_id == a.torch_module().cfg.bos_id != a.torch_module().cfg.pad_id
     assert (tmp_path / "back" / "tokenizer.json").is_file()
-    src, tgt = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[a.model.cfg.bos_id, 9, 10, 11]])
+    src, tgt = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[a.torch_module().cfg.bos_id, 9, 10, 11]])
     with torch.no_grad():
-        assert (a.model.eval()(src, tgt) - b.model.eval()(src, tgt)).abs().max() < 1e-4
+        assert (a.torch_module().eval()(src, tgt) - b.torch_module().eval()(src, tgt)).abs().max() < 1e-4
     texts = ["a b c d", "e f g", "h i j a b"]
     assert b.translate(texts, beam=1) == a.translate(texts, beam=1)
 
@@ -307,12 +307,12 @@ def test_one_of_aiayns_own_models_finetunes(tmp_path):
         assert main([*argv[:3], str(tmp_path / "frozen"), *argv[4:], "--set",
                      "train.freeze=embeddings,encoder"]) == 0
     start, tuned = load_model_folder(folder), load_model_folder(tmp_path / "ft")
-    assert dataclasses.replace(tuned.model.cfg, dropout=start.model.cfg.dropout) == start.model.cfg
+    assert dataclasses.replace(tuned.torch_module().cfg, dropout=start.torch_module().cfg.dropout) == start.torch_module().cfg
     assert (tmp_path / "ft" / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
-    assert not torch.equal(tuned.model.generator.weight, start.model.generator.weight)
+    assert not torch.equal(tuned.torch_module().generator.weight, start.torch_module().generator.weight)
     # train.freeze: the embeddings (tied to the output layer) and the encoder stay as they were
-    frozen = dict(load_model_folder(tmp_path / "frozen").model.named_parameters())
-    for name, value in start.model.named_parameters():
+    frozen = dict(load_model_folder(tmp_path / "frozen").torch_module().named_parameters())
+    for name, value in start.torch_module().named_parameters():
         if name.startswith(("src_embed.", "encoder.")):
             assert torch.equal(frozen[name], value), name
         else:  # the decoder's layers trained

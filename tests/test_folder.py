@@ -29,9 +29,9 @@ def test_aiayn_load_uses_the_folders_decoding_unless_overridden(tmp_path):
     assert aiayn.load is load_model_folder and model.kind == "translation"
     assert model.decode == DecodeConfig(beam=1, max_len_b=3)
     texts = sentences(6, 1)
-    assert model.translate(texts) == translate_texts(model.model, model.tokenizer, texts,
+    assert model.translate(texts) == translate_texts(model.torch_module(), model.tokenizer, texts,
                                                      DecodeConfig(beam=1, max_len_b=3))
-    wider = translate_texts(model.model, model.tokenizer, texts, beam=3, max_len_b=3)
+    wider = translate_texts(model.torch_module(), model.tokenizer, texts, beam=3, max_len_b=3)
     assert model.translate(texts, beam=3) == wider
     assert model.translate(texts, DecodeConfig(beam=3, max_len_b=3)) == wider
 

@@ -54,7 +54,7 @@ def test_logits_equal_transformers(tmp_path, name):
 
     folder = random_folder(tmp_path / "m", **OPTIONS[name])
     out = export_model(folder, "hf", tmp_path / "hf")
-    ours = load_model_folder(folder).model
+    ours = load_model_folder(folder).torch_module()
     theirs = MarianMTModel.from_pretrained(out).eval()
     src = torch.randint(4, ours.cfg.src_vocab_size, (3, 7))
     src[1, 5:] = ours.cfg.pad_id

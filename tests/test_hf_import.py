@@ -36,7 +36,7 @@ def short_sources(n: int = 24) -> list[str]:
 
 def test_logits_equal_transformers_on_a_padded_batch(imported):
     _, out, hf, tok = imported
-    model = load_model_folder(out).model
+    model = load_model_folder(out).torch_module()
     batch = tok(short_sources(8), return_tensors="pt", padding=True)
     assert (batch.input_ids == tok.pad_token_id).any()  # the batch is padded
     generator = torch.Generator().manual_seed(0)
@@ -63,12 +63,12 @@ def test_greedy_and_beam_tokens_equal_generate(imported, variant):
     texts = short_sources()
     batch = tok(texts, return_tensors="pt", padding=True)
     sources = [loaded.tokenizer.encode(t) for t in texts]
-    settings = decode_settings({**generation, **variant}, loaded.model.cfg, path)
+    settings = decode_settings({**generation, **variant}, loaded.backend.cfg, path)
     ended = 0
     for beam in (1, 4):
         cfg = DecodeConfig(**{**settings, "beam": beam, "bad_ids": tuple(settings["bad_ids"])})
         with torch_threads(1):
-            ours = [line[0].tokens for line in translate_ids(loaded.model, sources, cfg)]
+            ours = [line[0].tokens for line in translate_ids(loaded.torch_module(), sources, cfg)]
             out_ids = hf.generate(**batch, **variant, num_beams=beam).tolist()
         special = {tok.pad_token_id, tok.eos_token_id}
         theirs = [[i for i in row[1:] if i not in special] for row in out_ids]
@@ -81,7 +81,7 @@ def test_the_length_cap_is_generates_with_or_without_max_length(imported):
     """transformers generates max_new_tokens, else max_length - 1 (it counts the start token),
     else 20 new tokens, its default (measured with 4.57.6 and 5.24.0: docs/huggingface.md)."""
     folder, out, _, _ = imported
-    cfg = load_model_folder(out).model.cfg
+    cfg = load_model_folder(out).backend.cfg
     path = folder / "generation_config.json"
     for generation, cap in (
         ({}, 20),
@@ -130,7 +130,7 @@ def test_exports_of_the_imported_folder_give_the_same_tokens(imported, tmp_path,
             loaded.decode, beam=beam, early_stopping=early_stopping, forced_eos=forced_eos
         )
         with torch_threads(1):
-            native = [line[0].tokens for line in translate_ids(loaded.model, sources, cfg)]
+            native = [line[0].tokens for line in translate_ids(loaded.torch_module(), sources, cfg)]
             assert [line[0].tokens for line in onnx.translate_ids(sources, cfg)] == native
             caplog.clear()
             by_ct2 = [line[0].tokens for line in ct2.translate_ids(sources, cfg)]
@@ -167,8 +167,8 @@ def test_pytorch_model_bin_is_read_without_pickled_code(marian_folder, tmp_path)
     (source / "model.safetensors").unlink()
     torch.save(state, source / "pytorch_model.bin")
     out = import_marian(source, tmp_path / "out")
-    ours = load_model_folder(out).model.state_dict()
-    theirs = load_model_folder(import_marian(marian_folder, tmp_path / "ref")).model.state_dict()
+    ours = load_model_folder(out).torch_module().state_dict()
+    theirs = load_model_folder(import_marian(marian_folder, tmp_path / "ref")).torch_module().state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
@@ -192,6 +192,14 @@ def _extra_weight(folder):
 
     state = load_file(str(folder / "model.safetensors"))
     state["model.encoder.layernorm_embedding.weight"] = torch.ones(16)
+    save_file(state, str(folder / "model.safetensors"))
+
+
+def _nan_weight(folder):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
     save_file(state, str(folder / "model.safetensors"))
 
 
@@ -226,6 +234,41 @@ BAD = {
     "vocab size": (
         _edit_json("config.json", vocab_size=300, decoder_vocab_size=300),
         "vocab.json has 255 tokens",
+    ),
+    # settings every later command refused, or that made every translation blank (issue #55):
+    # refused at the door, naming the file and the key
+    "no beams": (
+        _edit_json("generation_config.json", num_beams=0),
+        "generation_config.json: num_beams must be >= 1, got 0",
+    ),
+    "bad word outside the vocabulary": (
+        _edit_json("generation_config.json", bad_words_ids=[[5], [100000]]),
+        "generation_config.json: bad_words_ids [100000]: ids must be in the vocabulary (0 … 254)",
+    ),
+    "min above max": (
+        _edit_json("generation_config.json", min_length=30, max_length=10),
+        "generation_config.json: min_length (30) must not exceed max_length (10)",
+    ),
+    "negative max_length": (
+        _edit_json("generation_config.json", max_length=-5),
+        "generation_config.json: max_length must be >= 1, got -5",
+    ),
+    "NaN length penalty": (
+        _edit_json("generation_config.json", length_penalty=float("nan")),
+        "generation_config.json: length_penalty must be a finite number >= 0, got nan",
+    ),
+    "inf length penalty": (
+        _edit_json("generation_config.json", length_penalty=float("inf")),
+        "generation_config.json: length_penalty must be a finite number >= 0, got inf",
+    ),
+    "NaN dropout": (
+        _edit_json("config.json", dropout=float("nan")),
+        "config.json: dropout must be a finite number >= 0 and <= 1, got nan",
+    ),
+    "NaN weights": (_nan_weight, "model.safetensors: tensor 'model.encoder.layers.0.fc1.weight' holds NaN"),
+    "corrupt source.spm": (
+        lambda f: (f / "source.spm").write_bytes(b"\x00" * 64),
+        "source.spm: not a SentencePiece model",
     ),
 }
 

@@ -56,5 +56,5 @@ def test_without_sentencepiece_the_folder_is_one_clear_line(imported, capsys, mo
     capsys.readouterr()
     assert main(["translate", str(imported), "--input", "/dev/null"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("aiayn: error: ") and "pip install 'aiayn[hf]'" in err
+    assert err.startswith("aiayn: error: ") and "pip install -e '.[hf]'" in err
     assert len(err.strip().splitlines()) == 1

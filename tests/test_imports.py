@@ -169,6 +169,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("folder_config",),
     ("checkpoint", "folder_parts"),
     ("runtime",),
+    ("folder_score",),
     ("folder",),
     ("aiayn", "viz"),
     ("card",),
@@ -298,7 +299,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "aiayn.load (PEP 562): the package's __init__ runs before every aiayn module, the CLI's "
         "included; importing the model folder from it would pull the data, decoding and runtime "
         "layers into `import aiayn.errors`, and run them while aiayn is half-initialised",
-    ("model/compiled.py", "torch._inductor"):
+    ("runtime/compiled.py", "torch._inductor"):
         "AOTInductor compiles the decoder step only on its first use per model and CPU "
         "(decode.compile); importing inductor costs ~1.5 s, which every inference command would "
         "pay at start-up (the package is then loaded through torch._C, without it)",
@@ -306,8 +307,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "aiayn.serve.app is the FastAPI app (the 'serve' extra); aiayn.serve's limits and "
         "batcher import without it",
     ("kinds.py", "importlib.import_module"):
-        "a kind's training task, by dotted path: loading a model for inference imports nothing "
-        "from aiayn.train (tests/test_kinds_registry.py)",
+        "a kind's training task, its format writers and its ONNX engine, by dotted path: loading "
+        "a model for inference imports nothing from aiayn.train (tests/test_kinds_registry.py), "
+        "and kinds.py, below those layers, never imports them",
     ("data/tokenizer.py", "importlib.import_module"):
         "a tokenizer.json of another module's type (TOKENIZER_TYPES: SentencePiece, in "
         "aiayn.data.spm, which itself builds on aiayn.data.tokenizer), looked up by name",

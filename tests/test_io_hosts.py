@@ -21,7 +21,7 @@ def _age(path, seconds: float) -> None:
     os.utime(path, (then, then))
 
 
-def test_temporaries_record_pid_and_host(tmp_path):
+def test_temporaries_record_pid_start_time_boot_and_host(tmp_path):
     names: list[str] = []
     with new_folder(tmp_path / "model") as tmp:
         names.append(tmp.name)
@@ -29,8 +29,11 @@ def test_temporaries_record_pid_and_host(tmp_path):
             names.append(f.name)
             f.write_text("{}")
     for name in names:
-        assert f".tmp-{os.getpid()}@{aiayn.io._HOST}-" in name
-        assert aiayn.io._TEMP.match(name)["host"] == aiayn.io._HOST
+        start = aiayn.io.start_time(os.getpid())
+        assert f".tmp-{os.getpid()}.{start}.{aiayn.io._BOOT}@{aiayn.io._HOST}-" in name
+        found = aiayn.io._TEMP.match(name)
+        assert found["host"] == aiayn.io._HOST and found["pid"] == str(os.getpid())
+        assert found["start"] == str(start) and found["boot"] == aiayn.io._BOOT
 
 
 def test_another_hosts_writer_is_dead_only_when_its_lease_expired(tmp_path):

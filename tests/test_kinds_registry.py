@@ -5,6 +5,7 @@ model for inference imports nothing from aiayn.train."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,10 +15,11 @@ import pytest
 from serve_helpers import make_folder
 from trainutil import ROOT, subprocess_env
 
+from aiayn.data.loaders import SOURCES
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.folder import load_model_folder
 from aiayn.export import EXPORTERS
-from aiayn.kinds import KINDS, OLD_NAMES, get_kind, kind_name
+from aiayn.folder import load_model_folder
+from aiayn.kinds import DATA_SOURCES, KINDS, OLD_NAMES, SETTINGS, get_kind, kind_name
 from aiayn.train.task import Task, task_class
 
 PACKAGE = ROOT / "aiayn"
@@ -64,6 +66,28 @@ def test_every_kind_resolves_its_task_and_model(name):
     )
     assert set(kind.routes) <= {"translate", "attention", "classify", "generate"}
     assert set(kind.exporters) <= set(EXPORTERS)  # each names a real --format
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_kind_declares_a_data_source_settings_and_writers_that_resolve(name):
+    kind = get_kind(name)
+    assert SOURCES[kind.reads].name == kind.reads  # the loaders read what it names
+    assert kind.takes <= set(SETTINGS)
+    for fmt in kind.exporters:
+        assert callable(kind.exporter(fmt))
+    for fmt in kind.engines:
+        assert isinstance(kind.engine(fmt), type) and fmt in kind.exporters
+    assert set(SOURCES) == set(DATA_SOURCES)
+
+
+def test_a_kind_names_a_known_data_source_and_known_settings():
+    translation = KINDS["translation"]
+    with pytest.raises(ConfigError, match="no data source 'images'"):
+        dataclasses.replace(translation, name="x", reads="images")
+    with pytest.raises(ConfigError, match=r"unknown settings \['beam_width'\]"):
+        dataclasses.replace(translation, name="x", takes=frozenset({"beam_width"}))
+    with pytest.raises(ConfigError, match="--format onnx exports .*; this one is 'masked_lm'"):
+        KINDS["masked_lm"].exporter("onnx")
 
 
 def test_old_names_map_and_unknown_names_are_refused():

@@ -88,7 +88,7 @@ def test_evaluate_reports_the_paper_bleu_beside_sacrebleu(tmp_path, capsys, monk
     (folder / "config.json").write_text(json.dumps(config))
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "sacremoses", None)  # not installed: said before any decoding
-        fails(capsys, argv, "--paper-bleu needs the Moses tokenizer: pip install 'aiayn[paper]'")
+        fails(capsys, argv, "--paper-bleu needs the Moses tokenizer: pip install -e '.[paper]'")
     assert main(argv) == 0
     out = capsys.readouterr().out
     scores = json.loads((tmp_path / "scores.json").read_text())

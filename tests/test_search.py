@@ -12,7 +12,14 @@ import math
 import pytest
 import torch
 
-from aiayn.decode import DecodeConfig, beam_search, filter_log_probs, greedy_search, sample
+from aiayn.decode import (
+    DecodeConfig,
+    SearchSettings,
+    beam_search,
+    filter_log_probs,
+    greedy_search,
+    sample,
+)
 from aiayn.decode.search import _Beams, _top_candidates, _top_candidates_blocked, length_penalty
 from aiayn.errors import ConfigError
 
@@ -58,12 +65,12 @@ def stub_step(tables: list[dict[tuple, list[float]]], default: list[float] | Non
 def run_beam(tables, beam, max_len=10, **kw):
     n = len(tables)
     cache = StubCache(torch.arange(n))  # one row per sentence: search expands it to the beams
-    return beam_search(stub_step(tables), cache, n, beam, BOS, EOS, max_len, **kw)
+    return beam_search(stub_step(tables), cache, n, max_len, SearchSettings(BOS, EOS, beam=beam, **kw))
 
 
 def run_greedy(tables, max_len=10, **kw):
     cache = StubCache(torch.arange(len(tables)))
-    return greedy_search(stub_step(tables), cache, len(tables), BOS, EOS, max_len, **kw)
+    return greedy_search(stub_step(tables), cache, len(tables), max_len, SearchSettings(BOS, EOS, **kw))
 
 
 # "a" looks best first, but only "b" leads to a confident EOS.
@@ -146,11 +153,13 @@ def test_max_len_cuts_hypotheses_per_sentence():
     tables = [{}, {}]
     cache = StubCache(torch.arange(2))
     step = stub_step(tables, default=never_ends)
-    out = beam_search(step, cache, 2, 2, BOS, EOS, torch.tensor([3, 5]), alpha=0.0, nbest=2)
+    out = beam_search(step, cache, 2, torch.tensor([3, 5]),
+                      SearchSettings(BOS, EOS, beam=2, alpha=0.0, nbest=2))
     assert [len(h.tokens) for h in out[0]] == [3, 3] and [len(h.tokens) for h in out[1]] == [5, 5]
     assert not any(h.finished for hs in out for h in hs)
     assert out[1][0].score == pytest.approx(5 * math.log(0.5), abs=1e-6)
-    greedy = greedy_search(step, StubCache(torch.arange(2)), 2, BOS, EOS, torch.tensor([3, 5]))
+    greedy = greedy_search(step, StubCache(torch.arange(2)), 2, torch.tensor([3, 5]),
+                           SearchSettings(BOS, EOS))
     assert [len(h.tokens) for h in greedy] == [3, 5]
 
 
@@ -172,7 +181,7 @@ def test_the_first_step_runs_one_row_per_sentence_then_the_beams():
         return step(tokens, cache)
 
     cache = StubCache(torch.arange(2))
-    beam_search(counting, cache, 2, 3, BOS, EOS, 4, min_len=4)
+    beam_search(counting, cache, 2, 4, SearchSettings(BOS, EOS, beam=3, min_len=4))
     assert fed == [(2, 1), (6, 2), (6, 3), (6, 4)]
 
 
@@ -180,7 +189,7 @@ def test_finished_sentences_leave_the_batch():
     quick = {(): dist(eos=1.0)}
     slow = random_table(3)
     cache = StubCache(torch.arange(2))
-    beam_search(stub_step([quick, slow]), cache, 2, 2, BOS, EOS, 6)
+    beam_search(stub_step([quick, slow]), cache, 2, 6, SearchSettings(BOS, EOS, beam=2))
     assert cache.sentence.tolist() == [1, 1]  # only the slow sentence's beams remain
 
 
@@ -236,10 +245,11 @@ def test_sampling_with_top_k_1_is_greedy_and_seeded_sampling_repeats():
     tables = [random_table(s) for s in range(6)]
     greedy = run_greedy(tables, max_len=5)
     prefix = torch.full((6, 1), BOS)
-    top1 = sample(stub_step(tables), StubCache(torch.arange(6)), prefix, EOS, 5, top_k=1)
+    top1 = sample(stub_step(tables), StubCache(torch.arange(6)), prefix, 5,
+                  SearchSettings(BOS, EOS, top_k=1))
     assert [h.tokens for h in top1] == [h.tokens for h in greedy]
     assert [h.log_prob for h in top1] == pytest.approx([h.log_prob for h in greedy], abs=1e-5)
-    runs = [sample(stub_step(tables), StubCache(torch.arange(6)), prefix, EOS, 5,
+    runs = [sample(stub_step(tables), StubCache(torch.arange(6)), prefix, 5, SearchSettings(BOS, EOS),
                    rng=torch.Generator().manual_seed(7)) for _ in range(2)]
     assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
 
@@ -248,7 +258,7 @@ def test_sampling_follows_the_distribution():
     table = {(): dist(eos=0.0, a=0.7, b=0.3)}
     n = 4000
     out = sample(stub_step([table] * 1, default=dist(eos=1.0)), StubCache(torch.zeros(n, dtype=torch.long)),
-                 torch.full((n, 1), BOS), EOS, 1, rng=torch.Generator().manual_seed(0))
+                 torch.full((n, 1), BOS), 1, SearchSettings(BOS, EOS), rng=torch.Generator().manual_seed(0))
     share_a = sum(h.tokens == [A] for h in out) / n
     assert abs(share_a - 0.7) < 0.03
 

@@ -382,7 +382,7 @@ def test_translate_uses_the_folder_settings_and_equals_the_library(client, folde
     body = r.json()
     assert body["decode"] == {"beam": 2, "alpha": 1.0, "nbest": 1}  # from config.json "decode"
     expected = translate_hypotheses(
-        folder.model,
+        folder.torch_module(),
         folder.tokenizer,
         texts,
         DecodeConfig(beam=2, alpha=1.0, max_len_a=0.0, max_len_b=8),
@@ -438,7 +438,7 @@ def test_attention_gives_every_layer_and_head_for_the_translation(client, folder
     best = client.post("/v1/translate", json={"texts": ["the dog runs under the table"]}).json()
     assert a["translation"] == best["translations"][0]["text"]
     ref = attention_of_translation(
-        folder.model, folder.tokenizer, "the dog runs under the table", decode=folder.decode
+        folder.backend, folder.tokenizer, "the dog runs under the table", decode=folder.decode
     )
     assert torch.allclose(torch.tensor(a["cross"]), torch.stack(ref.maps.cross), atol=1e-4)
     second = client.post(
@@ -453,16 +453,16 @@ def test_attention_gives_every_layer_and_head_for_the_translation(client, folder
 def test_attention_of_a_hypothesis_cut_at_the_length_cap(folder):
     """A random model never emits EOS: the search stops at the cap, and the re-read feeds the
     tokens the search fed (not one more, which would overrun the positional table)."""
-    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=folder.model.cfg.max_len)
-    att = attention_of_translation(folder.model, folder.tokenizer, "a cat", decode=cfg)
-    assert len(att.tgt_tokens) == folder.model.cfg.max_len  # <s> + 31 of the 32 tokens
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=folder.backend.cfg.max_len)
+    att = attention_of_translation(folder.backend, folder.tokenizer, "a cat", decode=cfg)
+    assert len(att.tgt_tokens) == folder.backend.cfg.max_len  # <s> + 31 of the 32 tokens
 
 
 def test_model_card(client, folder_dir):
     info = client.get("/v1/model").json()
     assert info["kind"] == "translation"
     assert info["parameters"] == sum(
-        p.numel() for p in load_folder([folder_dir]).model.parameters()
+        p.numel() for p in load_folder([folder_dir]).parameters()
     )
     assert info["vocab_size"] == load_folder([folder_dir]).tokenizer.vocab_size
     assert info["scores"] == {"test": {"bleu": 12.5, "chrf": 40.1}}

@@ -105,7 +105,7 @@ def test_evaluate_reports_accuracy_for_a_classifier(classifier_run, capsys):
     fails(capsys, ["evaluate", str(run / "best")], "give either --split NAME or --src FILE")
     for command in (["evaluate", str(run / "best"), "--src", str(tmp / "train.tsv")],
                     ["classify", str(run / "best"), "-i", str(tmp / "train.tsv")]):
-        fails(capsys, [*command, "--max-tokens", "-1"], "--max-tokens must be >= 1, got -1")
+        fails(capsys, [*command, "--batch-tokens", "-1"], "--batch-tokens must be >= 1, got -1")
 
 
 def _random_classifier(pooling: str) -> TransformerClassifier:

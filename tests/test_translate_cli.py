@@ -70,13 +70,13 @@ def test_translating_a_file_equals_translating_each_line_alone(model_dir, tmp_pa
     lines[3] = ""  # a blank line stays a blank line, in place
     lines[7] = "   "
     src, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
-    assert cli("translate", model_dir, "--input", src, "--output", out, "--beam", 3,
-               "--max-tokens", 20, "--max-len-b", 6) == 0
+    assert cli("translate", model_dir, "--input", src, "--out", out, "--beam", 3,
+               "--batch-tokens", 20, "--max-len-b", 6) == 0
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == len(lines)
     assert got[3] == "" and got[7] == ""
     folder = load_model_folder(model_dir)
-    model, tokenizer = folder.model, folder.tokenizer
+    model, tokenizer = folder.torch_module(), folder.tokenizer
     for line, translation in zip(lines, got):
         assert [one_line(t) for t in translate_texts(model, tokenizer, [line], beam=3, max_len_b=6)] == [translation]
 
@@ -96,7 +96,7 @@ def test_interactive_prompt_on_a_terminal(model_dir, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", stdin)
     assert cli("translate", model_dir, "--beam", 2, "--max-len-b", 6) == 0
     folder = load_model_folder(model_dir)
-    model, tokenizer = folder.model, folder.tokenizer
+    model, tokenizer = folder.torch_module(), folder.tokenizer
     expected = translate_texts(model, tokenizer, ["the cat", "red dog"], beam=2, max_len_b=6)
     assert capsys.readouterr().out.split("\n")[:-1] == [one_line(t) for t in expected]
 
@@ -106,7 +106,7 @@ def test_over_long_line_is_cut_with_a_warning(tmp_path, caplog):
     src = write_lines(tmp_path / "in.txt", ["the cat", " ".join(["table"] * 30), "red dog"])
     out = tmp_path / "out.txt"
     with caplog.at_level("WARNING"):
-        assert cli("translate", folder, "--input", src, "--output", out, "--max-len-b", 50) == 0
+        assert cli("translate", folder, "--input", src, "--out", out, "--max-len-b", 50) == 0
     assert "line 2" in caplog.text and "cut to the model's limit of 8" in caplog.text
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # 3 lines + final newline
 
@@ -155,7 +155,7 @@ def test_evaluate_src_ref_prints_and_saves_scores(model_dir, tmp_path, capsys):
     src = write_lines(tmp_path / "test.en", lines)
     ref = write_lines(tmp_path / "test.de", lines)
     hyps, out = tmp_path / "hyps.txt", tmp_path / "scores.json"
-    assert cli("evaluate", model_dir, "--src", src, "--ref", ref, "--beam", 2, "--output", out,
+    assert cli("evaluate", model_dir, "--src", src, "--ref", ref, "--beam", 2, "--out", out,
                "--hyps", hyps, "--max-len-b", 6) == 0
     printed = capsys.readouterr().out
     scores = json.loads(out.read_text())
@@ -227,7 +227,7 @@ def test_a_trained_copy_model_translates_and_scores_near_100(tmp_path, capsys):
     save_model_dir(folder, model.eval(), model.cfg, tokenizer_json=tok.to_str())
     test = sentences(50, 9)
     src = write_lines(tmp_path / "t.en", test)
-    assert cli("evaluate", folder, "--src", src, "--ref", src, "--output", tmp_path / "s.json") == 0
+    assert cli("evaluate", folder, "--src", src, "--ref", src, "--out", tmp_path / "s.json") == 0
     assert json.loads((tmp_path / "s.json").read_text())["bleu"] > 90
 
 

@@ -19,7 +19,8 @@ from aiayn.errors import AiaynError, DataError  # noqa: E402
 from aiayn.model import Transformer, sinusoidal_table  # noqa: E402
 from aiayn.model.attention import attention_weights  # noqa: E402
 from aiayn.viz import panels, save_figure  # noqa: E402
-from aiayn.viz.attention import plot_attention, record_attention  # noqa: E402
+from aiayn.decode.align import record_attention  # noqa: E402
+from aiayn.viz.attention import plot_attention  # noqa: E402
 from aiayn.viz.curves import plot_curves, plot_runs, read_metrics  # noqa: E402
 from aiayn.viz.pe import pe_similarity, plot_pe, plot_pe_similarity  # noqa: E402
 
@@ -43,7 +44,7 @@ def panel_data(fig) -> dict[str, torch.Tensor]:
 
 def test_plot_pe_cli_writes_one_panel(tmp_path):
     out = tmp_path / "pe.png"
-    assert main(["plot", "pe", "--length", "64", "--depth", "16", "-o", str(out)]) == 0
+    assert main(["plot", "pe", "--length", "64", "--d-model", "16", "-o", str(out)]) == 0
     titles = png_panels(out)
     assert len(titles) == 1 and "64 positions" in titles[0]
 
@@ -78,7 +79,7 @@ def test_pe_similarity_values():
 
 @pytest.mark.parametrize("argv, message", [
     (["pe-similarity", "--position", "5000"], "--position must be in [0, 2047]"),
-    (["pe", "--depth", "7"], "--depth must be an even number"),
+    (["pe", "--d-model", "7"], "--d-model must be an even number"),
     (["pe", "--length", "0"], "--length must be at least 1"),
     (["pe", "-o", "pe.jpg"], "ending in .png"),
 ])

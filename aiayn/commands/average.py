@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Element-wise mean of the last N weight snapshots in "
         "RUN_DIR/checkpoints/, written as a loadable model folder.",
     )
-    p.add_argument("run_dir", help="a training run folder")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder")
     p.add_argument(
         "--last", type=int, default=5, help="how many of the latest checkpoints (default 5)"
     )
@@ -25,7 +25,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="STEP",
         help="only checkpoints at this update or before (e.g. the end of an epoch)",
     )
-    p.add_argument("-o", "--out", required=True, help="output model folder (a new one)")
+    p.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        metavar="OUT_DIR",
+        help="the model folder to write (a new one)",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",

@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands.options import add_device, inference_device, read_input_lines
+from aiayn.commands.options import (
+    add_batch_tokens,
+    add_device,
+    add_input_file,
+    advanced,
+    check_batch_tokens,
+    inference_device,
+    read_input_lines,
+)
 from aiayn.decode.classify import MAX_TOKENS
 from aiayn.kinds import CLASSIFICATION
 
@@ -23,19 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "line (blank lines stay blank).",
     )
     p.add_argument("model", metavar="MODEL_DIR", help="a classifier model folder, e.g. RUN/best")
-    p.add_argument(
-        "--input",
-        "-i",
-        default="-",
-        metavar="FILE|-",
-        help="UTF-8 text, one text per line (default: stdin)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        help=f"batch budget: texts × padded length (default: {MAX_TOKENS})",
-    )
+    add_input_file(p, "one text")
     add_device(p)
+    add_batch_tokens(advanced(p), MAX_TOKENS, "texts × longest padded length")
     p.set_defaults(run=run)
     return p
 
@@ -43,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from aiayn.folder import load_model_folder
 
+    check_batch_tokens(args)
     model = load_model_folder(args.model, inference_device(args.device), CLASSIFICATION)
     out = []
     for result in model.classify(read_input_lines(args.input), args.max_tokens):

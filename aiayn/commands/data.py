@@ -2,11 +2,11 @@
 
     aiayn data list
     aiayn data prepare multi30k [--mirror DIR_OR_URL] [--cache DIR] [--force]
-    aiayn data tokenizer -o tokenizer.json [--config run.toml] [--set vocab_size=8000 ...]
+    aiayn data tokenizer -o tokenizer.json [--config run.toml] [--set data.vocab_size=8000 ...]
     aiayn data build [--config run.toml] [--set ...]
-    aiayn data stats [--config run.toml] [--set dataset= --set train_src=a.en ...]
+    aiayn data stats [--config run.toml] [--set data.dataset= --set data.train_src=a.en ...]
 
-``--set`` takes the keys of :class:`aiayn.data.DataConfig` (``data.`` prefix optional);
+``--set data.KEY=VALUE`` takes the keys of :class:`aiayn.data.DataConfig`;
 ``--config`` reads the ``[data]`` section of a TOML file.
 """
 
@@ -17,9 +17,8 @@ import logging
 import time
 import tomllib
 
-import numpy as np
-
-from aiayn.config import apply_overrides, parse_override
+from aiayn.commands.options import add_output_file, add_sets, advanced, section_sets
+from aiayn.config import apply_overrides
 from aiayn.data import (
     DATASETS,
     DataConfig,
@@ -27,6 +26,7 @@ from aiayn.data import (
     Tokenizer,
     TokenStore,
     cache_dir,
+    data_source,
     download_dataset,
     is_downloaded,
     padding_fraction,
@@ -35,7 +35,6 @@ from aiayn.data import (
 )
 from aiayn.data.readers import read_text
 from aiayn.errors import ConfigError
-from aiayn.kinds import LM, TRANSLATION
 from aiayn.run_config import data_keys
 
 log = logging.getLogger(__name__)
@@ -48,39 +47,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Datasets, tokenizers and batching.",
     )
     actions = parser.add_subparsers(dest="data_action", metavar="ACTION", required=True)
-
     ls = actions.add_parser(
         "list", help="registered datasets, their splits and whether they are cached"
     )
     ls.set_defaults(run=run_list)
-
-    prep = actions.add_parser(
-        "prepare",
-        help="download (or copy from the mirror), verify and cache a dataset",
-        description="Fetch NAME into the cache ($AIAYN_CACHE, default ~/.cache/aiayn), checking "
-        "sha256; does nothing if already there. $AIAYN_DATA_MIRROR (a folder or base "
-        "URL laid out as FOLDER/FILE) replaces the official sources.",
-    )
-    prep.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
-    prep.add_argument(
-        "--mirror",
-        help="folder or base URL to fetch from (default $AIAYN_DATA_MIRROR; "
-        "'' for the official sources)",
-    )
-    prep.add_argument("--cache", help="cache folder (default $AIAYN_CACHE or ~/.cache/aiayn)")
-    prep.add_argument("--force", action="store_true", help="fetch again even if cached")
-    prep.add_argument("--no-progress", action="store_true", help="no progress bar")
-    prep.set_defaults(run=run_prepare)
-
+    _add_prepare(actions)
     tok = actions.add_parser(
         "tokenizer", help="train a tokenizer on the training split and save it"
     )
     _config_args(tok)
-    tok.add_argument(
-        "-o", "--output", default="tokenizer.json", help="where to write (default tokenizer.json)"
-    )
+    add_output_file(tok, "where to write the tokenizer", "tokenizer.json")
     tok.set_defaults(run=run_tokenizer)
-
     build = actions.add_parser(
         "build",
         help="tokenize the training and validation splits once into token stores in the cache",
@@ -91,7 +68,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     _config_args(build)
     build.set_defaults(run=run_build)
-
     stats = actions.add_parser(
         "stats",
         help="read, tokenise and batch the data; print sizes, timings and padding",
@@ -99,25 +75,43 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "file and line) and measures tokenising and batching.",
     )
     _config_args(stats)
-    stats.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.json (default: train one)")
+    stats.add_argument(
+        "--tokenizer", metavar="PATH", help="a tokenizer.json to use (default: train one)"
+    )
     stats.set_defaults(run=run_stats)
     return parser
 
 
-def _config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="TOML", help="read the [data] section of this file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set a data field, e.g. --set vocab_size=8000 (repeatable)",
+def _add_prepare(actions: argparse._SubParsersAction) -> None:
+    prep = actions.add_parser(
+        "prepare",
+        help="download (or copy from the mirror), verify and cache a dataset",
+        description="Fetch NAME into the cache ($AIAYN_CACHE, default ~/.cache/aiayn), checking "
+        "sha256; does nothing if already there. $AIAYN_DATA_MIRROR (a folder or base "
+        "URL laid out as FOLDER/FILE) replaces the official sources.",
     )
+    prep.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
+    prep.add_argument("--force", action="store_true", help="fetch again even if cached")
+    more = advanced(prep)
+    more.add_argument(
+        "--mirror",
+        help="folder or base URL to fetch from, for machines without the official sources "
+        "(default $AIAYN_DATA_MIRROR; '' for the official sources)",
+    )
+    more.add_argument("--cache", help="cache folder (default $AIAYN_CACHE or ~/.cache/aiayn)")
+    more.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (for logs and CI)"
+    )
+    prep.set_defaults(run=run_prepare)
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="TOML", help="read the [data] section of this recipe")
+    add_sets(parser, "data", "data.vocab_size=8000")
 
 
 def data_config(args: argparse.Namespace) -> DataConfig:
-    """DataConfig from ``--config`` then ``--set`` (keys with or without the ``data.`` prefix)."""
+    """DataConfig from ``--config`` then ``--set data.KEY=VALUE`` (a bare KEY: with a warning)."""
     values: dict = {}
     if args.config:
         try:
@@ -125,7 +119,7 @@ def data_config(args: argparse.Namespace) -> DataConfig:
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{args.config}: {err}") from None
         values.update(data_keys(table.get("data", {}), args.config))
-    values.update(data_keys(dict(map(parse_override, args.overrides)), "--set"))
+    values.update(data_keys(section_sets(args.overrides, "data"), "--set"))
     return apply_overrides(DataConfig(), values, prefix="data.")
 
 
@@ -184,18 +178,15 @@ def run_stats(args: argparse.Namespace) -> int:
     fitted = time.perf_counter()
     stores = split_stores(cfg, tokenizer)
     train, valid = stores["train"], stores["valid"]
-    if cfg.kind == LM:
+    source = data_source(cfg)
+    if source.example_lengths is None:  # one running text
         print(
             f"{cfg.kind}: {int(train.lengths('text')[0])} training and {int(valid.lengths('text')[0])} "
             f"validation tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size})"
         )
         print(store_line(train))
         return 0
-    lengths: tuple[np.ndarray, np.ndarray | None]
-    if cfg.kind == TRANSLATION:
-        lengths = (train.lengths("src"), train.lengths("tgt") + 1)
-    else:
-        lengths = (train.lengths("text"), None)
+    lengths = source.example_lengths(train)
     sampler = TokenBatchSampler(
         lengths[0],
         lengths[1],

@@ -17,6 +17,7 @@ from aiayn.commands.options import (
     add_decode_options,
     add_device,
     add_model_dirs,
+    add_output_file,
     decode_overrides,
     inference_device,
     open_models,
@@ -34,36 +35,36 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "its accuracy.",
     )
     add_model_dirs(p)
-    add_decode_options(p)
-    add_device(p)
     p.add_argument("--split", help="a split of the model's dataset, e.g. test_2016_flickr")
     p.add_argument(
         "--src",
         metavar="FILE",
-        help="source sentences (instead of --split); for a classifier, labelled texts "
-        "(label<TAB>text .tsv or .jsonl)",
+        help="your test set's source side, one sentence per line (instead of --split); for a "
+        "classifier, labelled texts (label<TAB>text .tsv or .jsonl)",
     )
-    p.add_argument("--ref", metavar="FILE", help="reference translations, line by line with --src")
+    p.add_argument(
+        "--ref", metavar="FILE", help="your test set's references, line by line with --src"
+    )
     p.add_argument(
         "--limit",
         type=int,
         default=0,
-        help="score only the first N examples (saved as eval_<name>_first<N>.json, beside "
-        "the whole set's scores, never in their place)",
+        metavar="N",
+        help="score only the first N examples, for a quick look (saved as "
+        "eval_<name>_first<N>.json, beside the whole set's scores, never in their place)",
     )
+    add_output_file(p, "where to save the scores as JSON", shown="MODEL_DIR/eval_<name>.json")
     p.add_argument(
-        "--output",
-        "-o",
-        metavar="JSON",
-        help="where to save the scores (default: MODEL_DIR/eval_<name>.json)",
+        "--hyps", metavar="FILE", help="also save the translations here, to read or rescore"
     )
-    p.add_argument("--hyps", metavar="FILE", help="also save the translations here")
     p.add_argument(
         "--paper-bleu",
         action="store_true",
         help="also the paper's BLEU (Moses-tokenised, ##AT## compound-split, multi-bleu.perl; "
         "what 27.3/28.4 on newstest2014 mean), in the model's target language; needs sacremoses",
     )
+    add_decode_options(p)
+    add_device(p)
     p.set_defaults(run=run)
     return p
 
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_moses()
     if not args.output:  # the default output, in the model folder: checked before any work
-        check_output_file(Path(args.model[0]) / f"eval_{args.split or 'test'}.json", "--output")
+        check_output_file(Path(args.model[0]) / f"eval_{args.split or 'test'}.json", "--out")
     model = open_models(args, inference_device(args.device))
     scores = model.score(
         args.split,

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from aiayn.commands.options import add_output_folder_options
-from aiayn.export import QUANTIZATIONS
+from aiayn.export import EXPORTERS, QUANTIZATIONS
 
 log = logging.getLogger(__name__)
 
@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export",
-        help="export a model folder to ONNX or CTranslate2 (for --engine onnx|ctranslate2)",
+        help="export a model folder to ONNX, CTranslate2 or Hugging Face (for --engine)",
         description="Write MODEL_DIR as ONNX graphs (encoder + a decoder step with its cache as "
         "inputs/outputs; classifier and LM graphs too) or as a CTranslate2 model, with "
         "tokenizer.json and config.json, into OUT_DIR. `aiayn translate OUT_DIR` and "
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         required=True,
-        choices=("onnx", "ctranslate2", "hf"),
+        choices=tuple(EXPORTERS),
         help="onnx (run by ONNX Runtime through aiayn's search), ctranslate2, or hf (a Hugging "
         "Face MarianMTModel folder for transformers)",
     )
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=QUANTIZATIONS,
         help="CTranslate2 weight type (default: float32); int8 is the fast one on CPUs",
     )
-    add_output_folder_options(p, "MODEL_DIR")
+    add_output_folder_options(p, "MODEL_DIR", "the folder to write (a new one)")
     p.set_defaults(run=run)
     return p
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands.options import add_device, inference_device
+from aiayn.commands.options import add_device, advanced, inference_device
 from aiayn.errors import ConfigError
 from aiayn.kinds import LM
 
@@ -22,7 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "model, printed as they are produced.",
     )
     p.add_argument("model", metavar="MODEL_DIR", help="a language-model folder, e.g. RUN/best")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument(
+        "--prompt",
+        required=True,
+        metavar="TEXT",
+        help="the start of the text, which the model continues (given on the command line)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to add (default: 500)")
     p.add_argument(
         "--temperature",
@@ -45,27 +50,26 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=int, help="random seed (-2**63 to 2**64-1), for reproducible output"
     )
-    p.add_argument(
+    add_device(p)
+    advanced(p).add_argument(
         "--no-cache",
         action="store_true",
         help="re-read the whole context at every step (slow; for checking the cache)",
     )
-    add_device(p)
     p.set_defaults(run=run)
     return p
 
 
 def _check(args: argparse.Namespace) -> None:
+    from aiayn.checks import check_number
     from aiayn.decode.generate import check_seed
 
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not args.temperature > 0:
-        raise ConfigError(f"--temperature must be > 0, got {args.temperature}")
+    check_number("--temperature", args.temperature, above=0)
     if args.top_k < 0:
         raise ConfigError(f"--top-k must be >= 0, got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
+    check_number("--top-p", args.top_p, above=0, maximum=1)
     check_seed(args.seed)
     if not args.prompt:
         raise ConfigError("--prompt is empty; give at least one character to continue")

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("source_format", choices=("hf",), help="hf: a Hugging Face MarianMTModel")
     p.add_argument("source", metavar="PATH", help="the Hugging Face model folder")
-    add_output_folder_options(p, "PATH")
+    add_output_folder_options(p, "PATH", "the aiayn model folder to write (a new one)")
     p.set_defaults(run=run)
     return p
 

@@ -1,5 +1,7 @@
-"""Options and helpers shared by the commands that use a trained model (translate, evaluate,
-classify, generate): the model folders, decoding flags, the device and input lines.
+"""Options and helpers shared by the commands: renamed flags (an old spelling still works, with
+one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the "advanced options"
+group; and, for the commands that use a trained model (translate, evaluate, classify, generate,
+serve), the model folders, decoding flags, the engine, the device and input lines.
 
 Decoding flags default to None: a flag given overrides the model folder's ``decode`` settings,
 which override :class:`~aiayn.decode.config.DecodeConfig`'s defaults (the only home of them).
@@ -23,6 +25,61 @@ if TYPE_CHECKING:
 DEFAULTS = DecodeConfig()
 
 
+# ---- flags renamed since: the old spelling still works, with one warning line ---------------
+
+
+class _Renamed(argparse.Action):
+    """Mixed into a flag's argparse action: an old spelling (``old_spellings``) still works and
+    says once, on stderr, what the flag is called now. --help shows the new spellings only."""
+
+    old_spellings: tuple[str, ...] = ()
+    warned = False
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if option_string in self.old_spellings and not self.warned:
+            self.warned = True
+            new = max((s for s in self.option_strings if s not in self.old_spellings), key=len)
+            warn(f"{option_string} is now called {new}")
+        super().__call__(parser, namespace, values, option_string)
+
+
+_RENAMED_ACTIONS: dict[type, type] = {}
+
+
+def warn(message: str) -> None:
+    """One line ``aiayn: warning: …`` on stderr (the command line's, before logging is set up)."""
+    print(f"aiayn: warning: {message}", file=sys.stderr)
+
+
+def flag(group: Any, *names: str, old: tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
+    """``group.add_argument(*names, **kwargs)``, also accepting the ``old`` spellings of the flag
+    (each with one warning naming the new one)."""
+    action = group.add_argument(*names, *old, **kwargs)
+    if old:
+        base = type(action)
+        if base not in _RENAMED_ACTIONS:
+            _RENAMED_ACTIONS[base] = type(f"Renamed{base.__name__}", (_Renamed, base), {})
+        action.__class__ = _RENAMED_ACTIONS[base]
+        action.old_spellings = old
+    return action
+
+
+def advanced(p: argparse.ArgumentParser) -> Any:
+    """The command's "advanced options" group (expert and benchmark flags), made on first use."""
+    for group in p._action_groups:
+        if group.title == ADVANCED:
+            return group
+    return p.add_argument_group(
+        ADVANCED, "expert and benchmark settings; the defaults are the measured best"
+    )
+
+
+ADVANCED = "advanced options"
+
+
+# ---- options shared by several commands -----------------------------------------------------
+
+
 def add_model_dirs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
@@ -34,10 +91,35 @@ def add_model_dirs(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_output_folder_options(p: argparse.ArgumentParser, source: str) -> None:
-    """``--out/-o OUT_DIR`` and ``--overwrite`` of a command that writes a folder from
+def add_input_file(p: argparse.ArgumentParser, what: str) -> None:
+    """``-i/--input FILE|-``: the one name for a file of inputs, one per line."""
+    p.add_argument(
+        "-i",
+        "--input",
+        default="-",
+        metavar="FILE|-",
+        help=f"UTF-8 text, {what} per line (default: stdin)",
+    )
+
+
+def add_output_file(p: Any, what: str, default: str | None = None, shown: str = "stdout") -> None:
+    """``-o/--out FILE``: the one spelling of a command's output (was ``--output`` in some)."""
+    flag(
+        p,
+        "-o",
+        "--out",
+        old=("--output",),
+        dest="output",
+        metavar="FILE",
+        default=default,
+        help=f"{what} (default: {default or shown})",
+    )
+
+
+def add_output_folder_options(p: argparse.ArgumentParser, source: str, what: str) -> None:
+    """``-o/--out OUT_DIR`` and ``--overwrite`` of a command that writes a folder from
     ``source`` (the metavar of what it reads)."""
-    p.add_argument("--out", "-o", required=True, metavar="OUT_DIR", help="the folder to write")
+    p.add_argument("-o", "--out", required=True, metavar="OUT_DIR", help=what)
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -45,70 +127,131 @@ def add_output_folder_options(p: argparse.ArgumentParser, source: str) -> None:
     )
 
 
+def add_sets(p: argparse.ArgumentParser, section: str, example: str) -> None:
+    """``--set SECTION.KEY=VALUE``, the one syntax of a config override (as in recipes)."""
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar=f"{section}.KEY=VALUE",
+        help=f"override a recipe key, e.g. --set {example} (repeatable; every key: "
+        "docs/reference/cli.md)",
+    )
+
+
+def section_sets(overrides: list[str], section: str) -> dict[str, str]:
+    """``--set SECTION.KEY=VALUE`` of one section -> ``{KEY: VALUE}``. A bare ``KEY=VALUE`` (the
+    older spelling of `aiayn data` and `aiayn summary`) is taken with one warning."""
+    from aiayn.config import parse_override
+
+    values = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        head, dot, rest = key.partition(".")
+        if dot and head == section:
+            key = rest
+        elif dot:
+            raise ConfigError(f"--set {text}: this command takes {section}.KEY=VALUE")
+        else:
+            warn(f"--set {text} is now --set {section}.{text} (the recipes' SECTION.KEY)")
+        values[key] = value
+    return values
+
+
+ENGINE_HELP = (
+    "what runs the model: torch runs a model folder, the others a folder written by "
+    "`aiayn export` (docs/export.md); default: what MODEL_DIR holds"
+)
+
+
+def add_engine(p: Any) -> None:
+    from aiayn.runtime import ENGINES
+
+    p.add_argument("--engine", choices=ENGINES, help=ENGINE_HELP)
+
+
 def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's."""
     d = DEFAULTS
     p.add_argument("--beam", type=int, help=f"beam size; 1 = greedy (default: {d.beam}, §6.1)")
     p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: {d.alpha}, §6.1)")
-    p.add_argument(
+    add_engine(p)
+    _add_expert_decode_options(advanced(p))
+    add_batch_tokens(advanced(p), d.max_tokens, "sentences × longest padded source length")
+    _add_speed_options(advanced(p))
+    p.description = (p.description or "") + (
+        " Decoding flags left out take the model folder's settings (config.json 'decode', "
+        "from the recipe's [decode] section), else the defaults shown."
+    )
+
+
+def _add_expert_decode_options(g: Any) -> None:
+    """Search controls beyond beam and α: the length penalty, the output cap, repetition."""
+    d = DEFAULTS
+    g.add_argument(
         "--length-penalty",
         choices=("gnmt", "average", "none", "power"),
         help="normalise scores by the GNMT penalty, by length, not at all, or by length^α "
-        "(Hugging Face's) "
-        f"(default: {d.length_penalty})",
+        f"(Hugging Face's) (default: {d.length_penalty})",
     )
-    p.add_argument(
+    g.add_argument(
         "--max-len-a", type=float, help=f"output cap a·src_len + b: a (default: {d.max_len_a})"
     )
-    p.add_argument(
+    g.add_argument(
         "--max-len-b", type=int, help=f"output cap a·src_len + b: b (default: {d.max_len_b})"
     )
-    p.add_argument(
+    g.add_argument(
         "--repetition-penalty",
         type=float,
         metavar="P",
         help="make tokens already in the output less likely, Hugging Face's way (1: off, 1.2 is "
         f"typical; default: {d.repetition_penalty})",
     )
-    p.add_argument(
+    g.add_argument(
         "--no-repeat-ngram-size",
         type=int,
         metavar="N",
         help="no N-gram of tokens twice in an output (0: off; 3 stops a loop of repeated "
         f"syllables; default: {d.no_repeat_ngram_size})",
     )
-    p.add_argument(
-        "--max-tokens",
+
+
+def add_batch_tokens(g: Any, default: int, measure: str) -> None:
+    """``--batch-tokens N``: the token budget of one decoding batch, the one name for it in every
+    inference command (was ``--max-tokens``; the recipe's ``data.max_tokens`` is the training
+    batch's)."""
+    flag(
+        g,
+        "--batch-tokens",
+        old=("--max-tokens",),
+        dest="max_tokens",
         type=int,
-        help=f"batch budget: sentences × padded source length (default: {d.max_tokens})",
+        metavar="N",
+        help=f"token budget of one decoding batch: {measure}; more holds more memory, "
+        f"rarely more speed on a CPU (default: {default})",
     )
-    p.add_argument(
+
+
+def _add_speed_options(g: Any) -> None:
+    """How the decoding runs: parallel batches, bf16, the compiled step."""
+    g.add_argument(
         "--workers",
         type=int,
         help="batches decoded at once, sharing the CPU threads (like CTranslate2's "
         "inter_threads; 2 on a 2-core CPU is fastest, docs/decoding.md; "
-        f"default: {d.workers})",
+        f"default: {DEFAULTS.workers})",
     )
-    p.add_argument(
-        "--engine",
-        choices=("torch", "onnx", "ctranslate2"),
-        help="what runs the model: torch (a model folder), onnx or ctranslate2 (a folder "
-        "written by `aiayn export`; docs/export.md); default: what MODEL_DIR holds",
-    )
-    p.add_argument(
+    g.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
         help="run matmuls in bfloat16 autocast (faster on CPUs with AVX-512 BF16/AMX)",
     )
-    p.add_argument(
+    g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
         help="run the decoder step as one compiled call (CPU, float32, one model; compiled "
         "once into $AIAYN_CACHE/compiled, ~1 minute; docs/decoding.md)",
-    )
-    p.description = (p.description or "") + (
-        " Decoding flags left out take the model folder's settings (config.json 'decode', "
-        "from the recipe's [decode] section), else the defaults shown."
     )
 
 
@@ -124,18 +267,33 @@ def open_models(
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The DecodeConfig fields given on the command line (flags left out are not included)."""
+    check_batch_tokens(args)
     names = [f.name for f in fields(DecodeConfig)]
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
-def add_device(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
+def check_batch_tokens(args: argparse.Namespace) -> None:
+    """``--batch-tokens`` below 1, named as the user typed it (the library says max_tokens)."""
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ConfigError(f"--batch-tokens must be >= 1, got {args.max_tokens}")
+
+
+DEVICE_HELP = (
+    "auto (cuda when there is one, else cpu; the default, as in training), cpu, cuda, cuda:1, …"
+)
+
+
+def add_device(p: Any) -> None:
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def inference_device(name: str) -> torch.device:
-    """The device an inference command runs on; a clear error for an unknown or unavailable one.
-    On the CPU it also sets glibc to keep freed memory (``keep_freed_memory``): every decoding
-    step frees and reallocates the same large buffers."""
+    """The device an inference command runs on (``auto``: CUDA when available, else the CPU); a
+    clear error for an unknown or unavailable one. On the CPU it also sets glibc to keep freed
+    memory (``keep_freed_memory``): every decoding step frees and reallocates the same large
+    buffers."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:

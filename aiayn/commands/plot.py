@@ -1,11 +1,11 @@
 """``aiayn plot``: figures of the positional encoding, attention maps and learning curves.
 
-    aiayn plot pe --length 2048 --depth 512 -o pe.png
+    aiayn plot pe --length 2048 --d-model 512 -o pe.png
     aiayn plot pe-similarity --position 1000 -o sim.png
     aiayn plot attention MODEL_DIR --text "A man rides a bike." [--layer L] [--head H] -o att.png
     aiayn plot curves RUN_DIR [RUN_DIR ...] -o curves.png
 
-Needs matplotlib (``pip install 'aiayn[plot]'``).
+Needs matplotlib (``pip install -e '.[plot]'``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+
+from aiayn.commands.options import add_output_file, flag
+from aiayn.errors import AiaynError
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +27,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Figures of what the Transformer computes. Needs matplotlib.",
     )
     kinds = parser.add_subparsers(dest="plot", metavar="WHAT", required=True)
-
     pe = kinds.add_parser("pe", help="the sinusoidal positional encoding: position × depth (§3.5)")
     _shape_args(pe)
-    _output_arg(pe, "pe.png")
+    add_output_file(pe, "PNG file to write", "pe.png")
     pe.set_defaults(run=run_pe)
+    _add_pe_similarity(kinds)
+    _add_attention(kinds)
+    curves = kinds.add_parser("curves", help="loss, learning rate and validation metrics of a run")
+    curves.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="+",
+        help="a run folder holding metrics.jsonl (or the file); several are drawn "
+        "on the same panels (e.g. an ensemble's models)",
+    )
+    add_output_file(curves, "PNG file to write", "curves.png")
+    curves.set_defaults(run=run_curves)
+    return parser
 
+
+def _add_pe_similarity(kinds: argparse._SubParsersAction) -> None:
     sim = kinds.add_parser(
         "pe-similarity", help="cosine similarity of one position's encoding with all others"
     )
@@ -43,14 +60,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="half-width of the zoomed panel, in positions (default 50)",
     )
     _shape_args(sim)
-    _output_arg(sim, "pe-similarity.png")
+    add_output_file(sim, "PNG file to write", "pe-similarity.png")
     sim.set_defaults(run=run_pe_similarity)
 
+
+def _add_attention(kinds: argparse._SubParsersAction) -> None:
     att = kinds.add_parser(
         "attention",
         help="attention maps of a model on its own translation of a sentence",
-        description="Translate TEXT with the model (beam search, the paper's settings), then draw encoder "
-        "self-attention, decoder self-attention and encoder-decoder attention for "
+        description="Translate TEXT with the model (beam search, the paper's settings), then draw "
+        "encoder self-attention, decoder self-attention and encoder-decoder attention for "
         "every layer and head (or the chosen ones), tokens on the axes.",
     )
     att.add_argument(
@@ -58,7 +77,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="MODEL_DIR",
         help="a model folder (config.json, weights, tokenizer.json)",
     )
-    att.add_argument("--text", required=True, help="the source sentence")
+    att.add_argument(
+        "--text",
+        required=True,
+        metavar="TEXT",
+        help="the source sentence, given on the command line",
+    )
     att.add_argument(
         "--layer",
         type=int,
@@ -79,32 +103,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="beam size of the translation (default 4, the paper's; 1 = greedy)",
     )
-    _output_arg(att, "attention.png")
+    add_output_file(att, "PNG file to write", "attention.png")
     att.set_defaults(run=run_attention)
-
-    curves = kinds.add_parser("curves", help="loss, learning rate and validation metrics of a run")
-    curves.add_argument(
-        "run_dir",
-        metavar="RUN_DIR",
-        nargs="+",
-        help="a run folder holding metrics.jsonl (or the file); several are drawn "
-        "on the same panels (e.g. an ensemble's models)",
-    )
-    _output_arg(curves, "curves.png")
-    curves.set_defaults(run=run_curves)
-    return parser
 
 
 def _shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--length", type=int, default=2048, help="number of positions (default 2048)"
     )
-    parser.add_argument("--depth", type=int, default=512, help="d_model, even (default 512)")
-
-
-def _output_arg(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "-o", "--output", default=default, help=f"PNG file to write (default {default})"
+    flag(
+        parser,
+        "--d-model",
+        old=("--depth",),
+        type=int,
+        default=512,
+        help="the encoding's width d_model, even (default 512)",
     )
 
 
@@ -115,17 +128,27 @@ def _save(fig, path: str) -> int:
     return 0
 
 
+def _check_d_model(args: argparse.Namespace) -> None:
+    """``--d-model`` must give sin/cos pairs (named as the user typed it: the library says depth)."""
+    if args.d_model < 2 or args.d_model % 2:
+        raise AiaynError(
+            f"--d-model must be an even number >= 2 (sin/cos pairs), got {args.d_model}"
+        )
+
+
 def run_pe(args: argparse.Namespace) -> int:
     from aiayn.viz.pe import plot_pe
 
-    return _save(plot_pe(args.length, args.depth), args.output)
+    _check_d_model(args)
+    return _save(plot_pe(args.length, args.d_model), args.output)
 
 
 def run_pe_similarity(args: argparse.Namespace) -> int:
     from aiayn.viz.pe import plot_pe_similarity
 
+    _check_d_model(args)
     return _save(
-        plot_pe_similarity(args.position, args.length, args.depth, args.window), args.output
+        plot_pe_similarity(args.position, args.length, args.d_model, args.window), args.output
     )
 
 

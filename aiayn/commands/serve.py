@@ -15,6 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from aiayn.commands.options import add_device, add_engine, advanced
 from aiayn.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEY_ENV = "AIAYN_API_KEY"
+
+
+# The batcher's timing: benchmark settings (docs/serving.md), under --help's advanced options.
+BATCHING_TUNING = ("batch_wait_ms", "batch_max_wait_ms", "join_steps")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,37 +48,33 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument(
-        "--engine",
-        choices=("torch", "onnx", "ctranslate2"),
-        help="what runs the model: torch (a model folder), onnx or ctranslate2 (a folder written "
-        "by `aiayn export`; no attention view); default: what MODEL_DIR holds",
-    )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, … (default: cpu)")
+    add_engine(p)
+    add_device(p)
     p.add_argument(
         "--api-key",
         help=f"require this key on every route but /health (default: ${KEY_ENV} when set)",
     )
     defaults = Limits()
-    limits = p.add_argument_group("limits")
+    limits = p.add_argument_group("limits", "what one request may ask, what the server holds")
     for field in dataclasses.fields(Limits):
         if field.name in ("batching", "step_batching"):
             continue
         default = getattr(defaults, field.name)
-        limits.add_argument(
+        group = advanced(p) if field.name in BATCHING_TUNING else limits
+        group.add_argument(
             "--" + field.name.replace("_", "-"),
             dest=field.name,
             type=type(default),
             default=default,
             help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
         )
-    limits.add_argument(
+    advanced(p).add_argument(
         "--no-batching",
         dest="batching",
         action="store_false",
         help="run every request alone (no dynamic batching; for comparison)",
     )
-    limits.add_argument(
+    advanced(p).add_argument(
         "--no-step-batching",
         dest="step_batching",
         action="store_false",
@@ -86,7 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.serve import require_extra
+    from aiayn.serve.extra import require_extra
 
     require_extra()
     import uvicorn

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import ModelConfig, apply_overrides, parse_override
+from aiayn.commands.options import add_sets, advanced, section_sets
+from aiayn.config import ModelConfig, apply_overrides
 from aiayn.errors import ConfigError
 from aiayn.kinds import KINDS, TRANSLATION
 from aiayn.run_config import data_keys
@@ -26,18 +27,23 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="a preset (base, big, small, tiny), a TOML config with a [model] "
         "section, or a model folder",
     )
+    add_sets(p, "model", "model.d_model=256")
     p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a model field, e.g. --set d_model=256 (repeatable)",
+        "--depth",
+        type=int,
+        default=1,
+        help="how deep the table goes into nested modules (layers always listed; default: 1)",
     )
-    p.add_argument("--batch", type=int, default=2, help="batch size of the example forward pass")
-    p.add_argument("--src-len", type=int, default=16, help="source length of the example batch")
-    p.add_argument("--tgt-len", type=int, default=16, help="target length of the example batch")
-    p.add_argument("--depth", type=int, default=1, help="module depth shown (layers always listed)")
+    shape = advanced(p)
+    shape.add_argument(
+        "--batch", type=int, default=2, help="batch size of the example forward pass (default: 2)"
+    )
+    shape.add_argument(
+        "--src-len", type=int, default=16, help="source length of the example batch (default: 16)"
+    )
+    shape.add_argument(
+        "--tgt-len", type=int, default=16, help="target length of the example batch (default: 16)"
+    )
     p.set_defaults(run=run)
     return p
 
@@ -45,9 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, str]:
     """(ModelConfig, model kind) from a preset name (translation), a TOML file ([model] section,
     optional `preset` key; the kind from data.kind, the vocabulary from data.vocab_size) or a
-    model folder's config.json, then `--set` overrides."""
-    sets = dict(parse_override(o) for o in overrides)
-    sets = {k.removeprefix("model."): v for k, v in sets.items()}
+    model folder's config.json, then `--set model.KEY=VALUE` overrides."""
+    sets = section_sets(overrides, "model")
     path = Path(spec)
     if path.is_dir():
         from aiayn.folder import read_folder_config

@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from aiayn.commands.options import add_sets
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -24,15 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="run config (.toml); optional with --resume, which "
         "then reads the run folder's config.json",
     )
+    add_sets(p, "SECTION", "train.max_steps=1000")
     p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value, e.g. --set train.max_steps=1000 (repeatable)",
+        "-o", "--out", metavar="RUN_DIR", help="the run folder (default: runs/<config name>)"
     )
-    p.add_argument("--out", "-o", help="run folder (default: runs/<config name>)")
     p.add_argument(
         "--resume",
         action="store_true",

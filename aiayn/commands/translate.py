@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 from aiayn.commands.options import (
     add_decode_options,
     add_device,
+    add_input_file,
     add_model_dirs,
+    add_output_file,
     decode_overrides,
     inference_device,
     open_models,
@@ -34,21 +36,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "translate",
         help="translate text with a trained model (beam search)",
-        description="Translate one sentence per line. Blank lines stay blank.",
+        description="Translate one sentence per line (of --input, a pipe, or typed at the "
+        "prompt on a terminal). Blank lines stay blank.",
     )
     add_model_dirs(p)
+    add_input_file(p, "one sentence")
+    add_output_file(p, "write the translations here, atomically")
     add_decode_options(p)
     add_device(p)
-    p.add_argument(
-        "--input",
-        "-i",
-        default="-",
-        metavar="FILE|-",
-        help="UTF-8 text, one sentence per line (default: stdin; a prompt on a terminal)",
-    )
-    p.add_argument(
-        "--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout"
-    )
     p.add_argument(
         "--nbest",
         type=int,

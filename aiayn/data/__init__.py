@@ -29,6 +29,7 @@ from aiayn.data.batching import (
 from aiayn.data.config import DataConfig
 from aiayn.data.loaders import (
     classification_store,
+    data_source,
     lm_store,
     load_classification,
     load_lm_text,
@@ -74,6 +75,7 @@ __all__ = [
     "load_classification",
     "load_lm_text",
     "training_texts",
+    "data_source",
     "train_tokenizer_for",
     "prepare_translation",
     "translation_files",

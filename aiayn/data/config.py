@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aiayn.errors import ConfigError
-from aiayn.kinds import KINDS, TRANSLATION
+from aiayn.kinds import KINDS, TRANSLATION, get_kind, kinds_taking
 
 __all__ = ["DataConfig"]
 
@@ -100,15 +100,18 @@ class DataConfig:
         for name in ("vocab_size", "max_tokens", "max_len", "tokenizer_sample", "pad_to_multiple"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
-        if self.pad_to_multiple > 1 and self.kind != TRANSLATION:
+        takes = get_kind(self.kind).takes
+        if self.pad_to_multiple > 1 and "pad_to_multiple" not in takes:
             raise ConfigError(
-                f"data.pad_to_multiple pads translation batches; data.kind is {self.kind!r}"
+                f"data.pad_to_multiple pads the batches of data.kind = "
+                f"{kinds_taking('pad_to_multiple')}; data.kind is {self.kind!r}"
             )
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError(f"data.bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
-        if self.bpe_dropout and (self.tokenizer != "bpe" or self.kind != TRANSLATION):
+        if self.bpe_dropout and (self.tokenizer != "bpe" or "bpe_dropout" not in takes):
             raise ConfigError(
-                "data.bpe_dropout needs data.tokenizer = 'bpe' and data.kind = 'translation'"
+                "data.bpe_dropout needs data.tokenizer = 'bpe' and data.kind = "
+                f"{kinds_taking('bpe_dropout')}"
             )
         if self.max_len_ratio and self.max_len_ratio < 1.0:
             raise ConfigError(
@@ -128,5 +131,5 @@ class DataConfig:
                 f"data.dataset='{self.dataset}' and data.{given[0]} are both set; "
                 "set data.dataset='' to use your own files"
             )
-        if self.kind == TRANSLATION and self.src_lang == self.tgt_lang and self.dataset:
+        if "langs" in takes and self.src_lang == self.tgt_lang and self.dataset:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both '{self.src_lang}'")

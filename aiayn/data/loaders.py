@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from aiayn.checksum import seal, seal_problem
 from aiayn.data.build import (
     Cleaning,
     log_counts,
@@ -32,9 +33,12 @@ from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
 from aiayn.data.tokenizer import Tokenizer, tokenizer_digest, train_tokenizer
 from aiayn.errors import DataError
-from aiayn.kinds import CLASSIFICATION, LM, MASKED_LM, TRANSLATION
+from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION, get_kind
 
 __all__ = [
+    "DataSource",
+    "SOURCES",
+    "data_source",
     "translation_files",
     "classification_source",
     "lm_file",
@@ -65,8 +69,9 @@ _IMDB_VAL_EVERY = 10
 _LM_TRAIN_FRACTION = 0.9
 
 
-def _registered(cfg: DataConfig, task: str, split: str) -> Path:
+def _registered(cfg: DataConfig, split: str) -> Path:
     spec = get_spec(cfg.dataset)
+    task = data_source(cfg).name
     if spec.task != task:
         raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {task} (data.kind)")
     if split not in spec.splits:
@@ -97,7 +102,7 @@ def translation_files(cfg: DataConfig, split: str) -> tuple[Path, Path]:
     if cfg.uses_own_files:
         which = _own_split(cfg, split)
         return Path(_own_path(cfg, f"{which}_src")), Path(_own_path(cfg, f"{which}_tgt"))
-    folder = _registered(cfg, TRANSLATION, split)
+    folder = _registered(cfg, split)
     for lang in (cfg.src_lang, cfg.tgt_lang):
         if not (folder / f"{split}.{lang}.gz").is_file():
             raise DataError(
@@ -130,7 +135,7 @@ def classification_source(
     if cfg.uses_own_files:
         path = Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
         return [path], lambda: iter_labelled(path)
-    folder = _registered(cfg, CLASSIFICATION, split)
+    folder = _registered(cfg, split)
     if split == "test":
         return [folder / "test.tsv.gz"], lambda: iter_labelled(folder / "test.tsv.gz")
     return [folder / "train.tsv.gz"], lambda: _imdb_training_split(folder / "train.tsv.gz", split)
@@ -160,7 +165,7 @@ def lm_file(cfg: DataConfig, split: str) -> Path:
     """The file holding ``split``'s running text."""
     if cfg.uses_own_files:
         return Path(_own_path(cfg, f"{_own_split(cfg, split)}_file"))
-    return _registered(cfg, LM, split) / "input.txt"
+    return _registered(cfg, split) / "input.txt"
 
 
 def lm_blocks(cfg: DataConfig, split: str) -> Iterator[str]:
@@ -188,25 +193,12 @@ def load_lm_text(cfg: DataConfig, split: str) -> str:
 
 def training_texts(cfg: DataConfig) -> list[str]:
     """The training split's text, both sides for translation: what the tokenizer learns from."""
-    if cfg.kind == TRANSLATION:
-        src, tgt = load_translation(cfg, cfg.train_split)
-        return src + tgt
-    if cfg.kind in (CLASSIFICATION, MASKED_LM):
-        return load_classification(cfg, cfg.train_split)[0]
-    return [load_lm_text(cfg, cfg.train_split)]
+    return data_source(cfg).texts(cfg)
 
 
-def _shape(cfg: DataConfig) -> str:
-    """The data a task reads: masked_lm reads the classification data (texts and labels)."""
-    return CLASSIFICATION if cfg.kind == MASKED_LM else cfg.kind
-
-
-def _split_files(cfg: DataConfig, split: str) -> list[Path]:
-    if cfg.kind == TRANSLATION:
-        return list(translation_files(cfg, split))
-    if cfg.kind in (CLASSIFICATION, MASKED_LM):
-        return classification_source(cfg, split)[0]
-    return [lm_file(cfg, split)]
+def _pair_texts(cfg: DataConfig) -> list[str]:
+    src, tgt = load_translation(cfg, cfg.train_split)
+    return src + tgt
 
 
 def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
@@ -218,39 +210,71 @@ def train_tokenizer_for(cfg: DataConfig) -> Tokenizer:
 
     Kept in the data cache by what it was trained from (the files' fingerprints and these
     settings), so a second run on the same files gets the same tokenizer without training."""
+    source = data_source(cfg)
     key = {
-        "format": 2 if cfg.kind == LM else 1,  # 2: an LM samples lines past the bound
-        "task": _shape(cfg),
+        "format": source.tokenizer_format,
+        "task": source.name,
         "dataset": cfg.dataset,
         "split": cfg.train_split,
-        "langs": [cfg.src_lang, cfg.tgt_lang] if cfg.kind == TRANSLATION else [],
+        "langs": _langs(cfg),
         "tokenizer": [cfg.tokenizer, cfg.vocab_size, cfg.lowercase, cfg.tokenizer_sample],
-        "sources": [fingerprint(p) for p in _split_files(cfg, cfg.train_split)],
+        "sources": [fingerprint(p) for p in source.files(cfg, cfg.train_split)],
     }
     path = cache_dir() / "tokenizers" / f"{cfg.dataset or 'files'}-{cache_key(key)}.json"
     if path.is_file():
-        log.info("tokenizer: trained before on the same files, read from %s", path)
-        return Tokenizer.from_file(path)
-    tokenizer = _train_on_sample(cfg)
+        tokenizer, problem = _cached_tokenizer(cfg, path, key)
+        if tokenizer is not None:
+            log.info("tokenizer: trained before on the same files, read from %s", path)
+            return tokenizer
+        log.warning("tokenizer cache: %s; training it again", problem)
+    tokenizer = source.train_tokenizer(cfg)
     tokenizer.save(path)
+    seal(path, key)
     return tokenizer
 
 
-def _train_on_sample(cfg: DataConfig) -> Tokenizer:
-    k, split = cfg.tokenizer_sample, cfg.train_split
-    kind, size, lower = cfg.tokenizer, cfg.vocab_size, cfg.lowercase
-    if cfg.kind == LM:
-        return _train_lm_tokenizer(cfg)
-    if cfg.kind == TRANSLATION:
-        pairs, n = reservoir_sample(iter_parallel(*translation_files(cfg, split)), k)
-        _log_sample(len(pairs), n, "pairs")
-        src, tgt = [x for x, _ in pairs], [y for _, y in pairs]
-        return train_tokenizer(src + tgt, kind, size, lower, recase_texts=tgt)
-    texts, n = reservoir_sample(
-        (clean_text(t) for t, _ in classification_source(cfg, split)[1]()), k
+def _cached_tokenizer(
+    cfg: DataConfig, path: Path, key: dict[str, Any]
+) -> tuple[Tokenizer | None, str]:
+    """The tokenizer cached at ``path`` when its record (:func:`aiayn.checksum.seal`) says it
+    was trained for ``key`` and its content is unchanged, and it is of the configured kind; else
+    (None, why not)."""
+    problem = seal_problem(path, key)
+    if problem:
+        return None, problem
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except DataError as err:
+        return None, str(err)
+    if tokenizer.kind != cfg.tokenizer:
+        return None, f"{path} holds a {tokenizer.kind} tokenizer, not {cfg.tokenizer}"
+    return tokenizer, ""
+
+
+def _langs(cfg: DataConfig) -> list[str]:
+    """The languages in a cache key: a translation dataset's two, else none."""
+    return [cfg.src_lang, cfg.tgt_lang] if data_source(cfg).langs else []
+
+
+def _train_pairs_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """Translation's tokenizer, from a sample of the training pairs (both sides); it learns to
+    recase from the targets."""
+    files = translation_files(cfg, cfg.train_split)
+    pairs, n = reservoir_sample(iter_parallel(*files), cfg.tokenizer_sample)
+    _log_sample(len(pairs), n, "pairs")
+    src, tgt = [x for x, _ in pairs], [y for _, y in pairs]
+    return train_tokenizer(
+        src + tgt, cfg.tokenizer, cfg.vocab_size, cfg.lowercase, recase_texts=tgt
     )
+
+
+def _train_texts_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """Classification's tokenizer, from a sample of the training texts, cleaned as the task
+    encodes them."""
+    items = classification_source(cfg, cfg.train_split)[1]()
+    texts, n = reservoir_sample((clean_text(t) for t, _ in items), cfg.tokenizer_sample)
     _log_sample(len(texts), n, "texts")
-    return train_tokenizer(texts, kind, size, lower)
+    return train_tokenizer(texts, cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
 
 
 def _train_lm_tokenizer(cfg: DataConfig) -> Tokenizer:
@@ -299,17 +323,17 @@ def _store(
 ) -> TokenStore:
     """The token store of ``split`` made with ``settings`` by ``build`` (on first use; see
     :mod:`aiayn.data.store`)."""
-    shape = _shape(cfg)
+    source = data_source(cfg)
     key = {
-        "task": shape,
+        "task": source.name,
         "dataset": cfg.dataset,
         "split": split,
-        "langs": [cfg.src_lang, cfg.tgt_lang] if shape == TRANSLATION else [],
+        "langs": _langs(cfg),
         "tokenizer_sha256": tokenizer_digest(tokenizer.to_str()),
         **settings,
     }
-    name = f"{cfg.dataset or 'files'}-{shape}-{split}"
-    return open_store(name, key, _split_files(cfg, split), build)
+    name = f"{cfg.dataset or 'files'}-{source.name}-{split}"
+    return open_store(name, key, source.files(cfg, split), build)
 
 
 def _examples_store(
@@ -393,11 +417,71 @@ def lm_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
 def split_stores(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, TokenStore]:
     """The token stores of the training and validation splits (``"train"``, ``"valid"``) of
     ``data.kind``, built on first use."""
-    make = {TRANSLATION: translation_store, LM: lm_store}.get(cfg.kind, classification_store)
+    make = data_source(cfg).store
     return {
         "train": make(cfg, tokenizer, cfg.train_split),
         "valid": make(cfg, tokenizer, cfg.valid_split),
     }
+
+
+# ---- the data sources: what Kind.reads names --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """How one shape of examples is read and stored: sentence pairs, labelled texts or a running
+    text. A kind names the one it trains on (:attr:`aiayn.kinds.Kind.reads`); everything above
+    asks it (:func:`data_source`) instead of the kind."""
+
+    # Its name in aiayn.kinds.DATA_SOURCES: also the task of the datasets it reads (DatasetSpec)
+    # and part of its stores' and tokenizers' cache keys.
+    name: str
+    langs: bool  # whether data.src_lang / data.tgt_lang pick its files (and key its caches)
+    files: Callable[[DataConfig, str], list[Path]]  # the files a split is read from
+    texts: Callable[[DataConfig], list[str]]  # the training split's text, in memory
+    train_tokenizer: Callable[[DataConfig], Tokenizer]  # on (a sample of) the training split
+    store: Callable[[DataConfig, Tokenizer, str], TokenStore]  # a split's token store
+    # per example of a store, the lengths batches are planned on (source, target or None);
+    # None: one running text, cut into blocks, not batched by examples
+    example_lengths: Callable[[TokenStore], tuple[np.ndarray, np.ndarray | None]] | None
+    tokenizer_format: int = 1  # in the tokenizer cache's key: 2 when its sampling changed
+
+
+PAIRS = DataSource(
+    TRANSLATION,
+    langs=True,
+    files=lambda cfg, split: list(translation_files(cfg, split)),
+    texts=_pair_texts,
+    train_tokenizer=_train_pairs_tokenizer,
+    store=translation_store,
+    example_lengths=lambda s: (s.lengths("src"), s.lengths("tgt") + 1),  # target: BOS/EOS
+)
+LABELLED = DataSource(
+    CLASSIFICATION,
+    langs=False,
+    files=lambda cfg, split: classification_source(cfg, split)[0],
+    texts=lambda cfg: load_classification(cfg, cfg.train_split)[0],
+    train_tokenizer=_train_texts_tokenizer,
+    store=classification_store,
+    example_lengths=lambda s: (s.lengths("text"), None),
+)
+RUNNING_TEXT = DataSource(
+    LM,
+    langs=False,
+    files=lambda cfg, split: [lm_file(cfg, split)],
+    texts=lambda cfg: [load_lm_text(cfg, cfg.train_split)],
+    train_tokenizer=_train_lm_tokenizer,
+    store=lm_store,
+    example_lengths=None,
+    tokenizer_format=2,  # 2: a language model's tokenizer samples lines past the bound
+)
+#: the data sources by name (Kind.reads)
+SOURCES: dict[str, DataSource] = {s.name: s for s in (PAIRS, LABELLED, RUNNING_TEXT)}
+
+
+def data_source(cfg: DataConfig) -> DataSource:
+    """The data source ``data.kind`` reads (its Kind says which)."""
+    return SOURCES[get_kind(cfg.kind).reads]
 
 
 # ---- the examples as lists (small data, tests, benchmarks) ------------------------------------

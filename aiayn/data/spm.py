@@ -41,7 +41,7 @@ def load_processor(model: bytes, origin: str) -> Any:
         import sentencepiece
     except ImportError:
         raise ConfigError(
-            "SentencePiece tokenizers need the 'hf' extra: pip install 'aiayn[hf]'"
+            "SentencePiece tokenizers need the 'hf' extra: pip install -e '.[hf]'"
         ) from None
     processor = sentencepiece.SentencePieceProcessor()
     try:

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from aiayn.data.readers import read_text
 from aiayn.data.recase import Recaser
-from aiayn.errors import DataError
+from aiayn.errors import ConfigError, DataError
 from aiayn.io import write_text
 
 __all__ = ["Tokenizer", "SubwordTokenizer", "CharTokenizer", "train_tokenizer", "SPECIAL_TOKENS"]
@@ -97,6 +97,27 @@ class Tokenizer:
     def min_tokens(self, text: str) -> int:
         """A lower bound of ``len(self.encode(text))``, found without encoding (0: no bound)."""
         return 0
+
+    def encode_target(self, text: str) -> list[int]:
+        """Ids of ``text`` as the decoder writes it (without BOS/EOS): ``encode`` unless the
+        tokenizer segments its output otherwise."""
+        return self.encode(text)
+
+    def encode_prefix(self, text: str) -> list[int]:
+        """Target ids of ``text``, the forced start of a translation, kept exactly: ConfigError
+        naming the characters that the vocabulary cannot represent (they would become ``<unk>``,
+        which the output drops: the prefix silently cut)."""
+        ids = self.encode_target(text)
+        if self.unk_id in ids:
+            chars = sorted({c for c in text if self.unk_id in self.encode_target(c)})
+            named = (
+                ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars[:8]) or "a special token's text"
+            )
+            raise ConfigError(
+                f"prefix {text[:60]!r}: the tokenizer cannot represent {named}; the prefix "
+                "would be cut (remove or replace those characters)"
+            )
+        return ids
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` (a list or a 1-D tensor), special tokens skipped."""

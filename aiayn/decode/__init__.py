@@ -4,6 +4,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.search import (
     Hypothesis,
+    SearchSettings,
     beam_search,
     filter_log_probs,
     greedy_search,
@@ -22,6 +23,7 @@ __all__ = [
     "DecodeConfig",
     "Ensemble",
     "Hypothesis",
+    "SearchSettings",
     "Seq2SeqModel",
     "beam_search",
     "filter_log_probs",

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from aiayn.decode.ensemble import Ensemble
+from aiayn.config import ModelConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import AiaynError
 from aiayn.model import Transformer
@@ -82,20 +83,24 @@ def alignment_layer(n_layers: int) -> int:
     return max(n_layers - 2, 0)
 
 
-def align(
-    model: Transformer | Ensemble, src_ids: Sequence[int], hyp: Hypothesis
-) -> list[tuple[int, int]]:
-    """(source token, output token) index pairs of ``hyp``, a translation of ``src_ids`` by
-    ``model`` (a Transformer, or an Ensemble: its first model reads it, as the attention view
-    does): each output token j with the source token its alignment layer's cross-attention,
-    averaged over the heads, weighs most, read by one teacher-forced pass over the output."""
+class Reader(Protocol):
+    """What reads a sentence pair's attention: a backend with "attention"
+    (:class:`aiayn.runtime.backend.Attention`)."""
+
+    cfg: ModelConfig
+
+    def attention(self, src_ids: Sequence[int], tgt_ids: Sequence[int]) -> AttentionMaps: ...
+
+
+def align(reader: Reader, src_ids: Sequence[int], hyp: Hypothesis) -> list[tuple[int, int]]:
+    """(source token, output token) index pairs of ``hyp``, a translation of ``src_ids``, read by
+    ``reader`` (a backend's model; an ensemble's first model, as the attention view does): each
+    output token j with the source token its alignment layer's cross-attention, averaged over
+    the heads, weighs most, read by one teacher-forced pass over the output."""
     if not hyp.tokens:
         return []
-    reader = model.models[0] if isinstance(model, Ensemble) else model
-    if not isinstance(reader, Transformer):
-        raise AiaynError(f"alignments need a Transformer, got {type(reader).__name__}")
     fed = hyp.tokens if hyp.finished else hyp.tokens[:-1]  # the last token of a cut one: unread
-    maps = record_attention(reader, src_ids, [reader.cfg.bos_id, *fed])
+    maps = reader.attention(src_ids, [reader.cfg.bos_id, *fed])
     weights = maps.cross[alignment_layer(len(maps.cross))].mean(0)  # (T, S), heads averaged
     # Query j (BOS + j tokens read) is where output token j was chosen.
     source = weights[: len(hyp.tokens)].argmax(-1).tolist()  # (m,)

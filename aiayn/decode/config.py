@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from aiayn.checks import check_integer, check_number
 from aiayn.errors import ConfigError
 
 
@@ -60,7 +61,8 @@ class DecodeConfig:
     min_len: int = 0
     # Hypotheses returned per input, best first (at most `beam`).
     nbest: int = 1
-    # Token budget of one batch: sentences × longest padded source length. With beam 5 the
+    # Token budget of one decoding batch (`--batch-tokens`; data.max_tokens is a training
+    # batch's): sentences × longest padded source length. With beam 5 the
     # decoder then holds ~5 × max_tokens / source length rows; past ~1,000 tokens a batch decoded
     # no faster on a 2-core CPU and only held more memory (demo model, test2016, 2 workers:
     # 0.73x CTranslate2 float32 at 1,024 tokens and 680 MB peak RSS, 0.67x at 4,096 and
@@ -72,20 +74,21 @@ class DecodeConfig:
     workers: int = 1
     # Run the matmuls in bfloat16 autocast (faster on CPUs with AVX512-BF16/AMX and on GPUs).
     bf16: bool = False
-    # Run the decoder step as one compiled call (AOTInductor, aiayn/model/compiled.py): one
+    # Run the decoder step as one compiled call (AOTInductor, aiayn/runtime/compiled.py): one
     # translation model, float32, on the CPU. Compiled once per model, CPU and thread count into
     # $AIAYN_CACHE/compiled (~1 minute), then loaded in a fraction of a second (docs/decoding.md).
     compile: bool = False
 
     def __post_init__(self) -> None:
-        if self.beam < 1:
-            raise ConfigError(f"beam must be >= 1, got {self.beam}")
+        # one rule set with the CLI, recipes, imported settings and the HTTP API (aiayn.checks):
+        # finite numbers, ranges, a minimum at most its maximum
+        check_integer("beam", self.beam, minimum=1)
         if not 1 <= self.nbest <= self.beam:
             raise ConfigError(f"nbest must be between 1 and beam ({self.beam}), got {self.nbest}")
-        if self.alpha < 0:
-            raise ConfigError(f"alpha must be >= 0, got {self.alpha}")
-        if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
-            raise ConfigError("max_len_a, max_len_b and min_len must be >= 0")
+        check_number("alpha", self.alpha, minimum=0)
+        check_number("max_len_a", self.max_len_a, minimum=0)
+        check_integer("max_len_b", self.max_len_b, minimum=0)
+        check_integer("min_len", self.min_len, minimum=0)
         if self.max_len_a == 0 and self.max_len_b == 0:
             raise ConfigError("max_len_a and max_len_b are both 0: the output cap is 0 tokens")
         # min_len == max_len_b forbids EOS throughout: exactly max_len_b tokens, the fixed output
@@ -95,15 +98,14 @@ class DecodeConfig:
                 f"min_len ({self.min_len}) must not exceed the output cap max_len_b "
                 f"({self.max_len_b})"
             )
-        if not (self.repetition_penalty > 0 and self.repetition_penalty < float("inf")):
+        for i in self.bad_ids:
+            check_integer("bad_ids", i, minimum=0)
+        try:
+            check_number("repetition_penalty", self.repetition_penalty, above=0)
+        except ConfigError:
             raise ConfigError(
                 f"repetition_penalty must be a number > 0 (1: off), got {self.repetition_penalty}"
-            )
-        if self.no_repeat_ngram_size < 0:
-            raise ConfigError(
-                f"no_repeat_ngram_size must be >= 0 (0: off), got {self.no_repeat_ngram_size}"
-            )
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+            ) from None
+        check_integer("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
+        check_integer("max_tokens", self.max_tokens, minimum=1)
+        check_integer("workers", self.workers, minimum=1)

@@ -20,15 +20,17 @@ decoder step. `aiayn serve` runs it for the PyTorch backend (aiayn/serve/batchin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.packed import prepacked
 from aiayn.decode.search import BeamSearch, Hypothesis
 from aiayn.decode.step import Seq2SeqModel
-from aiayn.decode.translate import check_bad_ids, max_output_lengths, pad_rows, search_rules
+from aiayn.decode.translate import check_bad_ids, max_output_lengths, pad_rows, search_settings
 
 __all__ = ["JoinableModel", "RunningTranslation"]
 
@@ -52,20 +54,11 @@ class RunningTranslation:
 
     def __init__(self, model: JoinableModel, cfg: DecodeConfig, device: torch.device) -> None:
         check_bad_ids(model.cfg, cfg)
-        self.model, self.cfg, self.device = model, cfg, device
-        greedy = cfg.beam == 1  # scored and stopped as greedy_search does
-        self.search = BeamSearch(
-            cfg.beam,
-            model.cfg.bos_id,
-            model.cfg.eos_id,
-            cfg.alpha,
-            "none" if greedy else cfg.length_penalty,
-            cfg.min_len,
-            cfg.nbest,
-            device,
-            search_rules(cfg),
-            cfg.early_stopping or greedy,
-        )
+        self.model, self.cfg, self.device = prepacked(model), cfg, device
+        settings = search_settings(model.cfg, cfg)
+        if cfg.beam == 1:  # scored and stopped as greedy_search does
+            settings = replace(settings, penalty="none", early_stopping=True)
+        self.search = BeamSearch(settings, device)
         self.cache: Any = None
 
     @property

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.decode.search import StepFn, sample
+from aiayn.decode.search import SearchSettings, StepFn, sample
 from aiayn.decode.step import decoding_device
 from aiayn.errors import ConfigError
 from aiayn.model.cache import DecoderCache
@@ -124,18 +124,10 @@ def generate(
         return step(tokens, state)
 
     cfg = model.cfg
-    hyp = sample(
-        streaming,
-        None,
-        prefix,
-        cfg.eos_id,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        pad_id=cfg.pad_id,
-        rng=rng,
-    )[0]
+    settings = SearchSettings(
+        cfg.bos_id, cfg.eos_id, cfg.pad_id, temperature=temperature, top_k=top_k, top_p=top_p
+    )
+    hyp = sample(streaming, None, prefix, max_new_tokens, settings, rng=rng)[0]
     if on_token is not None:
         for token in hyp.tokens[reported - prefix.size(1) :]:  # the last one drawn
             on_token(token)

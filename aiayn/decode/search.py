@@ -9,7 +9,9 @@ cache)``: ``tokens`` (N, t) are all tokens so far (a cached model reads only tho
 it). The cache is opaque except for
 ``cache.reorder(index)``, called whenever rows are selected (beams move, finished sentences leave),
 and may be None. This is fairseq's split (``Search.step`` sees only log-probs), and it is what the
-tests exercise with hand-set probabilities.
+tests exercise with hand-set probabilities. Besides the step function, the cache and each
+sentence's length cap, all three take one :class:`SearchSettings`: the special ids and how to
+choose (:func:`aiayn.decode.translate.search_settings` makes it from a DecodeConfig).
 
 Beam search is an object, :class:`BeamSearch`, that sentences can join between steps (the
 server's step-level batching); :func:`beam_search` is a loop over it. A cache that rows join
@@ -41,6 +43,7 @@ __all__ = [
     "sample",
     "filter_log_probs",
     "Rules",
+    "SearchSettings",
 ]
 
 
@@ -115,6 +118,29 @@ class Rules:
     # in the row is banned (-inf); 0 is off. A row whose every allowed token would be banned
     # (a forced prefix token, a tiny vocabulary) keeps its scores instead of dying.
     no_repeat_ngram: int = 0
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What greedy search, beam search and sampling are told besides the step function, the
+    cache and each sentence's length cap: one object for the three (each reads its part)."""
+
+    bos_id: int
+    eos_id: int
+    pad_id: int = 0  # fed to the rows that have ended while others go on (greedy, sampling)
+    min_len: int = 0  # EOS is forbidden before this many generated tokens
+    rules: Rules = Rules()  # the per-step adjustments of the log-probabilities (greedy, beam)
+    # Beam search: k, the length penalty (length_penalty's alpha and kind), hypotheses returned,
+    # and whether a sentence stops at k finished ones (BeamSearch)
+    beam: int = 1
+    alpha: float = 0.6
+    penalty: str = "gnmt"
+    nbest: int = 1
+    early_stopping: bool = True
+    # Sampling: temperature, top-k and nucleus filtering (filter_log_probs)
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
 
 
 def _apply_rules(
@@ -198,21 +224,23 @@ def greedy_search(
     step: StepFn,
     cache: Any,
     batch_size: int,
-    bos_id: int,
-    eos_id: int,
     max_len: int | Tensor,
-    min_len: int = 0,
-    pad_id: int = 0,
+    settings: SearchSettings,
     device: Any = None,
-    rules: Rules = Rules(),
 ) -> list[Hypothesis]:
     """The most probable token at every step, for B sentences at once.
 
     Shape: max_len int or (B,) -> B hypotheses (score = log_prob). Finished rows keep being fed
-    ``pad_id`` until every row is done. ``rules`` (:class:`Rules`) adjust each step's scores.
+    ``settings.pad_id`` until every row is done; ``settings.rules`` adjust each step's scores.
     """
+    eos_id, pad_id, min_len, rules = (
+        settings.eos_id,
+        settings.pad_id,
+        settings.min_len,
+        settings.rules,
+    )
     lengths = _as_lengths(max_len, batch_size).to(device)
-    tokens = _start(bos_id, batch_size, device)  # (B, 1)
+    tokens = _start(settings.bos_id, batch_size, device)  # (B, 1)
     log_prob = torch.zeros(batch_size, device=device)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     ended, count = done.clone(), torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -306,22 +334,11 @@ class BeamSearch:
     oldest, ``cache.trim(n)`` drops the first n positions, which no remaining row reads.
     """
 
-    def __init__(
-        self,
-        beam: int,
-        bos_id: int,
-        eos_id: int,
-        alpha: float = 0.6,
-        penalty: str = "gnmt",
-        min_len: int = 0,
-        nbest: int = 1,
-        device: Any = None,
-        rules: Rules = Rules(),
-        early_stopping: bool = True,
-    ) -> None:
-        self.beam, self.bos_id, self.eos_id, self.device = beam, bos_id, eos_id, device
-        self.alpha, self.penalty, self.min_len, self.nbest = alpha, penalty, min_len, nbest
-        self.rules, self.early_stopping = rules, early_stopping
+    def __init__(self, settings: SearchSettings, device: Any = None) -> None:
+        s = settings
+        self.beam, self.bos_id, self.eos_id, self.device = s.beam, s.bos_id, s.eos_id, device
+        self.alpha, self.penalty, self.min_len, self.nbest = s.alpha, s.penalty, s.min_len, s.nbest
+        self.rules, self.early_stopping = s.rules, s.early_stopping
         self.steps = 0  # decoder steps run so far
         self.state: _Beams | None = None
         self.finished: dict[int, list[Hypothesis]] = {}  # by sentence id, active ones
@@ -473,19 +490,12 @@ def beam_search(
     step: StepFn,
     cache: Any,
     batch_size: int,
-    beam: int,
-    bos_id: int,
-    eos_id: int,
     max_len: int | Tensor,
-    alpha: float = 0.6,
-    penalty: str = "gnmt",
-    min_len: int = 0,
-    nbest: int = 1,
+    settings: SearchSettings,
     device: Any = None,
-    rules: Rules = Rules(),
-    early_stopping: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; returns the ``nbest`` best hypotheses of every sentence, best first.
+    """Batched beam search of k = ``settings.beam``; returns the ``settings.nbest`` best
+    hypotheses of every sentence, best first.
 
     Shape: the first step is fed (B, 1) tokens, one row per sentence (its k beams are still the
     same), and the cache must be built for those B rows; search then expands it to B·k rows with
@@ -499,9 +509,7 @@ def beam_search(
     worst of its k best finished ones (Hugging Face's heuristic). ``rules`` (:class:`Rules`)
     adjust each step's scores. A loop over :class:`BeamSearch`.
     """
-    search = BeamSearch(
-        beam, bos_id, eos_id, alpha, penalty, min_len, nbest, device, rules, early_stopping
-    )
+    search = BeamSearch(settings, device)
     ids = search.add(max_len, batch_size)
     results: dict[int, list[Hypothesis]] = {}
     while search.active:
@@ -739,20 +747,18 @@ def sample(
     step: StepFn,
     cache: Any,
     prefix: Tensor,
-    eos_id: int,
     max_len: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_len: int = 0,
-    pad_id: int = 0,
+    settings: SearchSettings,
     rng: torch.Generator | None = None,
 ) -> list[Hypothesis]:
-    """Ancestral sampling from a filtered distribution, for language models.
+    """Ancestral sampling from a filtered distribution (``settings.temperature``, ``top_k``,
+    ``top_p``), for language models.
 
     Shape: prefix (B, t0) (a prompt, BOS first) -> B hypotheses of at most ``max_len`` new
     tokens; log_prob is the model's own (unfiltered) log-probability of the sampled tokens.
     """
+    eos_id, pad_id, min_len = settings.eos_id, settings.pad_id, settings.min_len
+    temperature, top_k, top_p = settings.temperature, settings.top_k, settings.top_p
     tokens, B = prefix, prefix.size(0)
     log_prob = torch.zeros(B, device=prefix.device)
     done = torch.zeros(B, dtype=torch.bool, device=prefix.device)

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import Hypothesis, Rules, beam_search, greedy_search
+from aiayn.decode.packed import prepacked
+from aiayn.decode.search import Hypothesis, Rules, SearchSettings, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, decoding_device, force_prefix, transformer_step
 from aiayn.errors import ConfigError
 
@@ -88,17 +89,10 @@ def _decode_batch(
     step = transformer_step(model, memory)
     if forced is not None:
         step, cache = force_prefix(step, cache, forced)
-    ids = (model_cfg.bos_id, model_cfg.eos_id)
+    settings = search_settings(model_cfg, cfg)
     if k == 1:
-        hyps = greedy_search(
-            step, cache, B, *ids, max_len, cfg.min_len, model_cfg.pad_id, src.device,
-            search_rules(cfg),
-        )  # fmt: skip
-        return [[h] for h in hyps]
-    return beam_search(
-        step, cache, B, k, *ids, max_len, cfg.alpha, cfg.length_penalty, cfg.min_len,
-        cfg.nbest, src.device, search_rules(cfg), cfg.early_stopping,
-    )  # fmt: skip
+        return [[h] for h in greedy_search(step, cache, B, max_len, settings, src.device)]
+    return beam_search(step, cache, B, max_len, settings, src.device)
 
 
 def check_bad_ids(model_cfg: ModelConfig, cfg: DecodeConfig) -> None:
@@ -110,14 +104,27 @@ def check_bad_ids(model_cfg: ModelConfig, cfg: DecodeConfig) -> None:
         )
 
 
-def search_rules(cfg: DecodeConfig) -> Rules:
-    """The per-step rules of search (:class:`~aiayn.decode.search.Rules`) that ``cfg`` sets."""
-    return Rules(
+def search_settings(model_cfg: ModelConfig, cfg: DecodeConfig) -> SearchSettings:
+    """What search is told (:class:`~aiayn.decode.search.SearchSettings`): the model's special
+    ids and the choices ``cfg`` sets, its per-step rules included."""
+    rules = Rules(
         tuple(cfg.bad_ids),
         cfg.forced_eos,
         cfg.renormalize,
         cfg.repetition_penalty,
         cfg.no_repeat_ngram_size,
+    )
+    return SearchSettings(
+        model_cfg.bos_id,
+        model_cfg.eos_id,
+        model_cfg.pad_id,
+        cfg.min_len,
+        rules,
+        cfg.beam,
+        cfg.alpha,
+        cfg.length_penalty,
+        cfg.nbest,
+        cfg.early_stopping,
     )
 
 
@@ -141,6 +148,7 @@ def translate_ids(
     """
     was_training = isinstance(model, nn.Module) and model.training
     device = decoding_device(model, device)
+    decoder = prepacked(model)  # a Transformer's output projection packed once per decoding
     results: list[list[Hypothesis]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lock = threading.Lock()
@@ -149,7 +157,7 @@ def translate_ids(
         index = [todo[j] for j in batch]
         src = pad_rows([list(sources[i]) for i in index], model.cfg.pad_id, device)
         forced = _forced([prefixes[i] for i in index], device) if prefixes else None
-        for i, hyps in zip(index, _decode_batch(model, src, cfg, forced)):
+        for i, hyps in zip(index, _decode_batch(decoder, src, cfg, forced)):
             results[i] = hyps
         if progress is not None:
             with lock:

@@ -50,7 +50,7 @@ def require_moses() -> Any:
         import sacremoses
     except ImportError:
         raise ConfigError(
-            "--paper-bleu needs the Moses tokenizer: pip install 'aiayn[paper]' (sacremoses)"
+            "--paper-bleu needs the Moses tokenizer: pip install -e '.[paper]' (sacremoses)"
         ) from None
     return sacremoses
 

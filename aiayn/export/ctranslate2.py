@@ -37,7 +37,7 @@ from torch import Tensor
 
 from aiayn.errors import ConfigError, require
 from aiayn.export.exporter import QUANTIZATIONS, ExportOptions, FolderExporter
-from aiayn.kinds import TRANSLATION, check_kind
+from aiayn.kinds import check_kind, get_kind
 from aiayn.model.embeddings import SinusoidalPositionalEncoding
 from aiayn.runtime.ct2_backend import token_strings
 
@@ -199,7 +199,7 @@ class Ct2Exporter(FolderExporter):
         quantization = options.quantization or "float32"
         cfg = model.cfg
         tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
-        spec = (translation_spec if kind == TRANSLATION else lm_spec)(model, tokens)
+        spec = get_kind(kind).exporter(self.name)(model, tokens)  # translation_spec, lm_spec
         spec.validate()
         spec.optimize(quantization=quantization)
         (folder / MODEL_DIR).mkdir()

@@ -103,7 +103,8 @@ class Exporter(ABC):
                 "folder it was written from"
             )
         loaded = load_model_folder(source)  # the one loader: its checks and messages
-        self.check(loaded.model, loaded.kind, loaded.tokenizer)  # before touching the output
+        # before touching the output
+        self.check(loaded.torch_module(), loaded.kind, loaded.tokenizer)
         return meta, loaded
 
 
@@ -127,7 +128,7 @@ class FolderExporter(Exporter):
         options: ExportOptions,
     ) -> None:
         kind, tokenizer = loaded.kind, loaded.tokenizer
-        extra_keys = self.write(loaded.model, kind, tokenizer, tmp, options)
+        extra_keys = self.write(loaded.torch_module(), kind, tokenizer, tmp, options)
         tokenizer.save(tmp / "tokenizer.json")
         # the source's sections as the loader read them (renamed keys under their new names; a
         # section it did not record stays unrecorded), its provenance, what the writer says

@@ -43,7 +43,7 @@ from aiayn.errors import ConfigError
 from aiayn.export.exporter import Exporter, ExportOptions
 from aiayn.interop.marian import marian_names
 from aiayn.io import write_bytes, write_json, write_text
-from aiayn.kinds import check_kind
+from aiayn.kinds import check_kind, get_kind
 
 log = logging.getLogger(__name__)
 
@@ -274,4 +274,5 @@ class HfExporter(Exporter):
     def write_output(
         self, loaded: Any, meta: Any, source: Path, tmp: Path, out: Path, options: ExportOptions
     ) -> None:
-        write_folder(loaded.model, loaded.tokenizer, meta.config.decode, tmp, source)
+        write = get_kind(loaded.kind).exporter(self.name)  # write_folder
+        write(loaded.torch_module(), loaded.tokenizer, meta.config.decode, tmp, source)

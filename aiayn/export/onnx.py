@@ -24,7 +24,7 @@ from torch import nn
 
 from aiayn.export.exporter import ExportOptions, FolderExporter
 from aiayn.export.graphs import ClassifierGraph, DecoderStepGraph, EncoderGraph, LMStepGraph
-from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION, check_kind
+from aiayn.kinds import check_kind, get_kind
 from aiayn.runtime.onnx_backend import CLASSIFIER, DECODER, ENCODER, state_names
 
 OPSET = 17  # LayerNormalization is a single op from opset 17 on
@@ -168,13 +168,6 @@ def export_classifier(model: Any, folder: Path) -> dict[str, str]:
     return {CLASSIFIER: CLASSIFIER_FILE}
 
 
-EXPORTERS = {
-    TRANSLATION: export_translation,
-    LM: export_lm,
-    CLASSIFICATION: export_classifier,
-}
-
-
 class OnnxExporter(FolderExporter):
     """``aiayn export --format onnx``: the graphs of a translation model, a language model or a
     classifier."""
@@ -191,6 +184,5 @@ class OnnxExporter(FolderExporter):
     ) -> dict:
         """The graphs of ``model`` into ``folder``; the config.json entries that name them."""
         model.eval()
-        graphs = {TRANSLATION: export_translation, LM: export_lm, CLASSIFICATION: export_classifier}
-        files = graphs[kind](model, folder)
+        files = get_kind(kind).exporter(self.name)(model, folder)  # export_translation, …
         return {"files": files, "onnx_opset": OPSET, "torch_version": torch.__version__}

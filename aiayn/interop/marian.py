@@ -37,9 +37,11 @@ from torch import Tensor
 
 from aiayn.card import write_model_card
 from aiayn.checkpoint import save_model_dir
+from aiayn.checks import check_finite_tensors, check_ids, check_integer, check_number, check_order
 from aiayn.config import ModelConfig
-from aiayn.data.spm import SentencePieceTokenizer
+from aiayn.data.spm import SentencePieceTokenizer, load_processor
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode.config import DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.io import check_not_input, check_output_folder
 from aiayn.kinds import TRANSLATION
@@ -153,6 +155,12 @@ def model_config(hf: dict[str, Any], path: Path, unk_id: int) -> ModelConfig:
         raise ConfigError(
             f"{path}: pad_token_id {pad!r} and decoder_start_token_id {start!r} must be ids"
         )
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if hf.get(key) is not None:
+            _checked(path, check_number, key, hf[key], minimum=0, maximum=1)
+    for key in ("vocab_size", "d_model", "encoder_attention_heads", "encoder_ffn_dim"):
+        if key in hf:
+            _checked(path, check_integer, key, hf[key], minimum=1)
     try:
         return ModelConfig(
             src_vocab_size=hf["vocab_size"],
@@ -215,6 +223,7 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
         )
     if not isinstance(state, dict) or not all(isinstance(t, Tensor) for t in state.values()):
         raise CheckpointError(f"{folder}: the weights file is not a table of tensors")
+    check_finite_tensors(state, safetensors if safetensors.is_file() else pickle)
     if not any(k.startswith("model.") for k in state):  # saved from the inner MarianModel
         state = {
             (k if k in ("final_logits_bias", "lm_head.weight") else f"model.{k}"): t
@@ -310,10 +319,20 @@ def read_tokenizer(folder: Path) -> Any:
         "eos": _token_name(config.get("eos_token"), "</s>"),
         "unk": _token_name(config.get("unk_token"), "<unk>"),
     }
+    models = {}
+    for name in ("source.spm", "target.spm"):  # each checked alone: an error names its file
+        try:
+            models[name] = (folder / name).read_bytes()
+            load_processor(models[name], str(folder / name))
+        except OSError as err:
+            raise ConfigError(f"{folder / name}: cannot read it ({err.strerror or err})") from None
+        except DataError as err:
+            raise ConfigError(str(err)) from None
     try:
-        source, target = (folder / "source.spm").read_bytes(), (folder / "target.spm").read_bytes()
-        return SentencePieceTokenizer(source, target, vocab, specials, str(folder / "vocab.json"))
-    except (OSError, DataError) as err:
+        return SentencePieceTokenizer(
+            models["source.spm"], models["target.spm"], vocab, specials, str(folder / "vocab.json")
+        )
+    except DataError as err:
         raise ConfigError(str(err)) from None
 
 
@@ -383,8 +402,9 @@ _UNSUPPORTED = {
 }
 
 
-def _bad_ids(value: Any, path: Path) -> list[int]:
-    """bad_words_ids [[id], …] -> [id, …]; ConfigError for a word of several tokens."""
+def _bad_ids(value: Any, path: Path, vocab_size: int) -> list[int]:
+    """bad_words_ids [[id], …] -> [id, …]; ConfigError for a word of several tokens or an id
+    outside the vocabulary."""
     if value is None:
         return []
     if not isinstance(value, list) or not all(
@@ -393,16 +413,44 @@ def _bad_ids(value: Any, path: Path) -> list[int]:
         raise ConfigError(
             f"{path}: bad_words_ids {value!r}: only single-token bad words can be mapped"
         )
-    return sorted({w[0] for w in value})
+    ids = sorted({w[0] for w in value})
+    _checked(path, check_ids, "bad_words_ids", ids, vocab_size)
+    return ids
+
+
+def _checked(path: Path, check: Any, *args: Any, **kwargs: Any) -> None:
+    """Run one of aiayn.checks' rules; its ConfigError names ``path``."""
+    try:
+        check(*args, **kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def _check_generation(generation: dict[str, Any], path: Path) -> None:
+    """The numbers of generation_config.json by aiayn's rules (:mod:`aiayn.checks`): what
+    transformers would refuse, or aiayn refuse later, is refused at the door."""
+    for key in ("num_beams", "max_length", "max_new_tokens"):
+        if generation.get(key) is not None:
+            _checked(path, check_integer, key, generation[key], minimum=1)
+    for key in ("min_length", "min_new_tokens"):
+        if generation.get(key) is not None:
+            _checked(path, check_integer, key, generation[key], minimum=0)
+    if generation.get("length_penalty") is not None:
+        _checked(path, check_number, "length_penalty", generation["length_penalty"], minimum=0)
+    for low, high in (("min_length", "max_length"), ("min_new_tokens", "max_new_tokens")):
+        if generation.get(low) is not None and generation.get(high) is not None:
+            _checked(path, check_order, low, generation[low], high, generation[high])
 
 
 def decode_settings(generation: dict[str, Any], cfg: ModelConfig, path: Path) -> dict[str, Any]:
     """The :class:`~aiayn.decode.DecodeConfig` fields that make aiayn's search do what
     ``model.generate()`` does with ``generation`` (generation_config.json; transformers'
-    defaults where a key is absent). ConfigError naming a setting aiayn's search lacks."""
+    defaults where a key is absent). ConfigError naming the file and the setting when aiayn's
+    search lacks it or it is out of range (the folder would then be refused by every command)."""
     for key, off in _UNSUPPORTED.items():
         if generation.get(key, off) not in (off, [], {}):
             raise ConfigError(f"{path}: {key} = {generation[key]!r} cannot be mapped")
+    _check_generation(generation, path)
     eos = generation.get("eos_token_id", cfg.eos_id)
     if eos not in (cfg.eos_id, [cfg.eos_id]):
         raise ConfigError(f"{path}: eos_token_id {eos!r} is not the model's ({cfg.eos_id})")
@@ -413,26 +461,36 @@ def decode_settings(generation: dict[str, Any], cfg: ModelConfig, path: Path) ->
     if early not in (True, False):
         raise ConfigError(f"{path}: early_stopping = {early!r} cannot be mapped")
     alpha = float(generation.get("length_penalty", 1.0))
-    if alpha < 0:
-        raise ConfigError(f"{path}: length_penalty {alpha} < 0 cannot be mapped")
     # max_length counts the start token; without it or max_new_tokens transformers (4.x and 5.x)
     # generates 20 new tokens. (4.x also reads an explicit max_length of 20 so; 5.x, 19.)
     new, length = generation.get("max_new_tokens"), generation.get("max_length")
     cap = int(new) if new is not None else int(length) - 1 if length is not None else 20
     min_new = generation.get("min_new_tokens")
     floor = int(min_new) if min_new is not None else int(generation.get("min_length", 0)) - 1
-    return {
+    cap = max(1, min(cap, cfg.max_len))
+    if floor > cap:
+        which = "min_new_tokens" if min_new is not None else "min_length"
+        raise ConfigError(
+            f"{path}: {which} asks for {floor} new tokens, more than the output cap of {cap} "
+            "(max_length / max_new_tokens, at most the model's max_position_embeddings)"
+        )
+    settings: dict[str, Any] = {
         "beam": int(generation.get("num_beams", 1)),
         "alpha": alpha,
         "length_penalty": "power",
         "early_stopping": bool(early),
         "max_len_a": 0.0,
-        "max_len_b": max(1, min(cap, cfg.max_len)),
+        "max_len_b": cap,
         "min_len": max(0, floor),
-        "bad_ids": _bad_ids(generation.get("bad_words_ids"), path),
+        "bad_ids": _bad_ids(generation.get("bad_words_ids"), path, cfg.tgt_vocab_size),
         "renormalize": bool(generation.get("renormalize_logits", False)),
         "forced_eos": forced is not None,
     }
+    try:  # every rule of DecodeConfig, as each command that opens the folder applies it
+        DecodeConfig(**{**settings, "bad_ids": tuple(settings["bad_ids"])})
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return settings
 
 
 def read_generation(folder: Path, hf: dict[str, Any]) -> tuple[dict[str, Any], Path]:

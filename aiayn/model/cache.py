@@ -20,13 +20,13 @@ rows that joined first have left, :meth:`DecoderCache.trim` drops the positions 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from aiayn.model.masks import causal_mask
-from aiayn.model.packed import PackedLinear
 
 
 @dataclass
@@ -167,9 +167,10 @@ class DecoderCache:
     memory_mask: Tensor | None = None  # (B, 1, 1, S), True = real source token
     length: int = 0  # tokens decoded so far (the position of the next token)
     beam: int = 1  # decoder rows per source row (memory, cross K/V, memory_mask)
-    # The output projection packed for this decoding (aiayn/model/packed.py), made at the first
-    # step; None until then, and where no packed linear can run.
-    output: PackedLinear | None = field(default=None, repr=False)
+    # The output projection as this decoding computes it (the same values: a copy packed for
+    # oneDNN, aiayn/decode/packed.py), given by the decoding at its first step; None: the
+    # model's own layer.
+    output: Callable[[Tensor], Tensor] | None = field(default=None, repr=False)
     # (N,) per decoder row, on the device: the length at which the row joined (extend); None
     # while every row started at 0
     offsets: Tensor | None = None

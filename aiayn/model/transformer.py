@@ -10,6 +10,7 @@ adds the embeddings, positional encodings, masks from ``pad_id`` and the output 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -25,7 +26,6 @@ from aiayn.model.embeddings import (
 )
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import as_attention_mask, causal_mask, padding_mask, target_mask
-from aiayn.model.packed import PackedLinear, pack, pack_kept
 
 
 class Encoder(nn.Module):
@@ -125,10 +125,6 @@ class Transformer(nn.Module):
         init_weights(self)
         if cfg.share_embeddings or cfg.tie_output:
             self.generator.weight = tgt_token.weight
-        # True for models opened for inference (aiayn.runtime.torch_backend): the output
-        # projection's packed copy (aiayn/model/packed.py) is kept from one decoding to the next
-        # while the weights stay as they are, instead of made for each one.
-        self.keep_packed_output = False
         # cfg.output_vocab = "targets": the tokens the softmax ranges over, (V,) bool. All True
         # until the trainer marks those of the training targets; saved and loaded with the weights.
         self.register_buffer(
@@ -177,9 +173,9 @@ class Transformer(nn.Module):
 
         With ``cache`` (from :meth:`init_cache`), ``tgt`` holds only the tokens after the
         ``cache.length`` already decoded; the cache is extended in place. ``memory`` may then be
-        None once the cache holds the cross-attention keys/values (:meth:`project_memory`).
+        None once the cache holds the cross-attention keys/values (:meth:`project_memory`). The
+        output projection is the cache's ``output`` when the decoding gave it one.
         """
-        first = cache is not None and cache.length == 0
         if cache is not None:
             memory_mask = cache.memory_mask
             self_mask = (
@@ -196,18 +192,13 @@ class Transformer(nn.Module):
             cache.length += tgt.size(1)
         if features_only:
             return h  # (B, T, D)
-        if cache is not None and first and cache.output is None:
-            # once per decoding (unless the cache came with one), in its precision, or once while
-            # the weights stay as they are (keep_packed_output); the bias is final_logits_bias
-            packing = pack_kept if self.keep_packed_output else pack
-            cache.output = packing(self.generator.weight, self.generator.bias)
         return self.logits(h, cache.output if cache is not None else None)  # (B, T, V)
 
-    def logits(self, h: Tensor, packed: PackedLinear | None = None) -> Tensor:
-        """The pre-softmax linear transformation (§3.4), through ``packed`` (a decoding's
-        prepacked copy of it: same values, faster on CPU) when given; tokens outside
+    def logits(self, h: Tensor, output: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """The pre-softmax linear transformation (§3.4), or ``output`` when given (the same
+        layer as a decoding computes it: aiayn/decode/packed.py); tokens outside
         ``output_mask`` at -inf. Shape: h (B, T, D) -> (B, T, V)."""
-        logits = self.generator(h) if packed is None else packed(h)
+        logits = self.generator(h) if output is None else output(h)
         if self.output_mask is not None:
             logits = logits.masked_fill(~self.output_mask, float("-inf"))
         return logits
@@ -219,11 +210,6 @@ class Transformer(nn.Module):
         (N, T, V) float32.
         """
         return torch.log_softmax(self.decode(tgt, memory, cache=cache).float(), dim=-1)
-
-    def log_probs_of(self, h: Tensor, cache: DecoderCache) -> Tensor:
-        """:meth:`log_probs` from the decoder's last hidden states of a step run elsewhere (a
-        compiled step, :mod:`aiayn.model.compiled`). Shape: h (N, T, D) -> (N, T, V) float32."""
-        return torch.log_softmax(self.logits(h, cache.output).float(), dim=-1)
 
     def forward(
         self,

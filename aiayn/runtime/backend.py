@@ -7,7 +7,9 @@ PyTorch (:mod:`aiayn.runtime.torch_backend`), ONNX Runtime (:mod:`aiayn.runtime.
 and CTranslate2 (:mod:`aiayn.runtime.ct2_backend`) implement it. A backend declares what it can
 do in ``capabilities``; the caller asks (:func:`require`), never checks a type or a format
 string, and a missing capability is one line that names the backend (:class:`Unsupported`: exit 2
-on the command line, 404 or 422 from the server).
+on the command line, 404 or 422 from the server). A capability beyond the protocol comes with
+its methods: "steps" with :class:`Steps`, "attention" with :class:`Attention`, "module" with
+:class:`Module`.
 """
 
 from __future__ import annotations
@@ -16,14 +18,25 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.decode.align import AttentionMaps
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import ConfigError
 
-__all__ = ["CAPABILITIES", "ENGINES", "Backend", "Steps", "Unsupported", "require", "refuse"]
+__all__ = [
+    "CAPABILITIES",
+    "ENGINES",
+    "Attention",
+    "Backend",
+    "Module",
+    "Steps",
+    "Unsupported",
+    "require",
+    "refuse",
+]
 
 #: the runtimes, by the name `--engine` and config.json "format" give them ("torch": a model folder)
 ENGINES = ("torch", "onnx", "ctranslate2")
@@ -39,6 +52,7 @@ CAPABILITIES = {
     "generate": "language models",
     "classify": "classifiers",
     "steps": "step-level batching (requests join a running translation between decoder steps)",
+    "module": "PyTorch module (what `aiayn export` converts)",
 }
 
 
@@ -95,6 +109,26 @@ class Steps(Protocol):
 
     def running_translation(self, cfg: DecodeConfig) -> Any:
         """A new, empty running translation with the settings ``cfg``."""
+        ...
+
+
+class Attention(Protocol):
+    """What a backend that declares "attention" has: the attention weights of its model reading
+    a sentence pair (the attention view, alignments)."""
+
+    cfg: ModelConfig
+
+    def attention(self, src_ids: Sequence[int], tgt_ids: Sequence[int]) -> AttentionMaps:
+        """Every layer's attention weights of the model reading ``tgt_ids`` (BOS first, teacher
+        forced) after the source ``src_ids`` (:func:`~aiayn.decode.align.record_attention`)."""
+        ...
+
+
+class Module(Protocol):
+    """What a backend that declares "module" has: the PyTorch module it runs."""
+
+    def torch_module(self) -> nn.Module:
+        """The model (an Ensemble of them for several folders), in eval mode."""
         ...
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,50 @@ def check_vocabulary(model_dir: Path, tokens: list[str], cfg: Any) -> None:
             )
 
 
+def _length_penalty(cfg: DecodeConfig) -> float:
+    """CTranslate2's length penalty exponent lp (it ranks by log P / |Y|^lp) for ``cfg``'s
+    (GNMT approximated by |Y|^α: warned)."""
+    return {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0, "power": cfg.alpha}[cfg.length_penalty]
+
+
+def _warn_unmapped(cfg: DecodeConfig) -> None:
+    """A warning for each setting of ``cfg`` that CTranslate2 can only approximate."""
+    if cfg.length_penalty == "gnmt":
+        log.warning(
+            "ctranslate2 has no GNMT length penalty; ranking by log P / |Y|^%s instead "
+            "(--length-penalty average ranks exactly as aiayn does)",
+            cfg.alpha,
+        )
+    if cfg.beam > 1 and not cfg.early_stopping:
+        log.warning(
+            "ctranslate2 has no early_stopping=false (Hugging Face's heuristic); a sentence "
+            "stops at %d finished hypotheses instead",
+            cfg.beam,
+        )
+    if cfg.beam > 1 and cfg.forced_eos:
+        log.warning(
+            "ctranslate2 has no forced EOS at the length cap; beams cut there are ranked "
+            "with their last token's log-probability, not EOS at 0, and another may win"
+        )
+
+
+def use_mkl_on_avx2_amd(cpuinfo: str = "/proc/cpuinfo") -> None:
+    """On an AMD CPU without AVX-512, have CTranslate2 use MKL (``CT2_USE_MKL=1``) unless the
+    user chose: its default there (oneDNN's int8 kernels) saturates, and an int8 model then
+    decodes far from its float32 self (5 of 16 test sentences the same where MKL gives 14 or
+    more: tests/test_export.py, on a 2-core AMD EPYC with AVX2 only, 2026-11-29). Machines with
+    AVX-512 keep CTranslate2's own choice (the engine figures in docs/ were measured so)."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return
+    if "AuthenticAMD" in text and " avx2" in text and " avx512bw" not in text:
+        os.environ.setdefault("CT2_USE_MKL", "1")
+
+
+use_mkl_on_avx2_amd()  # when this module loads: before ctranslate2 does, wherever it is imported
+
+
 class Ct2Translator:
     """A translation model exported by ``aiayn export --format ctranslate2``, decoded
     by CTranslate2's own beam search (see :meth:`translate_ids` for how settings map)."""
@@ -142,64 +187,24 @@ class Ct2Translator:
         own, which penalise the generated tokens' scores before its softmax, where aiayn
         penalises log-probabilities with BOS counted (Hugging Face's way): outputs may differ.
         """
-        if cfg.length_penalty == "gnmt":
-            log.warning(
-                "ctranslate2 has no GNMT length penalty; ranking by log P / |Y|^%s instead "
-                "(--length-penalty average ranks exactly as aiayn does)",
-                cfg.alpha,
-            )
-        if cfg.beam > 1 and not cfg.early_stopping:
-            log.warning(
-                "ctranslate2 has no early_stopping=false (Hugging Face's heuristic); a sentence "
-                "stops at %d finished hypotheses instead",
-                cfg.beam,
-            )
-        if cfg.beam > 1 and cfg.forced_eos:
-            log.warning(
-                "ctranslate2 has no forced EOS at the length cap; beams cut there are ranked "
-                "with their last token's log-probability, not EOS at 0, and another may win"
-            )
-        lp = {"gnmt": cfg.alpha, "average": 1.0, "none": 0.0, "power": cfg.alpha}[
-            cfg.length_penalty
-        ]
-        suppress = [[self.tokens[i]] for i in cfg.bad_ids] or None
+        _warn_unmapped(cfg)
+        lp = _length_penalty(cfg)
         todo = [i for i, s in enumerate(sources) if s]
         prefix = {i: [self.tokens[t] for t in prefixes[i]] if prefixes else [] for i in todo}
-        caps = max_output_lengths(
-            torch.tensor([len(sources[i]) for i in todo]),
-            cfg,
-            self.cfg.max_len,
-            torch.tensor([len(prefix[i]) for i in todo]),
-        ).tolist()
-        groups: dict[int, list[int]] = {}
-        for i, cap in zip(todo, caps):
-            groups.setdefault(cap, []).append(i)
-        pending = []
-        for cap, index in groups.items():
-            batch = [[self.tokens[t] for t in sources[i]] for i in index]
-            pending.append(
-                (
-                    index,
-                    self.translator.translate_batch(
-                        batch,
-                        [prefix[i] or None for i in index] if prefixes else None,
-                        max_batch_size=cfg.max_tokens,
-                        batch_type="tokens",
-                        asynchronous=True,
-                        beam_size=cfg.beam,
-                        num_hypotheses=cfg.nbest,
-                        length_penalty=lp,
-                        return_end_token=True,
-                        return_scores=True,
-                        max_input_length=0,
-                        max_decoding_length=cap,
-                        min_decoding_length=cfg.min_len,
-                        suppress_sequences=suppress,
-                        repetition_penalty=cfg.repetition_penalty,
-                        no_repeat_ngram_size=cfg.no_repeat_ngram_size,
-                    ),
-                )
+        groups = self._by_cap(todo, sources, prefix, cfg)
+        pending = [
+            (
+                index,
+                self._submit(
+                    [[self.tokens[t] for t in sources[i]] for i in index],
+                    [prefix[i] or None for i in index] if prefixes else None,
+                    cap,
+                    cfg,
+                    lp,
+                ),
             )
+            for cap, index in groups.items()
+        ]
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for (index, futures), cap in zip(pending, groups):
             for i, future in zip(index, futures):
@@ -210,6 +215,55 @@ class Ct2Translator:
             if progress is not None:
                 progress(len(index))
         return results
+
+    def _by_cap(
+        self,
+        todo: list[int],
+        sources: Sequence[list[int]],
+        prefix: dict[int, list[str]],
+        cfg: DecodeConfig,
+    ) -> dict[int, list[int]]:
+        """The sources ``todo`` grouped by their output cap, a·src_len + b (at least a prefix's
+        length + b): cap -> indices, one ``translate_batch`` call each."""
+        caps = max_output_lengths(
+            torch.tensor([len(sources[i]) for i in todo]),
+            cfg,
+            self.cfg.max_len,
+            torch.tensor([len(prefix[i]) for i in todo]),
+        ).tolist()
+        groups: dict[int, list[int]] = {}
+        for i, cap in zip(todo, caps):
+            groups.setdefault(cap, []).append(i)
+        return groups
+
+    def _submit(
+        self,
+        batch: list[list[str]],
+        prefixes: list[list[str] | None] | None,
+        cap: int,
+        cfg: DecodeConfig,
+        lp: float,
+    ) -> list[Any]:
+        """``translate_batch`` of source token strings whose outputs share the cap ``cap``,
+        asynchronously: one future per source."""
+        return self.translator.translate_batch(
+            batch,
+            prefixes,
+            max_batch_size=cfg.max_tokens,
+            batch_type="tokens",
+            asynchronous=True,
+            beam_size=cfg.beam,
+            num_hypotheses=cfg.nbest,
+            length_penalty=lp,
+            return_end_token=True,
+            return_scores=True,
+            max_input_length=0,
+            max_decoding_length=cap,
+            min_decoding_length=cfg.min_len,
+            suppress_sequences=[[self.tokens[i]] for i in cfg.bad_ids] or None,
+            repetition_penalty=cfg.repetition_penalty,
+            no_repeat_ngram_size=cfg.no_repeat_ngram_size,
+        )
 
     def _hypothesis(self, tokens: list[str], score: float, lp: float, force: bool) -> Hypothesis:
         """``force``: a hypothesis that reached the cap, whose last token becomes EOS (what

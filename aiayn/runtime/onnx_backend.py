@@ -39,7 +39,7 @@ from aiayn.decode.generate import generate
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
 from aiayn.errors import CheckpointError, require
-from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION
+from aiayn.kinds import get_kind
 from aiayn.model.cache import DecoderCache, LayerCache
 
 log = logging.getLogger(__name__)
@@ -288,10 +288,10 @@ def open_onnx(
     """The ONNX model of ``kind`` in ``folder`` (its graphs named by config.json "files"), its
     sessions on ``threads`` intra-op threads; CheckpointError when a graph is missing or does not
     fit config.json."""
-    engines = {TRANSLATION: OnnxTranslator, LM: OnnxLM, CLASSIFICATION: OnnxClassifier}
-    if kind not in engines:
+    engine = get_kind(kind).engine("onnx")  # OnnxTranslator, OnnxLM, OnnxClassifier
+    if engine is None:
         raise CheckpointError(f"{folder}: no ONNX engine for a '{kind}' model")
     try:
-        return engines[kind](folder, cfg, files, threads)
+        return engine(folder, cfg, files, threads)
     except KeyError as err:
         raise CheckpointError(f"{folder / 'config.json'}: 'files' lacks {err}") from None

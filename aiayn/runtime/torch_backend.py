@@ -17,16 +17,18 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.data.registry import cache_dir
+from aiayn.decode.align import AttentionMaps, record_attention
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.continuous import RunningTranslation
+from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.generate import generate
+from aiayn.decode.packed import prepacked, state_of
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
-from aiayn.errors import ConfigError
+from aiayn.errors import AiaynError, ConfigError
 from aiayn.model import Transformer
-from aiayn.model.compiled import CompiledDecoding, compiled_step
-from aiayn.model.packed import state_of
+from aiayn.runtime.compiled import CompiledDecoding, compiled_step
 
 __all__ = ["TorchBackend"]
 
@@ -47,14 +49,15 @@ class TorchBackend:
             "generate",
             "classify",
             "steps",
+            "module",
         }
     )
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model = model
-        for m in model.modules():  # an Ensemble's members too
-            if isinstance(m, Transformer):
-                m.keep_packed_output = True  # its weights stay as loaded (aiayn/model/packed.py)
+        # what translations run: its output projections packed and kept across decodings while
+        # the weights stay as they are (aiayn/decode/packed.py)
+        self.decoder = prepacked(model, keep=True)
         self.device = device
         self.cfg: ModelConfig = model.cfg  # type: ignore[assignment]
         # (threads, workers) -> (the weights' states it was compiled from, the compiled model)
@@ -64,6 +67,17 @@ class TorchBackend:
     def parameters(self) -> list[Tensor]:
         return list(self.model.parameters())
 
+    def torch_module(self) -> nn.Module:
+        return self.model
+
+    def attention(self, src_ids: Sequence[int], tgt_ids: Sequence[int]) -> AttentionMaps:
+        """The attention weights of the model reading ``tgt_ids`` after ``src_ids``; an
+        ensemble's first model reads them (an ensemble translates as one model)."""
+        reader = self.model.models[0] if isinstance(self.model, Ensemble) else self.model
+        if not isinstance(reader, Transformer):
+            raise AiaynError(f"attention weights need a Transformer, got {type(reader).__name__}")
+        return record_attention(reader, src_ids, list(tgt_ids))
+
     def translate_ids(
         self,
         sources: Sequence[list[int]],
@@ -71,8 +85,8 @@ class TorchBackend:
         progress: Callable[[int], None] | None = None,
         prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
-        model = self.compiled(cfg) if cfg.compile else self.model
-        return translate_ids(model, sources, cfg, progress, None, prefixes)  # type: ignore[arg-type]
+        model = self.compiled(cfg) if cfg.compile else self.decoder
+        return translate_ids(model, sources, cfg, progress, None, prefixes)
 
     def compiled(self, cfg: DecodeConfig) -> CompiledDecoding:
         """The model with its decoder step compiled (``decode.compile``) for ``cfg.workers``
@@ -98,7 +112,7 @@ class TorchBackend:
     def running_translation(self, cfg: DecodeConfig) -> RunningTranslation:
         """A translation that sentences join between decoder steps (a Transformer or an
         Ensemble of them)."""
-        return RunningTranslation(self.model, cfg, self.device)  # type: ignore[arg-type]
+        return RunningTranslation(self.decoder, cfg, self.device)
 
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]

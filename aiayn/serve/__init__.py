@@ -9,24 +9,10 @@ FastAPI: :mod:`aiayn.serve.app` puts together ``schemas`` (request bodies and th
 docs/serving.md is the guide.
 """
 
-from aiayn.errors import ConfigError
+from aiayn.serve.extra import require_extra
 from aiayn.serve.limits import Limits
 
 __all__ = ["Limits", "create_app", "require_extra"]
-
-
-def require_extra() -> None:
-    """ConfigError (one line) when FastAPI, uvicorn or fastapi-offline (the API page's assets)
-    is missing."""
-    try:
-        import fastapi  # noqa: F401
-        import fastapi_offline  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as err:
-        raise ConfigError(
-            f"aiayn serve needs the 'serve' extra ({err.name} is missing): "
-            "pip install 'aiayn[serve]'"
-        ) from None
 
 
 def create_app(*args, **kwargs):

@@ -148,7 +148,7 @@ class DynamicBatcher:
         or, made with ``thread=False``, on the caller's. `aiayn serve` runs it on the process's
         main thread: torch's OpenMP threads start a parallel region there several times faster
         than from any other thread (2 threads, a 64 × 256 by 256 × 256 product: 28 µs on the
-        main thread, 88 µs on another, 50 µs with 1 thread; docs/serving.md)."""
+        main thread, 88 µs on another, 50 µs with 1 thread; docs/design/serving.md)."""
         self._run_hook(self.hooks.on_start)
         while True:
             work = self._next_round()

@@ -17,8 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
-from aiayn.serve.queue import QueueFull, Stopping, TooLarge
-from aiayn.serve.service import RequestError
+from aiayn.serve.queue import QueueFull, RequestError, Stopping, TooLarge
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiayn.serve.stepping import Running
 
-__all__ = ["BatchResult", "QueueFull", "Request", "RequestQueue", "Stopping", "TooLarge"]
+__all__ = [
+    "BatchResult",
+    "QueueFull",
+    "Request",
+    "RequestError",
+    "RequestQueue",
+    "Stopping",
+    "TooLarge",
+]
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status`` and a one-line reason."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
 
 
 class Stopping(Exception):

@@ -20,9 +20,9 @@ from aiayn.decode import DecodeConfig
 from aiayn.errors import AiaynError
 from aiayn.serve.errors import one_line
 from aiayn.serve.limits import Limits
-from aiayn.serve.queue import BatchResult
+from aiayn.serve.queue import BatchResult, RequestError
 from aiayn.serve.schemas import AttentionBody, ClassifyBody, GenerateBody, TranslateBody
-from aiayn.serve.service import GenerationStopped, ModelService, RequestError
+from aiayn.serve.service import GenerationStopped, ModelService
 
 __all__ = ["add_routes"]
 

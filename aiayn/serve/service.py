@@ -34,6 +34,7 @@ from aiayn.runtime import Unsupported, require
 from aiayn.runtime.backend import Steps
 from aiayn.serve.batching import BatchResult, DynamicBatcher, WorkerHooks
 from aiayn.serve.limits import Limits
+from aiayn.serve.queue import RequestError
 from aiayn.serve.stepping import Stepper
 from aiayn.threads import DEFAULT_THREADS, LoadFollower, user_threads
 from aiayn.viz.attention import attention_of_translation, token_labels
@@ -41,14 +42,6 @@ from aiayn.viz.attention import attention_of_translation, token_labels
 log = logging.getLogger(__name__)
 
 __all__ = ["RequestError", "ModelService"]
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` and a one-line reason."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
 
 
 class GenerationStopped(Exception):
@@ -216,12 +209,10 @@ class ModelService:
         self._check_prefixes([text], None if prefix is None else [prefix])
         if rank > decode.beam:
             raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
-        # The one place serve reaches into ModelFolder.model: attention weights (to become a
-        # backend capability, issue #58).
-        model, tokenizer = self.folder.model, self.folder.tokenizer
+        backend, tokenizer = self.folder.backend, self.folder.tokenizer
         return self.batcher.call(
             lambda: attention_of_translation(
-                model, tokenizer, text, decode=decode, rank=rank, prefix=prefix
+                backend, tokenizer, text, decode=decode, rank=rank, prefix=prefix
             ).to_dict()
         )
 

@@ -59,6 +59,15 @@ class Progress:
     skipped: int = 0  # all updates skipped so far
     warmup_wall: float | None = None  # wall-clock when the warm-up ended (schedule_clock = "time")
 
+    def new_best(self, value: float, lower_is_better: bool) -> bool:
+        """Count a validation's ``value`` of train.best_metric: True when it is a new best."""
+        best = self.best
+        if best is None or (value < best if lower_is_better else value > best):
+            self.best, self.bad_valid = value, 0
+            return True
+        self.bad_valid += 1
+        return False
+
 
 def rng_state() -> dict[str, Any]:
     """This process's global RNG states: torch (and CUDA once used), Python, numpy."""

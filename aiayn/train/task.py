@@ -1,15 +1,20 @@
 """Tasks: what the one training loop needs to know about a model kind.
 
-The trainer (:mod:`aiayn.train.trainer`) owns optimisation, precision, processes, checkpoints and
-logging. A :class:`Task` owns the data and the model kind: it loads and tokenises the data,
-builds the model, cuts each epoch into token-bounded batches, turns a batch into a summed loss
-and token counts, and computes expensive validation metrics (BLEU for translation).
+The trainer owns optimisation, logging and validation (:mod:`aiayn.train.trainer`), the
+process's set-up: precision, threads, devices (:mod:`aiayn.train.setup`), and checkpoints
+(:mod:`aiayn.train.state`). A :class:`Task` owns the data and the model kind: it loads and
+tokenises the data, builds the model, cuts each epoch into token-bounded batches, turns a batch
+into a summed loss and token counts, and computes expensive validation metrics (BLEU for
+translation).
 
 Each model kind has one name (``data.kind`` in a recipe, ``kind`` in a model folder's
 config.json), one Task class and one model class, declared together in :mod:`aiayn.kinds`, which
 names the Task class by its dotted path: :func:`build_task` imports it when a run starts. This
 module never imports the Task modules, so no import cycle is possible. Adding a kind is one new
-Task module and one entry in :data:`aiayn.kinds.KINDS`.
+Task module and one entry in :data:`aiayn.kinds.KINDS` (or :func:`aiayn.kinds.register_kind`):
+the entry names the data source the loaders read, the settings the config checks allow, the
+routes the server answers and the formats that export it, so that no other module changes
+(``tests/test_toy_kind.py`` adds a kind from outside aiayn, trains, loads and serves it).
 """
 
 from __future__ import annotations

@@ -172,13 +172,9 @@ class Trainer:
             self._interval = _Interval()
             self.session_start = time.perf_counter()
             self._synced_wall = self.progress.wall
-            # The time limit is checked after updates; at the start only the saved wall-clock
-            # counts (the same on every process), so resuming a run that used up max_time trains
-            # no more.
-            reason = self._limit_reached(check_time=False)
-            train = self.train_cfg
-            if reason is None and train.max_time and self.progress.wall >= train.max_time:
-                reason = "max_time"
+            # At the start the clock reads the saved wall-clock (the same on every process), so
+            # resuming a run that used up max_time trains no more.
+            reason = self._limit_reached()
             try:
                 while reason is None:
                     reason = self._run_epoch()
@@ -320,7 +316,7 @@ class Trainer:
     def _wall(self) -> float:
         return self.progress.wall + time.perf_counter() - self.session_start
 
-    def _limit_reached(self, check_time: bool = True) -> str | None:
+    def _limit_reached(self) -> str | None:
         progress, train = self.progress, self.train_cfg
         if train.max_steps and progress.step >= train.max_steps:
             return "max_steps"
@@ -329,7 +325,7 @@ class Trainer:
         )
         if train.max_epochs and completed >= train.max_epochs:
             return "max_epochs"
-        if check_time and train.max_time and self._synced_wall >= train.max_time:
+        if train.max_time and self._synced_wall >= train.max_time:
             return "max_time"
         return None
 
@@ -380,16 +376,11 @@ class Trainer:
         value = metrics.get(train.best_metric)
         if value is None:
             return None
-        better = progress.best is None or (
-            value < progress.best if train.best_metric == "valid_loss" else value > progress.best
-        )
-        if better:
-            progress.best, progress.bad_valid = value, 0
+        if progress.new_best(value, lower_is_better=train.best_metric == "valid_loss"):
             if self.dist.is_main:
                 meta, kind = self.meta, self.task.kind
                 self.state.save_best(self.folder.best, value, kind, self.tokenizer_json, meta)
             return None
-        progress.bad_valid += 1
         if train.patience and progress.bad_valid >= train.patience:
             log.info(
                 "early stopping: %s has not improved for %d validations (best %.4f)",

@@ -1,7 +1,7 @@
 """Plots that show what the Transformer computes: positional encodings (§3.5), attention maps
 (§3.2, Figures 3–5 of the paper), and learning curves of a training run.
 
-matplotlib is an optional dependency (``pip install 'aiayn[plot]'``): it is imported only when a
+matplotlib is an optional dependency (``pip install -e '.[plot]'``): it is imported only when a
 figure is drawn, with the non-interactive Agg backend, and a clear :class:`AiaynError` when it is
 missing. Each ``plot_*`` function returns a ``matplotlib.figure.Figure``; :func:`save_figure`
 writes it as a PNG whose ``Description`` text chunk lists the panel titles.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.errors import AiaynError
-from aiayn.io import atomic_path
+from aiayn.errors import AiaynError, OutputError
+from aiayn.io import atomic_path, disk_full
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -29,7 +29,7 @@ def pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise AiaynError(
-            "plotting needs matplotlib: pip install 'aiayn[plot]' (or pip install matplotlib)"
+            "plotting needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -59,6 +59,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
                 metadata={"Software": "aiayn", "Description": titles},
             )
     except OSError as err:
+        if disk_full(err):
+            raise OutputError(f"disk full while writing {path}") from None
         raise AiaynError(f"{path}: cannot write the figure ({err.strerror or err})") from None
     finally:
         pyplot().close(fig)

@@ -15,24 +15,22 @@ import dataclasses
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from torch import Tensor
 
-from aiayn.config import ModelConfig
-from aiayn.decode import DecodeConfig, Ensemble, translate_ids
-from aiayn.decode.align import AttentionMaps, record_attention
+from aiayn.decode import DecodeConfig
+from aiayn.decode.align import AttentionMaps
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import AiaynError
 from aiayn.folder import load_model_folder
 from aiayn.kinds import TRANSLATION
-from aiayn.model import Transformer
+from aiayn.runtime.backend import Attention, Backend, require
 from aiayn.viz import pyplot
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from aiayn.decode import Ensemble
 
 # kind -> (panel title prefix, which token list labels the queries, which labels the keys)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -210,7 +208,7 @@ def character_spans(tokenizer, ids: Sequence[int], longest: int = 8) -> list[lis
 
 
 def attention_of_translation(
-    model: Transformer | Ensemble,
+    backend: Backend,
     tokenizer,
     text: str,
     beam: int | None = None,
@@ -218,9 +216,10 @@ def attention_of_translation(
     rank: int = 1,
     prefix: str | None = None,
 ) -> TranslationAttention:
-    """Translate ``text`` with :func:`aiayn.decode.translate_ids`, then record the attention of the
-    model re-reading its own output (teacher forcing over BOS + the produced tokens): the same
-    weights the search computed step by step.
+    """Translate ``text`` with ``backend`` (one that declares "attention": the torch backend of
+    a translation folder), then record the attention of the model re-reading its own output
+    (teacher forcing over BOS + the produced tokens): the same weights the search computed step
+    by step.
 
     ``decode`` (a :class:`~aiayn.decode.DecodeConfig`, default: its defaults, the paper's beam
     search) sets the search; ``beam`` overrides its beam size (1: greedy). ``rank`` picks the
@@ -228,32 +227,29 @@ def attention_of_translation(
     (:func:`~aiayn.decode.step.force_prefix`). An :class:`~aiayn.decode.Ensemble` translates
     as one model; the weights shown are then those of its first model reading that translation.
     """
+    require(backend, "attention")
     decode = decode or DecodeConfig()
     if beam is not None:
         decode = dataclasses.replace(decode, beam=beam, nbest=min(decode.nbest, beam))
     if not 1 <= rank <= decode.beam:
         raise AiaynError(f"rank must be between 1 and the beam size ({decode.beam}), got {rank}")
     decode = dataclasses.replace(decode, nbest=max(decode.nbest, rank))
-    cfg = model.cfg
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"{type(model).__name__} has no ModelConfig: not a translation model")
+    cfg = backend.cfg
     (src,) = encode_sources(tokenizer, [text], cfg.max_len)
     if not src:
         raise AiaynError("--text is empty: give a sentence to translate")
-    forced = [tokenizer.encode(prefix)] if prefix and prefix.strip() else None
-    hyps = translate_ids(model, [src], decode, prefixes=forced)[0]  # the sentence's n-best
+    forced = [tokenizer.encode_prefix(prefix)] if prefix and prefix.strip() else None
+    hyps = backend.translate_ids([src], decode, prefixes=forced)[0]  # the sentence's n-best
     chosen = hyps[min(rank, len(hyps)) - 1]
     # The decoder inputs the search fed: BOS and every token but one cut at the length cap (the
     # last token of an unfinished hypothesis was produced, never read).
     fed = chosen.tokens if chosen.finished else chosen.tokens[:-1]
     tgt = [cfg.bos_id] + fed
-    reader = model.models[0] if isinstance(model, Ensemble) else model
-    assert isinstance(reader, Transformer)  # an ensemble's members are Transformers
     return TranslationAttention(
         tokenizer.decode(chosen.tokens),
         token_labels(tokenizer, src),
         token_labels(tokenizer, tgt),
-        record_attention(reader, src, tgt),
+        cast(Attention, backend).attention(src, tgt),
         chosen.score,
         character_spans(tokenizer, src),
         character_spans(tokenizer, tgt),
@@ -264,5 +260,4 @@ def attention_of_model_dir(model_dir, text: str, beam: int | None = None) -> Tra
     """:func:`attention_of_translation` for a model folder (config.json, weights, tokenizer.json)."""
     # An exported folder has no PyTorch weights: engine="torch" refuses it with one line.
     folder = load_model_folder(model_dir, expect_kind=TRANSLATION, engine="torch")
-    assert isinstance(folder.model, Transformer)  # one translation folder
-    return attention_of_translation(folder.model, folder.tokenizer, text, beam)
+    return attention_of_translation(folder.backend, folder.tokenizer, text, beam)

@@ -11,11 +11,14 @@ through MKL on a 2-core AMD EPYC (AVX-512), and 67 ms against 97 ms at N = 1000;
 identical (docs/decoding.md). Under bf16 autocast the packed weight is bf16, which also saves
 autocast's cast of the whole (V, D) weight at every step.
 
-A packed weight is a copy: it is made for one decoding call (:class:`~aiayn.model.DecoderCache`
-holds it) and never outlives the weights it was made from. Models opened for inference
-(:mod:`aiayn.runtime.torch_backend`) keep theirs across decodings instead (:func:`pack_kept`):
-packing the demo model's (8000, 128) weight takes ~3 ms, and one-sentence translations ran
-1.045× as fast with 1 thread, 1.012× with 2 (docs/experiments/decoding_speed.md).
+The model knows nothing of this: a decoding gives its cache the packed copy
+(:class:`Prepacked`, at the first step; :func:`prepacked` wraps a Transformer or an ensemble's
+members), and the model uses the cache's ``output`` in place of its own layer. A packed weight is
+a copy, made for one decoding call, that never outlives the weights it was made from. The torch
+backend (:mod:`aiayn.runtime.torch_backend`) keeps its models' packed copies across decodings
+instead (``keep``, :func:`pack_kept`): packing the demo model's (8000, 128) weight takes ~3 ms,
+and one-sentence translations ran 1.045× as fast with 1 thread, 1.012× with 2
+(docs/experiments/decoding_speed.md).
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["PackedLinear", "pack", "pack_kept", "available", "state_of"]
+from aiayn.decode.ensemble import Ensemble
+from aiayn.model import Transformer
+
+__all__ = ["PackedLinear", "Prepacked", "pack", "pack_kept", "prepacked", "available", "state_of"]
 
 
 def available(device: torch.device) -> bool:
@@ -73,7 +80,15 @@ def _precision(weight: Tensor) -> torch.dtype | None:
     if not available(weight.device) or (torch.is_grad_enabled() and weight.requires_grad):
         return None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+    if dtype == torch.bfloat16 and not bf16_packing():
+        return None  # oneDNN packs bf16 only with AVX512-BW/VL/DQ or AVX-NE-CONVERT (e.g. not AVX2)
     return dtype if dtype in (torch.float32, torch.bfloat16) else None
+
+
+def bf16_packing() -> bool:
+    """Whether this CPU runs oneDNN's bf16 packed linear (AVX-512 BW/VL/DQ or AVX-NE-CONVERT):
+    where it does not, bf16 decoding runs the output projection unpacked."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # id(weight) -> {precision: (the state of weight and bias it was made from, the packed copy, the
@@ -119,3 +134,42 @@ def state_of(t: Tensor | None) -> tuple[int, int] | None:
     if t is None:
         return None
     return t.data_ptr(), -1 if t.is_inference() else t._version
+
+
+class Prepacked(nn.Module):
+    """A :class:`~aiayn.model.Transformer` that decodes with its output projection packed (a
+    :class:`~aiayn.decode.step.Seq2SeqModel`, as the model itself is): packed at each decoding's
+    first step, in the precision in force then, or with ``keep`` once while the weights stay as
+    they are (:func:`pack_kept`: models opened for inference). The weights are the model's own
+    (a submodule: ``.eval()``, ``.to()`` and ``parameters()`` reach them)."""
+
+    def __init__(self, model: Transformer, keep: bool = False) -> None:
+        super().__init__()
+        self.model, self.keep, self.cfg = model, keep, model.cfg
+
+    def encode(self, src: Tensor) -> Tensor:
+        return self.model.encode(src)
+
+    def init_cache(self, memory: Tensor, src: Tensor | None = None) -> Any:
+        return self.model.init_cache(memory, src=src)
+
+    def project_memory(self, cache: Any, memory: Tensor) -> Any:
+        return self.model.project_memory(cache, memory)
+
+    def log_probs(self, tgt: Tensor, memory: Tensor | None, cache: Any) -> Tensor:
+        """Shape: tgt (N, T) -> (N, T, V) float32, as :meth:`Transformer.log_probs`."""
+        if cache.length == 0 and cache.output is None:  # the bias is final_logits_bias
+            packing = pack_kept if self.keep else pack
+            cache.output = packing(self.model.generator.weight, self.model.generator.bias)
+        return self.model.log_probs(tgt, memory, cache)
+
+
+def prepacked(model: Any, keep: bool = False) -> Any:
+    """``model`` decoding with packed output projections: a Transformer as :class:`Prepacked`,
+    an ensemble with each Transformer member so; any other model (already prepacked, compiled,
+    an exported engine) as it is."""
+    if isinstance(model, Transformer):
+        return Prepacked(model, keep)
+    if isinstance(model, Ensemble) and any(isinstance(m, Transformer) for m in model.members):
+        return Ensemble([prepacked(m, keep) for m in model.members])
+    return model

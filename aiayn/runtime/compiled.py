@@ -10,7 +10,7 @@ the time. :class:`DecoderStep` is the same step written as a function of tensors
 keys and values going in and the step's new ones coming out, so that ``torch.export`` takes it whole and AOTInductor compiles it into one
 shared library: a step is then one C++ call (fused element-wise kernels around the linear
 layers' GEMMs). What stays in Python is the cache write (:meth:`LayerCache.append_self`), the
-prepacked output projection and the log-softmax (:meth:`Transformer.log_probs_of`).
+prepacked output projection and the log-softmax (:meth:`CompiledDecoding.log_probs`).
 
 The self-attention of the one new query runs over the past keys and the new key without joining
 them (two score blocks, one softmax): the cache is read in place, never copied. Cross-attention
@@ -20,7 +20,10 @@ Both compute what the module code computes, to float rounding (tested: log-proba
 
 A package is compiled for one model's weights, this torch, this CPU's instruction set and a
 thread count; :func:`compiled_step` keys it on all of them and keeps it in a directory (the
-caller's cache), so the ~1 minute of compilation is paid once. Decoding steps that the package
+caller's cache), so the ~1 minute of compilation is paid once. Beside each package,
+``NAME.sum.json`` records its key and checksum (:mod:`aiayn.checksum`), checked at the first load
+in a process: a package changed since it was written, or one written before checksums were
+recorded, is compiled again (one log line says why). Decoding steps that the package
 cannot take (the first two, bf16 autocast, another device, shapes beyond its limits) run the
 module code.
 """
@@ -39,11 +42,12 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from aiayn.checksum import seal, seal_problem
+from aiayn.decode.packed import pack
 from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.model.cache import DecoderCache, whole_buffer
 from aiayn.model.layers import DecoderLayer, Residual
-from aiayn.model.packed import pack
 from aiayn.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -234,8 +238,12 @@ def compiled_step(
     """The compiled step of ``model`` for callers of ``threads`` threads, ``runners`` of them at
     once, from ``directory`` (compiled there first when missing: ~1 minute for the demo model on
     a 2-core CPU). The package's own kernels use ``threads`` threads whatever the caller's."""
-    path = Path(directory) / f"decoder-step-{package_key(model, threads)}.pt2"
-    if not path.exists():
+    key = package_key(model, threads)
+    path = Path(directory) / f"decoder-step-{key}.pt2"
+    problem = seal_problem(path, {"package": key}) if path.exists() else ""
+    if problem:
+        log.warning("compiled package: %s; compiling it again", problem)
+    if problem or not path.exists():
         log.info("compiling the decoder step into %s (once for this model and CPU)", path)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)  # inductor's kernels take the thread count compiled in
@@ -246,6 +254,11 @@ def compiled_step(
                               f"{_first_line(e)}") from None  # fmt: skip
         finally:
             torch.set_num_threads(before)
+        try:  # its key and checksum beside it: checked before the next process loads it
+            seal(path, {"package": key})
+        except OSError as e:
+            raise ConfigError(f"decode.compile: cannot record {path}'s checksum "
+                              f"({e.strerror or e})") from None  # fmt: skip
     try:
         return CompiledStep(model, _load(path, runners))
     except RuntimeError as e:
@@ -365,7 +378,7 @@ class CompiledDecoding:
         if not self.step.accepts(tgt, cache):
             return self.model.log_probs(tgt, memory, cache)
         h = self.step(tgt, cache)  # (N, D)
-        return self.model.log_probs_of(h[:, None], cache)  # (N, 1, V)
+        return torch.log_softmax(self.model.logits(h[:, None], cache.output).float(), dim=-1)
 
     def parameters(self) -> Any:
         return self.model.parameters()

@@ -1,0 +1,121 @@
+"""Scoring a model folder on a test set: what :meth:`aiayn.folder.ModelFolder.score` runs.
+
+A translation model is scored by sacreBLEU and chrF of its translations (:func:`aiayn.eval.
+corpus_scores`), a classifier by its accuracy; the test set is a split of the folder's recorded
+dataset or the files given. The result says what it measured: the test set, counts, timing and
+the decoding settings.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiayn.data import load_classification, load_translation, read_labelled, read_parallel
+from aiayn.decode.classify import evaluate_classifier
+from aiayn.decode.config import DecodeConfig
+from aiayn.errors import ConfigError
+from aiayn.eval import corpus_scores
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aiayn.folder import ModelFolder
+
+__all__ = ["score_translations", "score_classifier"]
+
+
+def score_translations(
+    folder: ModelFolder,
+    split: str | None,
+    src: str | Path | None,
+    ref: str | Path | None,
+    limit: int,
+    decode: DecodeConfig | None,
+    paper_bleu: bool,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """BLEU and chrF of ``folder``'s translations of a split or of ``src`` against ``ref`` (the
+    first ``limit`` sentences when 0 < limit), decoded with ``decode`` and ``overrides``."""
+    sources, refs, name = _test_set(folder, split, src, ref)
+    limited = 0 < limit < len(sources)
+    sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
+    cfg = folder.decode_config(decode, **overrides)
+    start = time.perf_counter()
+    hyps = folder.translate(sources, cfg)
+    seconds = time.perf_counter() - start
+    scores = corpus_scores(hyps, refs, _target_lang(folder) if paper_bleu else None)
+    scores.update(
+        test_set=name,
+        seconds=round(seconds, 3),
+        sentences_per_s=round(len(sources) / max(seconds, 1e-9), 2),
+        decoding={**vars(cfg), "device": str(folder.device), "engine": folder.engine},
+        model=_model_name(folder),
+        hyps=hyps,
+        **({"limit": limit} if limited else {}),
+    )
+    return scores
+
+
+def score_classifier(
+    folder: ModelFolder,
+    split: str | None,
+    src: str | Path | None,
+    limit: int,
+    max_tokens: int | None,
+) -> dict[str, Any]:
+    """The accuracy of ``folder``'s classifier on a split or on ``src`` (label<TAB>text .tsv or
+    .jsonl), the first ``limit`` texts when 0 < limit."""
+    if bool(split) == bool(src):
+        raise ConfigError("give either --split NAME or --src FILE (label<TAB>text .tsv or .jsonl)")
+    if src:
+        texts, labels = read_labelled(src)
+        name = Path(src).stem
+    else:
+        assert split is not None
+        texts, labels = load_classification(_dataset(folder), split)
+        name = split
+    limited = 0 < limit < len(texts)
+    texts, labels = (texts[:limit], labels[:limit]) if limited else (texts, labels)
+    scores = evaluate_classifier(
+        folder.backend.class_probs, folder.tokenizer, texts, labels, folder.text_limit, max_tokens
+    )
+    scores.update(test_set=name, model=_model_name(folder), device=str(folder.device))
+    if limited:
+        scores["limit"] = limit
+    return scores
+
+
+def _target_lang(folder: ModelFolder) -> str:
+    """The language the paper's BLEU tokenises in: the target of the training data."""
+    if not folder.has_data:
+        raise ConfigError(
+            f"{folder.path}: --paper-bleu needs the target language; the model "
+            "folder records no training data"
+        )
+    return folder.config.data.tgt_lang
+
+
+def _model_name(folder: ModelFolder) -> str | list[str]:
+    return str(folder.path) if len(folder.paths) == 1 else [str(p) for p in folder.paths]
+
+
+def _dataset(folder: ModelFolder) -> Any:
+    if not folder.has_data:
+        what = "--src FILE" if folder.kind_info.does("classify") else "--src/--ref"
+        raise ConfigError(f"{folder.path}: the model folder records no dataset; use {what}")
+    return folder.config.data
+
+
+def _test_set(
+    folder: ModelFolder, split: str | None, src: str | Path | None, ref: str | Path | None
+) -> tuple[list[str], list[str], str]:
+    if bool(split) == bool(src or ref):
+        raise ConfigError("give either --split NAME or --src FILE --ref FILE")
+    if src or ref:
+        if not (src and ref):
+            raise ConfigError("--src and --ref go together")
+        sources, refs = read_parallel(src, ref)
+        return sources, refs, Path(src).stem
+    assert split is not None
+    sources, refs = load_translation(_dataset(folder), split)
+    return sources, refs, split
