@@ -317,3 +317,23 @@ def test_one_of_aiayns_own_models_finetunes(tmp_path):
             assert torch.equal(frozen[name], value), name
         else:  # the decoder's layers trained
             assert name.startswith("decoder.") and not torch.equal(frozen[name], value), name
+
+
+def test_the_token_store_holds_marians_source_and_target_pieces(imported, tmp_path):
+    """Sources as MarianTokenizer encodes them (source model, </s> last), targets with the
+    target model and no </s> (the batches add it): what transformers trains on."""
+    from aiayn.data.config import DataConfig
+    from aiayn.data.loaders import translation_store
+
+    tok = load_model_folder(imported[1]).tokenizer
+    _files(tmp_path / "data", n=30)
+    files = {f"{s}_{side}": str(tmp_path / "data" / f"{s}.{lang}")
+             for s in ("train", "valid") for side, lang in (("src", "en"), ("tgt", "de"))}
+    store = translation_store(DataConfig(dataset="", max_len=64, **files), tok, "train")
+    src = (tmp_path / "data" / "train.en").read_text().splitlines()
+    tgt = (tmp_path / "data" / "train.de").read_text().splitlines()
+    lines = store.lines.tolist()
+    assert len(lines) > 5
+    for i, (x, y) in enumerate(zip(store.rows("src", range(5)), store.rows("tgt", range(5)))):
+        assert list(x) == tok.encode(src[lines[i]]) and list(x)[-1] == tok.eos_id
+        assert list(y) == tok.encode_target(tgt[lines[i]]) and tok.eos_id not in list(y)
