@@ -241,16 +241,25 @@ def test_frozen_parts_do_not_change(imported):
 # ---- the fine-tuned folder is a model like any other -----------------------------------------
 
 
+@pytest.fixture(scope="module")
+def tuned(imported, tmp_path_factory):
+    """A run folder: the imported model fine-tuned for 2 updates at lr 1e-3."""
+    tmp = tmp_path_factory.mktemp("tuned")
+    argv = _finetune(imported[1], tmp / "ft", _files(tmp / "data"), "train.lr=1e-3",
+                     "train.warmup_steps=1")
+    with torch_threads(1):
+        assert main(argv) == 0
+    return tmp / "ft"
+
+
 def test_a_finetuned_folder_exports_to_transformers_and_translates_the_same(
-    imported, tmp_path, capsys
+    imported, tuned, tmp_path, capsys
 ):
     from transformers import MarianMTModel, MarianTokenizer
 
     _, out = imported
-    data = _files(tmp_path / "data")
-    run, hf = tmp_path / "ft", tmp_path / "hf"
+    run, hf = tuned, tmp_path / "hf"
     with torch_threads(1):
-        assert main(_finetune(out, run, data, "train.lr=1e-3", "train.warmup_steps=1")) == 0
         assert main(["export", str(run), "--format", "hf", "-o", str(hf)]) == 0
     tuned = load_model_folder(run)
     start = load_model_folder(out)
@@ -267,6 +276,29 @@ def test_a_finetuned_folder_exports_to_transformers_and_translates_the_same(
     with torch_threads(1):
         assert main(["translate", str(run), "--input", str(tmp_path / "in.txt")]) == 0
     assert capsys.readouterr().out.splitlines() == tuned.translate(sources)
+
+
+def test_a_finetuned_folder_evaluates_and_exports_to_onnx_and_ctranslate2(tuned, tmp_path):
+    pytest.importorskip("onnxruntime", reason="needs the export extra")
+    pytest.importorskip("ctranslate2", reason="needs the ctranslate2 extra")
+    from aiayn.decode.translate import translate_ids
+    from aiayn.export import export_model
+
+    loaded = load_model_folder(tuned)
+    pairs = [(x, y) for x, y in zip(sentences("en", 200, skip=1000), sentences("de", 200, skip=1000))
+             if len(x.split()) <= 10][:8]
+    texts, refs = [x for x, _ in pairs], [y for _, y in pairs]
+    sources = [loaded.tokenizer.encode(t) for t in texts]
+    cfg = dataclasses.replace(loaded.decode, beam=1)
+    with torch_threads(1):
+        native = [line[0].tokens for line in translate_ids(loaded.torch_module(), sources, cfg)]
+        for engine in ("onnx", "ctranslate2"):
+            backend = load_model_folder(export_model(tuned, engine, tmp_path / engine)).backend
+            assert [line[0].tokens for line in backend.translate_ids(sources, cfg)] == native
+        (tmp_path / "src.txt").write_text("\n".join(texts) + "\n")
+        (tmp_path / "ref.txt").write_text("\n".join(refs) + "\n")
+        assert main(["evaluate", str(tuned), "--src", str(tmp_path / "src.txt"),
+                     "--ref", str(tmp_path / "ref.txt")]) == 0
 
 
 def test_aiayns_own_hf_export_imports_back(tmp_path):
