@@ -118,6 +118,10 @@ class TrainConfig:
     # this run uses and whose weights of the same name and shape start this model (the rest is
     # initialised as usual); "" = train from scratch. Ignored by --resume.
     init_from: str = ""
+    # Parts of the model held fixed (fine-tuning, with train.init_from): "embeddings" (the token
+    # embeddings, and so the output projection tied to them) and/or "encoder" (its layers). Frozen
+    # parameters get no gradient and are left out of the optimizer; () = train everything.
+    freeze: tuple[Literal["embeddings", "encoder"], ...] = ()
     # Seed of weight initialisation and dropout (data order has its own seed, data.seed).
     seed: int = 1
     # auto = CUDA when available, else CPU.
@@ -166,6 +170,8 @@ class TrainConfig:
             raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
         if self.best_metric == "valid_bleu" and self.metrics_every == 0:
             raise ConfigError("train.best_metric = 'valid_bleu' needs train.metrics_every > 0")
+        if len(set(self.freeze)) != len(self.freeze):
+            raise ConfigError(f"train.freeze names a part twice: {list(self.freeze)}")
 
     def _check_schedule(self) -> None:
         """The learning-rate schedule has the warm-up and the end it decays to."""

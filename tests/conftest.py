@@ -98,6 +98,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_inference_edges": UNIT,
     "test_hf_export": UNIT,
     "test_hf_import": UNIT,
+    "test_finetune": UNIT,
     "test_hf_tokenizer": UNIT,
     "test_hf_tools": ("serve",),
     "test_imports": UNIT,

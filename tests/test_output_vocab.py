@@ -76,7 +76,7 @@ def test_the_loss_is_label_smoothed_cross_entropy_over_the_kept_tokens(cipher_ru
                                label_smoothing=0.1, reduction="sum")
     assert stats.loss.item() == pytest.approx(expected.item(), rel=1e-5)
     # the loss's view of the model: the kept rows of the output weight, targets as positions
-    full, target, ignore = kept_outputs(model, batch.tgt_out, cfg.model.pad_id)
+    full, _, target, ignore = kept_outputs(model, batch.tgt_out, cfg.model.pad_id)
     assert full.size(0) == ids.numel() and ignore == -1
     assert (target[batch.tgt_out == cfg.model.pad_id] == -1).all()
 
@@ -86,7 +86,7 @@ def test_a_target_token_unseen_in_training_is_not_counted(cipher_run):
     model, _, _ = load_model_dir(run)
     source_only = int((~model.output_mask).nonzero()[-1])
     target = torch.tensor([[source_only, cfg.model.eos_id, cfg.model.pad_id]])
-    _, position, ignore = kept_outputs(model, target, cfg.model.pad_id)
+    _, _, position, ignore = kept_outputs(model, target, cfg.model.pad_id)
     assert position[0, 0] == ignore and position[0, 2] == ignore and position[0, 1] >= 0
 
 

@@ -59,19 +59,36 @@ def _resolve(args: argparse.Namespace):
         saved = flatten_keys(run_config_to_dict(resume_config(args.out)))
         preset = RunFolder(args.out).read_meta().preset
         cfg = build_run_config({**saved, **parse_sets(args.overrides)})
-        return cfg, {"preset": preset}, Path(args.out)
+        return cfg, {"preset": preset}, Path(args.out), None
     cfg, values = load_run_config(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    return cfg, {"preset": values.get("model.preset")}, out
+    return cfg, {"preset": values.get("model.preset")}, out, _model_keys(values)
+
+
+def _model_keys(values: dict) -> set[str]:
+    """The model settings a recipe and its --set give (a preset's too): what a fine-tune
+    (train.init_from) must not change."""
+    from aiayn.config import ModelConfig
+
+    keys = {k.split(".", 1)[1] for k in values if k.startswith("model.")}
+    if "preset" in keys:
+        keys |= set(ModelConfig.PRESETS.get(str(values["model.preset"]), {}))
+    return keys - {"preset"}
 
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.train.run import train_run
 
-    cfg, extra, out = _resolve(args)
+    cfg, extra, out, model_keys = _resolve(args)
     inputs = (args.config,) if args.config else ()
     result = train_run(
-        cfg, out, resume=args.resume, extra_meta=extra, overwrite=args.overwrite, inputs=inputs
+        cfg,
+        out,
+        resume=args.resume,
+        extra_meta=extra,
+        overwrite=args.overwrite,
+        inputs=inputs,
+        model_keys=model_keys,
     )
     best = f", best {cfg.train.best_metric} {result.best:.4f}" if result.best is not None else ""
     log.info("trained to step %d (%s)%s; run folder %s", result.step, result.stop_reason, best, out)

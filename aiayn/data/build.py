@@ -128,8 +128,10 @@ def _write_chunk(
         counts["too_long"] += fits.count(False)
         rows = [row for row, ok in zip(rows, fits) if ok]
     encoded = [
-        tokenizer.encode_batch([texts[f] for _, texts, _ in rows])
-        for f in range(len(writer.fields))
+        (tokenizer.encode_target_batch if name == "tgt" else tokenizer.encode_batch)(
+            [texts[f] for _, texts, _ in rows]
+        )
+        for f, name in enumerate(writer.fields)
     ]
     kept: list[int] = []
     for i in range(len(rows)):

@@ -344,13 +344,15 @@ def _examples_store(
     fields: tuple[str, ...],
     examples: Callable[[], Iterable[tuple[Sequence[str], int | None]]],
     prepare: Callable[[str], str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> TokenStore:
-    """The store of ``split``'s examples (texts per field, label), cleaned as ``cleaning`` says."""
+    """The store of ``split``'s examples (texts per field, label), cleaned as ``cleaning`` says
+    (``settings``: more of what the store's ids depend on, in its key)."""
 
     def build(folder: Path) -> dict[str, Any]:
         return write_examples(folder, tokenizer, fields, examples(), cleaning, prepare)
 
-    return _store(cfg, tokenizer, split, {"cleaning": asdict(cleaning)}, build)
+    return _store(cfg, tokenizer, split, {"cleaning": asdict(cleaning), **(settings or {})}, build)
 
 
 def translation_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> TokenStore:
@@ -374,6 +376,9 @@ def translation_store(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> Toke
         cleaning,
         ("src", "tgt"),
         lambda: ((pair, None) for pair in iter_parallel(*files)),
+        # Marian's targets are the target SentencePiece model's pieces (encode_target_batch):
+        # in the key, so that a store written before they were is never read
+        settings={"targets": "target.spm"} if tokenizer.kind == "sentencepiece" else None,
     )
     log_counts(store.manifest, split, "training pairs" if train else "validation pairs")
     return store

@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
@@ -113,6 +113,10 @@ class SentencePieceTokenizer(Tokenizer):
     def encode_target(self, text: str) -> list[int]:
         """Target ids of ``text``, without ``</s>``."""
         return self._ids_of(self.target.encode(text, out_type=str))
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids of ``texts`` (training targets: the collate functions add ``</s>``)."""
+        return [self.encode_target(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``, special tokens skipped (``MarianTokenizer.decode(ids,

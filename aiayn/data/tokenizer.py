@@ -81,6 +81,11 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of translation targets (the same as :meth:`encode_batch` but where source
+        and target have their own models: Marian's SentencePiece pair)."""
+        return self.encode_batch(texts)
+
     def encode_running(self, pieces: Sequence[str], start: bool, end: bool) -> np.ndarray:
         """The ids of ``pieces``, consecutive pieces of one running text, as ``encode`` of the
         whole text gives them (an integer array): ``start`` when the first piece begins the text,

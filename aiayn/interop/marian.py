@@ -7,8 +7,11 @@ in the tests, tests/test_hf_import.py):
 - sinusoids laid out as sines | cosines (``sinusoid_layout = "halves"``), token embeddings × √d
   (``scale_embedding``), no embedding LayerNorm (aiayn has none);
 - ``final_logits_bias`` (``final_logits_bias = true``), SiLU ("swish", ``activation = "silu"``);
-- ``<pad>`` is the decoder's start token and its id (``bos_id = pad_id``); ``</s>`` ends the source;
+- ``<pad>`` is the decoder's start token and its id (``bos_id = decoder_start_token_id``,
+  which is ``pad_id`` in OPUS-MT models); ``</s>`` ends the source;
 - two SentencePiece models over one joint vocabulary (:mod:`aiayn.data.spm`);
+- or, in aiayn's own ``--format hf`` exports, ``tokenizer.json`` (a BPE/unigram tokenizer
+  with aiayn's special ids) and BOS as the decoder's start: they import back;
 - ``generation_config.json`` becomes the folder's decoding settings (:func:`decode_settings`),
   so that ``aiayn translate`` with no flags gives what ``model.generate()`` gives with none.
 
@@ -37,6 +40,7 @@ from aiayn.checkpoint import save_model_dir
 from aiayn.checks import check_finite_tensors, check_ids, check_integer, check_number, check_order
 from aiayn.config import ModelConfig
 from aiayn.data.spm import SentencePieceTokenizer, load_processor
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.io import check_not_input, check_output_folder
@@ -147,9 +151,9 @@ def model_config(hf: dict[str, Any], path: Path, unk_id: int) -> ModelConfig:
     ``unk_id`` is the vocabulary's (config.json does not record it)."""
     _check_architecture(hf, path)
     pad, start = hf.get("pad_token_id"), hf.get("decoder_start_token_id", hf.get("pad_token_id"))
-    if type(pad) is not int or start != pad:
+    if type(pad) is not int or type(start) is not int:
         raise ConfigError(
-            f"{path}: decoder_start_token_id {start} is not pad_token_id {pad} (Marian's)"
+            f"{path}: pad_token_id {pad!r} and decoder_start_token_id {start!r} must be ids"
         )
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         if hf.get(key) is not None:
@@ -178,7 +182,7 @@ def model_config(hf: dict[str, Any], path: Path, unk_id: int) -> ModelConfig:
             scale_embeddings=bool(hf.get("scale_embedding", False)),
             final_logits_bias=True,
             pad_id=pad,
-            bos_id=pad,
+            bos_id=start,  # <pad> in OPUS-MT models; BOS in aiayn's own exports
             eos_id=hf["eos_token_id"],
             unk_id=unk_id,
         )
@@ -298,7 +302,10 @@ def _token_name(value: Any, default: str) -> str:
 
 def read_tokenizer(folder: Path) -> Any:
     """The :class:`~aiayn.data.spm.SentencePieceTokenizer` of a Marian folder: source.spm,
-    target.spm, vocab.json, and the special tokens tokenizer_config.json names."""
+    target.spm, vocab.json, and the special tokens tokenizer_config.json names; or the subword
+    tokenizer of an aiayn model exported ``--format hf`` (tokenizer.json)."""
+    if not (folder / "source.spm").is_file() and (folder / "tokenizer.json").is_file():
+        return _exported_tokenizer(folder)
     for name in MARIAN_FILES:
         if not (folder / name).is_file():
             raise ConfigError(f"{folder}: not a Marian folder ({name} is missing)")
@@ -327,6 +334,35 @@ def read_tokenizer(folder: Path) -> Any:
         )
     except DataError as err:
         raise ConfigError(str(err)) from None
+
+
+def _exported_tokenizer(folder: Path) -> Any:
+    """The BPE/unigram tokenizer of an aiayn model exported ``--format hf``: tokenizer.json (a
+    ``tokenizers`` file) as a PreTrainedTokenizerFast with aiayn's special ids; ConfigError for a
+    tokenizer.json of anything else."""
+    path = folder / "tokenizer_config.json"
+    config = _read_json(path) if path.is_file() else {}
+    if config.get("tokenizer_class") != "PreTrainedTokenizerFast":
+        raise ConfigError(
+            f"{folder}: not a Marian folder (source.spm is missing, and tokenizer.json is not "
+            "the PreTrainedTokenizerFast of an aiayn export)"
+        )
+    try:
+        tokenizer = Tokenizer.from_str(
+            (folder / "tokenizer.json").read_text(encoding="utf-8"), str(folder / "tokenizer.json")
+        )
+    except (OSError, UnicodeDecodeError, DataError) as err:
+        raise ConfigError(f"{folder / 'tokenizer.json'}: {err}") from None
+    token = getattr(getattr(tokenizer, "hf", None), "id_to_token", None)
+    roles = {
+        "pad_token": tokenizer.pad_id,
+        "eos_token": tokenizer.eos_id,
+        "unk_token": tokenizer.unk_id,
+    }
+    for role, i in roles.items():
+        if token is None or config.get(role) not in (None, token(i)):
+            raise ConfigError(f"{path}: {role} {config.get(role)!r} is not the tokenizer's id {i}")
+    return tokenizer
 
 
 def _check_ids(tokenizer: Any, hf: dict[str, Any], folder: Path) -> None:

@@ -163,6 +163,7 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         epsilon: float,
         dtype: torch.dtype,
         grad_mode: bool,
+        bias: Tensor | None,
     ):
         N, V = h.size(0), weight.size(0)
         # needs_input_grad follows requires_grad even under no_grad, hence grad_mode.
@@ -174,6 +175,7 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         wide = _wide(dtype)
         hc, w = h.to(dtype), weight.to(dtype)  # (N, D), (V, D)
         wt = w.t()
+        b = None if bias is None else bias.to(dtype)  # (V,): a constant (final_logits_bias)
         stats = h.new_zeros(2, dtype=wide)  # summed loss, summed NLL
         dh = torch.empty_like(h) if need_dh else None
         dw = None
@@ -193,6 +195,8 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         for a in range(0, N, project_rows):
             rows = hc[a : a + project_rows]
             z = torch.mm(rows, wt, out=buffer[: rows.size(0)])  # (C, V) logits
+            if b is not None:
+                z.add_(b)
             _chunk_terms(z, gold[a : a + z.size(0)], epsilon, stats, sub, need_grad)
             if dh is not None:
                 dh[a : a + z.size(0)] = torch.mm(z, w)
@@ -220,13 +224,21 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
 def projected_label_smoothed_nll_loss(
-    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float,
+    ignore_index: int,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`label_smoothed_nll_loss` of the logits ``hidden @ weight.T``, without building them.
+    """:func:`label_smoothed_nll_loss` of the logits ``hidden @ weight.T + bias``, without
+    building them. ``bias`` (V,) is a constant that receives no gradient: Marian's
+    ``final_logits_bias``, a buffer in transformers, which fine-tuning there leaves as it is.
 
     Shape: hidden (B, T, D) or (N, D), weight (V, D), target (B, T) or (N,) -> two scalars. Rows
     whose target is ``ignore_index`` are dropped before the projection. Under bf16 autocast the
@@ -243,6 +255,12 @@ def projected_label_smoothed_nll_loss(
         dtype = torch.float32
     with torch.autocast(kind, enabled=False):
         loss, nll = _ProjectedLabelSmoothedCE.apply(
-            hidden, weight, gold, float(epsilon), dtype, torch.is_grad_enabled()
+            hidden,
+            weight,
+            gold,
+            float(epsilon),
+            dtype,
+            torch.is_grad_enabled(),
+            None if bias is None else bias.detach(),
         )
     return loss, nll

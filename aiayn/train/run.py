@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Collection
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,11 +19,13 @@ import aiayn.errors as errors
 from aiayn import __version__
 from aiayn.card import write_model_card
 from aiayn.checkpoint import TOKENIZER_FILE
-from aiayn.config import flatten_keys
+from aiayn.config import ModelConfig, flatten_keys
+from aiayn.decode.config import DecodeConfig
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.folder import read_folder_config
+from aiayn.folder import FolderConfig, read_folder_config
 from aiayn.io import check_not_input, recover_folder
+from aiayn.kinds import KINDS
 from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["train_run", "resume_config", "config_differences"]
+__all__ = ["train_run", "resume_config", "config_differences", "init_model", "FREE_MODEL_KEYS"]
 
 
 def _on_main(dist: DistContext, fn: Callable[[], T]) -> T:
@@ -91,19 +93,93 @@ _MEANING = ("activation", "norm_first", "scale_embeddings", "positional", "n_hea
 _TOKENIZER_KEYS = ("tokenizer", "vocab_size", "lowercase")
 
 
-def init_tokenizer(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+# What a fine-tune may set in [model] (regularisation): every other model setting is the init
+# folder's, because it fixes the shape or the meaning of a weight, and a different value is refused.
+FREE_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def init_folder(cfg: RunConfig) -> FolderConfig:
+    """The config of the model folder ``train.init_from``, checked: a model folder (not an
+    export) of the run's kind, or of a kind pre-trained on the run's data (masked_lm for a
+    classifier). ConfigError otherwise, in one line."""
+    folder = Path(cfg.train.init_from)
+    parsed = read_folder_config(folder)
+    if parsed.format is not None:
+        raise ConfigError(
+            f"train.init_from: {folder} is an export ({parsed.format}); start from the model "
+            "folder it was exported from"
+        )
+    kind = cfg.data.kind
+    if parsed.kind != kind and KINDS[parsed.kind].reads != kind:
+        raise ConfigError(
+            f"train.init_from: {folder} holds a '{parsed.kind}' model; a '{kind}' run "
+            f"(data.kind) starts from a '{kind}' model"
+        )
+    return parsed
+
+
+def init_model(
+    cfg: RunConfig, parsed: FolderConfig, model_keys: Collection[str] | None
+) -> ModelConfig:
+    """The model section of a run that fine-tunes a folder of its own kind: the folder's, with
+    the regularisation (:data:`FREE_MODEL_KEYS`) that the run's config sets. ``model_keys``: the
+    model settings the config sets (None: those that differ from the defaults); one that
+    contradicts the folder is refused, naming it."""
+    here, there = cfg.model, parsed.config.model
+    if model_keys is None:
+        default = ModelConfig()
+        model_keys = [
+            f.name for f in fields(ModelConfig) if getattr(here, f.name) != getattr(default, f.name)
+        ]
+    for key in sorted(model_keys):
+        if key not in FREE_MODEL_KEYS and getattr(here, key) != getattr(there, key):
+            raise ConfigError(
+                f"model.{key}: {getattr(here, key)!r} here but {getattr(there, key)!r} in "
+                f"{cfg.train.init_from}; a fine-tune keeps what its weights mean and their "
+                f"shapes: leave model.{key} unset"
+            )
+    free = {key: getattr(here, key) for key in FREE_MODEL_KEYS if key in model_keys}
+    return replace(there, **free)
+
+
+def init_decode(cfg: RunConfig, parsed: FolderConfig) -> DecodeConfig:
+    """The decoding settings of a fine-tuned model: the init folder's (an imported model's
+    generation_config.json), with those the run's config sets (differs from the defaults)."""
+    default, here = DecodeConfig(), cfg.decode
+    own = {
+        f.name: getattr(here, f.name)
+        for f in fields(DecodeConfig)
+        if getattr(here, f.name) != getattr(default, f.name)
+    }
+    return replace(parsed.config.decode, **own)
+
+
+def _fit_positions(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with data.max_len cut to the positions the init folder's model has (logged)."""
+    if cfg.data.max_len <= cfg.model.max_len:
+        return cfg
+    log.info(
+        "train.init_from: data.max_len %d cut to the model's %d positions",
+        cfg.data.max_len,
+        cfg.model.max_len,
+    )
+    return replace(cfg, data=replace(cfg.data, max_len=cfg.model.max_len))
+
+
+def init_tokenizer(cfg: RunConfig, parsed: FolderConfig) -> tuple[str, dict[str, Any]]:
     """The tokenizer of the model folder ``train.init_from`` (the run must use its vocabulary)
     and that model's tokenizer settings (``data.tokenizer``/``vocab_size``/``lowercase``), which
     the run then records as its own; warns about settings that differ from that model's."""
     folder = Path(cfg.train.init_from)
-    parsed = read_folder_config(folder)
     path = folder / TOKENIZER_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"train.init_from: cannot read {path} ({err})") from None
     there = parsed.config if parsed.has_data else replace(parsed.config, data=cfg.data)
-    checks = [("model", k) for k in _MEANING] + [("data", k) for k in _TOKENIZER_KEYS]
+    checks = [("data", k) for k in _TOKENIZER_KEYS]
+    if parsed.kind != cfg.data.kind:  # of its own kind, the model section is the folder's
+        checks = [("model", k) for k in _MEANING] + checks
     for section, key in checks:
         here_value = getattr(getattr(cfg, section), key)
         there_value = getattr(getattr(there, section), key)
@@ -129,11 +205,14 @@ def train_run(
     task: Task | None = None,
     overwrite: bool = False,
     inputs: tuple[str | Path, ...] = (),
+    model_keys: Collection[str] | None = None,
 ) -> TrainResult:
     """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``; replace what it
     holds with ``overwrite``, once everything before the first update has succeeded). ``out`` may
     not be, hold or lie inside what the run reads: its data files, ``train.init_from`` and
-    ``inputs`` (the config file)."""
+    ``inputs`` (the config file). With ``train.init_from`` naming a folder of the run's kind, the
+    run fine-tunes it: its model section and tokenizer are the folder's (:func:`init_model`;
+    ``model_keys``: the model settings the config sets)."""
     dist = init_distributed(cfg.train.device)
     folder = RunFolder(out)
     new = not folder.path.exists()
@@ -147,8 +226,13 @@ def train_run(
         if start.resume:
             saved_tok = _on_main(dist, folder.read_tokenizer)
         elif cfg.train.init_from:
-            saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg))
+            parsed = _on_main(dist, lambda: init_folder(cfg))
+            if parsed.kind == cfg.data.kind:
+                model = init_model(cfg, parsed, model_keys)
+                cfg = _fit_positions(replace(cfg, model=model, decode=init_decode(cfg, parsed)))
+            saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg, parsed))
             cfg = replace(cfg, data=replace(cfg.data, **keys))  # config.json says what was used
+            task.cfg = cfg
         else:
             saved_tok = None
         tokenizer_json = _on_main(dist, lambda: task.setup(saved_tok))

@@ -108,11 +108,11 @@ def rng_untouched() -> Iterator[None]:
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig, fused: bool) -> torch.optim.Optimizer:
-    """Adam (AdamW with ``train.weight_decay``) over ``model``'s parameters; the schedule sets
-    the learning rate before each update."""
+    """Adam (AdamW with ``train.weight_decay``) over ``model``'s trained parameters (a frozen
+    one, ``train.freeze``, is left out); the schedule sets the learning rate before each update."""
     opt = torch.optim.AdamW if train.weight_decay > 0 else torch.optim.Adam
     return opt(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=0.0,
         betas=(train.adam_betas[0], train.adam_betas[1]),
         eps=train.adam_eps,

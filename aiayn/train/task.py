@@ -44,6 +44,8 @@ __all__ = [
     "task_class",
     "build_task",
     "output_weight",
+    "output_bias",
+    "freeze",
 ]
 
 
@@ -55,12 +57,43 @@ def output_weight(model: nn.Module) -> Tensor:
     """The generator's weight (V, D) of ``model``, or of the model inside a DDP wrapper."""
     generator = getattr(model, "module", model).generator
     assert isinstance(generator, nn.Linear)  # every kind's output projection
-    if generator.bias is not None:  # the chunked loss projects with the weight alone
-        raise ConfigError(
-            "model.final_logits_bias: training with an output bias is not supported "
-            "(imported Marian models decode with it; train with final_logits_bias=false)"
-        )
     return generator.weight
+
+
+def output_bias(model: nn.Module) -> Tensor | None:
+    """The generator's bias (V,) of ``model`` (Marian's ``final_logits_bias``), or None. It is
+    held constant in training (:meth:`Task.build_model` freezes it), as transformers holds it."""
+    generator = getattr(model, "module", model).generator
+    assert isinstance(generator, nn.Linear)  # every kind's output projection
+    return generator.bias
+
+
+# train.freeze's parts: what their parameters' names start with (every kind's model).
+_FROZEN_NAMES = {"embeddings": ("embed.", "src_embed.", "tgt_embed."), "encoder": ("encoder.",)}
+
+
+def freeze(model: nn.Module, parts: Sequence[str]) -> list[str]:
+    """Set ``requires_grad = False`` on the parameters of ``parts`` (``train.freeze``) and on the
+    output bias (Marian's ``final_logits_bias``, which transformers holds as a fixed buffer);
+    returns the frozen names. ConfigError when the model has no such part."""
+    frozen = []
+    for part in parts:
+        names = [n for n, _ in model.named_parameters() if n.startswith(_FROZEN_NAMES[part])]
+        if not names:
+            raise ConfigError(f"train.freeze: this model has no {part}")
+        frozen += names
+    params = dict(model.named_parameters())
+    if "generator.bias" in params:  # Marian's final_logits_bias
+        frozen.append("generator.bias")
+    for name in frozen:
+        params[name].requires_grad_(False)
+    if parts:
+        log.info(
+            "train.freeze: %d parameter tensors held fixed (%s)", len(frozen), ", ".join(parts)
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"train.freeze: {list(parts)} leaves nothing to train")
+    return frozen
 
 
 @dataclass
@@ -105,7 +138,10 @@ class Task(ABC):
         return model
 
     def build_model(self, model: ModelConfig) -> nn.Module:
-        return KINDS[self.kind].model_class(model)
+        """The kind's model, its ``train.freeze`` parts (and any output bias) held fixed."""
+        net = KINDS[self.kind].model_class(model)
+        freeze(net, self.cfg.train.freeze)
+        return net
 
     @abstractmethod
     def epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:

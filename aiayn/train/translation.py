@@ -27,6 +27,7 @@ from aiayn.train.task import (
     Lengths,
     StepStats,
     TokenBatchedTask,
+    output_bias,
     output_weight,
 )
 
@@ -35,24 +36,28 @@ log = logging.getLogger(__name__)
 __all__ = ["TranslationTask", "kept_outputs"]
 
 
-def kept_outputs(model: nn.Module, target: Tensor, pad_id: int) -> tuple[Tensor, Tensor, int]:
-    """The output weight, targets and ignored id that the loss of ``model`` takes.
+def kept_outputs(
+    model: nn.Module, target: Tensor, pad_id: int
+) -> tuple[Tensor, Tensor | None, Tensor, int]:
+    """The output weight, bias, targets and ignored id that the loss of ``model`` takes.
 
-    Without an ``output_mask``: the generator's weight (V, D), ``target`` and ``pad_id``. With one
-    (``model.output_vocab = "targets"``): the kept rows (V', D) of the weight, ``target`` as
+    Without an ``output_mask``: the generator's weight (V, D) and bias (V,) or None, ``target``
+    and ``pad_id``. With one (``model.output_vocab = "targets"``): the kept rows (V', D) of the
+    weight (and of the bias), ``target`` as
     positions among them, and -1, which marks padding and the rare target token never seen in
     the training targets (a validation sentence's), so that neither is predicted nor counted.
     """
-    weight = output_weight(model)
+    weight, bias = output_weight(model), output_bias(model)
     inner = getattr(model, "module", model)  # the model inside a DDP wrapper
     mask = inner.output_mask if isinstance(inner, Transformer) else None
     if mask is None:
-        return weight, target, pad_id
+        return weight, bias, target, pad_id
     ids = mask.nonzero().squeeze(1)  # (V',)
     position = torch.full_like(mask, -1, dtype=torch.long)  # (V,)
     position[ids] = torch.arange(ids.numel(), device=ids.device)
     position[pad_id] = -1
-    return weight.index_select(0, ids), position[target], -1
+    kept_bias = None if bias is None else bias.index_select(0, ids)
+    return weight.index_select(0, ids), kept_bias, position[target], -1
 
 
 class TranslationTask(TokenBatchedTask):
@@ -66,13 +71,32 @@ class TranslationTask(TokenBatchedTask):
 
     def check_data(self) -> None:
         """BPE-dropout: training batches are re-encoded by a tokenizer that skips merges at
-        random (``data.bpe_dropout``)."""
+        random (``data.bpe_dropout``). With a pretrained tokenizer (``train.init_from``), a count
+        of the training tokens that are ``<unk>`` (characters it lacks) is logged."""
+        if self.cfg.train.init_from:
+            self._count_unknown()
         self.noisy_tokenizer = None
         if self.cfg.data.bpe_dropout:
             if not isinstance(self.tokenizer, SubwordTokenizer):
                 raise ConfigError("data.bpe_dropout needs a subword tokenizer (bpe or unigram)")
             self.noisy_tokenizer = self.tokenizer.with_dropout(self.cfg.data.bpe_dropout)
             self.train_texts = self._kept_texts()
+
+    def _count_unknown(self) -> None:
+        """Log how many training tokens are ``<unk>``, per side (read from the token store)."""
+        store, tok = self.stores["train"], self.tokenizer
+        counts = {side: store.token_counts(side, tok.vocab_size) for side in ("src", "tgt")}
+        unknown = {side: int(c[tok.unk_id]) for side, c in counts.items()}
+        if any(unknown.values()):
+            log.warning(
+                "training data: %d of %d source and %d of %d target tokens are <unk> "
+                "(characters the tokenizer of train.init_from lacks): trained as <unk>, and "
+                "translated as <unk> too",
+                unknown["src"],
+                int(counts["src"].sum()),
+                unknown["tgt"],
+                int(counts["tgt"].sum()),
+            )
 
     def _kept_texts(self) -> list[tuple[str, str]]:
         """The (source, target) texts of the stored training pairs, which BPE-dropout re-encodes
@@ -132,9 +156,9 @@ class TranslationTask(TokenBatchedTask):
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         batch = batch.to(device, non_blocking=True)
         hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, T, D)
-        weight, target, ignore = kept_outputs(model, batch.tgt_out, self.cfg.model.pad_id)
+        weight, bias, target, ignore = kept_outputs(model, batch.tgt_out, self.cfg.model.pad_id)
         loss, nll = projected_label_smoothed_nll_loss(
-            hidden, weight, target, self.cfg.train.label_smoothing, ignore
+            hidden, weight, target, self.cfg.train.label_smoothing, ignore, bias
         )
         # with an output mask, a reference token outside it is skipped: not counted either
         n_targets = (
