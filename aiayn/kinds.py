@@ -70,6 +70,7 @@ SETTINGS: Mapping[str, str] = {
     "bleu": "validation BLEU: train.best_metric = 'valid_bleu', train.bleu_beam",
     "output_vocab": "model.output_vocab: the output layer keeps the training targets' tokens",
     "pad_to_multiple": "data.pad_to_multiple: source and target batch widths padded",
+    "bucket_widths": "data.bucket_widths: batch widths padded to a few fixed buckets",
     "bpe_dropout": "data.bpe_dropout: training pairs re-segmented",
     "langs": "data.src_lang, data.tgt_lang: a dataset's two languages",
     "adversarial_eps": "train.adversarial_eps: perturbed token embeddings",
@@ -172,7 +173,9 @@ KINDS: dict[str, Kind] = {
                 '.translate(["A man rides a bike."])',
             ),
             own_files="aiayn evaluate {f} --src test.{src} --ref test.{tgt}{engine}   # your own test files",
-            takes=frozenset({"bleu", "output_vocab", "pad_to_multiple", "bpe_dropout", "langs"}),
+            takes=frozenset(
+                {"bleu", "output_vocab", "pad_to_multiple", "bucket_widths", "bpe_dropout", "langs"}
+            ),
             engines={"onnx": "aiayn.runtime.onnx_backend:OnnxTranslator"},
         ),
         Kind(

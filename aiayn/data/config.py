@@ -95,10 +95,13 @@ class DataConfig:
 
     def _check_buckets(self) -> None:
         widths = self.bucket_widths
-        if self.kind != TRANSLATION or self.pad_to_multiple > 1:
+        if "bucket_widths" not in get_kind(self.kind).takes:
             raise ConfigError(
-                "data.bucket_widths pads translation batches, without data.pad_to_multiple"
+                f"data.bucket_widths pads the batches of data.kind = "
+                f"{kinds_taking('bucket_widths')}; data.kind is {self.kind!r}"
             )
+        if self.pad_to_multiple > 1:
+            raise ConfigError("data.bucket_widths pads batches without data.pad_to_multiple")
         if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] < self.max_len:
             raise ConfigError(
                 f"data.bucket_widths must be positive, ascending and reach data.max_len "

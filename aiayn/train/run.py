@@ -226,12 +226,7 @@ def train_run(
         if start.resume:
             saved_tok = _on_main(dist, folder.read_tokenizer)
         elif cfg.train.init_from:
-            parsed = _on_main(dist, lambda: init_folder(cfg))
-            if parsed.kind == cfg.data.kind:
-                model = init_model(cfg, parsed, model_keys)
-                cfg = _fit_positions(replace(cfg, model=model, decode=init_decode(cfg, parsed)))
-            saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg, parsed))
-            cfg = replace(cfg, data=replace(cfg.data, **keys))  # config.json says what was used
+            cfg, saved_tok = _fine_tune(cfg, dist, model_keys)
             task.cfg = cfg
         else:
             saved_tok = None
@@ -264,6 +259,20 @@ def train_run(
         # shutdown_distributed, after the last collective, not by the interpreter's exit.
         trainer = None
         shutdown_distributed()
+
+
+def _fine_tune(
+    cfg: RunConfig, dist: DistContext, model_keys: Collection[str] | None
+) -> tuple[RunConfig, str]:
+    """The run's config and tokenizer with ``train.init_from``: a folder of the run's kind gives
+    its model section, decoding settings and tokenizer (fine-tuning); config.json then says what
+    was used."""
+    parsed = _on_main(dist, lambda: init_folder(cfg))
+    if parsed.kind == cfg.data.kind:
+        model = init_model(cfg, parsed, model_keys)
+        cfg = _fit_positions(replace(cfg, model=model, decode=init_decode(cfg, parsed)))
+    saved_tok, keys = _on_main(dist, lambda: init_tokenizer(cfg, parsed))
+    return replace(cfg, data=replace(cfg.data, **keys)), saved_tok
 
 
 def _run_meta(cfg: RunConfig, task: Task, extra_meta: dict[str, Any] | None) -> dict[str, Any]:
