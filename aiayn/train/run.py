@@ -207,12 +207,10 @@ def train_run(
     inputs: tuple[str | Path, ...] = (),
     model_keys: Collection[str] | None = None,
 ) -> TrainResult:
-    """Train ``cfg`` into the run folder ``out`` (continue it with ``resume``; replace what it
-    holds with ``overwrite``, once everything before the first update has succeeded). ``out`` may
-    not be, hold or lie inside what the run reads: its data files, ``train.init_from`` and
-    ``inputs`` (the config file). With ``train.init_from`` naming a folder of the run's kind, the
-    run fine-tunes it: its model section and tokenizer are the folder's (:func:`init_model`;
-    ``model_keys``: the model settings the config sets)."""
+    """Train ``cfg`` into the run folder ``out`` (``resume``: continue it; ``overwrite``: replace
+    it once all before the first update has succeeded); ``out`` may not be, hold or lie inside
+    what the run reads (data, ``train.init_from``, ``inputs``). ``train.init_from`` of the run's
+    kind fine-tunes that folder (:func:`_fine_tune`; ``model_keys``: the keys the config sets)."""
     dist = init_distributed(cfg.train.device)
     folder = RunFolder(out)
     new = not folder.path.exists()
