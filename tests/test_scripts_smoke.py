@@ -358,6 +358,37 @@ def smoke_profile_step(tmp: Path) -> None:
     assert "| wmt |" in (tmp / "profile.md").read_text()
 
 
+def smoke_finetune_gain(tmp: Path) -> None:
+    """The whole workflow at d_model 16 on 40 pairs (base, export --format hf, import hf,
+    fine-tune, from scratch, evaluate), in this process, and its record."""
+    mirror_or_skip()
+    pytest.importorskip("transformers", reason="the --format hf export is read by transformers")
+    out = tmp / "gain.json"
+    run_main("benchmarks/finetune_gain.py", "--smoke", "--work", tmp / "work", "--out", out)
+    record = read_json(out)
+    assert record["smoke"] and record["split"]["held_pairs"] == 40
+    assert set(record["test2016"]) == {"base", "base_imported", "finetuned", "scratch"}
+    assert all("bleu" in s for s in record["test2016"].values())
+    assert record["steps"]["finetune"]["command"].startswith("aiayn train ")
+    assert (tmp / "work" / "data" / "held.en").is_file()
+
+
+def smoke_bench_finetune(tmp: Path) -> None:
+    """A d_model-16 Marian folder built, imported, and fine-tuned by both systems in their
+    own worker processes, steps interleaved; the record."""
+    mirror_or_skip()
+    pytest.importorskip("transformers", reason="the peer is transformers' MarianMTModel")
+    pytest.importorskip("sentencepiece", reason="the Marian folder's tokenizer")
+    out = tmp / "speed.json"
+    run_main("benchmarks/bench_finetune.py", "--smoke", "--threads", "1", "--work", tmp / "work",
+             "--out", out)
+    record = read_json(out)
+    assert set(record["tokens_per_s"]) == {"aiayn", "transformers"}
+    assert all(r["median"] > 0 and len(r["steps"]) == 2 for r in record["tokens_per_s"].values())
+    assert record["speedup_median"] > 0
+    assert all(v > 0 for v in record["peak_rss_mib"].values())
+
+
 # gpu_check's smoke run is its whole dry run, with its own assertions, in tests/test_gpu_check.py.
 ELSEWHERE = "tests/test_gpu_check.py::test_the_whole_dry_run_passes"
 
@@ -368,11 +399,13 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_data_scale.py": smoke_bench_data_scale,
     "benchmarks/bench_decode.py": smoke_bench_decode,
     "benchmarks/bench_engines.py": smoke_bench_engines,
+    "benchmarks/bench_finetune.py": smoke_bench_finetune,
     "benchmarks/bench_loss.py": smoke_bench_loss,
     "benchmarks/bench_load.py": smoke_bench_load,
     "benchmarks/bench_scaling.py": smoke_bench_scaling,
     "benchmarks/bench_serve.py": smoke_bench_serve,
     "benchmarks/bench_train.py": smoke_bench_train,
+    "benchmarks/finetune_gain.py": smoke_finetune_gain,
     "benchmarks/gpu_check.py": ELSEWHERE,
     "benchmarks/profile_step.py": smoke_profile_step,
     "benchmarks/same_convergence.py": smoke_same_convergence,
