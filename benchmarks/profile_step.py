@@ -61,7 +61,7 @@ def wmt_target(args: argparse.Namespace, work: Path) -> tuple[Callable[[Any], An
     """The WMT base recipe's trainer on synthetic pairs, and its first ``--updates`` updates."""
     from wmt_projection import write_synthetic_pairs
 
-    from aiayn.train.config import load_run_config
+    from aiayn.run_config import load_run_config
     from aiayn.train.distributed import DistContext
     from aiayn.train.run_folder import RunFolder
     from aiayn.train.task import build_task
@@ -86,7 +86,7 @@ def wmt_target(args: argparse.Namespace, work: Path) -> tuple[Callable[[Any], An
                  for b in (task.collate("train", i) for i in g))
     about = {"config": "configs/wmt14_en_de_base.toml", "overrides": [f"data.max_tokens={args.max_tokens}", *args.extra],
              "micro_batches_per_update": k, "vocab": cfg.model.tgt_vocab_size,
-             "precision": str(trainer.autocast_dtype or "fp32"), "pairs": args.pairs}
+             "precision": str(trainer.setup.autocast_dtype or "fp32"), "pairs": args.pairs}
     return trainer.update, groups, tokens / max(len(groups), 1), about
 
 
@@ -99,7 +99,7 @@ def bench_target(args: argparse.Namespace, work: Path) -> tuple[Callable[[Any], 
     system = bench_train.AiaynSystem(shape, "auto", pairs, str(work / "bench_run"),
                                      device=args.device)
     about = {"preset": args.bench_preset, **info,
-             "precision": str(system.trainer.autocast_dtype or "fp32")}
+             "precision": str(system.trainer.setup.autocast_dtype or "fp32")}
     return system.step, batches, sum(b.n_tokens for b in batches) / max(len(batches), 1), about
 
 

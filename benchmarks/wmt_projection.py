@@ -155,7 +155,7 @@ def fitted_buckets(config: Path, sets: list[str], n: int) -> str:
     import numpy as np
 
     from aiayn.data.batching import fit_bucket_widths
-    from aiayn.train.config import load_run_config
+    from aiayn.run_config import load_run_config
     from aiayn.train.task import build_task
 
     cfg, _ = load_run_config(config, sets)

@@ -119,8 +119,8 @@ def count_parameters(model_dirs: list[Path]) -> int:
     """Parameters of a model, or of all the models of an ensemble."""
     from aiayn.folder import load_model_folder
 
-    model = load_model_folder(model_dirs, "cpu", "translation").model
-    return sum(p.numel() for p in model.parameters())
+    folder = load_model_folder(model_dirs, "cpu", "translation")
+    return sum(p.numel() for p in folder.parameters())
 
 
 def main_run(scorer: Scorer, runs: list[Path], lasts: list[int], beam: int,

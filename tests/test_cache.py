@@ -398,3 +398,18 @@ def test_the_backend_packs_once_across_decodings_and_a_plain_decoding_each_time(
     for _ in range(2):
         translate_ids(model, sources, cfg)
     assert len(calls) == 3
+
+
+@torch.no_grad()
+def test_a_prepacked_model_keeps_the_models_mode():
+    """Prepacked wraps an eval-mode model as an eval-mode module: a decoding, which puts back the
+    mode it found, must not leave the model training (dropout on) for whatever runs next (the
+    compiled step, attention plots, exporters)."""
+    from aiayn.decode.packed import Prepacked
+
+    model = tiny().eval()
+    decoder = Prepacked(model, keep=True)
+    assert not decoder.training
+    translate_ids(decoder, [[5, 6, 7]], DecodeConfig(beam=2, max_len_b=4))
+    assert not model.training and not decoder.training
+    assert Prepacked(tiny().train()).training  # a training model's wrapper trains

@@ -105,7 +105,7 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch):
     from aiayn import viz
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    with pytest.raises(AiaynError, match=r"pip install 'aiayn\[plot\]'"):
+    with pytest.raises(AiaynError, match=r"pip install -e '\.\[plot\]'"):
         viz.pyplot()
 
 

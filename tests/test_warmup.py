@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from trainutil import base_values, one_thread  # noqa: F401 (autouse fixture)
 
 import aiayn.train.trainer as trainer_module
-from aiayn.train.config import build_run_config
+from aiayn.run_config import build_run_config
 from aiayn.train.run import train_run
 
 BUCKETS = "8,12,16,24,32"  # the reversal data's widths reach data.max_len = 32
@@ -43,7 +43,7 @@ def test_warming_every_shape_leaves_the_losses_and_weights_unchanged(tmp_path, c
     assert len(plain) == 6 and warmed == plain  # exactly: the same floats
     assert all(torch.equal(plain_weights[k], warmed_weights[k]) for k in plain_weights)
     # The check can fail: a warm-up that left the RNGs moved draws other dropout masks.
-    monkeypatch.setattr(trainer_module, "_rng_untouched", contextlib.nullcontext)
+    monkeypatch.setattr(trainer_module, "rng_untouched", contextlib.nullcontext)
     moved, _ = run(tmp_path, "moved", warm_shapes=60)
     assert moved != plain
 

@@ -146,6 +146,8 @@ class Prepacked(nn.Module):
     def __init__(self, model: Transformer, keep: bool = False) -> None:
         super().__init__()
         self.model, self.keep, self.cfg = model, keep, model.cfg
+        self.train(model.training)  # a wrapper of an eval-mode model is one (no dropout after
+        # a decoding that restores the mode it found)
 
     def encode(self, src: Tensor) -> Tensor:
         return self.model.encode(src)
