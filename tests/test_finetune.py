@@ -369,3 +369,18 @@ def test_the_token_store_holds_marians_source_and_target_pieces(imported, tmp_pa
     for i, (x, y) in enumerate(zip(store.rows("src", range(5)), store.rows("tgt", range(5)))):
         assert list(x) == tok.encode(src[lines[i]]) and list(x)[-1] == tok.eos_id
         assert list(y) == tok.encode_target(tgt[lines[i]]) and tok.eos_id not in list(y)
+
+
+def test_a_finetuned_folder_is_served(tuned):
+    """`aiayn serve` on a fine-tuned Marian folder answers as the folder translates."""
+    pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not installed")
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve import Limits, create_app
+
+    folder = load_model_folder(tuned)
+    sources = [s for s in sentences("en", 200, skip=1000) if len(s.split()) <= 10][:3]
+    with torch_threads(1), TestClient(create_app(folder, Limits())) as client:
+        r = client.post("/v1/translate", json={"texts": sources, "beam": 2})
+        assert r.status_code == 200, r.text
+        assert [t["text"] for t in r.json()["translations"]] == folder.translate(sources, beam=2)
