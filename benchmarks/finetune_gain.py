@@ -8,11 +8,16 @@ command of aiayn's CLI:
             export takes post-LN models), for ``--base-steps`` updates (cosine over updates);
 2. export:  ``aiayn export BASE --format hf``, then ``aiayn import hf`` of that export;
 3. ft:      ``aiayn train configs/finetune.toml --set train.init_from=IMPORTED`` on the held-back
-            pairs for ``--steps`` updates (the recipe's settings otherwise);
+            pairs for ``--steps`` updates (the recipe's settings otherwise), and once more with
+            the recipe's peak lr a tenth of the base's and a warm-up of a quarter of the budget
+            (the recipe's 200-update warm-up is longer than a short budget);
 4. scratch: the base's recipe and model shape, from random weights, on the same held-back pairs
-            for the same ``--steps`` updates and the same batch budget (data.max_tokens);
-5. ``aiayn evaluate --beam 5`` of the base, the imported base, the fine-tuned and the from-scratch
-   model on test2016 (Multi30k's test_2016_flickr).
+            for the same ``--steps`` updates and the same batch budget (data.max_tokens), its
+            warm-up cut to a quarter of the budget;
+5. ``aiayn evaluate --beam 5`` of the base, the imported base, both fine-tuned models and the
+   from-scratch one on test2016 (Multi30k's test_2016_flickr), with the same decoding flags.
+
+``--reuse`` keeps the steps that an earlier run with the same commands finished.
 
 Budgets are update counts, not seconds, so that a busy machine changes the wall time (recorded)
 but not the models. Writes a JSON record (BLEU of each model, commands, settings, wall seconds).
@@ -131,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=150, help="warm-up of base and scratch")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="a d_model-16 model, 2 updates")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the steps an earlier run of the same commands finished")
     args = parser.parse_args(argv)
 
     work = args.work.resolve()
@@ -160,26 +167,49 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(exist_ok=True)
     base, hf, imported = work / "base", work / "base_hf", work / "base_imported"
     ft, scratch = work / "finetuned", work / "scratch"
+    ft_short = work / "finetuned_short_warmup"
+    scratch_warmup = min(args.warmup, max(1, args.steps // 4))
     steps: dict[str, dict] = {}
     inproc = args.smoke
 
-    def run(name: str, argv_: list[str]) -> None:
-        steps[name] = aiayn(argv_, logs / f"{name}.log", inproc)
+    done = work / "steps.json"  # each finished step, for --reuse
+    before = json.loads(done.read_text()) if args.reuse and done.is_file() else {}
+
+    def run(name: str, argv_: list[str], output: Path | None = None) -> None:
+        command = "aiayn " + shlex.join(argv_)
+        if name in before and before[name]["command"] == command:
+            steps[name] = before[name]
+        elif args.reuse and output is not None and (output / "config.json").is_file():
+            # done by an earlier invocation that recorded no steps.json (its wall time unknown)
+            steps[name] = {"command": command, "wall_s": None, "reused": True}
+        else:
+            steps[name] = aiayn(argv_, logs / f"{name}.log", inproc)
+        done.write_text(json.dumps(steps, indent=2))
 
     run("base", ["train", str(BASE_CONFIG), "--out", str(base), "--overwrite",
-                 *sets(own | recipe | train_sets(args.base_steps, "most"))])
-    run("export", ["export", str(base / "best"), "--format", "hf", "-o", str(hf), "--overwrite"])
-    run("import", ["import", "hf", str(hf), "-o", str(imported), "--overwrite"])
+                 *sets(own | recipe | train_sets(args.base_steps, "most"))], base / "best")
+    run("export", ["export", str(base / "best"), "--format", "hf", "-o", str(hf), "--overwrite"],
+        hf)
+    run("import", ["import", "hf", str(hf), "-o", str(imported), "--overwrite"], imported)
     # The fine-tuning recipe as it ships: only the budget, validation and data are set.
     ft_sets = own | train_sets(args.steps, "held") | {"train.init_from": str(imported),
                                                       "train.metrics_every": 0,
                                                       "train.best_metric": "valid_loss"}
-    run("finetune", ["train", str(FT_CONFIG), "--out", str(ft), "--overwrite", *sets(ft_sets)])
+    run("finetune", ["train", str(FT_CONFIG), "--out", str(ft), "--overwrite", *sets(ft_sets)],
+        ft / "best")
+    # The recipe's warm-up (200) is longer than a short budget: the same recipe with its peak lr
+    # a tenth of the base's (the header's rule) and the scratch run's warm-up.
+    short = {"train.lr": args.lr / 10, "train.warmup_steps": scratch_warmup}
+    run("finetune_short_warmup", ["train", str(FT_CONFIG), "--out", str(ft_short), "--overwrite",
+                                  *sets(ft_sets | short)], ft_short / "best")
+    # From scratch: the base's recipe, its warm-up cut to a quarter of the budget (the cosine
+    # needs max_steps > warmup_steps).
     run("scratch", ["train", str(BASE_CONFIG), "--out", str(scratch), "--overwrite",
-                    *sets(own | recipe | train_sets(args.steps, "held"))])
+                    *sets(own | recipe | train_sets(args.steps, "held")
+                          | {"train.warmup_steps": scratch_warmup})], scratch / "best")
 
     models = {"base": base / "best", "base_imported": imported, "finetuned": ft / "best",
-              "scratch": scratch / "best"}
+              "finetuned_short_warmup": ft_short / "best", "scratch": scratch / "best"}
     scores: dict[str, dict] = {}
     for name, folder in models.items():
         out = work / f"eval_{name}.json"
@@ -192,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def bleu(name: str) -> dict:
         s = scores[name]
-        keep = ("bleu", "bleu_lc", "chrf", "bleu_signature", "sentences")
+        keep = ("bleu", "bleu_lc", "chrf", "bleu_signature", "n", "sentences_per_s")
         return {k: s[k] for k in keep if k in s} or s
+
+    def valid_losses(run: Path) -> list[list[float]]:
+        """(update, validation loss) of each validation of a run."""
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [[r["step"], round(r["valid_loss"], 4)] for r in rows if "valid_loss" in r]
 
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
@@ -213,8 +248,11 @@ def main(argv: list[str] | None = None) -> int:
                   "test": "Multi30k test_2016_flickr"},
         "settings": {"base_updates": args.base_steps, "updates": args.steps,
                      "max_tokens": args.max_tokens, "base_and_scratch_lr": args.lr,
-                     "base_and_scratch_warmup": args.warmup, "decode": DECODE + ["--beam", str(args.beam)]},
+                     "base_warmup": args.warmup, "scratch_warmup": scratch_warmup, "decode": DECODE + ["--beam", str(args.beam)]},
         "test2016": {name: bleu(name) for name in models},
+        "valid_loss": {name: valid_losses(run) for name, run in
+                       (("base", base), ("finetuned", ft), ("finetuned_short_warmup", ft_short),
+                        ("scratch", scratch))},
         "steps": steps,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
