@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_train  # noqa: E402  (its worker handle and message format)
 FT_CONFIG = ROOT / "configs" / "finetune.toml"
 SYSTEMS = ("aiayn", "transformers")
 BASE = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
@@ -243,31 +245,18 @@ def worker_main() -> None:
                 return
 
 
-def _send(stream, obj: Any) -> None:
-    pickle.dump(obj, stream)
-    stream.flush()
+_send = bench_train._send  # the workers' pickled messages, as bench_train.py sends them
 
 
-class Worker:
+class Worker(bench_train.Worker):
+    """bench_train.py's handle on a worker process, running this script's worker; quitting waits
+    for it (its peak memory has been read by then)."""
+
     def __init__(self, spec: dict[str, Any]) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
-        self.name = spec["system"]
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, cwd=ROOT)
-        _send(self.proc.stdin, spec)
-
-    def ask(self, *request: Any) -> dict[str, Any]:
-        if request:
-            _send(self.proc.stdin, request)
-        try:
-            return pickle.load(self.proc.stdout)
-        except EOFError:
-            raise RuntimeError(f"worker '{self.name}' died (exit code {self.proc.wait()}); "
-                               "its error is above") from None
+        super().__init__(spec, script=__file__)
 
     def quit(self) -> None:
-        if self.proc.poll() is None:
-            _send(self.proc.stdin, ("quit",))
+        super().quit()
         self.proc.wait(timeout=120)
 
 

@@ -523,11 +523,12 @@ def _send(stream, obj: Any) -> None:
 class Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], script: str = __file__) -> None:
+        """``script --worker`` (this benchmark's by default; bench_finetune.py reuses it)."""
         env = {**CLEAN_ENV, "OMP_NUM_THREADS": str(spec["threads"]),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), CLEAN_ENV.get("PYTHONPATH")]))}
         self.name = spec["system"]
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, script, "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, cwd=ROOT)
         _send(self.proc.stdin, spec)
 
