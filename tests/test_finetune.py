@@ -108,8 +108,12 @@ def test_twenty_adamw_steps_give_the_weights_of_transformers(imported):
     ours, tok, theirs = _models(imported)
     pad = ours.cfg.pad_id
     freeze(ours, ())  # final_logits_bias is held fixed, as transformers holds its buffer
-    # configs/finetune.toml's peak lr (transformers' default too), AdamW with weight decay
-    settings = dict(lr=5e-5, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
+    # configs/finetune.toml's peak lr (transformers' default too), AdamW with weight decay and
+    # eps 1e-6 (fairseq's BART/RoBERTa fine-tuning value). The key projections' biases have a
+    # gradient of 0 up to rounding (the test above): with eps 1e-8 Adam scales that noise up to
+    # steps of ±lr in both implementations (1.6e-4 and 3.7e-4 apart after 20 steps, 2026-11-29),
+    # with 1e-6 it stays noise (< 1e-5), so every weight is compared.
+    settings = dict(lr=5e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
     mine = torch.optim.AdamW([p for p in ours.parameters() if p.requires_grad], **settings)
     other = torch.optim.AdamW(theirs.parameters(), **settings)
     with torch_threads(1):
@@ -120,10 +124,7 @@ def test_twenty_adamw_steps_give_the_weights_of_transformers(imported):
                 loss(model, batch, pad).backward()
                 opt.step()
     for name, p, q in _pairs(ours, theirs):
-        # k_proj's bias has a gradient of 0 up to rounding (the test above), which Adam scales
-        # up to steps of ±lr in both: noise, not a difference of the models
-        if not name.endswith("k_proj.bias"):
-            assert (p - q).abs().max() < 1e-4, name
+        assert (p - q).abs().max() < 1e-4, name
     start = load_model_folder(imported[1]).torch_module()
     assert torch.equal(ours.generator.bias, start.generator.bias)  # final_logits_bias: fixed
     moved = ours.src_embed.token.weight - start.src_embed.token.weight
