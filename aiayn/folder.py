@@ -95,7 +95,8 @@ def load_model_folder(
     Folders written by ``aiayn export`` open the same way, run by their backend (ONNX Runtime,
     CTranslate2) on the CPU (:func:`aiayn.runtime.open_backend`); ``engine`` ('torch', 'onnx',
     'ctranslate2'), when given, must be what the folders hold; ``workers`` is the number of
-    batches an exported model decodes at once (default: the folder's decoding settings).
+    batches an exported model decodes at once (default: chosen for the machine and the engine,
+    :func:`aiayn.threads.default_workers`; a PyTorch model takes it per call, ``decode.workers``).
 
     On the CPU under glibc this sets the allocator of the whole Python process, once, to keep
     freed memory instead of returning it to the kernel (:func:`aiayn.memory.keep_freed_memory`:

@@ -238,6 +238,11 @@ class RunConfig:
 SECTIONS = ("model", "data", "train", "decode")
 # Keys renamed since older run configs and model folders were written: old -> new.
 RENAMED = {"train.bleu_every": "train.metrics_every", "data.task": "data.kind"}
+# Keys no longer read, and why: dropped with one warning (a model folder's: silently).
+REMOVED = {
+    "decode.workers": "batches decoded at once are chosen for the machine when the model runs "
+    "(--workers sets them)",
+}
 
 
 def renamed_keys(
@@ -258,6 +263,16 @@ def renamed_keys(
             )
             value = out.pop(old)
             out.setdefault(new, value)
+    for old, why in REMOVED.items():
+        if old in out:
+            log.log(
+                logging.WARNING if warn else logging.DEBUG,
+                "%s: '%s' is ignored: %s",
+                where,
+                old,
+                why,
+            )
+            del out[old]
     return out
 
 
@@ -480,7 +495,11 @@ def run_config_from_dict(data: dict[str, Any], where: str = "config.json") -> Ru
 
 
 def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:
-    return {name: to_dict(getattr(cfg, name)) for name in SECTIONS}
+    out = {name: to_dict(getattr(cfg, name)) for name in SECTIONS}
+    for key in REMOVED:  # settings of the machine a model runs on, not of the model
+        section, name = key.split(".")
+        out[section].pop(name, None)
+    return out
 
 
 def run_inputs(cfg: RunConfig) -> list[Path]:

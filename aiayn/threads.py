@@ -37,6 +37,8 @@ __all__ = [
     "cores",
     "busy_cores",
     "threads_for_load",
+    "default_workers",
+    "MOST_WORKERS",
     "probe",
     "LoadFollower",
     "ThreadGovernor",
@@ -131,6 +133,28 @@ def threads_for_load(apply: bool = True, most: int | None = None) -> int:
         log.info("threads: %d of %d (%s)", n, high, why)
         torch.set_num_threads(n)
     return n
+
+
+# Batches decoded at once, at most, when the user chose no number (`--workers`), by engine. Each
+# batch runs on its share of the threads, and on a CPU one batch per thread is fastest: per-step
+# ops are small, and batches side by side overlap their Python and their waits instead of
+# meeting at every op's barrier (2-core AMD EPYC, idle, test2016, beam 5: native 209.6 against
+# 183.9 sentences/s, CTranslate2 276.6 against 246.2; docs/experiments/decoding_speed.md). aiayn's
+# search (torch, ONNX Runtime) runs in Python, whose lock lets about two batches overlap usefully;
+# CTranslate2's runs in C++ (its inter_threads), and 4 is where its guide's batches of a typical
+# test set still fill every translator. A GPU runs one batch at a time.
+MOST_WORKERS = {"torch": 2, "onnx": 2, "ctranslate2": 4}
+
+
+def default_workers(engine: str, threads: int | None = None, device: str = "cpu") -> int:
+    """Batches to decode at once on ``engine`` when the user chose none: one per thread the job
+    may use (``threads``, default torch's count now, which :func:`threads_for_load` set for the
+    machine's load), at most :data:`MOST_WORKERS`; 1 on a GPU. Each then runs on
+    ``threads // workers`` threads."""
+    if device != "cpu":
+        return 1
+    threads = threads or torch.get_num_threads()
+    return max(1, min(threads, MOST_WORKERS.get(engine, 1)))
 
 
 def probe(settings: tuple[int, ...], rounds: int = 2, reps: int = 30) -> dict[int, float]:

@@ -69,9 +69,11 @@ class DecodeConfig:
     # 1,305 MB; docs/decoding.md).
     max_tokens: int = 1024
     # Batches decoded at once, each on its share of torch's intra-op threads (CTranslate2's
-    # inter_threads). On a CPU, 2 workers of 1 thread beat 1 worker of 2 threads: small per-step
-    # ops and Python overlap instead of waiting for each other (docs/decoding.md).
-    workers: int = 1
+    # inter_threads). 0: chosen for the machine and the engine when the model runs
+    # (aiayn.threads.default_workers: one per thread, at most 2 for aiayn's search, 4 for
+    # CTranslate2; docs/decoding.md). A setting of the machine, not of the model: a model folder
+    # does not keep it.
+    workers: int = 0
     # Run the matmuls in bfloat16 autocast (faster on CPUs with AVX512-BF16/AMX and on GPUs).
     bf16: bool = False
     # Run the decoder step as one compiled call (AOTInductor, aiayn/runtime/compiled.py): one
@@ -108,4 +110,4 @@ class DecodeConfig:
             ) from None
         check_integer("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
         check_integer("max_tokens", self.max_tokens, minimum=1)
-        check_integer("workers", self.workers, minimum=1)
+        check_integer("workers", self.workers, minimum=0)

@@ -28,6 +28,7 @@ from aiayn.decode.packed import prepacked
 from aiayn.decode.search import Hypothesis, Rules, SearchSettings, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, decoding_device, force_prefix, transformer_step
 from aiayn.errors import ConfigError
+from aiayn.threads import default_workers
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ def translate_ids(
     before search goes on (:func:`~aiayn.decode.step.force_prefix`); the output holds them.
 
     Empty sources give no hypotheses (an empty list). ``progress(n)`` is called after each batch.
-    With ``cfg.workers > 1`` that many batches are decoded at once (see :func:`in_workers`);
+    ``cfg.workers`` batches are decoded at once (see :func:`in_workers`; 0: as many as
+    :func:`aiayn.threads.default_workers` chooses for the machine);
     each batch's result does not depend on it. ``cfg.bf16`` runs it under bfloat16 autocast.
     ``device``: where the model runs (default: where its weights are).
     """
@@ -169,9 +171,8 @@ def translate_ids(
             if cfg.bf16
             else contextlib.nullcontext()
         ):
-            in_workers(
-                decode, token_batches([len(sources[i]) for i in todo], cfg.max_tokens), cfg.workers
-            )
+            batches = token_batches([len(sources[i]) for i in todo], cfg.max_tokens)
+            in_workers(decode, batches, cfg.workers or default_workers("torch", device=device.type))
     finally:
         if was_training:
             cast(nn.Module, model).train()

@@ -25,6 +25,7 @@ from aiayn.runtime.backend import CAPABILITIES, ENGINES, Backend, Unsupported, r
 from aiayn.runtime.ct2_backend import Ct2Backend, open_ct2
 from aiayn.runtime.onnx_backend import OnnxBackend, open_onnx
 from aiayn.runtime.torch_backend import TorchBackend
+from aiayn.threads import default_workers
 
 __all__ = [
     "CAPABILITIES",
@@ -92,8 +93,8 @@ def open_backend(
 ) -> tuple[Backend, Tokenizer]:
     """The backend that runs ``folders`` (one folder, or several translation folders as an
     ensemble) and the tokenizer they share; ``parsed`` their config.json, already read.
-    ``workers``: batches an exported model decodes at once (default: the folder's decoding
-    settings), each on its share of the threads."""
+    ``workers``: batches an exported model decodes at once (default: chosen for the machine
+    and the engine, :func:`aiayn.threads.default_workers`), each on its share of the threads."""
     name = engine_of(folders, parsed, engine)
     kind = KINDS[parsed[0].kind]
     if len(folders) > 1:
@@ -115,7 +116,7 @@ def open_backend(
             require(runtime, _NEEDS[use], f"{folders[0]} holds a '{kind.name}' model")
     if len(folders) > 1:
         require(runtime, "ensemble", "aiayn ensembles run on PyTorch or ONNX models")
-    workers = workers or parsed[0].config.decode.workers
+    workers = workers or default_workers(name)
     opened = [_open_export(f, p, name, workers) for f, p in zip(folders, parsed)]
     engines, tokenizers = [m for m, _ in opened], [t for _, t in opened]
     return runtime(ensemble_of(folders, engines, tokenizers)), tokenizers[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from aiayn.decode.translate import translate_ids
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.model import Transformer
 from aiayn.runtime.compiled import CompiledDecoding, compiled_step
+from aiayn.threads import default_workers
 
 __all__ = ["TorchBackend"]
 
@@ -85,8 +87,16 @@ class TorchBackend:
         progress: Callable[[int], None] | None = None,
         prefixes: Sequence[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
+        cfg = self.placed(cfg)
         model = self.compiled(cfg) if cfg.compile else self.decoder
         return translate_ids(model, sources, cfg, progress, None, prefixes)
+
+    def placed(self, cfg: DecodeConfig) -> DecodeConfig:
+        """``cfg`` with its ``workers`` chosen for the machine when 0 (the default:
+        :func:`aiayn.threads.default_workers`)."""
+        if cfg.workers:
+            return cfg
+        return replace(cfg, workers=default_workers(self.name, device=self.device.type))
 
     def compiled(self, cfg: DecodeConfig) -> CompiledDecoding:
         """The model with its decoder step compiled (``decode.compile``) for ``cfg.workers``
@@ -97,6 +107,7 @@ class TorchBackend:
                 "decode.compile runs one float32 translation model on the CPU "
                 "(not with bf16, an ensemble or a GPU)"
             )
+        cfg = self.placed(cfg)
         threads = max(1, torch.get_num_threads() // cfg.workers)  # as in_workers shares them
         # The package holds the weights as they were: weights changed since (load_state_dict,
         # an in-place update) are compiled again (found on disk when compiled before)
