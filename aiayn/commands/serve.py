@@ -12,14 +12,10 @@ import dataclasses
 import gc
 import logging
 import os
-import sys
-from typing import TYPE_CHECKING, Any
 
 from aiayn.commands.options import add_device, add_engine, advanced
 from aiayn.errors import ConfigError
-
-if TYPE_CHECKING:
-    from aiayn.serve.batching import DynamicBatcher
+from aiayn.serve.lanes import run_on_main_thread
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +78,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "engines' (more sentences/s under many one-sentence clients; a lone request waits "
         "for its batch window)",
     )
-    p.set_defaults(run=run, workers=1)  # one worker thread decodes (the batcher's)
+    p.add_argument(
+        "--workers",
+        dest="lanes",
+        type=int,
+        metavar="N",
+        help="decoding lanes: server processes sharing the port, each with its own batch and an "
+        "equal share of the cores (default: one per core that is not busy, each on 1 thread; "
+        "1 on a GPU; docs/serving.md)",
+    )
+    p.set_defaults(run=run, workers=1)  # each lane's one worker thread decodes (the batcher's)
     return p
 
 
@@ -90,18 +95,45 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.serve.extra import require_extra
 
     require_extra()
+    import torch
     import uvicorn
 
     from aiayn.commands.options import inference_device, open_models
-    from aiayn.serve.app import create_app
+    from aiayn.serve.app import create_app, serve_lane
+    from aiayn.serve.lanes import Lanes, LaneSpec, can_share_port, default_lanes, listening_socket
     from aiayn.serve.limits import Limits
+    from aiayn.threads import LoadFollower
 
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
-    device = inference_device(args.device)
-    folder = open_models(args, device)  # the loader of translate/evaluate, engines included
-    engine = folder.engine
+    device = inference_device(args.device)  # torch's threads: the cores not busy
     check_port(args.host, args.port)
+    threads = torch.get_num_threads()
+    lanes = default_lanes(threads, device.type) if args.lanes is None else args.lanes
+    if lanes < 1:
+        raise ConfigError(f"--workers must be >= 1, got {lanes}")
+    if lanes > 1 and not can_share_port():
+        raise ConfigError("--workers above 1 needs Linux (processes sharing the port)")
+    per_lane = max(1, threads // lanes)
+    torch.set_num_threads(per_lane)  # before the folder opens: CTranslate2 takes it then
+    folder = open_models(args, device)  # the loader of translate/evaluate, engines included
+    follow = LoadFollower(per_lane) if lanes > 1 and per_lane > 1 else lanes == 1
+    app = create_app(folder, limits, api_key, worker_thread=False, follow_load=follow)
+    others = Lanes(
+        LaneSpec(
+            models=[str(p) for p in folder.paths],
+            engine=folder.engine,
+            device=str(device),
+            host=args.host,
+            port=args.port,
+            threads=per_lane,
+            limits=dataclasses.asdict(limits),
+            api_key=api_key,
+            log_level=logging.getLogger().level,
+        ),
+        lanes - 1,
+        serve_lane,
+    )
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning(
             "serving on %s without an API key: anyone who reaches this port can use the model "
@@ -109,73 +141,37 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             KEY_ENV,
         )
-    app = create_app(folder, limits, api_key, worker_thread=False)
-    log.info(
-        "serving %s model %s (%s) on http://%s:%d/ (API docs at /docs)",
-        folder.kind,
-        " + ".join(str(p) for p in folder.paths),
-        engine,
-        args.host,
-        args.port,
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3
-        )
-    )
-    # What is loaded now lives as long as the server: gc.freeze() takes it out of the collector's
-    # sight, so that a full collection no longer walks it (75-85 ms with the demo model, a pause
-    # of the HTTP layer that split batches; docs/serving.md).
-    gc.collect()
-    gc.freeze()
-    return run_on_main_thread(server, app.state.service.batcher)
-
-
-# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
-# model's worker now runs step after step while the HTTP thread reads requests and writes
-# answers between them; at 5 ms that thread waited on the worker's Python and fewer requests
-# were in the running batch. 64 / 128 one-sentence clients, 1 thread, a shared 2-core Xeon:
-# 0.72 and 0.69 / 0.75 of `aiayn translate` at 0.5 and 0.2 ms, 0.64 / 0.68 and 0.44 / 0.58 at
-# 5 ms, 0.52 at 50 ms (docs/serving.md).
-SWITCH_INTERVAL_S = 0.0005
-
-
-def run_on_main_thread(server: Any, batcher: DynamicBatcher) -> int:
-    """uvicorn on a thread of its own, the model on the main thread (``batcher.work()``: torch
-    starts its parallel regions several times faster there, docs/serving.md) until Ctrl+C or
-    SIGTERM, or until uvicorn stops; 1 when uvicorn could not start. ``server`` is a
-    ``uvicorn.Server`` (its ``run()``, ``started`` and ``should_exit``)."""
-    import signal
-    import threading
-
-    def http() -> None:
-        try:
-            server.run()
-        finally:
-            batcher.close()  # work() returns once the queue is drained
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    thread = threading.Thread(target=http, name="aiayn-http", daemon=True)
-    thread.start()
+    others.start()  # each lane loads the folder and listens before this one does
     try:
-        batcher.work()
-    except KeyboardInterrupt:
-        log.info("stopping")
+        sock = listening_socket(args.host, args.port, share=lanes > 1)
+        log.info(
+            "serving %s model %s (%s) on http://%s:%d/ (API docs at /docs), %d lane(s) of %d "
+            "thread(s)",
+            folder.kind,
+            " + ".join(str(p) for p in folder.paths),
+            folder.engine,
+            args.host,
+            args.port,
+            lanes,
+            per_lane,
+        )
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level="warning",
+                timeout_graceful_shutdown=3,
+            )
+        )
+        # What is loaded now lives as long as the server: gc.freeze() takes it out of the
+        # collector's sight, so that a full collection no longer walks it (75-85 ms with the demo
+        # model, a pause of the HTTP layer that split batches; docs/serving.md).
+        gc.collect()
+        gc.freeze()
+        return run_on_main_thread(server, app.state.service.batcher, sock)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        sys.setswitchinterval(switch)
-        server.should_exit = True
-        batcher.close(drop=True)  # the requests still queued get a 503 at once
-        thread.join(10)
-    if not server.started:
-        log.error("the HTTP server did not start (see above)")
-        return 1
-    return 0
+        others.stop()
 
 
 def check_port(host: str, port: int) -> None:

@@ -27,21 +27,30 @@ The limits are :class:`~aiayn.serve.limits.Limits`; the model behind the routes 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import torch
+import uvicorn
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from aiayn.folder import ModelFolder
+from aiayn.folder import ModelFolder, load_model_folder
+from aiayn.memory import keep_freed_memory
 from aiayn.serve.errors import add_error_handlers
 from aiayn.serve.guard import Guard
+from aiayn.serve.lanes import LaneSpec, listening_socket, run_on_main_thread, watch_parent
 from aiayn.serve.limits import Limits
 from aiayn.serve.page import add_page
 from aiayn.serve.routes import add_routes
 from aiayn.serve.service import ModelService
+from aiayn.threads import LoadFollower, threads_for_load
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "serve_lane"]
 
 
 def create_app(
@@ -49,13 +58,15 @@ def create_app(
     limits: Limits | None = None,
     api_key: str | None = None,
     worker_thread: bool = True,
+    follow_load: bool | LoadFollower = True,
 ) -> FastAPI:
     """The app serving ``folder`` (:func:`aiayn.folder.load_model_folder`, or an exported
     folder) within ``limits``; with ``api_key`` every route but /health asks for it. With
     ``worker_thread=False`` the model runs where the caller runs ``app.state.service.batcher
-    .work()`` (`aiayn serve`: the main thread, with uvicorn on another)."""
+    .work()`` (`aiayn serve`: the main thread, with uvicorn on another). ``follow_load``: as
+    :class:`~aiayn.serve.service.ModelService` takes it."""
     limits = limits or Limits()
-    service = ModelService(folder, limits, worker_thread)
+    service = ModelService(folder, limits, worker_thread, follow_load)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,3 +90,36 @@ def create_app(
     add_routes(app, service, limits)
     add_page(app)
     return app
+
+
+def serve_lane(spec: LaneSpec, lane: int, report: Any, alive: Any) -> None:
+    """A lane process: load the folder, listen on the shared port, say "ready" (or the error)
+    on ``report``, then serve until SIGTERM or until the parent's end of ``alive`` closes."""
+    logging.basicConfig(level=spec.log_level, format=f"aiayn lane {lane}: %(message)s")
+    try:
+        torch.set_num_threads(spec.threads)
+        device = torch.device(spec.device)
+        if device.type == "cpu":
+            keep_freed_memory()  # as inference_device does for the first lane
+            threads_for_load()  # may lower the threads for the load
+        folder = load_model_folder(spec.models, device, None, spec.engine, 1)
+        follow = LoadFollower(spec.threads) if spec.threads > 1 else False
+        app = create_app(
+            folder, Limits(**spec.limits), spec.api_key, worker_thread=False, follow_load=follow
+        )
+        app.state.lane = lane
+        sock = listening_socket(spec.host, spec.port, share=True)
+    except BaseException as err:  # said once, by the first lane
+        report.send(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise SystemExit(1) from None
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=spec.host, port=spec.port, log_level="warning", timeout_graceful_shutdown=3
+        )
+    )
+    threading.Thread(target=watch_parent, args=(alive,), daemon=True).start()
+    gc.collect()  # as the first lane does (aiayn/commands/serve.py)
+    gc.freeze()
+    report.send("ready")
+    report.close()
+    raise SystemExit(run_on_main_thread(server, app.state.service.batcher, sock))

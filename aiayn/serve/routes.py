@@ -43,6 +43,7 @@ def info_routes(app: FastAPI, service: ModelService) -> None:
         return {
             "status": "ok",
             "kind": service.kind,
+            "lane": getattr(app.state, "lane", 0),  # which process answered (aiayn/serve/lanes.py)
             "waiting": service.batcher.waiting,
             "batches": stats.batches,
             "requests": stats.requests,
