@@ -18,6 +18,7 @@ import torch
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
+from aiayn.threads import MOST_WORKERS
 
 if TYPE_CHECKING:
     from aiayn.folder import ModelFolder
@@ -239,8 +240,9 @@ def _add_speed_options(g: Any) -> None:
         "--workers",
         type=int,
         help="batches decoded at once, sharing the CPU threads (like CTranslate2's "
-        "inter_threads; 2 on a 2-core CPU is fastest, docs/decoding.md; "
-        f"default: {DEFAULTS.workers})",
+        "inter_threads; default: one per core that is not busy, each on 1 thread, at most "
+        f"{MOST_WORKERS['torch']} for aiayn's search and {MOST_WORKERS['ctranslate2']} for "
+        "CTranslate2; 1 on a GPU; docs/decoding.md)",
     )
     g.add_argument(
         "--bf16",
