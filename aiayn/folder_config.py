@@ -25,7 +25,7 @@ from aiayn.config import to_dict
 from aiayn.errors import AiaynError, CheckpointError
 from aiayn.io import live_writers, recover_folder, write_json
 from aiayn.kinds import KINDS, kind_name
-from aiayn.run_config import SECTIONS, RunConfig, run_config_from_dict
+from aiayn.run_config import SECTIONS, RunConfig, run_config_from_dict, run_config_to_dict
 
 __all__ = [
     "CONFIG_FILE",
@@ -88,7 +88,7 @@ class FolderConfig:
         """The decoding settings config.json records (the folder's recommendation), by field."""
         if "decode" not in self.sections:
             return {}
-        decode = to_dict(self.config.decode)
+        decode = run_config_to_dict(self.config)["decode"]  # the removed keys left out
         keys = decode if self.decode_keys is None else self.decode_keys
         return {k: decode[k] for k in keys if k in decode}
 

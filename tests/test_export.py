@@ -83,14 +83,21 @@ def test_an_export_drops_the_sources_bf16_decoding(tmp_path):
     assert len(folder.translate(["abc", "de"])) == 2
 
 
-def test_an_engine_is_opened_with_the_folders_workers_unless_told(tmp_path):
+def test_an_engine_is_opened_with_the_machines_workers_unless_told(tmp_path):
     """The threads of a CTranslate2 translator are split between its workers when it is opened:
-    the folder's [decode] workers, as translate decodes with them, or the --workers flag."""
+    one per thread (aiayn.threads.default_workers), or the --workers flag; a folder's stored
+    [decode] workers (a machine's setting, written by older versions) is not read."""
     needs("ctranslate2", "ctranslate2")
-    src = save(tmp_path / "model", Transformer(small_cfg()), "translation", decode={"workers": 2})
+    src = save(tmp_path / "model", Transformer(small_cfg()), "translation", decode={"workers": 3})
     out = export_model(src, "ctranslate2", tmp_path / "ct2")
-    assert load_model_folder(out).backend.model.translator.num_translators == 2
-    assert load_model_folder(out, workers=1).backend.model.translator.num_translators == 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert load_model_folder(out).backend.model.translator.num_translators == 2
+        assert load_model_folder(out, workers=1).backend.model.translator.num_translators == 1
+    finally:
+        torch.set_num_threads(before)
+
 
 # ---- ONNX: the graphs compute what the model computes --------------------------------------------
 

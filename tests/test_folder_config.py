@@ -108,3 +108,26 @@ def test_bad_configs_are_one_line_errors(tmp_path):
     (tmp_path / "config.json").write_text('{"kind": "lm"}', encoding="utf-8")
     with pytest.raises(CheckpointError, match="needs 'kind' and 'model'"):
         read_folder_config(tmp_path)
+
+
+def test_a_folders_decode_workers_is_not_read_and_a_recipes_warns(tmp_path, caplog):
+    """decode.workers is the machine's setting (aiayn.threads.default_workers), not the model's:
+    a folder written with it loads silently without it, a recipe that sets it is warned."""
+    from aiayn.run_config import build_run_config
+
+    old = {"kind": "translation", "model": {"d_model": 16, "n_heads": 2},
+           "decode": {"beam": 5, "workers": 1}}
+    with caplog.at_level("WARNING"):
+        parsed = parse_folder_config(old, tmp_path)
+    assert [r.getMessage() for r in caplog.records] == []
+    assert parsed.config.decode.workers == 0  # chosen when the model runs
+    write_folder_config(tmp_path, parsed)
+    written = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
+    assert "workers" not in written["decode"]
+    with caplog.at_level("WARNING"):
+        cfg = build_run_config({"decode.workers": 2}, "recipe.toml")
+    assert cfg.decode.workers == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "recipe.toml: 'decode.workers' is ignored: batches decoded at once are chosen for the "
+        "machine when the model runs (--workers sets them)"
+    ]
