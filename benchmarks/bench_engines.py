@@ -517,7 +517,7 @@ def run_sweep(args: argparse.Namespace, model: Path, env: dict, report: dict) ->
     """--sweep: every engine at every setting of the grid and at its default, alternating within
     each round; the report's engines and its warnings."""
     settings = {label(w, t): (w, w * t) for w, t in args.grid}
-    rounds = {name: {s: [] for s in settings} for name in args.engines}
+    rounds: dict[str, dict[str, list[dict]]] = {n: {s: [] for s in settings} for n in args.engines}
     default: dict[str, list[dict]] = {name: [] for name in args.engines}
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         folders = export_all(model, Path(tmp), args.engines)
