@@ -66,8 +66,8 @@ REFERENCE = "ctranslate2 float32"  # the engine the ratios are taken against
 BEGIN, END = "<!-- engines:begin (benchmarks/bench_engines.py) -->", "<!-- engines:end -->"
 # --sweep: the engines a user picks between (the other native settings are options of the first)
 SWEEP_ENGINES = ("native fp32", "onnxruntime fp32", "ctranslate2 float32", "ctranslate2 int8")
-SWEEP_BEGIN = "<!-- engines-sweep:begin (benchmarks/bench_engines.py --sweep) -->"
-SWEEP_END = "<!-- engines-sweep:end -->"
+# its own section, which ends at the next end marker (one "engines" name: a generated section)
+SWEEP_BEGIN, SWEEP_END = "<!-- engines:begin (benchmarks/bench_engines.py --sweep) -->", END
 LIBRARY = {"native": "torch", "onnxruntime": "onnx", "ctranslate2": "ctranslate2"}  # aiayn's names
 WARN_BELOW = 0.9  # a default under 0.9× the best setting measured is a regression
 

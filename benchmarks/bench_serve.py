@@ -172,7 +172,10 @@ def translate_sweep(
         "repeats": repeats,
         "default": {"setting": chosen, key: row[key], "rounds": [r[key] for r in default]},
         "settings": {
-            s: {key: round(statistics.median(r[key] for r in rs), 2), "rounds": [r[key] for r in rs]}
+            s: {
+                key: round(statistics.median(r[key] for r in rs), 2),
+                "rounds": [r[key] for r in rs],
+            }
             for s, rs in rounds.items()
         },
     }
