@@ -11,7 +11,8 @@ peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests 
 (step-level batching, the PyTorch backend) or per batch (from /health). One client always runs
 as well: a lone request's latency. ``--baseline`` adds the server with `--no-batching` at the
 first client count, ``--compare FLAGS`` the server with those flags right after each count's
-default run (e.g. `--no-step-batching`; the default's sentences/s over its in "targets").
+default run (e.g. `--no-step-batching`; the default's sentences/s over its in "targets", and a
+WARNING line where the default runs more than 10% slower).
 `aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
 sentence), and the ratio server / translate (loading excluded) per client count. "targets"
@@ -247,6 +248,19 @@ def targets(rows: dict, clients: list[int], compared: list[str]) -> dict:
                 out.setdefault(f"default_vs {flags}", {})[str(c)] = round(ratio, 2)
         if lone:
             out["p50_vs_lone_request"][str(c)] = round(row["p50_ms"] / lone, 2)
+    return out
+
+
+def serve_warnings(goals: dict, clients: list[int], compared: list[str]) -> list[str | None]:
+    """Per client count, the warning line when the default server runs more than 10% slower
+    than the fastest server of ``--compare`` (e.g. ``--compare='--workers 1'``); None when not."""
+    out = []
+    for c in clients:
+        ratios = {f: goals.get(f"default_vs {f}", {}).get(str(c)) for f in compared}
+        ratios = {f: r for f, r in ratios.items() if r is not None}
+        if ratios:
+            best = min(ratios, key=ratios.__getitem__)  # the default is slowest against it
+            out.append(default_warning(f"aiayn serve, {c} clients", "no flags", best, ratios[best]))
     return out
 
 
@@ -682,8 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in args.clients:
         served, p50 = goals["vs_translate"].get(str(c)), goals["p50_vs_lone_request"].get(str(c))
         print(f"{c} clients: served/translate {served}, p50/lone request {p50}", flush=True)
-    if sweep.get("warning"):
-        print(sweep["warning"], flush=True)
+    warnings = [sweep.get("warning"), *serve_warnings(goals, args.clients, args.compare)]
+    for line in filter(None, warnings):
+        print(line, flush=True)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
@@ -700,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": rows,
         "targets": goals,
         "translate_sweep": sweep,
+        "warnings": [w for w in warnings if w],
     }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

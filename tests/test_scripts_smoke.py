@@ -207,15 +207,21 @@ def smoke_bench_serve(tmp: Path, runs: list[Path], capsys) -> None:
     run_main("benchmarks/bench_serve.py", "--model", runs[0] / "best", "--clients", "1", "2",
              "--seconds", "1", "--warmup", "0.2", "--sentences", "4", "--beam", "1",
              "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--ceiling-steps", "2",
-             "--compare=--join-steps 0", "--grid", "1x1", "--repeats", "1", "--out", out)
+             "--compare=--join-steps 0", "--grid", "1x1", "--repeats", "1", "--threads", "1",
+             "--out", out)  # one thread: a second of load counts answers on a busy machine too
     printed = capsys.readouterr().out
     report = read_json(out)
-    assert report["engine"] == "torch" and report["threads"] == 0  # each at its own defaults
+    assert report["engine"] == "torch" and report["threads"] == 1
     sweep = report["translate_sweep"]  # `aiayn translate` at its default and at --grid's 1×1
     assert set(sweep["settings"]) == {"1×1"} and sweep["best"] == "1×1"
     assert load("benchmarks/bench_engines.py").parse_setting(sweep["default"]["setting"])
     assert sweep["default_vs_best"] > 0 and (sweep["warning"] is None) == (sweep["default_vs_best"] >= 0.9)
     assert "2 clients: served/translate " in printed and ", p50/lone request " in printed
+    # a warning line for each default more than 10% slower: translate's, the server's at a count
+    compared = report["targets"]["default_vs --join-steps 0"]
+    slower = [c for c, r in compared.items() if r < 0.9] + (["translate"] if sweep["warning"] else [])
+    assert len(report["warnings"]) == len(slower)
+    assert all(w.startswith("WARNING: ") and w in printed for w in report["warnings"])
     results = report["results"]
     assert set(results) == {"aiayn translate, one process", "decoding alone",
                             "step-level decoding alone", "serve, 1 clients",
