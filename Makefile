@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
 
-.PHONY: install install-demo quick demo docs lint test test-slow smoke bench bench-decode bench-engines bench-train \
+.PHONY: install install-demo quick demo docs lint test test-slow smoke bench bench-decode bench-engines bench-sweep bench-train \
 	bench-convergence bench-scaling gpu-check gpu-check-dry gpu-data clean
 
 $(BIN)/python:
@@ -113,6 +113,13 @@ bench-decode: $(VENV)/.bench
 ENGINES_MODEL ?= $(DEMO_RUN)/avg5
 bench-engines: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_engines.py --model $(ENGINES_MODEL) $(ENGINES_ARGS)
+
+# Each engine's default (what `aiayn translate` does with no flags) against a grid of workers ×
+# threads on this machine's cores: native fp32, ONNX Runtime, CTranslate2 float32 / int8 ->
+# docs/experiments/engines_sweep.json and its table in docs/experiments/engines.md; a WARNING line
+# for a default more than 10% slower than the best setting. SWEEP_ARGS="--limit 200" etc.
+bench-sweep: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_engines.py --sweep --model $(ENGINES_MODEL) --repeats 3 $(SWEEP_ARGS)
 
 # Training tokens/s, peak RSS, MFU against nn.Transformer and HF Marian -> docs/experiments/performance.json, .md
 # (real Multi30k batches: needs the data mirror or a download). BENCH_ARGS="--threads 1" etc.

@@ -11,24 +11,36 @@ peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests 
 (step-level batching, the PyTorch backend) or per batch (from /health). One client always runs
 as well: a lone request's latency. ``--baseline`` adds the server with `--no-batching` at the
 first client count, ``--compare FLAGS`` the server with those flags right after each count's
-default run (e.g. `--no-step-batching`; the default's sentences/s over its in "targets").
+default run (e.g. `--no-step-batching`; the default's sentences/s over its in "targets", and a
+WARNING line where the default runs more than 10% slower).
 `aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
 sentence), and the ratio server / translate (loading excluded) per client count. "targets"
 gathers what docs/serving.md's targets compare: that ratio per client count, and each count's
-p50 latency over the lone request's.
+p50 latency over the lone request's; both are printed per client count.
+
+`aiayn translate` also runs at the settings of a small grid (``--grid``, default as
+bench_engines.py --sweep's: W workers × T threads each, W × T at most the cores): `--workers W`
+on W × T threads. "translate_sweep" gives each setting's sentences/s (loading excluded, medians
+of ``--repeats`` alternated rounds), the best, the setting translate's default chose (asked of
+aiayn in a process of its own just before), and default ÷ best; a WARNING line is printed when
+the default runs more than 10% slower than the best. The model folder may be an export
+(`aiayn export --format ctranslate2`, onnx): its engine is recorded ("engine").
 
 The clients share the machine with the server, so they are made cheap (one asyncio loop,
 keep-alive connections, request bytes encoded beforehand: about 1% of a core at 150 requests/s,
 where 64 threads of httpx took 25-30%); every answer is still parsed and checked.
 
-Both the server and `aiayn translate` run with ``--threads`` intra-op threads (AIAYN_THREADS and
-OMP_NUM_THREADS, default 1) and OMP_WAIT_POLICY=PASSIVE: on a machine shared with other busy
-processes, OpenMP's default spinning makes 2 threads many times slower than 1. ``--threads 0``
-sets none of these: each command chooses as a user's would.
+By default (``--threads 0``) the server and `aiayn translate` run at their own defaults: no
+AIAYN_THREADS, OMP_NUM_THREADS or OMP_WAIT_POLICY, each chooses as a user's would. ``--threads
+N`` pins both to N intra-op threads (AIAYN_THREADS and OMP_NUM_THREADS) with
+OMP_WAIT_POLICY=PASSIVE: on a machine shared with other busy processes, OpenMP's default spinning
+makes 2 threads many times slower than 1.
 
     python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 64 128 --seconds 20 \
         --out docs/experiments/serving.json
+    python benchmarks/bench_serve.py --model /tmp/demo_ct2 --clients 8 64 128 --seconds 20 \
+        --out serving_ct2.json                  # a CTranslate2 export, at its defaults
 
 Sentences: Multi30k test2016 sources from the data mirror (AIAYN_DATA_MIRROR or ../shared/data),
 else a few built-in ones.
@@ -51,6 +63,16 @@ import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engines import (  # noqa: E402  (the grid and the warning of --sweep, shared)
+    cores,
+    default_vs_best,
+    default_warning,
+    grid,
+    label,
+    parse_setting,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FALLBACK = [
@@ -88,6 +110,82 @@ def thread_env(threads: int) -> dict[str, str]:
     env["AIAYN_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
+
+
+def setting_env(threads: int, total: int) -> dict[str, str]:
+    """The environment of `aiayn translate --workers W` on ``total`` threads in all: the
+    benchmark's (``threads``, 0: a user's) with the thread count set."""
+    env = thread_env(threads)
+    env["AIAYN_THREADS"] = env["OMP_NUM_THREADS"] = str(total)
+    return env
+
+
+def translate_default(model: list[str], threads: int) -> tuple[str, str]:
+    """The engine of ``model`` and the setting (W×T) `aiayn translate` chooses with no --workers
+    in the benchmark's environment, as aiayn chooses it, asked in a process of its own."""
+    code = (
+        "import json, sys\n"
+        "from aiayn.folder_config import read_folder_config\n"
+        "from aiayn.threads import default_workers, threads_for_load\n"
+        "engine = read_folder_config(sys.argv[1]).format or 'torch'\n"
+        "threads = threads_for_load()\n"
+        "workers = default_workers(engine, threads)\n"
+        "print(json.dumps([engine, workers, max(1, threads // workers)]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, model[0]],
+        env=thread_env(threads),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    engine, workers, per_worker = json.loads(done.stdout.strip().splitlines()[-1])
+    return engine, label(workers, per_worker)
+
+
+def translate_sweep(
+    model: list[str],
+    texts: list[str],
+    threads: int,
+    settings: list[tuple[int, int]],
+    repeats: int,
+    beam: int | None = None,
+) -> tuple[dict, dict]:
+    """`aiayn translate` at its default and at each (workers, threads per worker) setting,
+    alternating within each of ``repeats`` rounds: the default's row (its median round) and the
+    "translate_sweep" block (medians, the best, default ÷ best, the warning)."""
+    engine, chosen = translate_default(model, threads)
+    envs = {label(w, t): (setting_env(threads, w * t), w) for w, t in settings}
+    default: list[dict] = []
+    rounds: dict[str, list[dict]] = {s: [] for s in envs}
+    for round_ in range(repeats):
+        default.append(offline(model, texts, thread_env(threads), beam))
+        for s, (env, workers) in envs.items():
+            rounds[s].append(offline(model, texts, env, beam, workers))
+        rates = {s: r[-1]["sentences_per_s_without_loading"] for s, r in rounds.items()}
+        rates["default"] = default[-1]["sentences_per_s_without_loading"]
+        rates_text = json.dumps(rates, ensure_ascii=False)
+        print(f"aiayn translate, round {round_ + 1}: {rates_text}", flush=True)
+    key = "sentences_per_s_without_loading"
+    row = sorted(default, key=lambda r: r[key])[len(default) // 2]
+    sweep: dict = {
+        "engine": engine,
+        "repeats": repeats,
+        "default": {"setting": chosen, key: row[key], "rounds": [r[key] for r in default]},
+        "settings": {
+            s: {
+                key: round(statistics.median(r[key] for r in rs), 2),
+                "rounds": [r[key] for r in rs],
+            }
+            for s, rs in rounds.items()
+        },
+    }
+    if rounds:
+        rates = {s: [r[key] for r in rs] for s, rs in rounds.items()}
+        best, ratio = default_vs_best(rates, sweep["default"]["rounds"])
+        warning = default_warning(f"aiayn translate ({engine})", chosen, best, ratio)
+        sweep.update(best=best, default_vs_best=ratio, warning=warning)
+    return row, sweep
 
 
 def start_server(model: list[str], flags: str, threads: int, extra: list[str]) -> tuple:
@@ -150,6 +248,19 @@ def targets(rows: dict, clients: list[int], compared: list[str]) -> dict:
                 out.setdefault(f"default_vs {flags}", {})[str(c)] = round(ratio, 2)
         if lone:
             out["p50_vs_lone_request"][str(c)] = round(row["p50_ms"] / lone, 2)
+    return out
+
+
+def serve_warnings(goals: dict, clients: list[int], compared: list[str]) -> list[str | None]:
+    """Per client count, the warning line when the default server runs more than 10% slower
+    than the fastest server of ``--compare`` (e.g. ``--compare='--workers 1'``); None when not."""
+    out = []
+    for c in clients:
+        ratios = {f: goals.get(f"default_vs {f}", {}).get(str(c)) for f in compared}
+        ratios = {f: r for f, r in ratios.items() if r is not None}
+        if ratios:
+            best = min(ratios, key=ratios.__getitem__)  # the default is slowest against it
+            out.append(default_warning(f"aiayn serve, {c} clients", "no flags", best, ratios[best]))
     return out
 
 
@@ -263,12 +374,19 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
-def offline(model: list[str], texts: list[str], threads: int, beam: int | None = None) -> dict:
+def offline(
+    model: list[str],
+    texts: list[str],
+    env: dict[str, str],
+    beam: int | None = None,
+    workers: int | None = None,
+) -> dict:
     """The same sentences through `aiayn translate` in one process (token-bounded batches, the
-    folder's decoding settings: what `aiayn evaluate` does): seconds with model loading, and
-    without it (less the seconds of a translation of one sentence, which is mostly loading)."""
-    total = translate_seconds(model, texts, threads, beam)
-    loading = translate_seconds(model, texts[:1], threads, beam)
+    folder's decoding settings: what `aiayn evaluate` does) in ``env``, with ``--workers`` when
+    given: seconds with model loading, and without it (less the seconds of a translation of one
+    sentence, which is mostly loading)."""
+    total = translate_seconds(model, texts, env, beam, workers)
+    loading = translate_seconds(model, texts[:1], env, beam, workers)
     decoding = max(total - loading, 1e-9)
     return {
         "sentences": len(texts),
@@ -280,7 +398,11 @@ def offline(model: list[str], texts: list[str], threads: int, beam: int | None =
 
 
 def translate_seconds(
-    model: list[str], texts: list[str], threads: int, beam: int | None = None
+    model: list[str],
+    texts: list[str],
+    env: dict[str, str],
+    beam: int | None = None,
+    workers: int | None = None,
 ) -> float:
     tmp = Path("/tmp") / f"bench_serve_{os.getpid()}.txt"
     tmp.write_text("\n".join(texts) + "\n", encoding="utf-8")
@@ -297,9 +419,10 @@ def translate_seconds(
             "-o",
             f"{tmp}.out",
             *([] if beam is None else ["--beam", str(beam)]),
+            *([] if workers is None else ["--workers", str(workers)]),
         ],
         check=True,
-        env=thread_env(threads),
+        env=env,
     )
     seconds = time.monotonic() - start
     tmp.unlink()
@@ -456,8 +579,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="intra-op threads of both (default: 1); 0: each command's own choice",
+        default=0,
+        help="intra-op threads of both, with OMP_WAIT_POLICY=PASSIVE (default 0: each "
+        "command's own choice, as a user's)",
+    )
+    p.add_argument(
+        "--grid",
+        nargs="*",
+        metavar="WxT",
+        help="`aiayn translate --workers W` on W×T threads at these settings too (default: "
+        "bench_engines.py --sweep's grid for the cores; none given: the default alone)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="rounds of the translate settings (default: 3)"
     )
     p.add_argument("--beam", type=int, help="beam of both (default: the folder's); 1: overhead")
     p.add_argument("--baseline", action="store_true", help="also the server with --no-batching")
@@ -500,11 +634,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--per-request 1..32 (the server's --max-texts)")
     if args.ceiling_steps and not all(1 <= n <= 256 for n in args.ceiling_steps):
         p.error("--ceiling-steps 1..256")
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    try:
+        settings = grid(cores()) if args.grid is None else [parse_setting(s) for s in args.grid]
+    except ValueError as err:
+        p.error(f"--grid: {err}")
     texts = sentences(args.sentences)
     extra = args.serve_args.split()
     load_before = load_average()
     rows: dict[str, dict] = {}
-    ref = offline(args.model, texts, args.threads, args.beam)
+    ref, sweep = translate_sweep(args.model, texts, args.threads, settings, args.repeats, args.beam)
     rows["aiayn translate, one process"] = ref
     print(f"offline: {json.dumps(ref)}", flush=True)
     if args.ceiling:
@@ -553,6 +693,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode}: {json.dumps(result)}", flush=True)
     goals = targets(rows, sorted({1, *args.clients}), args.compare)
     print(f"targets: {json.dumps(goals)}", flush=True)
+    for c in args.clients:
+        served, p50 = goals["vs_translate"].get(str(c)), goals["p50_vs_lone_request"].get(str(c))
+        print(f"{c} clients: served/translate {served}, p50/lone request {p50}", flush=True)
+    warnings = [sweep.get("warning"), *serve_warnings(goals, args.clients, args.compare)]
+    for line in filter(None, warnings):
+        print(line, flush=True)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
@@ -561,12 +707,15 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "command": " ".join(["bench_serve.py", *(sys.argv[1:] if argv is None else argv)]),
         "model": args.model,
+        "engine": sweep["engine"],
         "threads": args.threads,
         "per_request": args.per_request,
         "beam": args.beam,
         "seconds": args.seconds,
         "results": rows,
         "targets": goals,
+        "translate_sweep": sweep,
+        "warnings": [w for w in warnings if w],
     }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

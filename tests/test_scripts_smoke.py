@@ -142,6 +142,40 @@ def smoke_bench_engines(tmp: Path, runs: list[Path]) -> None:
                for e in engines.values())
     assert engines["ctranslate2 float32"]["ratio"] == 1.0
     assert "| ctranslate2 int8 |" in doc.read_text()
+    # --sweep: two engines over two settings and at their defaults, its own section in the doc
+    sweep = tmp / "sweep.json"
+    run_main("benchmarks/bench_engines.py", "--sweep", "--model", runs[0] / "best", "--limit", "4",
+             "--beam", "2", "--repeats", "1", "--grid", "1x1", "2x1", "--out", sweep, "--doc", doc,
+             "--engines", "native fp32", "ctranslate2 int8")
+    report = read_json(sweep)
+    assert list(report["engines"]) == ["native fp32", "ctranslate2 int8"]
+    for r in report["engines"].values():
+        assert set(r["settings"]) == {"1×1", "2×1"} and r["best"] in r["settings"]
+        assert all(s["sentences_per_s"] > 0 and len(s["rounds"]) == 1 for s in r["settings"].values())
+        assert script.parse_setting(r["default"]["setting"])  # what the default chose: W×T
+        assert r["default_vs_best"] > 0
+        assert (r["warning"] is None) == (r["default_vs_best"] >= 0.9)
+    text = doc.read_text()
+    assert script.SWEEP_BEGIN in text and "| ctranslate2 int8 |" in text.split(script.SWEEP_BEGIN)[1]
+    assert "| engine | 1×1 | 2×1 | default | default ÷ best |" in text
+    assert "| native bf16 |" in text.split(script.BEGIN)[1].split(script.END)[0]  # it stays
+
+
+def test_a_default_more_than_10_percent_slower_than_the_best_setting_warns():
+    """The sweeps' (bench_engines.py --sweep, bench_serve.py) ratio and warning line, with
+    made-up sentences/s of three rounds."""
+    script = load("benchmarks/bench_engines.py")
+    rounds = {"1×1": [100.0, 120.0, 90.0], "1×2": [150.0, 130.0, 140.0], "2×1": [200.0, 240.0, 180.0]}
+    # the median of the per-round ratios 160/200, 230/240, 150/180 (not 160/200 of the medians)
+    assert script.default_vs_best(rounds, [160.0, 230.0, 150.0]) == ("2×1", 0.83)
+    assert script.default_warning("native fp32", "1×2", "2×1", 0.83) == (
+        "WARNING: native fp32: the default (1×2) runs at 0.83× the best setting (2×1) measured")
+    assert script.default_warning("ctranslate2 int8", "4×1", "2×1", 0.89).startswith("WARNING: ")
+    for ratio in (0.9, 0.95, 1.0, 1.2):  # within 10% of the best, or faster: no warning
+        assert script.default_warning("native fp32", "2×1", "2×1", ratio) is None
+    assert script.default_vs_best(rounds, [210.0, 230.0, 190.0]) == ("2×1", 1.05)
+    assert script.grid(2) == [(1, 1), (1, 2), (2, 1)]
+    assert script.grid(8) == [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
 
 
 def smoke_bench_load(tmp: Path) -> None:
@@ -168,13 +202,26 @@ def smoke_bench_scaling(tmp: Path) -> None:
     assert "<!-- bench_scaling:begin -->" in doc.read_text()
 
 
-def smoke_bench_serve(tmp: Path, runs: list[Path]) -> None:
+def smoke_bench_serve(tmp: Path, runs: list[Path], capsys) -> None:
     out = tmp / "serving.json"
     run_main("benchmarks/bench_serve.py", "--model", runs[0] / "best", "--clients", "1", "2",
              "--seconds", "1", "--warmup", "0.2", "--sentences", "4", "--beam", "1",
              "--per-request", "2", "--baseline", "--ceiling", "1", "2", "--ceiling-steps", "2",
-             "--compare=--join-steps 0", "--out", out)
+             "--compare=--join-steps 0", "--grid", "1x1", "--repeats", "1", "--threads", "1",
+             "--out", out)  # one thread: a second of load counts answers on a busy machine too
+    printed = capsys.readouterr().out
     report = read_json(out)
+    assert report["engine"] == "torch" and report["threads"] == 1
+    sweep = report["translate_sweep"]  # `aiayn translate` at its default and at --grid's 1×1
+    assert set(sweep["settings"]) == {"1×1"} and sweep["best"] == "1×1"
+    assert load("benchmarks/bench_engines.py").parse_setting(sweep["default"]["setting"])
+    assert sweep["default_vs_best"] > 0 and (sweep["warning"] is None) == (sweep["default_vs_best"] >= 0.9)
+    assert "2 clients: served/translate " in printed and ", p50/lone request " in printed
+    # a warning line for each default more than 10% slower: translate's, the server's at a count
+    compared = report["targets"]["default_vs --join-steps 0"]
+    slower = [c for c, r in compared.items() if r < 0.9] + (["translate"] if sweep["warning"] else [])
+    assert len(report["warnings"]) == len(slower)
+    assert all(w.startswith("WARNING: ") and w in printed for w in report["warnings"])
     results = report["results"]
     assert set(results) == {"aiayn translate, one process", "decoding alone",
                             "step-level decoding alone", "serve, 1 clients",
