@@ -57,18 +57,32 @@ def flag_lines(actions: list[argparse.Action]) -> list[str]:
     for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
+        if action.help == argparse.SUPPRESS:  # a retired flag: listed with the old spellings
+            continue
         lines.append(f"- `{invocation(action)}`: {escape(' '.join((action.help or '').split()))}")
     return lines
 
 
 def old_spellings(parser: argparse.ArgumentParser) -> list[str]:
-    """"`--max-tokens` → `--batch-tokens`" for each renamed flag of ``parser``."""
+    """"`--max-tokens` → `--batch-tokens`" for each renamed flag of ``parser``, and
+    "`--max-len-b` → `--set decode.max_len_b=VALUE`" for each retired one."""
     pairs = []
     for action in parser._actions:
         old = getattr(action, "old_spellings", ())
         new = [s for s in action.option_strings if s not in old]
         pairs += [f"`{o}` → `{max(new, key=len)}`" for o in old]
+        if getattr(action, "now", ""):
+            pairs.append(f"`{action.option_strings[0]}` → {now_text(action.now)}")
     return pairs
+
+
+def now_text(now: str) -> str:
+    """A retired flag's replacement as the page writes it: "{value}" as VALUE, in code."""
+    text = now.format(value="VALUE")
+    prefix = "the environment variable "
+    if text.startswith(prefix):
+        return prefix + f"`{text[len(prefix):].split(' ')[0]}`"
+    return f"`{text.split(' (')[0]}`"
 
 
 def command_section(name: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:

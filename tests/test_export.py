@@ -357,8 +357,8 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
                     "5",
                     "-i",
                     str(src),
-                    "--length-penalty",
-                    "average",
+                    "--set",
+                    "decode.length_penalty=average",
                 ]
             )
             == 0
@@ -375,8 +375,8 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
                     str(ref),
                     "-o",
                     str(tmp_path / f"{engine}.json"),
-                    "--length-penalty",
-                    "average",
+                    "--set",
+                    "decode.length_penalty=average",
                 ]
             )
             == 0
@@ -400,8 +400,8 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
                     "3",
                     "-i",
                     str(src),
-                    "--length-penalty",
-                    "average",
+                    "--set",
+                    "decode.length_penalty=average",
                 ]
             )
             == 0

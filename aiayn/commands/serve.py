@@ -15,11 +15,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from aiayn.commands.options import add_device, add_engine, advanced
+from aiayn.commands.options import add_device, add_engine, advanced, retired
 from aiayn.errors import ConfigError
 
 if TYPE_CHECKING:
     from aiayn.serve.batching import DynamicBatcher
+    from aiayn.serve.limits import Limits
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,11 @@ KEY_ENV = "AIAYN_API_KEY"
 
 # The batcher's timing: benchmark settings (docs/serving.md), under --help's advanced options.
 BATCHING_TUNING = ("batch_wait_ms", "batch_max_wait_ms", "join_steps")
+# --batching: Limits' batching and step_batching as one choice (was --no-batching and
+# --no-step-batching, still read with a warning).
+BATCHING = ("step", "whole", "off")
+OFF = {"action": "store_const", "const": "off"}
+WHOLE = {"action": "store_const", "const": "whole"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,19 +75,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
         )
     advanced(p).add_argument(
-        "--no-batching",
-        dest="batching",
-        action="store_false",
-        help="run every request alone (no dynamic batching; for comparison)",
+        "--batching",
+        choices=BATCHING,
+        default="step",
+        help="how requests share the model: step (the PyTorch backend's translations join a "
+        "running batch between decoder steps, the rest in whole batches), whole (requests merge into batches "
+        "that run start to end: more sentences/s under many one-sentence clients, a lone request "
+        "waits for its batch window), off (every request alone, in arrival order; for "
+        "comparison) (default: step)",
     )
-    advanced(p).add_argument(
-        "--no-step-batching",
-        dest="step_batching",
-        action="store_false",
-        help="batch the PyTorch backend's translations at batch boundaries, as the other "
-        "engines' (more sentences/s under many one-sentence clients; a lone request waits "
-        "for its batch window)",
-    )
+    retired(advanced(p), "--no-batching", "--batching off", dest="batching", **OFF)
+    retired(advanced(p), "--no-step-batching", "--batching whole", dest="batching", **WHOLE)
     p.set_defaults(run=run, workers=1)  # one worker thread decodes (the batcher's)
     return p
 
@@ -94,9 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.commands.options import inference_device, open_models
     from aiayn.serve.app import create_app
-    from aiayn.serve.limits import Limits
 
-    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    limits = limits_from(args)
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)
     folder = open_models(args, device)  # the loader of translate/evaluate, engines included
@@ -138,6 +141,18 @@ def run(args: argparse.Namespace) -> int:
 # 0.72 and 0.69 / 0.75 of `aiayn translate` at 0.5 and 0.2 ms, 0.64 / 0.68 and 0.44 / 0.58 at
 # 5 ms, 0.52 at 50 ms (docs/serving.md).
 SWITCH_INTERVAL_S = 0.0005
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The server's Limits from its flags (``--batching``: Limits' two switches)."""
+    from aiayn.serve.limits import Limits
+
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(Limits)
+        if f.name not in ("batching", "step_batching")
+    }
+    return Limits(batching=args.batching != "off", step_batching=args.batching == "step", **given)
 
 
 def run_on_main_thread(server: Any, batcher: DynamicBatcher) -> int:
