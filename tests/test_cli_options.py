@@ -165,6 +165,14 @@ def test_set_decode_takes_any_decoding_key_typed_and_refuses_others(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_bad_set_decode_key_is_one_line_before_the_model_is_read(command, tmp_path, capsys):
+    capsys.readouterr()
+    assert main([command, str(tmp_path / "none"), "--set", "decode.beem=2"]) == 2
+    assert capsys.readouterr().err == (
+        "aiayn: error: unknown config key 'decode.beem' (did you mean 'decode.beam'?)\n")
+
+
 # ---- one --set syntax: SECTION.KEY=VALUE, as in recipes and `aiayn train` ----------------------
 def test_data_and_summary_take_dotted_keys_and_bare_ones_with_a_warning(capsys):
     from aiayn.commands.data import data_config
