@@ -179,8 +179,33 @@ def config_keys() -> list[str]:
     return lines
 
 
+def sizes() -> str:
+    """How many flags and recipe keys a user can meet: the measure of the option surface (a
+    retired flag, --help and the global -v/-q left out; a --x/--no-x pair is one flag)."""
+    flags = 0
+    parsers = [  # the commands that run (`data prepare`), not the groups (`data`)
+        p
+        for _, p in sub_parsers(build_parser())
+        if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+    ]
+    for parser in parsers:
+        for group in parser._action_groups:
+            if group.title == "global options":
+                continue
+            flags += sum(
+                1
+                for a in group._group_actions
+                if a.option_strings
+                and a.help != argparse.SUPPRESS
+                and not isinstance(a, argparse._HelpAction)
+            )
+    cfg = RunConfig()
+    keys = sum(len(dataclasses.fields(getattr(cfg, s.name))) for s in dataclasses.fields(RunConfig))
+    return f"In all: {flags} flags over {len(parsers)} commands, and {keys} recipe keys.\n"
+
+
 def render() -> str:
-    return "\n".join([HEADER, *commands(), *config_keys()]).rstrip() + "\n"
+    return "\n".join([HEADER, sizes(), *commands(), *config_keys()]).rstrip() + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
