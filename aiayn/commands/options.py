@@ -1,10 +1,12 @@
 """Options and helpers shared by the commands: renamed and retired flags (an old spelling still
-works, with one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the "advanced options"
-group; and, for the commands that use a trained model (translate, evaluate, classify, generate,
-serve), the model folders, decoding flags, the engine, the device and input lines.
+works, with one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the
+"advanced options" group; and, for the commands that use a trained model (translate, evaluate,
+classify, generate, serve), the model folders, decoding flags, the engine, the device and input
+lines.
 
 Decoding flags default to None: a flag (or ``--set decode.KEY=VALUE``) given overrides the model
-folder's ``decode`` settings, which override :class:`~aiayn.decode.config.DecodeConfig`'s defaults (the only home of them).
+folder's ``decode`` settings, which override :class:`~aiayn.decode.config.DecodeConfig`'s
+defaults (the only home of them).
 """
 
 from __future__ import annotations

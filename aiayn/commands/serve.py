@@ -32,8 +32,6 @@ BATCHING_TUNING = ("batch_wait_ms", "batch_max_wait_ms", "join_steps")
 # --batching: Limits' batching and step_batching as one choice (was --no-batching and
 # --no-step-batching, still read with a warning).
 BATCHING = ("step", "whole", "off")
-OFF = {"action": "store_const", "const": "off"}
-WHOLE = {"action": "store_const", "const": "whole"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -79,13 +77,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=BATCHING,
         default="step",
         help="how requests share the model: step (the PyTorch backend's translations join a "
-        "running batch between decoder steps, the rest in whole batches), whole (requests merge into batches "
-        "that run start to end: more sentences/s under many one-sentence clients, a lone request "
-        "waits for its batch window), off (every request alone, in arrival order; for "
-        "comparison) (default: step)",
+        "running batch between decoder steps, the rest in whole batches), whole (requests merge "
+        "into batches that run start to end: more sentences/s under many one-sentence clients, "
+        "a lone request waits for its batch window), off (every request alone, in arrival "
+        "order; for comparison) (default: step)",
     )
-    retired(advanced(p), "--no-batching", "--batching off", dest="batching", **OFF)
-    retired(advanced(p), "--no-step-batching", "--batching whole", dest="batching", **WHOLE)
+    for old, now in (("--no-batching", "off"), ("--no-step-batching", "whole")):
+        retired(p, old, f"--batching {now}", dest="batching", action="store_const", const=now)
     p.set_defaults(run=run, workers=1)  # one worker thread decodes (the batcher's)
     return p
 
