@@ -21,6 +21,7 @@ from aiayn.errors import ConfigError
 __all__ = [
     "ModelConfig",
     "apply_overrides",
+    "coerce_keys",
     "parse_override",
     "coerce_value",
     "to_dict",
@@ -180,6 +181,22 @@ def apply_overrides(obj: Any, overrides: dict[str, Any], prefix: str = "") -> An
     for head, sub in nested.items():
         direct[head] = apply_overrides(getattr(obj, head), sub, prefix=f"{prefix}{head}.")
     return dataclasses.replace(obj, **direct)
+
+
+def coerce_keys(cls: type, values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``values`` (fields of dataclass ``cls``, as text or TOML values) typed as the fields are,
+    without building ``cls``: for settings completed later (a model folder's decoding settings
+    and the command line's). Unknown keys and wrong types raise ConfigError as in
+    :func:`apply_overrides`."""
+    types_ = _field_types(cls)
+    typed = {}
+    for key, raw in values.items():
+        if key not in types_:
+            raise ConfigError(
+                f"unknown config key '{prefix}{key}'{_did_you_mean(key, types_, prefix)}"
+            )
+        typed[key] = coerce_value(f"{prefix}{key}", raw, types_[key])
+    return typed
 
 
 def parse_override(text: str) -> tuple[str, str]:

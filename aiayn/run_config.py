@@ -95,10 +95,10 @@ class TrainConfig:
     # Validation metrics every N updates (BLEU/chrF by decoding for translation, accuracy for a
     # classifier); 0 = never. Was `bleu_every` (still read, with a warning).
     metrics_every: int = 0
-    # Sentences of the validation set decoded for BLEU (0 = all), beam size and length penalty α.
+    # Sentences of the validation set decoded for BLEU (0 = all), and the beam size (the length
+    # penalty α is the run's decode.alpha, the one its model folder is decoded with).
     bleu_max_sentences: int = 500
     bleu_beam: int = 1
-    bleu_alpha: float = 0.6
     # The validation metric that picks the best checkpoint (best/ folder) and drives patience.
     best_metric: Literal["valid_loss", "valid_bleu"] = "valid_loss"
     # Early stopping: stop after this many validations without a new best; 0 = never.
@@ -129,8 +129,6 @@ class TrainConfig:
     # auto = bf16 autocast where the hardware supports it (CUDA, AMX/AVX512-BF16 CPUs), else fp32.
     # Master weights and optimizer state are fp32 either way.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    # Show a tqdm progress bar (rank 0 only).
-    progress: bool = True
     # Seconds at most, before training starts, to run one batch of each distinct batch shape
     # forward and backward (no optimizer step, the same losses after; aiayn/train/warmup.py), so
     # that a GPU's first sight of each shape is paid up front, with data.bucket_widths. 0 = off.
@@ -242,6 +240,8 @@ RENAMED = {"train.bleu_every": "train.metrics_every", "data.task": "data.kind"}
 REMOVED = {
     "decode.workers": "batches decoded at once are chosen for the machine when the model runs "
     "(--workers sets them)",
+    "train.bleu_alpha": "validation BLEU decodes with decode.alpha, the run's own length penalty",
+    "train.progress": "the progress bar shows on a terminal; -q hides it",
 }
 
 

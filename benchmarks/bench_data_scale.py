@@ -151,7 +151,7 @@ def aiayn(*args: str) -> list[str]:
 
 def config_values(keys: dict[str, str], smoke: bool, steps: int) -> list[str]:
     sets = {**keys, "data.dataset": "", "train.max_steps": steps, "train.valid_every": 10**6,
-            "train.save_every": 10**6, "train.log_every": 1, "train.progress": "false",
+            "train.save_every": 10**6, "train.log_every": 1,
             "train.max_time": 0, "train.warmup_steps": 1}
     if smoke:
         sets.update({"data.vocab_size": 300, "model.d_model": 32,

@@ -148,7 +148,7 @@ class Aiayn:
         from aiayn.train.trainer import Trainer
 
         sets = [f"train.init_from={spec['imported']}", "train.precision=fp32",
-                "train.progress=false", f"data.max_tokens={spec['max_tokens']}"]
+                f"data.max_tokens={spec['max_tokens']}"]
         cfg, _ = load_run_config(FT_CONFIG, sets)
         dist = DistContext(device=torch.device("cpu"))
         cfg, tokenizer_json = _fine_tune(cfg, dist, None)

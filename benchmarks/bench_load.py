@@ -80,8 +80,7 @@ def prepare(data: Path, work: Path, sizes: dict) -> tuple[Path, Path, Path]:
         "max_tokens = 4096\nmax_len = 128\n\n"
         '[train]\nlr_schedule = "inverse_sqrt"\nlr = 1e-3\n'
         f"warmup_steps = {sizes['base_steps'] // 2}\nmax_steps = {sizes['base_steps']}\n"
-        f"valid_every = 0\nsave_every = {sizes['base_steps']}\nlog_every = {sizes['log_every']}\n"
-        "progress = false\n",
+        f"valid_every = 0\nsave_every = {sizes['base_steps']}\nlog_every = {sizes['log_every']}\n",
         encoding="utf-8",
     )
     run = work / "base"

@@ -218,7 +218,7 @@ class AiaynSystem:
             eos_id=s.eos_id)
         # AdamW (weight_decay > 0) like the peers; Adam costs the same.
         train = TrainConfig(**{"precision": precision, "weight_decay": 0.01, "label_smoothing": 0.1,
-                               "seed": seed, "progress": False, "device": device,
+                               "seed": seed, "device": device,
                                **train_settings})
         cfg = RunConfig(model=model, data=DataConfig(), train=train)
         self.task = TranslationTask(cfg)

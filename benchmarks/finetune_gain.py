@@ -45,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BASE_CONFIG = ROOT / "configs" / "multi30k_quick.toml"
 FT_CONFIG = ROOT / "configs" / "finetune.toml"
-DECODE = ["--length-penalty", "gnmt", "--alpha", "0.6", "--max-len-a", "1.0", "--max-len-b", "50"]
+DECODE = ["--alpha", "0.6", "--set", "decode.length_penalty=gnmt", "--set", "decode.max_len_a=1.0",
+          "--set", "decode.max_len_b=50"]
 
 
 def mirror() -> Path:

@@ -120,7 +120,7 @@ class StageFailed(Exception):
 GPU_TRAIN = {"train.device": "cuda", "data.max_tokens": 8192, "train.warmup_steps": 400,
              "train.schedule_clock": "time", "train.max_steps": 1_000_000,
              "train.valid_every": 500, "train.save_every": 500, "train.metrics_every": 0,
-             "train.log_every": 100, "train.progress": False}
+             "train.log_every": 100}
 
 
 def train_sets(settings: dict[str, Any]) -> list[str]:
@@ -180,7 +180,7 @@ DRY_VALUES: dict[str, Any] = {
               "train.schedule_clock=time": KEEP, "train.max_steps=1000000": "train.max_steps=3",
               "train.valid_every=500": "train.valid_every=3",
               "train.save_every=500": "train.save_every=3", "train.metrics_every=0": KEEP,
-              "train.log_every=100": "train.log_every=1", "train.progress=False": KEEP,
+              "train.log_every=100": "train.log_every=1",
               "data.max_tokens=12500": "data.max_tokens=256", "train.warm_shapes=60": KEEP},
     "--split": KEEP,
     "--beam": {"5": "2"},

@@ -68,7 +68,7 @@ def wmt_target(args: argparse.Namespace, work: Path) -> tuple[Callable[[Any], An
     from aiayn.train.trainer import Trainer
 
     sets = [*write_synthetic_pairs(work, args.pairs), f"train.device={args.device}",
-            f"data.max_tokens={args.max_tokens}", "train.progress=false", "train.valid_every=0",
+            f"data.max_tokens={args.max_tokens}", "train.valid_every=0",
             "train.save_every_minutes=0", *args.extra]
     cfg, _ = load_run_config(ROOT / "configs" / "wmt14_en_de_base.toml", sets)
     task = build_task(cfg)

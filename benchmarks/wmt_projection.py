@@ -192,7 +192,7 @@ def measure(recipe: str, steps: int, pairs: int, device: str, extra: list[str],
         data = write_synthetic_pairs(Path(tmp), pairs)
         stop = [f"train.max_time={60 * minutes}"] if minutes else [f"train.max_steps={steps}"]
         sets = [*data, *stop, "train.valid_every=0", "train.log_every=10",
-                "train.save_every_minutes=0", "train.progress=false", f"train.device={device}",
+                "train.save_every_minutes=0", f"train.device={device}",
                 *extra]
         config = ROOT / f"configs/wmt14_en_de_{recipe}.toml"
         if buckets:

@@ -57,18 +57,32 @@ def flag_lines(actions: list[argparse.Action]) -> list[str]:
     for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
+        if action.help == argparse.SUPPRESS:  # a retired flag: listed with the old spellings
+            continue
         lines.append(f"- `{invocation(action)}`: {escape(' '.join((action.help or '').split()))}")
     return lines
 
 
 def old_spellings(parser: argparse.ArgumentParser) -> list[str]:
-    """"`--max-tokens` → `--batch-tokens`" for each renamed flag of ``parser``."""
+    """"`--max-tokens` → `--batch-tokens`" for each renamed flag of ``parser``, and
+    "`--max-len-b` → `--set decode.max_len_b=VALUE`" for each retired one."""
     pairs = []
     for action in parser._actions:
         old = getattr(action, "old_spellings", ())
         new = [s for s in action.option_strings if s not in old]
         pairs += [f"`{o}` → `{max(new, key=len)}`" for o in old]
+        if getattr(action, "now", ""):
+            pairs.append(f"`{action.option_strings[0]}` → {now_text(action.now)}")
     return pairs
+
+
+def now_text(now: str) -> str:
+    """A retired flag's replacement as the page writes it: "{value}" as VALUE, in code."""
+    text = now.format(value="VALUE")
+    prefix = "the environment variable "
+    if text.startswith(prefix):
+        return prefix + f"`{text[len(prefix):].split(' ')[0]}`"
+    return f"`{text.split(' (')[0]}`"
 
 
 def command_section(name: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:
@@ -165,8 +179,33 @@ def config_keys() -> list[str]:
     return lines
 
 
+def sizes() -> str:
+    """How many flags and recipe keys a user can meet: the measure of the option surface (a
+    retired flag, --help and the global -v/-q left out; a --x/--no-x pair is one flag)."""
+    flags = 0
+    parsers = [  # the commands that run (`data prepare`), not the groups (`data`)
+        p
+        for _, p in sub_parsers(build_parser())
+        if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+    ]
+    for parser in parsers:
+        for group in parser._action_groups:
+            if group.title == "global options":
+                continue
+            flags += sum(
+                1
+                for a in group._group_actions
+                if a.option_strings
+                and a.help != argparse.SUPPRESS
+                and not isinstance(a, argparse._HelpAction)
+            )
+    cfg = RunConfig()
+    keys = sum(len(dataclasses.fields(getattr(cfg, s.name))) for s in dataclasses.fields(RunConfig))
+    return f"In all: {flags} flags over {len(parsers)} commands, and {keys} recipe keys.\n"
+
+
 def render() -> str:
-    return "\n".join([HEADER, *commands(), *config_keys()]).rstrip() + "\n"
+    return "\n".join([HEADER, sizes(), *commands(), *config_keys()]).rstrip() + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

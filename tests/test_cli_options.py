@@ -68,6 +68,111 @@ def test_help_shows_the_new_spellings_only(capsys):
     assert "--batch-tokens N" in out and "-o FILE, --out FILE" in out
 
 
+# ---- flags merged into another, or retired for --set decode.KEY / the environment ----------------
+# (old argv, new argv, what both give: namespace attributes, or the decoding settings, the
+# one warning line the old spelling prints)
+RETIRED = [
+    (["serve", "m", "--no-batching"], ["serve", "m", "--batching", "off"], {"batching": "off"},
+     "--no-batching is now --batching off"),
+    (["serve", "m", "--no-step-batching"], ["serve", "m", "--batching", "whole"],
+     {"batching": "whole"}, "--no-step-batching is now --batching whole"),
+    (["summary", "tiny", "--src-len", "7"], ["summary", "tiny", "--shape", "2,7,16"],
+     {"shape": (2, 7, 16)}, "--src-len is now --shape B,7,T"),
+    (["summary", "tiny", "--batch", "3"], ["summary", "tiny", "--shape", "3,16,16"],
+     {"shape": (3, 16, 16)}, "--batch is now --shape 3,S,T"),
+    (["data", "prepare", "toy", "--no-progress"], ["data", "prepare", "toy", "-q"],
+     {"quiet_or_no_progress": True}, "--no-progress is now -q (no progress bar)"),
+    *[([command, "m", flag, value], [command, "m", "--set", f"decode.{key}={value}"],
+       {"decode": {key: typed}}, f"{flag} is now --set decode.{key}={value}")
+      for command in ("translate", "evaluate")
+      for flag, key, value, typed in (("--length-penalty", "length_penalty", "average", "average"),
+                                      ("--max-len-a", "max_len_a", "1.5", 1.5),
+                                      ("--max-len-b", "max_len_b", "6", 6),
+                                      ("--repetition-penalty", "repetition_penalty", "1.2", 1.2),
+                                      ("--no-repeat-ngram-size", "no_repeat_ngram_size", "3", 3))],
+]
+
+
+def given(args: Namespace) -> dict:
+    """What a parsed command line asks for, in the terms the RETIRED cases compare."""
+    from aiayn.commands.options import decode_overrides
+    from aiayn.commands.summary import example_shape
+
+    if args.command in ("translate", "evaluate"):
+        return {"decode": decode_overrides(args)}
+    if args.command == "summary":
+        return {"shape": example_shape(args)}
+    if args.command == "data":
+        return {"quiet_or_no_progress": args.no_progress or args.quiet}
+    return {"batching": args.batching}
+
+
+@pytest.mark.parametrize("old, new, same, warning", RETIRED,
+                         ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_a_retired_flag_works_with_one_warning_naming_what_replaces_it(old, new, same, warning,
+                                                                         capsys):
+    flags = old[next(i for i, a in enumerate(old) if a.startswith("--")):]
+    args, warned = parse(old + flags, capsys)  # given twice: still one warning
+    assert given(args) == same and warned == [f"aiayn: warning: {warning}"]
+    args, warned = parse(new, capsys)
+    assert given(args) == same and warned == []
+
+
+def test_retired_flags_are_not_in_help(capsys):
+    for argv in (["translate", "--help"], ["evaluate", "--help"], ["serve", "--help"],
+                 ["summary", "--help"], ["data", "prepare", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        hidden = [f for f in ("--length-penalty", "--max-len-a", "--max-len-b",
+                              "--repetition-penalty", "--no-repeat-ngram-size", "--no-batching",
+                              "--no-step-batching", "--src-len", "--tgt-len", "--batch ",
+                              "--mirror", "--cache", "--no-progress") if f in out]
+        assert hidden == [], argv
+
+
+def test_serve_batching_gives_the_limits_the_old_flags_gave():
+    from aiayn.commands.serve import limits_from
+
+    def limits(*flags):
+        chosen = limits_from(build_parser().parse_args(["serve", "m", *flags]))
+        return chosen.batching, chosen.step_batching
+
+    assert limits() == limits("--batching", "step") == (True, True)
+    assert limits("--batching", "whole") == (True, False)
+    assert limits("--batching", "off")[0] is False  # no merging: step batching cannot apply
+
+
+def test_set_decode_takes_any_decoding_key_typed_and_refuses_others(capsys):
+    from aiayn.commands.options import decode_overrides
+
+    def sets(*pairs, flags=()):
+        argv = ["translate", "m", *flags, *(a for p in pairs for a in ("--set", p))]
+        return decode_overrides(build_parser().parse_args(argv))
+
+    assert sets("decode.early_stopping=false", "decode.min_len=2", "decode.bad_ids=5,7") == {
+        "early_stopping": False, "min_len": 2, "bad_ids": (5, 7)}
+    assert sets("decode.beam=2", flags=("--beam", "5")) == {"beam": 5}  # the flag wins
+    for bad, error in (("decode.beem=2", "unknown config key 'decode.beem' (did you mean "
+                        "'decode.beam'?)"),
+                       ("beam=2", "--set beam=2: this command takes decode.KEY=VALUE"),
+                       ("train.lr=1", "--set train.lr=1: this command takes decode.KEY=VALUE"),
+                       ("decode.min_len=x", "decode.min_len: expected an integer, got 'x'"),
+                       ("decode.workers=2", "--set decode.workers: batches decoded at once")):
+        with pytest.raises(ConfigError) as err:
+            sets(bad)
+        assert str(err.value).startswith(error), err.value
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_bad_set_decode_key_is_one_line_before_the_model_is_read(command, tmp_path, capsys):
+    capsys.readouterr()
+    assert main([command, str(tmp_path / "none"), "--set", "decode.beem=2"]) == 2
+    assert capsys.readouterr().err == (
+        "aiayn: error: unknown config key 'decode.beem' (did you mean 'decode.beam'?)\n")
+
+
 # ---- one --set syntax: SECTION.KEY=VALUE, as in recipes and `aiayn train` ----------------------
 def test_data_and_summary_take_dotted_keys_and_bare_ones_with_a_warning(capsys):
     from aiayn.commands.data import data_config
@@ -92,6 +197,7 @@ def test_every_set_flag_has_the_same_syntax():
     metavars = {name: a.metavar for name, p in sub_parsers(build_parser()) for a in p._actions
                 if "--set" in a.option_strings}
     assert metavars == {"summary": "model.KEY=VALUE", "train": "SECTION.KEY=VALUE",
+                        "translate": "decode.KEY=VALUE", "evaluate": "decode.KEY=VALUE",
                         "data tokenizer": "data.KEY=VALUE", "data build": "data.KEY=VALUE",
                         "data stats": "data.KEY=VALUE"}
 
@@ -163,7 +269,7 @@ def test_expert_flags_are_under_advanced_options(command, capsys):
     assert f"\n{ADVANCED}:\n" in out
     advanced = out.split(f"\n{ADVANCED}:\n")[1]
     expert = {"translate": "--workers", "evaluate": "--compile", "classify": "--batch-tokens",
-              "generate": "--no-cache", "serve": "--batch-wait-ms", "summary": "--src-len"}
+              "generate": "--no-cache", "serve": "--batching", "summary": "--shape"}
     options = out.split("\noptions:\n")[1].split(f"\n{ADVANCED}:\n")[0]
     assert expert[command] in advanced and expert[command] not in options
 

@@ -164,6 +164,42 @@ def test_data_task_still_loads_as_data_kind_with_one_warning_line(tmp_path, capl
                     for where in (recipe, "--set", recipe, recipe, "--set")]
 
 
+def test_removed_train_keys_still_load_with_one_warning_line_each(tmp_path, caplog):
+    """train.bleu_alpha (validation BLEU decodes with decode.alpha) and train.progress (the bar
+    shows on a terminal, -q hides it) are no longer read: a recipe or --set giving them still
+    loads, each with one warning line saying why."""
+    from aiayn.run_config import load_run_config
+    from trainutil import write_toml
+
+    recipe = write_toml(tmp_path / "old.toml", {"train.bleu_alpha": 1.0, "train.progress": False,
+                                                "decode.alpha": 0.8})
+    with caplog.at_level("WARNING"):
+        cfg, values = load_run_config(recipe, ["train.progress=true"])
+    assert cfg.decode.alpha == 0.8 and not {"train.bleu_alpha", "train.progress"} & set(values)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [
+        f"{recipe}: 'train.bleu_alpha' is ignored: validation BLEU decodes with decode.alpha, "
+        "the run's own length penalty",
+        f"{recipe}: 'train.progress' is ignored: the progress bar shows on a terminal; -q hides it",
+    ]
+
+
+def test_validation_bleu_decodes_with_the_runs_decode_alpha(monkeypatch):
+    """train.bleu_alpha merged into decode.alpha: validation decodes with train.bleu_beam and
+    the α the model folder is decoded with."""
+    import aiayn.train.translation as translation
+    from aiayn.run_config import build_run_config
+
+    cfg = build_run_config({"train.bleu_beam": 3, "train.metrics_every": 1, "decode.alpha": 1.3})
+    task = translation.TranslationTask.__new__(translation.TranslationTask)
+    task.cfg, task.tokenizer, task._bleu_data = cfg, None, (["a b"], ["b a"])
+    seen = {}
+    monkeypatch.setattr(translation, "translate_texts",
+                        lambda model, tokenizer, src, **kw: seen.update(kw) or ["b a"])
+    assert task.valid_metrics(None, 1)["valid_chrf"] == 100.0
+    assert seen == {"beam": 3, "alpha": 1.3}
+
+
 def test_data_kind_wins_over_data_task_and_a_bad_kind_names_data_kind(tmp_path):
     from aiayn.run_config import build_run_config
 

@@ -131,7 +131,7 @@ def _trainer(tmp_path, device: str, precision: str, name: str, layers: int = 2, 
     from aiayn.train.trainer import Trainer
 
     cfg = RunConfig(model=config(layers), data=DataConfig(),
-                    train=TrainConfig(precision=precision, device=device, progress=False, seed=1,
+                    train=TrainConfig(precision=precision, device=device, seed=1,
                                       lr=1e-3, warmup_steps=1, lr_schedule="constant",
                                       **train))
     task = TranslationTask(cfg)

@@ -288,19 +288,32 @@ def test_real_mirror_missing_a_file(tmp_path):
         download_dataset("multi30k", mirror=str(tmp_path / "mirror"), cache=tmp_path / "cache")
 
 
-def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server, tmp_path, capsys):
+def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server, tmp_path, capsys,
+                                                                   monkeypatch):
     from aiayn.cli import main
 
     server.routes.update({"/m/toyfolder/a.txt": b"tampered\n", "/m/toyfolder/b.txt": B})
-    rc = main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(tmp_path)])
+    monkeypatch.setenv("AIAYN_DATA_MIRROR", f"{server.url}/m")
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
+    rc = main(["data", "prepare", "toy"])
     out, err = capsys.readouterr()
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("aiayn: error: ")
     assert "/m/toyfolder/a.txt: checksum mismatch" in err and "Traceback" not in err
     assert files_in(tmp_path) == []
     server.routes["/m/toyfolder/a.txt"] = A
-    assert main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(tmp_path)]) == 0
+    assert main(["data", "prepare", "toy"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "datasets" / "toy")
+    # the flags they replace still work, with one warning each
+    cache = tmp_path / "old"
+    assert main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(cache),
+                 "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(cache / "datasets" / "toy")
+    assert err.splitlines() == [
+        f"aiayn: warning: --mirror is now the environment variable AIAYN_DATA_MIRROR={server.url}/m",
+        f"aiayn: warning: --cache is now the environment variable AIAYN_CACHE={cache} (where "
+        "`aiayn train` looks)", "aiayn: warning: --no-progress is now -q (no progress bar)"]
 
 
 def test_unchanged_files_are_not_hashed_again(toy, server, tmp_path, monkeypatch):

@@ -193,9 +193,9 @@ def test_bad_prefixes_are_one_line_errors(trained, tmp_path, capsys):
     pre.write_text("eine\n", encoding="utf-8")
     fails(capsys, ["translate", str(trained), "-i", str(src), "--prefixes", str(pre)],
           "1 lines for 2 input lines")
-    fails(capsys, ["translate", str(trained), "-i", str(src), "--repetition-penalty", "0"],
+    fails(capsys, ["translate", str(trained), "-i", str(src), "--set", "decode.repetition_penalty=0"],
           "repetition_penalty must be a number > 0")
-    fails(capsys, ["translate", str(trained), "-i", str(src), "--no-repeat-ngram-size", "-2"],
+    fails(capsys, ["translate", str(trained), "-i", str(src), "--set", "decode.no_repeat_ngram_size=-2"],
           "no_repeat_ngram_size must be >= 0")
 
 
@@ -205,7 +205,8 @@ def test_cli_prefixes_alignments_and_controls(trained, tmp_path, capsys):
     pre.write_text("ein hund\n\n", encoding="utf-8")
     capsys.readouterr()
     assert main(["translate", str(trained), "-i", str(src), "--prefixes", str(pre),
-                 "--alignments", "--no-repeat-ngram-size", "3", "--repetition-penalty", "1.1"]) == 0
+                 "--alignments", "--set", "decode.no_repeat_ngram_size=3",
+                 "--set", "decode.repetition_penalty=1.1"]) == 0
     first, second = capsys.readouterr().out.splitlines()
     text, pairs = first.split("\t")
     assert text.startswith("ein hund")

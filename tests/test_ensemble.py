@@ -138,11 +138,11 @@ def test_evaluate_and_translate_an_ensemble(two_model_dirs, tmp_path, capsys):
     src, ref = write_lines(tmp_path / "t.en", lines), write_lines(tmp_path / "t.de", lines)
     hyps = tmp_path / "hyps.txt"
     assert cli("evaluate", first, second, "--src", src, "--ref", ref, "--beam", 2,
-               "--max-len-b", 6, "--hyps", hyps) == 0
+               "--set", "decode.max_len_b=6", "--hyps", hyps) == 0
     scores = json.loads((first / "eval_t_ensemble2.json").read_text())
     assert scores["model"] == [str(first), str(second)] and scores["n"] == 8
     out = tmp_path / "out.txt"
-    assert cli("translate", first, second, "-i", src, "-o", out, "--beam", 2, "--max-len-b", 6) == 0
+    assert cli("translate", first, second, "-i", src, "-o", out, "--beam", 2, "--set", "decode.max_len_b=6") == 0
     assert out.read_text(encoding="utf-8") == hyps.read_text(encoding="utf-8")
     model = load_model_folder([first, second]).torch_module()
     assert isinstance(model, Ensemble) and len(model.models) == 2

@@ -364,8 +364,8 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
                     "5",
                     "-i",
                     str(src),
-                    "--length-penalty",
-                    "average",
+                    "--set",
+                    "decode.length_penalty=average",
                 ]
             )
             == 0
@@ -382,8 +382,8 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
                     str(ref),
                     "-o",
                     str(tmp_path / f"{engine}.json"),
-                    "--length-penalty",
-                    "average",
+                    "--set",
+                    "decode.length_penalty=average",
                 ]
             )
             == 0
@@ -407,8 +407,8 @@ def test_cli_export_translate_evaluate_each_engine(trained, tmp_path, capsys):
                     "3",
                     "-i",
                     str(src),
-                    "--length-penalty",
-                    "average",
+                    "--set",
+                    "decode.length_penalty=average",
                 ]
             )
             == 0

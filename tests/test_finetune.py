@@ -157,7 +157,7 @@ def _files(folder, n=120, skip=3000, odd=False):
 def _finetune(init, out, data, *sets):
     argv = ["train", str(RECIPE), "--out", str(out), "--set", f"train.init_from={init}", *data]
     argv += ["--set", "train.max_steps=2", "--set", "train.valid_every=2", "--set",
-             "train.metrics_every=2", "--set", "train.save_every=2", "--set", "train.progress=false"]
+             "train.metrics_every=2", "--set", "train.save_every=2"]
     for s in sets:
         argv += ["--set", s]
     return argv

@@ -73,7 +73,7 @@ def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path, caplog):
         "kind": "seq2seq",
         "task": "translation",  # data.task's copy, written before data.kind: left out
         "model": {"d_model": 16, "n_heads": 2},
-        "train": {"bleu_every": 7},
+        "train": {"bleu_every": 7, "bleu_alpha": 1.0, "progress": False},  # keys since removed
         "decode": {"beam": 5, "alpha": 1.4},
         "averaged": {"steps": [4, 5], "run": "runs/x"},
         "preset": "tiny",
@@ -92,6 +92,7 @@ def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path, caplog):
     assert set(written) == {"kind", "model", "train", "decode", "averaged", "preset",
                             "aiayn_version", "onnx_opset"}
     assert written["train"]["metrics_every"] == 7 and written["decode"] == {"beam": 5, "alpha": 1.4}
+    assert not {"bleu_alpha", "progress"} & set(written["train"])
     again = read_folder_config(tmp_path)
     assert again == parsed
 

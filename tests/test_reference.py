@@ -32,6 +32,19 @@ def test_every_recipe_key_has_a_reason_and_every_command_a_section():
         assert f"- `{key}` = " in text
 
 
+def test_the_page_counts_the_flags_and_keys_a_user_can_meet():
+    """The size of the option surface, on the page (issue 58: 113 flags and 114 keys before
+    merging), so that a flag or key added shows in the page's diff: one per visible flag line of
+    the commands (a retired flag and the global -v/-q left out), one per key line."""
+    import re
+
+    text = make_reference().render()
+    found = re.search(r"In all: (\d+) flags over (\d+) commands, and (\d+) recipe keys", text)
+    commands, keys = text.split("\n## Recipe keys\n")
+    flags = len(re.findall(r"^- `-", commands.split("\n### ", 1)[1], re.M))
+    assert found and (int(found[1]), int(found[3])) == (flags, len(re.findall(r"^- `\w+\.", keys, re.M)))
+
+
 def test_a_key_without_a_comment_is_shown_as_such_and_shared_comments_carry_over():
     from dataclasses import dataclass
 

@@ -403,7 +403,7 @@ def test_the_server_shortens_the_gil_switch_interval_while_it_serves():
     5 ms) while `aiayn serve` runs; the interval is restored after."""
     import sys
 
-    from aiayn.commands.serve import SWITCH_INTERVAL_S, run_on_main_thread
+    from aiayn.serve.lanes import SWITCH_INTERVAL_S, run_on_main_thread
 
     batcher = DynamicBatcher(lambda key, inputs: list(inputs), wait_s=0.0, thread=False)
     seen: list = []

@@ -71,7 +71,7 @@ def test_translating_a_file_equals_translating_each_line_alone(model_dir, tmp_pa
     lines[7] = "   "
     src, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
     assert cli("translate", model_dir, "--input", src, "--out", out, "--beam", 3,
-               "--batch-tokens", 20, "--max-len-b", 6) == 0
+               "--batch-tokens", 20, "--set", "decode.max_len_b=6") == 0
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == len(lines)
     assert got[3] == "" and got[7] == ""
@@ -83,7 +83,7 @@ def test_translating_a_file_equals_translating_each_line_alone(model_dir, tmp_pa
 
 def test_stdin_to_stdout_and_nbest_format(model_dir, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the cat\r\n\nred dog\n")))
-    assert cli("translate", model_dir, "--beam", 3, "--nbest", 2, "--max-len-b", 6) == 0
+    assert cli("translate", model_dir, "--beam", 3, "--nbest", 2, "--set", "decode.max_len_b=6") == 0
     rows = capsys.readouterr().out.splitlines()
     assert [r.split("\t")[0] for r in rows] == ["1", "1", "2", "2", "3", "3"]
     scores = [float(r.split("\t")[1]) for r in rows if not r.startswith("2\t")]
@@ -94,7 +94,7 @@ def test_interactive_prompt_on_a_terminal(model_dir, monkeypatch, capsys):
     stdin = io.TextIOWrapper(io.BytesIO(b"the cat\nred dog\n"))
     monkeypatch.setattr(stdin, "isatty", lambda: True)
     monkeypatch.setattr(sys, "stdin", stdin)
-    assert cli("translate", model_dir, "--beam", 2, "--max-len-b", 6) == 0
+    assert cli("translate", model_dir, "--beam", 2, "--set", "decode.max_len_b=6") == 0
     folder = load_model_folder(model_dir)
     model, tokenizer = folder.torch_module(), folder.tokenizer
     expected = translate_texts(model, tokenizer, ["the cat", "red dog"], beam=2, max_len_b=6)
@@ -106,7 +106,7 @@ def test_over_long_line_is_cut_with_a_warning(tmp_path, caplog):
     src = write_lines(tmp_path / "in.txt", ["the cat", " ".join(["table"] * 30), "red dog"])
     out = tmp_path / "out.txt"
     with caplog.at_level("WARNING"):
-        assert cli("translate", folder, "--input", src, "--out", out, "--max-len-b", 50) == 0
+        assert cli("translate", folder, "--input", src, "--out", out, "--set", "decode.max_len_b=50") == 0
     assert "line 2" in caplog.text and "cut to the model's limit of 8" in caplog.text
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # 3 lines + final newline
 
@@ -156,7 +156,7 @@ def test_evaluate_src_ref_prints_and_saves_scores(model_dir, tmp_path, capsys):
     ref = write_lines(tmp_path / "test.de", lines)
     hyps, out = tmp_path / "hyps.txt", tmp_path / "scores.json"
     assert cli("evaluate", model_dir, "--src", src, "--ref", ref, "--beam", 2, "--out", out,
-               "--hyps", hyps, "--max-len-b", 6) == 0
+               "--hyps", hyps, "--set", "decode.max_len_b=6") == 0
     printed = capsys.readouterr().out
     scores = json.loads(out.read_text())
     assert "BLEU = " in printed and "BLEU-lc = " in printed and "chrF2 = " in printed
@@ -172,7 +172,7 @@ def test_evaluate_split_of_the_models_own_files(tmp_path, capsys):
     tgt = write_lines(tmp_path / "valid.de", lines)
     data = {"dataset": "", "valid_src": str(src), "valid_tgt": str(tgt)}
     folder, _ = make_model_dir(tmp_path / "m", sentences(200, 0), data=data)
-    assert cli("evaluate", folder, "--split", "valid", "--beam", 1, "--max-len-b", 6) == 0
+    assert cli("evaluate", folder, "--split", "valid", "--beam", 1, "--set", "decode.max_len_b=6") == 0
     assert json.loads((folder / "eval_valid.json").read_text())["n"] == 6
 
 
@@ -254,7 +254,7 @@ def test_a_limited_evaluation_never_stands_for_the_whole_set(tmp_path, capsys):
     tgt = write_lines(tmp_path / "valid.de", lines)
     data = {"dataset": "", "valid_src": str(src), "valid_tgt": str(tgt)}
     folder, _ = make_model_dir(tmp_path / "m", sentences(200, 0), data=data)
-    decode = ("--beam", 1, "--max-len-b", 6)
+    decode = ("--beam", 1, "--set", "decode.max_len_b=6")
     assert cli("evaluate", folder, "--split", "valid", *decode) == 0
     whole = (folder / "eval_valid.json").read_text()
     capsys.readouterr()

@@ -171,11 +171,15 @@ def folder(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
-@pytest.mark.parametrize("flag", ["--alpha", "--max-len-a", "--repetition-penalty"])
-def test_nan_and_inf_decoding_flags_are_one_line(folder, capsys, flag, value):
-    name = flag.removeprefix("--").replace("-", "_")
+@pytest.mark.parametrize("flag, error", [
+    ("--alpha", "alpha must be a"),
+    ("--set=decode.max_len_a", "decode.max_len_a: expected a finite number"),
+    ("--set=decode.repetition_penalty", "decode.repetition_penalty: expected a finite number"),
+])
+def test_nan_and_inf_decoding_flags_are_one_line(folder, capsys, flag, error, value):
+    name = flag.split(".")[-1].removeprefix("--")
     argv = ["translate", folder, "-i", folder.parent / "in.txt", f"{flag}={value}"]
-    fails(capsys, argv, f"{name} must be a", unchanged=[folder])
+    fails(capsys, argv, error, unchanged=[folder])
     with pytest.raises(ConfigError, match=f"{name} must be a"):
         DecodeConfig(**{name: float(value)})
 

@@ -99,7 +99,7 @@ def write_reverse_data(folder: Path, n_train: int = 120, n_valid: int = 16, seed
 def base_values(data_dir: Path, **train) -> dict:
     """Dotted keys of a tiny, fast, fp32 run (override with train keys, e.g. max_steps=8)."""
     values = {**TINY_MODEL, **write_reverse_data(data_dir)}
-    values.update({"train.precision": "fp32", "train.device": "cpu", "train.progress": False,
+    values.update({"train.precision": "fp32", "train.device": "cpu",
                    "train.lr_schedule": "inverse_sqrt", "train.lr": 3e-3, "train.warmup_steps": 4,
                    "train.max_steps": 8, "train.valid_every": 4, "train.save_every": 4,
                    "train.log_every": 2})
@@ -141,7 +141,7 @@ def run_aiayn(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 # ---- the classifier / LM tests' tiny data (test_shapes_cli, test_mlm) ----
 
-SHAPE_TRAIN = {"train.precision": "fp32", "train.device": "cpu", "train.progress": False,
+SHAPE_TRAIN = {"train.precision": "fp32", "train.device": "cpu",
                "train.lr_schedule": "inverse_sqrt", "train.lr": 5e-3, "train.warmup_steps": 10,
                "train.label_smoothing": 0.0, "train.keep_last": 1, "train.log_every": 10}
 

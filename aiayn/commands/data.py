@@ -1,7 +1,7 @@
 """``aiayn data``: list, fetch and inspect datasets; train a tokenizer.
 
     aiayn data list
-    aiayn data prepare multi30k [--mirror DIR_OR_URL] [--cache DIR] [--force]
+    [AIAYN_DATA_MIRROR=DIR_OR_URL] [AIAYN_CACHE=DIR] aiayn data prepare multi30k [--force] [-q]
     aiayn data tokenizer -o tokenizer.json [--config run.toml] [--set data.vocab_size=8000 ...]
     aiayn data build [--config run.toml] [--set ...]
     aiayn data stats [--config run.toml] [--set data.dataset= --set data.train_src=a.en ...]
@@ -17,7 +17,7 @@ import logging
 import time
 import tomllib
 
-from aiayn.commands.options import add_output_file, add_sets, advanced, section_sets
+from aiayn.commands.options import add_output_file, add_sets, retired, section_sets
 from aiayn.config import apply_overrides
 from aiayn.data import (
     DATASETS,
@@ -88,20 +88,18 @@ def _add_prepare(actions: argparse._SubParsersAction) -> None:
         help="download (or copy from the mirror), verify and cache a dataset",
         description="Fetch NAME into the cache ($AIAYN_CACHE, default ~/.cache/aiayn), checking "
         "sha256; does nothing if already there. $AIAYN_DATA_MIRROR (a folder or base "
-        "URL laid out as FOLDER/FILE) replaces the official sources.",
+        "URL laid out as FOLDER/FILE) replaces the official sources. A progress bar shows on a "
+        "terminal, unless -q.",
     )
     prep.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
     prep.add_argument("--force", action="store_true", help="fetch again even if cached")
-    more = advanced(prep)
-    more.add_argument(
-        "--mirror",
-        help="folder or base URL to fetch from, for machines without the official sources "
-        "(default $AIAYN_DATA_MIRROR; '' for the official sources)",
+    # Where to fetch from and where the cache is are the environment's, which every command
+    # reads (`aiayn train` fetches a missing dataset and looks for it there too); -q hides the bar.
+    retired(prep, "--mirror", "the environment variable AIAYN_DATA_MIRROR={value}")
+    retired(
+        prep, "--cache", "the environment variable AIAYN_CACHE={value} (where `aiayn train` looks)"
     )
-    more.add_argument("--cache", help="cache folder (default $AIAYN_CACHE or ~/.cache/aiayn)")
-    more.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (for logs and CI)"
-    )
+    retired(prep, "--no-progress", "-q (no progress bar)", action="store_true")
     prep.set_defaults(run=run_prepare)
 
 
@@ -138,7 +136,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         mirror=args.mirror,
         cache=args.cache,
         force=args.force,
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress or args.quiet else None,
     )
     print(folder)
     return 0

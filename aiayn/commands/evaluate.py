@@ -124,14 +124,10 @@ def run(args: argparse.Namespace) -> int:
         require_moses()
     if not args.output:  # the default output, in the model folder: checked before any work
         check_output_file(Path(args.model[0]) / f"eval_{args.split or 'test'}.json", "--out")
+    overrides = decode_overrides(args)  # a bad --set before the model is loaded
     model = open_models(args, inference_device(args.device))
     scores = model.score(
-        args.split,
-        args.src,
-        args.ref,
-        args.limit,
-        paper_bleu=args.paper_bleu,
-        **decode_overrides(args),
+        args.split, args.src, args.ref, args.limit, paper_bleu=args.paper_bleu, **overrides
     )
     hyps = scores.pop("hyps", None)
     out = Path(args.output) if args.output else model.path / score_file_name(scores, model.paths)

@@ -1,10 +1,12 @@
-"""Options and helpers shared by the commands: renamed flags (an old spelling still works, with
-one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the "advanced options"
-group; and, for the commands that use a trained model (translate, evaluate, classify, generate,
-serve), the model folders, decoding flags, the engine, the device and input lines.
+"""Options and helpers shared by the commands: renamed and retired flags (an old spelling still
+works, with one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the
+"advanced options" group; and, for the commands that use a trained model (translate, evaluate,
+classify, generate, serve), the model folders, decoding flags, the engine, the device and input
+lines.
 
-Decoding flags default to None: a flag given overrides the model folder's ``decode`` settings,
-which override :class:`~aiayn.decode.config.DecodeConfig`'s defaults (the only home of them).
+Decoding flags default to None: a flag (or ``--set decode.KEY=VALUE``) given overrides the model
+folder's ``decode`` settings, which override :class:`~aiayn.decode.config.DecodeConfig`'s
+defaults (the only home of them).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 DEFAULTS = DecodeConfig()
 
 
-# ---- flags renamed since: the old spelling still works, with one warning line ---------------
+# ---- flags renamed or retired since: the old spelling still works, with one warning line ------
 
 
 class _Renamed(argparse.Action):
@@ -44,7 +46,30 @@ class _Renamed(argparse.Action):
         super().__call__(parser, namespace, values, option_string)
 
 
-_RENAMED_ACTIONS: dict[type, type] = {}
+class _Retired(argparse.Action):
+    """Mixed into the action of a flag no longer offered (merged into another, or a setting now
+    given another way): it still works, hidden from --help, and says once, on stderr, what to
+    write instead (``now``; ``{value}`` stands for the value given)."""
+
+    now = ""
+    warned = False
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if not self.warned:
+            self.warned = True
+            warn(f"{option_string} is now {self.now.format(value=values)}")
+        super().__call__(parser, namespace, values, option_string)
+
+
+_MIXED: dict[tuple[type, type], type] = {}
+
+
+def _mix(action: argparse.Action, mixin: type) -> None:
+    """Give ``action`` the behaviour of ``mixin`` before that of its own argparse class."""
+    base = type(action)
+    if (mixin, base) not in _MIXED:
+        _MIXED[mixin, base] = type(f"{mixin.__name__[1:]}{base.__name__}", (mixin, base), {})
+    action.__class__ = _MIXED[mixin, base]
 
 
 def warn(message: str) -> None:
@@ -57,11 +82,17 @@ def flag(group: Any, *names: str, old: tuple[str, ...] = (), **kwargs: Any) -> a
     (each with one warning naming the new one)."""
     action = group.add_argument(*names, *old, **kwargs)
     if old:
-        base = type(action)
-        if base not in _RENAMED_ACTIONS:
-            _RENAMED_ACTIONS[base] = type(f"Renamed{base.__name__}", (_Renamed, base), {})
-        action.__class__ = _RENAMED_ACTIONS[base]
+        _mix(action, _Renamed)
         action.old_spellings = old
+    return action
+
+
+def retired(group: Any, name: str, now: str, **kwargs: Any) -> argparse.Action:
+    """A flag taken out of --help that still works (``group.add_argument(name, **kwargs)``) with
+    one warning saying what to write instead: ``now``, e.g. "--set decode.min_len={value}"."""
+    action = group.add_argument(name, help=argparse.SUPPRESS, **kwargs)
+    _mix(action, _Retired)
+    action.now = now
     return action
 
 
@@ -141,9 +172,9 @@ def add_sets(p: argparse.ArgumentParser, section: str, example: str) -> None:
     )
 
 
-def section_sets(overrides: list[str], section: str) -> dict[str, str]:
+def section_sets(overrides: list[str], section: str, bare: bool = True) -> dict[str, str]:
     """``--set SECTION.KEY=VALUE`` of one section -> ``{KEY: VALUE}``. A bare ``KEY=VALUE`` (the
-    older spelling of `aiayn data` and `aiayn summary`) is taken with one warning."""
+    older spelling of `aiayn data` and `aiayn summary`; ``bare``) is taken with one warning."""
     from aiayn.config import parse_override
 
     values = {}
@@ -152,7 +183,7 @@ def section_sets(overrides: list[str], section: str) -> dict[str, str]:
         head, dot, rest = key.partition(".")
         if dot and head == section:
             key = rest
-        elif dot:
+        elif dot or not bare:
             raise ConfigError(f"--set {text}: this command takes {section}.KEY=VALUE")
         else:
             warn(f"--set {text} is now --set {section}.{text} (the recipes' SECTION.KEY)")
@@ -173,49 +204,46 @@ def add_engine(p: Any) -> None:
 
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:
-    """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's."""
+    """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's. The
+    paper's two (beam, α) are flags; every other search setting is ``--set decode.KEY=VALUE``,
+    the recipe's name for it (also the HTTP API's and the Python keyword's)."""
     d = DEFAULTS
     p.add_argument("--beam", type=int, help=f"beam size; 1 = greedy (default: {d.beam}, §6.1)")
     p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: {d.alpha}, §6.1)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="decode.KEY=VALUE",
+        help="any other decoding setting, by its recipe key: e.g. --set "
+        "decode.length_penalty=average, decode.max_len_b=100, decode.no_repeat_ngram_size=3 "
+        "(repeatable; every key: docs/reference/cli.md, [decode])",
+    )
     add_engine(p)
-    _add_expert_decode_options(advanced(p))
+    _add_retired_decode_flags(p)
     add_batch_tokens(advanced(p), d.max_tokens, "sentences × longest padded source length")
     _add_speed_options(advanced(p))
     p.description = (p.description or "") + (
-        " Decoding flags left out take the model folder's settings (config.json 'decode', "
+        " Decoding settings left out take the model folder's (config.json 'decode', "
         "from the recipe's [decode] section), else the defaults shown."
     )
 
 
-def _add_expert_decode_options(g: Any) -> None:
-    """Search controls beyond beam and α: the length penalty, the output cap, repetition."""
-    d = DEFAULTS
-    g.add_argument(
-        "--length-penalty",
-        choices=("gnmt", "average", "none", "power"),
-        help="normalise scores by the GNMT penalty, by length, not at all, or by length^α "
-        f"(Hugging Face's) (default: {d.length_penalty})",
-    )
-    g.add_argument(
-        "--max-len-a", type=float, help=f"output cap a·src_len + b: a (default: {d.max_len_a})"
-    )
-    g.add_argument(
-        "--max-len-b", type=int, help=f"output cap a·src_len + b: b (default: {d.max_len_b})"
-    )
-    g.add_argument(
-        "--repetition-penalty",
-        type=float,
-        metavar="P",
-        help="make tokens already in the output less likely, Hugging Face's way (1: off, 1.2 is "
-        f"typical; default: {d.repetition_penalty})",
-    )
-    g.add_argument(
-        "--no-repeat-ngram-size",
-        type=int,
-        metavar="N",
-        help="no N-gram of tokens twice in an output (0: off; 3 stops a loop of repeated "
-        f"syllables; default: {d.no_repeat_ngram_size})",
-    )
+# Search controls that were flags of their own, now --set decode.KEY=VALUE (what the recipe, the
+# HTTP API and Python call them): (flag, DecodeConfig field, argparse keywords).
+RETIRED_DECODE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--length-penalty", "length_penalty", {"choices": ("gnmt", "average", "none", "power")}),
+    ("--max-len-a", "max_len_a", {"type": float}),
+    ("--max-len-b", "max_len_b", {"type": int}),
+    ("--repetition-penalty", "repetition_penalty", {"type": float}),
+    ("--no-repeat-ngram-size", "no_repeat_ngram_size", {"type": int}),
+)
+
+
+def _add_retired_decode_flags(p: argparse.ArgumentParser) -> None:
+    for name, key, kwargs in RETIRED_DECODE_FLAGS:
+        retired(p, name, f"--set decode.{key}={{value}}", dest=key, **kwargs)
 
 
 def add_batch_tokens(g: Any, default: int, measure: str) -> None:
@@ -268,10 +296,20 @@ def open_models(
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The DecodeConfig fields given on the command line (flags left out are not included)."""
+    """The DecodeConfig fields given on the command line (settings left out are not included):
+    ``--set decode.KEY=VALUE``, then the flags (which win)."""
+    from aiayn.config import coerce_keys
+    from aiayn.run_config import REMOVED
+
     check_batch_tokens(args)
+    sets = section_sets(args.overrides, "decode", bare=False)
+    for key in sets:
+        if f"decode.{key}" in REMOVED:
+            raise ConfigError(f"--set decode.{key}: {REMOVED[f'decode.{key}']}")
+    chosen = coerce_keys(DecodeConfig, sets, prefix="decode.")
     names = [f.name for f in fields(DecodeConfig)]
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    chosen.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+    return chosen
 
 
 def check_batch_tokens(args: argparse.Namespace) -> None:

@@ -12,10 +12,14 @@ import dataclasses
 import gc
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from aiayn.commands.options import add_device, add_engine, advanced
+from aiayn.commands.options import add_device, add_engine, advanced, retired
 from aiayn.errors import ConfigError
 from aiayn.serve.lanes import run_on_main_thread
+
+if TYPE_CHECKING:
+    from aiayn.serve.limits import Limits
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +28,9 @@ KEY_ENV = "AIAYN_API_KEY"
 
 # The batcher's timing: benchmark settings (docs/serving.md), under --help's advanced options.
 BATCHING_TUNING = ("batch_wait_ms", "batch_max_wait_ms", "join_steps")
+# --batching: Limits' batching and step_batching as one choice (was --no-batching and
+# --no-step-batching, still read with a warning).
+BATCHING = ("step", "whole", "off")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -65,19 +72,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
         )
     advanced(p).add_argument(
-        "--no-batching",
-        dest="batching",
-        action="store_false",
-        help="run every request alone (no dynamic batching; for comparison)",
+        "--batching",
+        choices=BATCHING,
+        default="step",
+        help="how requests share the model: step (the PyTorch backend's translations join a "
+        "running batch between decoder steps, the rest in whole batches), whole (requests merge "
+        "into batches that run start to end: more sentences/s under many one-sentence clients, "
+        "a lone request waits for its batch window), off (every request alone, in arrival "
+        "order; for comparison) (default: step)",
     )
-    advanced(p).add_argument(
-        "--no-step-batching",
-        dest="step_batching",
-        action="store_false",
-        help="batch the PyTorch backend's translations at batch boundaries, as the other "
-        "engines' (more sentences/s under many one-sentence clients; a lone request waits "
-        "for its batch window)",
-    )
+    for old, now in (("--no-batching", "off"), ("--no-step-batching", "whole")):
+        retired(p, old, f"--batching {now}", dest="batching", action="store_const", const=now)
     p.add_argument(
         "--workers",
         dest="lanes",
@@ -101,10 +106,9 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.commands.options import inference_device, open_models
     from aiayn.serve.app import create_app, serve_lane
     from aiayn.serve.lanes import Lanes, LaneSpec, can_share_port, default_lanes, listening_socket
-    from aiayn.serve.limits import Limits
     from aiayn.threads import LoadFollower
 
-    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    limits = limits_from(args)
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)  # torch's threads: the cores not busy
     check_port(args.host, args.port)
@@ -172,6 +176,18 @@ def run(args: argparse.Namespace) -> int:
         return run_on_main_thread(server, app.state.service.batcher, sock)
     finally:
         others.stop()
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The server's Limits from its flags (``--batching``: Limits' two switches)."""
+    from aiayn.serve.limits import Limits
+
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(Limits)
+        if f.name not in ("batching", "step_batching")
+    }
+    return Limits(batching=args.batching != "off", step_batching=args.batching == "step", **given)
 
 
 def check_port(host: str, port: int) -> None:

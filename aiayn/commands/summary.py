@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.commands.options import add_sets, advanced, section_sets
+from aiayn.commands.options import add_sets, advanced, retired, section_sets
 from aiayn.config import ModelConfig, apply_overrides
 from aiayn.errors import ConfigError
 from aiayn.kinds import KINDS, TRANSLATION
@@ -34,16 +34,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=1,
         help="how deep the table goes into nested modules (layers always listed; default: 1)",
     )
-    shape = advanced(p)
-    shape.add_argument(
-        "--batch", type=int, default=2, help="batch size of the example forward pass (default: 2)"
+    advanced(p).add_argument(
+        "--shape",
+        metavar="B,S,T",
+        default="2,16,16",
+        help="the example forward pass's batch size, source and target length (default: 2,16,16)",
     )
-    shape.add_argument(
-        "--src-len", type=int, default=16, help="source length of the example batch (default: 16)"
-    )
-    shape.add_argument(
-        "--tgt-len", type=int, default=16, help="target length of the example batch (default: 16)"
-    )
+    for name, now in (
+        ("--batch", "{value},S,T"),
+        ("--src-len", "B,{value},T"),
+        ("--tgt-len", "B,S,{value}"),
+    ):
+        retired(p, name, f"--shape {now}", type=int)
     p.set_defaults(run=run)
     return p
 
@@ -95,18 +97,34 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
     return apply_overrides(ModelConfig.preset(spec), sets), TRANSLATION
 
 
+def example_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+    """``--shape B,S,T`` (each part replaced by the older --batch, --src-len, --tgt-len when
+    given) as three positive integers."""
+    parts = args.shape.split(",")
+    try:
+        shape = [int(x) for x in parts] if len(parts) == 3 else []
+    except ValueError:
+        shape = []
+    if not shape or min(shape) <= 0:
+        raise ConfigError(f"--shape must be three positive integers B,S,T, got '{args.shape}'")
+    for i, old in enumerate((args.batch, args.src_len, args.tgt_len)):
+        if old is not None:
+            if old <= 0:
+                raise ConfigError(f"--shape must be three positive integers B,S,T, got {old}")
+            shape[i] = old
+    return shape[0], shape[1], shape[2]
+
+
 def run(args: argparse.Namespace) -> int:
     from aiayn.model.summary import format_summary, summarize
 
-    for name in ("batch", "src_len", "tgt_len"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    batch, src_len, tgt_len = example_shape(args)
     cfg, kind = resolve_model_config(args.model, args.overrides)
     torch.manual_seed(0)
     model = KINDS[kind].model_class(cfg).eval()
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
-    src = torch.randint(low, cfg.src_vocab_size, (args.batch, args.src_len))
-    tgt = torch.randint(low, cfg.tgt_vocab_size, (args.batch, args.tgt_len))
+    src = torch.randint(low, cfg.src_vocab_size, (batch, src_len))
+    tgt = torch.randint(low, cfg.tgt_vocab_size, (batch, tgt_len))
     # an encoder and a decoder read both sides; a decoder alone the target; an encoder the source
     forward = (
         (lambda: model(src, tgt))

@@ -108,8 +108,9 @@ def interactive(model: ModelFolder, cfg: DecodeConfig) -> int:
 def run(args: argparse.Namespace) -> int:
     from aiayn.io import write_text
 
+    overrides = decode_overrides(args)  # a bad --set before the model is loaded
     model = open_models(args, inference_device(args.device), TRANSLATION)
-    cfg = model.decode_config(**decode_overrides(args))
+    cfg = model.decode_config(**overrides)
     if args.input == "-" and sys.stdin.isatty():
         if args.prefixes:
             raise ConfigError("--prefixes pairs with the lines of --input FILE or a pipe")

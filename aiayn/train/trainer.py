@@ -114,12 +114,19 @@ def _time_used(progress: Progress, train: TrainConfig, wall: float) -> float:
 
 
 def _progress_bar(train: TrainConfig, is_main: bool, step: int) -> Any:
-    """The bar of updates on rank 0 (train.progress), starting at ``step``; None otherwise."""
-    if not (train.progress and is_main):
+    """The bar of updates on rank 0, starting at ``step``, when stderr is a terminal and progress
+    lines are logged (not under -q); None otherwise (a log file gets the metrics lines only)."""
+    if not (is_main and log.isEnabledFor(logging.INFO)):
         return None
     total = train.max_steps or None
     return tqdm(
-        total=total, initial=step, desc="train", unit="upd", dynamic_ncols=True, leave=False
+        total=total,
+        initial=step,
+        desc="train",
+        unit="upd",
+        dynamic_ncols=True,
+        leave=False,
+        disable=None,  # None: off when stderr is not a terminal
     )
 
 

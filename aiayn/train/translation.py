@@ -174,7 +174,9 @@ class TranslationTask(TokenBatchedTask):
             n = t.bleu_max_sentences or len(src)
             self._bleu_data = (list(src[:n]), list(ref[:n]))
         src, ref = self._bleu_data
-        hyps = translate_texts(model, self.tokenizer, src, beam=t.bleu_beam, alpha=t.bleu_alpha)
+        hyps = translate_texts(
+            model, self.tokenizer, src, beam=t.bleu_beam, alpha=self.cfg.decode.alpha
+        )
         scores = corpus_scores(hyps, ref)
         return {
             "valid_bleu": float(scores["bleu"]),
