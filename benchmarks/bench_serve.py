@@ -9,9 +9,9 @@ load (the clients settle into the server's batches) the answers of the next ``--
 counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be 0), the server's
 peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per decoder step
 (step-level batching, the PyTorch backend) or per batch (from /health). One client always runs
-as well: a lone request's latency. ``--baseline`` adds the server with `--no-batching` at the
+as well: a lone request's latency. ``--baseline`` adds the server with `--batching off` at the
 first client count, ``--compare FLAGS`` the server with those flags right after each count's
-default run (e.g. `--no-step-batching`; the default's sentences/s over its in "targets", and a
+default run (e.g. `--batching whole`; the default's sentences/s over its in "targets", and a
 WARNING line where the default runs more than 10% slower).
 `aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
@@ -189,8 +189,8 @@ def translate_sweep(
 
 
 def start_server(model: list[str], flags: str, threads: int, extra: list[str]) -> tuple:
-    """``flags``: more options of this run's server, one string ("": none; --no-batching,
-    --no-step-batching, --join-steps 0 …)."""
+    """``flags``: more options of this run's server, one string ("": none; --batching off,
+    --batching whole, --join-steps 0, --workers 1 …)."""
     port = free_port()
     cmd = [sys.executable, "-m", "aiayn", "serve", *model, "--port", str(port)]
     cmd += flags.split()
@@ -594,14 +594,14 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=3, help="rounds of the translate settings (default: 3)"
     )
     p.add_argument("--beam", type=int, help="beam of both (default: the folder's); 1: overhead")
-    p.add_argument("--baseline", action="store_true", help="also the server with --no-batching")
+    p.add_argument("--baseline", action="store_true", help="also the server with --batching off")
     p.add_argument(
         "--compare",
         action="append",
         default=[],
         metavar="FLAGS",
         help="also the server with these flags, right after each count's default run (e.g. "
-        "--compare=--no-step-batching); repeatable",
+        "--compare=--batching whole); repeatable",
     )
     p.add_argument("--serve-args", default="", help="more options of `aiayn serve`, one string")
     p.add_argument(
@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     # each count's compared servers right after its default one: the same machine load
     runs = [(c, f) for c in sorted({1, *args.clients}) for f in ("", *args.compare)]
     if args.baseline:
-        runs.append((args.clients[0], "--no-batching"))
+        runs.append((args.clients[0], "--batching off"))
     for clients, batching in runs:
         mode = f"serve, {clients} clients" + (f", {batching}" if batching else "")
         proc, url = start_server(args.model, batching, args.threads, extra)

@@ -225,7 +225,7 @@ def smoke_bench_serve(tmp: Path, runs: list[Path], capsys) -> None:
     results = report["results"]
     assert set(results) == {"aiayn translate, one process", "decoding alone",
                             "step-level decoding alone", "serve, 1 clients",
-                            "serve, 2 clients", "serve, 1 clients, --no-batching",
+                            "serve, 2 clients", "serve, 1 clients, --batching off",
                             "serve, 1 clients, --join-steps 0", "serve, 2 clients, --join-steps 0"}
     served = [r for k, r in results.items() if k.startswith("serve")]
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in served)

@@ -363,7 +363,7 @@ def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder
 
 
 def test_no_step_batching_batches_translations_at_boundaries_with_the_same_answers(folder):
-    """`aiayn serve --no-step-batching`: the same requests run as boundary batches (no decoder
+    """`aiayn serve --batching whole`: the same requests run as boundary batches (no decoder
     step is counted) and get the answers step-level batching gives."""
     requests = [sentences(1 + i % 3, 400 + i) for i in range(6)]
     answers = []
