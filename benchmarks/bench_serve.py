@@ -387,7 +387,12 @@ def offline(
     sentence, which is mostly loading)."""
     total = translate_seconds(model, texts, env, beam, workers)
     loading = translate_seconds(model, texts[:1], env, beam, workers)
-    decoding = max(total - loading, 1e-9)
+    decoding = total - loading
+    if decoding <= 0:
+        raise SystemExit(
+            f"aiayn translate: {len(texts)} sentences took no longer than one ({total:.2f} against "
+            f"{loading:.2f} s): too few to tell decoding from loading; raise --sentences"
+        )
     return {
         "sentences": len(texts),
         "seconds": round(total, 2),
