@@ -570,6 +570,73 @@ def load_average() -> str:
         return "unknown"
 
 
+def quantization(folder: str) -> str | None:
+    """An exported folder's quantization (config.json), None for a PyTorch one."""
+    try:
+        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get(
+            "quantization"
+        )
+    except (OSError, ValueError):
+        return None
+
+
+TABLE_BEGIN = "<!-- serving:begin (benchmarks/bench_serve.py --table) -->"
+TABLE_END = "<!-- serving:end -->"
+
+
+def engine_table(reports: list[dict]) -> str:
+    """The engine × clients table of several runs (one per engine, each at its defaults):
+    sentences/s served and its ratio to `aiayn translate` on the same engine, p50 at the fewest
+    clients against a lone request, errors; the runs' date, CPU and commits under it."""
+    counts = sorted({int(k) for r in reports for k in r["targets"]["vs_translate"]} - {1})
+    head = ["engine", "`aiayn translate`"] + [f"{c} clients" for c in counts]
+    head += [f"p50, {counts[0]} clients ÷ lone", "errors"]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for r in reports:
+        name = {"torch": "native (PyTorch fp32)"}.get(r["engine"], r["engine"])
+        if r.get("quantization"):
+            name = f"{name} {r['quantization']}"
+        offline = r["results"]["aiayn translate, one process"]["sentences_per_s_without_loading"]
+        cells = [name, f"{offline:.1f}"]
+        for c in counts:
+            row = r["results"].get(f"serve, {c} clients", {})
+            cells.append(f"{row.get('sentences_per_s', 0):.1f} ({row.get('vs_translate', 0):.2f}×)")
+        cells.append(f"{r['targets']['p50_vs_lone_request'].get(str(counts[0]), 0):.2f}")
+        cells.append(str(sum(x.get("errors", 0) for x in r["results"].values())))
+        lines.append("| " + " | ".join(cells) + " |")
+    dates = sorted({r["date"] for r in reports})
+    commits = ", ".join(sorted({r["commit"] for r in reports}))
+    lines.append("")
+    lines.append(
+        f"Sentences/s (× `aiayn translate` on the same engine), every engine at its defaults; "
+        f"{reports[0]['cpu']}, {reports[0]['cores']} cores; {dates[0]}–{dates[-1][-9:]}; "
+        f"commit {commits}; `python benchmarks/bench_serve.py --table "
+        + " ".join(Path(r.get("file", "RUN.json")).name for r in reports)
+        + "`."
+    )
+    return "\n".join(lines)
+
+
+def write_table(files: list[str], pages: list[str]) -> None:
+    """The engine × clients table of the runs in ``files`` between the markers of ``pages``."""
+    reports = []
+    for f in files:
+        report = json.loads(Path(f).read_text(encoding="utf-8"))
+        report["file"] = f
+        reports.append(report)
+    table = engine_table(reports)
+    print(table)
+    for page in pages:
+        text = Path(page).read_text(encoding="utf-8")
+        if TABLE_BEGIN not in text or TABLE_END not in text:
+            raise SystemExit(f"{page}: no {TABLE_BEGIN} … {TABLE_END} markers")
+        before, rest = text.split(TABLE_BEGIN, 1)
+        after = rest.split(TABLE_END, 1)[1]
+        Path(page).write_text(
+            f"{before}{TABLE_BEGIN}\n{table}\n{TABLE_END}{after}", encoding="utf-8"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/avg5")])
@@ -632,7 +699,23 @@ def main(argv: list[str] | None = None) -> int:
         "one-sentence clients (whatever --per-request), joining at once",
     )
     p.add_argument("--out", help="write the figures here as JSON")
+    p.add_argument(
+        "--table",
+        nargs="+",
+        metavar="JSON",
+        help="write the engine × clients table of these runs (--out files, one per engine) "
+        "into --doc's pages and stop",
+    )
+    p.add_argument(
+        "--doc",
+        nargs="+",
+        default=[str(ROOT / "docs" / "serving.md"), str(ROOT / "docs" / "decoding.md")],
+        help="pages whose serving table --table writes (default: docs/serving.md, decoding.md)",
+    )
     args = p.parse_args(argv)
+    if args.table:
+        write_table(args.table, args.doc)
+        return 0
     if not all(1 <= c <= 256 for c in args.clients) or not 0 < args.seconds <= 600:
         p.error("--clients 1..256 and --seconds up to 600")
     if not 1 <= args.per_request <= 32:
@@ -713,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["bench_serve.py", *(sys.argv[1:] if argv is None else argv)]),
         "model": args.model,
         "engine": sweep["engine"],
+        "quantization": quantization(args.model[0]),
         "threads": args.threads,
         "per_request": args.per_request,
         "beam": args.beam,

@@ -183,7 +183,7 @@ ANCHOR_MARK = re.compile(r"<!--\s*anchor\b[^>]*-->|\[anchor\b[^\]]*\]")
 BLOCK_MARK = re.compile(r"<!--\s*results-in-block:([\w.\s-]+?)\s*-->")
 # Sections that a script writes from a raw file (scripts/make_results.py, benchmarks/*.py).
 GENERATED = re.compile(
-    r"<!-- ?(results|make_results|engines|bench_train|bench_scaling|bench-load):begin[^>]*-->"
+    r"<!-- ?(results|make_results|engines|bench_train|bench_scaling|bench-load|serving):begin[^>]*-->"
     r".*?<!-- ?\1:end ?-->", re.S)
 # Where every figure must carry a mark: a marked zone of a page, a config header's Expected line.
 ZONE = re.compile(r"<!-- results-zone:begin -->(.*?)<!-- results-zone:end -->|^#[^\n]*?Expected:([^\n]*)",

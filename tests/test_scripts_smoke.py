@@ -235,6 +235,15 @@ def smoke_bench_serve(tmp: Path, runs: list[Path], capsys) -> None:
     for r in alone.values():  # the benchmark's beam, and where the time went
         assert r["beam"] == 1 and r["sentences"] > 0 and r["step_ms"] > 0
         assert r["join_ms"] > 0 and 0 < r["joins_per_step"] <= 1
+    # the engine × clients table of the guide, from this run, between a page's markers
+    page = tmp / "page.md"
+    page.write_text("above\n<!-- serving:begin (benchmarks/bench_serve.py --table) -->\nold\n"
+                    "<!-- serving:end -->\nbelow\n", encoding="utf-8")
+    run_main("benchmarks/bench_serve.py", "--table", out, "--doc", page)
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("above\n") and text.endswith("below\n") and "old" not in text
+    row = f"| native (PyTorch fp32) | {results['aiayn translate, one process']['sentences_per_s_without_loading']:.1f} |"
+    assert row in text and "| 2 clients |" in text
 
 
 def smoke_bench_train(tmp: Path) -> None:
