@@ -543,7 +543,7 @@ def refused_everywhere(capsys, folder: Path, tmp_path: Path, message: str) -> No
 
     from aiayn.errors import CheckpointError
 
-    def never_serve(server, batcher):
+    def never_serve(server, batcher, sock=None):
         raise AssertionError(f"{folder}: the server started; it should have been refused")
 
     text = tmp_path / "in.txt"
@@ -553,7 +553,7 @@ def refused_everywhere(capsys, folder: Path, tmp_path: Path, message: str) -> No
     fails(capsys, ["translate", str(folder), "-i", str(text)], message)
     fails(capsys, ["evaluate", str(folder), "--src", str(text), "--ref", str(text)], message)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("aiayn.commands.serve.run_on_main_thread", never_serve)
+        patch.setattr("aiayn.serve.lanes.run_on_main_thread", never_serve)
         fails(capsys, ["serve", str(folder), "--port", str(free_port())], message)
     assert not list(folder.glob("eval_*.json"))  # nothing was scored
 

@@ -213,7 +213,7 @@ def test_batcher_lone_request_waits_wait_s_not_max_wait():
 def test_serve_runs_the_model_on_the_main_thread_and_stops_with_the_http_server():
     """`aiayn serve` decodes on the main thread (torch's parallel regions start several times
     faster there) with uvicorn on another; when uvicorn stops, so does the worker."""
-    from aiayn.commands.serve import run_on_main_thread
+    from aiayn.serve.lanes import run_on_main_thread
 
     threads_seen: list = []
 
@@ -666,7 +666,7 @@ def test_full_queue_is_503_and_time_limit_is_504(folder):
 # ---- the command ------------------------------------------------------------------------------
 
 
-def never_serve(server, batcher):
+def never_serve(server, batcher, sock=None):
     raise AssertionError("the server started: it should have been refused at start")
 
 
@@ -704,7 +704,7 @@ def test_serve_command_errors(folder_dir, monkeypatch, capsys):
     assert "--max-texts must be > 0" in capsys.readouterr().err
     # a request of --max-texts texts could never be queued: refused at start, in one line (a
     # server that started anyway fails the test instead of serving for ever)
-    monkeypatch.setattr("aiayn.commands.serve.run_on_main_thread", never_serve)
+    monkeypatch.setattr("aiayn.serve.lanes.run_on_main_thread", never_serve)
     assert main(["serve", str(folder_dir), "--max-texts", "64", "--max-queue", "32"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--max-texts (64) is more than --max-queue (32)" in err and "\n" not in err

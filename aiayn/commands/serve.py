@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import logging
 import os
 from typing import TYPE_CHECKING
 
 from aiayn.commands.options import add_device, add_engine, advanced, retired
 from aiayn.errors import ConfigError
-from aiayn.serve.lanes import run_on_main_thread
 
 if TYPE_CHECKING:
     from aiayn.serve.limits import Limits
@@ -34,8 +32,6 @@ BATCHING = ("step", "whole", "off")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from aiayn.serve.limits import LIMIT_HELP, Limits
-
     p = sub.add_parser(
         "serve",
         help="serve a model over HTTP: JSON API with dynamic batching, and a web page",
@@ -57,20 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--api-key",
         help=f"require this key on every route but /health (default: ${KEY_ENV} when set)",
     )
-    defaults = Limits()
-    limits = p.add_argument_group("limits", "what one request may ask, what the server holds")
-    for field in dataclasses.fields(Limits):
-        if field.name in ("batching", "step_batching"):
-            continue
-        default = getattr(defaults, field.name)
-        group = advanced(p) if field.name in BATCHING_TUNING else limits
-        group.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            type=type(default),
-            default=default,
-            help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
-        )
+    add_limits(p)
     advanced(p).add_argument(
         "--batching",
         choices=BATCHING,
@@ -96,47 +79,57 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+def add_limits(p: argparse.ArgumentParser) -> None:
+    """A flag for each of :class:`~aiayn.serve.limits.Limits` but the batching switches
+    (``--batching``); the batcher's timing under the advanced options."""
+    from aiayn.serve.limits import LIMIT_HELP, Limits
+
+    defaults = Limits()
+    limits = p.add_argument_group("limits", "what one request may ask, what the server holds")
+    for field in dataclasses.fields(Limits):
+        if field.name in ("batching", "step_batching"):
+            continue
+        default = getattr(defaults, field.name)
+        group = advanced(p) if field.name in BATCHING_TUNING else limits
+        group.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            type=type(default),
+            default=default,
+            help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from aiayn.serve.extra import require_extra
 
     require_extra()
     import torch
-    import uvicorn
 
     from aiayn.commands.options import inference_device, open_models
     from aiayn.serve.app import create_app, serve_lane
-    from aiayn.serve.lanes import Lanes, LaneSpec, can_share_port, default_lanes, listening_socket
+    from aiayn.serve.lanes import Lanes, LaneSpec, lane_plan, listening_socket, serve_forever
     from aiayn.threads import LoadFollower
 
     limits = limits_from(args)
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)  # torch's threads: the cores not busy
     check_port(args.host, args.port)
-    threads = torch.get_num_threads()
-    lanes = default_lanes(threads, device.type) if args.lanes is None else args.lanes
-    if lanes < 1:
-        raise ConfigError(f"--workers must be >= 1, got {lanes}")
-    if lanes > 1 and not can_share_port():
-        raise ConfigError("--workers above 1 needs Linux (processes sharing the port)")
-    per_lane = max(1, threads // lanes)
+    lanes, per_lane = lane_plan(args.lanes, torch.get_num_threads(), device.type)
     torch.set_num_threads(per_lane)  # before the folder opens: CTranslate2 takes it then
     folder = open_models(args, device)  # the loader of translate/evaluate, engines included
     follow = LoadFollower(per_lane) if lanes > 1 and per_lane > 1 else lanes == 1
     app = create_app(folder, limits, api_key, worker_thread=False, follow_load=follow)
-    others = Lanes(
-        LaneSpec(
-            models=[str(p) for p in folder.paths],
-            engine=folder.engine,
-            device=str(device),
-            host=args.host,
-            port=args.port,
-            threads=per_lane,
-            limits=dataclasses.asdict(limits),
-            api_key=api_key,
-            log_level=logging.getLogger().level,
-        ),
-        lanes - 1,
-        serve_lane,
+    spec = LaneSpec(
+        models=[str(p) for p in folder.paths],
+        engine=folder.engine,
+        device=str(device),
+        host=args.host,
+        port=args.port,
+        threads=per_lane,
+        limits=dataclasses.asdict(limits),
+        api_key=api_key,
+        log_level=logging.getLogger().level,
     )
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning(
@@ -145,35 +138,17 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             KEY_ENV,
         )
+    others = Lanes(spec, lanes - 1, serve_lane)
     others.start()  # each lane loads the folder and listens before this one does
     try:
         sock = listening_socket(args.host, args.port, share=lanes > 1)
         log.info(
             "serving %s model %s (%s) on http://%s:%d/ (API docs at /docs), %d lane(s) of %d "
             "thread(s)",
-            folder.kind,
-            " + ".join(str(p) for p in folder.paths),
-            folder.engine,
-            args.host,
-            args.port,
-            lanes,
-            per_lane,
+            *(folder.kind, " + ".join(map(str, folder.paths)), folder.engine, args.host),
+            *(args.port, lanes, per_lane),
         )
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=args.host,
-                port=args.port,
-                log_level="warning",
-                timeout_graceful_shutdown=3,
-            )
-        )
-        # What is loaded now lives as long as the server: gc.freeze() takes it out of the
-        # collector's sight, so that a full collection no longer walks it (75-85 ms with the demo
-        # model, a pause of the HTTP layer that split batches; docs/serving.md).
-        gc.collect()
-        gc.freeze()
-        return run_on_main_thread(server, app.state.service.batcher, sock)
+        return serve_forever(app, args.host, args.port, sock)
     finally:
         others.stop()
 

@@ -27,7 +27,6 @@ The limits are :class:`~aiayn.serve.limits.Limits`; the model behind the routes 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -35,7 +34,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import torch
-import uvicorn
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
@@ -43,7 +41,7 @@ from aiayn.folder import ModelFolder, load_model_folder
 from aiayn.memory import keep_freed_memory
 from aiayn.serve.errors import add_error_handlers
 from aiayn.serve.guard import Guard
-from aiayn.serve.lanes import LaneSpec, listening_socket, run_on_main_thread, watch_parent
+from aiayn.serve.lanes import LaneSpec, listening_socket, serve_forever, watch_parent
 from aiayn.serve.limits import Limits
 from aiayn.serve.page import add_page
 from aiayn.serve.routes import add_routes
@@ -112,14 +110,7 @@ def serve_lane(spec: LaneSpec, lane: int, report: Any, alive: Any) -> None:
     except BaseException as err:  # said once, by the first lane
         report.send(str(err).splitlines()[0] if str(err) else type(err).__name__)
         raise SystemExit(1) from None
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=spec.host, port=spec.port, log_level="warning", timeout_graceful_shutdown=3
-        )
-    )
     threading.Thread(target=watch_parent, args=(alive,), daemon=True).start()
-    gc.collect()  # as the first lane does (aiayn/commands/serve.py)
-    gc.freeze()
     report.send("ready")
     report.close()
-    raise SystemExit(run_on_main_thread(server, app.state.service.batcher, sock))
+    raise SystemExit(serve_forever(app, spec.host, spec.port, sock))

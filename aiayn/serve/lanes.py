@@ -18,6 +18,7 @@ pipe that the parent holds open.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -42,6 +43,8 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "can_share_port",
     "default_lanes",
+    "lane_plan",
+    "serve_forever",
     "listening_socket",
     "run_on_main_thread",
     "watch_parent",
@@ -79,6 +82,33 @@ def listening_socket(host: str, port: int, share: bool) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(False)
     return sock
+
+
+def lane_plan(asked: int | None, threads: int, device: str) -> tuple[int, int]:
+    """(lanes, threads per lane): ``asked`` (``--workers``) or :func:`default_lanes`, sharing
+    ``threads``; ConfigError for a count below 1, or above 1 where the port cannot be shared."""
+    lanes = default_lanes(threads, device) if asked is None else asked
+    if lanes < 1:
+        raise ConfigError(f"--workers must be >= 1, got {lanes}")
+    if lanes > 1 and not can_share_port():
+        raise ConfigError("--workers above 1 needs Linux (processes sharing the port)")
+    return lanes, max(1, threads // lanes)
+
+
+def serve_forever(app: Any, host: str, port: int, sock: socket.socket) -> int:
+    """Serve ``app`` (its service's batcher on this, the main, thread) on ``sock`` until Ctrl+C,
+    SIGTERM or uvicorn stops (:func:`run_on_main_thread`)."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    )
+    # What is loaded now lives as long as the server: gc.freeze() takes it out of the collector's
+    # sight, so that a full collection no longer walks it (75-85 ms with the demo model, a pause
+    # of the HTTP layer that split batches; docs/serving.md).
+    gc.collect()
+    gc.freeze()
+    return run_on_main_thread(server, app.state.service.batcher, sock)
 
 
 @dataclass(frozen=True)
@@ -194,7 +224,7 @@ def run_on_main_thread(
 
     def http() -> None:
         try:
-            server.run(sockets=[sock] if sock is not None else None)
+            server.run() if sock is None else server.run(sockets=[sock])
         finally:
             batcher.close()  # work() returns once the queue is drained
 
