@@ -1,4 +1,5 @@
 import atexit
+import fcntl
 import multiprocessing.process
 import os
 import shutil
@@ -191,13 +192,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # ---- order and distribution over pytest-xdist's workers (`make test`: -n auto --dist loadgroup) ----
-# The modules that take longest start first, then those with a test that starts processes, then
-# the rest (many short unit tests, which fill the end evenly), so that the workers finish together.
 # Each module's tests go to one worker (an xdist_group per module), so that a module-scoped
 # fixture (a trained model folder…) is built once, not once per worker; but the modules in SPREAD,
-# whose tests are long and independent, are spread over the workers test by test.
-LONGEST_FIRST = ("test_scripts_smoke", "test_gpu_check")
+# whose tests are long and independent, are spread over the workers test by test. The groups are
+# handed out in this order (xdist's own reordering, by test count, is turned off below): the
+# longest first, so that the workers finish together instead of one finishing a long module alone.
+# LONGEST_FIRST, then MODULE_SECONDS (each module's seconds on one worker, measured with
+# `pytest -n 2 --durations=0` on the loaded 2-core machine, 2026-11-29: a stale figure only costs
+# balance), then the modules with a test that starts processes, then the rest in file order.
+LONGEST_FIRST = ("test_gpu_check", "test_scripts_smoke")
 SPREAD = ("test_scripts_smoke",)
+MODULE_SECONDS = {
+    "test_data_store": 204, "test_finetune": 138, "test_export": 121, "test_allocator": 82,
+    "test_train_resume": 73, "test_model": 67, "test_shapes_cli": 63, "test_bad_input": 55,
+    "test_viz": 48, "test_train_ddp": 47, "test_atomic_folders": 38, "test_serve_page": 38,
+    "test_api_docs": 33, "test_data_files": 33, "test_imports": 30, "test_kinds": 26,
+    "test_decode_controls": 26, "test_recase": 24, "test_hf_import": 20, "test_translate_cli": 20,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", None) == "loadgroup" and hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # keep the order of _order_and_group
 
 
 def _order_and_group(items: list[pytest.Item]) -> None:
@@ -210,12 +226,24 @@ def _order_and_group(items: list[pytest.Item]) -> None:
         name = module(item)
         if name in LONGEST_FIRST:
             return 0, LONGEST_FIRST.index(name)
-        return (1 if name in starts_processes else 2), 0
+        if name in MODULE_SECONDS:
+            return 1, -MODULE_SECONDS[name]
+        return (2 if name in starts_processes else 3), 0
 
     items.sort(key=rank)  # stable: a module's tests stay together and in their order
     for item in items:
         if module(item) not in SPREAD:
             item.add_marker(pytest.mark.xdist_group(module(item)))
+            _name_the_group(item, module(item))
+
+
+def _name_the_group(item: pytest.Item, group: str) -> None:
+    """pytest-xdist (3.8) puts an item in its group by appending ``@group`` to ``item._nodeid``,
+    which pytest 9 no longer reads (the id is ``item._id``): without this, ``--dist loadgroup``
+    hands the tests out one by one, and a module's fixtures are built on both workers."""
+    if getattr(item.config.option, "loadgroup", False) and hasattr(item, "_id"):
+        if "@" not in item.nodeid:
+            item._id = type(item._id).parse(f"{item.nodeid}@{group}")
 
 
 def _keep_slow_out_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -282,10 +310,23 @@ def _unit_phase(item: pytest.Item):
 
 @pytest.fixture(scope="session")
 def marian_folder(tmp_path_factory):
-    """A tiny Hugging Face Marian folder (tests/hf_helpers.py), built once a session; skipped,
-    saying why, without transformers, sentencepiece or the Multi30k mirror."""
+    """A tiny Hugging Face Marian folder (tests/hf_helpers.py), built once a run: under
+    pytest-xdist the first worker to need it builds it in the run's shared temporary folder and
+    the others wait for it (a file lock); skipped, saying why, without transformers,
+    sentencepiece or the Multi30k mirror."""
     from hf_helpers import build_marian
 
     pytest.importorskip("transformers", reason="needs transformers (the test extra)")
     pytest.importorskip("sentencepiece", reason="needs sentencepiece (the test or hf extra)")
-    return build_marian(tmp_path_factory.mktemp("marian") / "opus-mt-tiny")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' basetemps are its folders popen-gw0, popen-gw1…
+    folder, built = root / "marian" / "opus-mt-tiny", root / "marian" / "built"
+    folder.parent.mkdir(exist_ok=True)
+    with open(root / "marian" / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that died halfway
+            build_marian(folder)
+            built.touch()
+    return folder

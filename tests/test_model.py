@@ -125,8 +125,9 @@ def test_learns_the_copy_task():
     model = Transformer(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=500, pct_start=0.2)
-    for step in range(500):
+    # 300 updates: the held-out copies are exact from 250 on (loss 0.006; 0.003 at 300, 2026-11-29)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=300, pct_start=0.2)
+    for step in range(300):
         src = torch.randint(4, V, (64, L))
         tgt_in = torch.cat([torch.full((64, 1), BOS), src], 1)
         tgt_out = torch.cat([src, torch.full((64, 1), EOS)], 1)
