@@ -253,6 +253,9 @@ def run_one(args: argparse.Namespace) -> dict:
     else:  # aiayn's choice for the machine's load, as `aiayn translate` makes it
         threads_for_load()
     keep_freed_memory()
+    # the threads the engine is opened with (CTranslate2 splits them between its translators
+    # then, and may leave this thread's OpenMP count at its own intra_threads afterwards)
+    opened_with = torch.get_num_threads()
     src, ref = load_translation(read_folder_config(args.model).config.data, args.split)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
@@ -295,7 +298,7 @@ def run_one(args: argparse.Namespace) -> dict:
     hyps = folder.translate_hypotheses(src, cfg)
     seconds = time.perf_counter() - start
     scores = corpus_scores([h[0][0] if h else "" for h in hyps], ref)
-    threads = torch.get_num_threads()  # as the run used them (workers 0: chosen from these)
+    threads = opened_with  # as the run used them (workers 0: chosen from these)
     workers = workers or default_workers(LIBRARY[args.worker.split()[0]], threads)
     return {
         "workers": workers,
