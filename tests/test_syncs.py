@@ -125,7 +125,7 @@ def _update_syncs(tmp_path, layers: int, output_vocab: str) -> Counter:
     from aiayn.train.trainer import Trainer
 
     cfg = RunConfig(model=tiny_config(layers, output_vocab=output_vocab), data=DataConfig(),
-                    train=TrainConfig(precision="fp32", device="cpu", progress=False, seed=1))
+                    train=TrainConfig(precision="fp32", device="cpu", seed=1))
     task = TranslationTask(cfg)
     task.stores = {"train": pair_store(random_pairs(16)), "valid": pair_store([])}
     folder = RunFolder(str(tmp_path / f"run{layers}{output_vocab}"))
