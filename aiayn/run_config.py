@@ -248,30 +248,19 @@ REMOVED = {
 def renamed_keys(
     values: dict[str, Any], where: str = "config", *, warn: bool = True
 ) -> dict[str, Any]:
-    """``values`` (dotted keys) with renamed keys under their new name, one logged warning line
-    per key (the new name wins when both are given). ``warn=False`` (a model folder written by an
+    """``values`` (dotted keys) with renamed keys under their new name and removed ones
+    (:data:`REMOVED`) left out, one logged warning line per key (the new name wins when both are
+    given). ``warn=False`` (a model folder written by an
     older aiayn, which its user cannot fix and need not) maps them with a debug line only."""
     out = dict(values)
+    level = logging.WARNING if warn else logging.DEBUG
     for old, new in RENAMED.items():
         if old in out:
-            log.log(
-                logging.WARNING if warn else logging.DEBUG,
-                "%s: '%s' is now called '%s'",
-                where,
-                old,
-                new,
-            )
-            value = out.pop(old)
-            out.setdefault(new, value)
+            log.log(level, "%s: '%s' is now called '%s'", where, old, new)
+            out.setdefault(new, out.pop(old))
     for old, why in REMOVED.items():
         if old in out:
-            log.log(
-                logging.WARNING if warn else logging.DEBUG,
-                "%s: '%s' is ignored: %s",
-                where,
-                old,
-                why,
-            )
+            log.log(level, "%s: '%s' is ignored: %s", where, old, why)
             del out[old]
     return out
 
