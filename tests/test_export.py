@@ -726,3 +726,57 @@ def test_ctranslate2_uses_mkl_on_an_amd_cpu_without_avx512(tmp_path, monkeypatch
     assert chosen("avx avx2 fma", vendor="GenuineIntel") is None
     assert chosen("avx avx2 fma", preset="0") == "0"
     use_mkl_on_avx2_amd(str(tmp_path / "missing"))  # no /proc/cpuinfo: nothing to decide
+
+
+def test_ctranslate2_decodes_a_batch_in_one_call_and_each_sentence_at_its_own_cap(
+    trained, tmp_path
+):
+    """A served batch of sentences with different caps (a·src_len + b) goes to CTranslate2 as
+    one call at the largest cap; sentences whose search reached their own cap are decoded again
+    at it. Every result is the sentence's own, alone, and native's."""
+    needs("ctranslate2", "ctranslate2")
+    folder, texts = trained
+    opened = load_model_folder(folder)
+    sources = [opened.tokenizer.encode(t) for t in texts]
+    backend = load_model_folder(export_model(folder, "ctranslate2", tmp_path / "ct2")).backend
+    translator = backend.model.translator
+    calls: list[int] = []
+
+    class Counting:  # CTranslate2's Translator cannot take attributes: stand in front of it
+        def translate_batch(self, batch, *args, **kwargs):
+            calls.append(len(batch))
+            return translator.translate_batch(batch, *args, **kwargs)
+
+    backend.model.translator = Counting()
+    lengths = sorted(len(s) for s in sources)
+    middle = lengths[len(lengths) // 2]
+    # outputs are as long as their sources (+ EOS): short ones end before a·len + b, long
+    # ones are cut there, at caps that differ
+    capped = {"max_len_a": 0.5, "max_len_b": middle // 2 + 1}
+    for cfg in (
+        DecodeConfig(beam=1, **capped),
+        DecodeConfig(beam=5, nbest=2, length_penalty="average", **capped),
+        DecodeConfig(beam=5, length_penalty="none", **capped),  # not readable: one call a cap
+        DecodeConfig(beam=5, length_penalty="average"),  # none reaches its cap: one call
+    ):
+        calls.clear()
+        together = backend.translate_ids(sources, cfg)
+        in_batch = list(calls)
+        alone = [backend.translate_ids([s], cfg)[0] for s in sources]
+        assert _tokens(together) == _tokens(alone), cfg
+        # the same scores, but for the rounding of batches of other sizes
+        assert [h.score for line in together for h in line] == pytest.approx(
+            [h.score for line in alone for h in line], abs=1e-3
+        )
+        if cfg.length_penalty == "average":
+            assert _tokens(together) == _tokens(opened.backend.translate_ids(sources, cfg))
+        caps = {len(s) // 2 + capped["max_len_b"] for s in sources}
+        if cfg.max_len_a == 0.5 and cfg.length_penalty != "none":
+            cut = sum(len(line[0].tokens) + 1 >= len(s) // 2 + capped["max_len_b"]
+                      for line, s in zip(together, sources))
+            assert 0 < cut < len(sources)  # some settled in the first call, some decoded again
+            assert in_batch[0] == len(sources) and 1 < len(in_batch) <= 1 + len(caps)
+        elif cfg.max_len_a == 0.5:
+            assert len(in_batch) == len(caps) and sum(in_batch) == len(sources)
+        else:
+            assert in_batch == [len(sources)]

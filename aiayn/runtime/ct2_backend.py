@@ -181,79 +181,107 @@ class Ct2Translator:
         ``forced_eos`` replaces the last token of a hypothesis cut at the cap by EOS (exact for
         greedy search; a beam search ranks the beams cut there with their last token's
         log-probability, not EOS at 0, and a warning says so); ``early_stopping=False`` has no
-        CTranslate2 equivalent (docs/huggingface.md says why) and is warned. The cap a·src_len + b is per sentence (at least a
-        prefix's length + b): sentences are sent in groups of one cap each. ``prefixes`` are
+        CTranslate2 equivalent (docs/huggingface.md says why) and is warned. The cap a·src_len + b
+        is per sentence (at least a prefix's length + b), as below. ``prefixes`` are
         ``target_prefix``; ``repetition_penalty`` and ``no_repeat_ngram_size`` are CTranslate2's
         own, which penalise the generated tokens' scores before its softmax, where aiayn
         penalises log-probabilities with BOS counted (Hugging Face's way): outputs may differ.
+
+        Caps: one call decodes the whole batch at its largest cap. A sentence whose search
+        ended before its own cap has the result its own cap gives (:meth:`_settled`); the others
+        are decoded again, in one call per cap.
         """
         _warn_unmapped(cfg)
         lp = _length_penalty(cfg)
         todo = [i for i, s in enumerate(sources) if s]
-        prefix = {i: [self.tokens[t] for t in prefixes[i]] if prefixes else [] for i in todo}
-        groups = self._by_cap(todo, sources, prefix, cfg)
-        pending = [
-            (
-                index,
-                self._submit(
-                    [[self.tokens[t] for t in sources[i]] for i in index],
-                    [prefix[i] or None for i in index] if prefixes else None,
-                    cap,
-                    cfg,
-                    lp,
-                ),
-            )
-            for cap, index in groups.items()
-        ]
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        for (index, futures), cap in zip(pending, groups):
+        if not todo:
+            return results
+        prefix = {i: [self.tokens[t] for t in prefixes[i]] if prefixes else [] for i in todo}
+        asked = prefix if prefixes else None
+        caps = self._caps(todo, sources, prefix, cfg)
+        again: dict[int, list[int]] = {}
+        if cfg.beam > 1 and lp == 0:  # where a search ended does not show: each at its cap
+            for i in todo:
+                again.setdefault(caps[i], []).append(i)
+        else:
+            # a beam search with a length penalty ends when its beam-th hypothesis finishes:
+            # asked for all `beam`, the longest is that one
+            top = max(caps.values())
+            futures = self._submit(todo, sources, asked, top, cfg.beam, cfg, lp)
+            for i, future in zip(todo, futures):
+                found = future.result()
+                if caps[i] == top or self._settled(found, caps[i]):
+                    results[i] = self._hypotheses(found, caps[i], cfg, lp)
+                    if progress is not None:
+                        progress(1)
+                else:
+                    again.setdefault(caps[i], []).append(i)
+        pending = [  # all submitted at once: several workers decode them side by side
+            (cap, index, self._submit(index, sources, asked, cap, cfg.nbest, cfg, lp))
+            for cap, index in again.items()
+        ]
+        for cap, index, futures in pending:
             for i, future in zip(index, futures):
-                results[i] = [
-                    self._hypothesis(h, s, lp, cfg.forced_eos and len(h) >= cap)
-                    for h, s in zip(future.result().hypotheses, future.result().scores)
-                ]
+                results[i] = self._hypotheses(future.result(), cap, cfg, lp)
             if progress is not None:
                 progress(len(index))
         return results
 
-    def _by_cap(
+    def _caps(
         self,
         todo: list[int],
         sources: Sequence[list[int]],
         prefix: dict[int, list[str]],
         cfg: DecodeConfig,
-    ) -> dict[int, list[int]]:
-        """The sources ``todo`` grouped by their output cap, a·src_len + b (at least a prefix's
-        length + b): cap -> indices, one ``translate_batch`` call each."""
+    ) -> dict[int, int]:
+        """The output cap of each source of ``todo`` (index -> cap): a·src_len + b, at least a
+        prefix's length + b, as aiayn's own search caps it."""
         caps = max_output_lengths(
             torch.tensor([len(sources[i]) for i in todo]),
             cfg,
             self.cfg.max_len,
             torch.tensor([len(prefix[i]) for i in todo]),
         ).tolist()
-        groups: dict[int, list[int]] = {}
-        for i, cap in zip(todo, caps):
-            groups.setdefault(cap, []).append(i)
-        return groups
+        return dict(zip(todo, caps))
+
+    @staticmethod
+    def _settled(result: Any, cap: int) -> bool:
+        """Whether ``result``, decoded at a larger cap, is what the sentence's own ``cap``
+        gives. A cap decides only a search's last step (the hypotheses still open there end), so
+        a search that ended before step ``cap`` is the same under both: one whose longest
+        hypothesis (its last to finish, counted with EOS as CTranslate2 counts the cap) is
+        shorter than ``cap``. Greedy search ends with its one hypothesis; a beam search with a
+        length penalty ends with its beam-th, and all ``beam`` were asked for."""
+        return max((len(h) for h in result.hypotheses), default=0) < cap
+
+    def _hypotheses(self, result: Any, cap: int, cfg: DecodeConfig, lp: float) -> list[Hypothesis]:
+        """The best ``cfg.nbest`` of a result (CTranslate2 returns them best first)."""
+        return [
+            self._hypothesis(h, s, lp, cfg.forced_eos and len(h) >= cap)
+            for h, s in zip(result.hypotheses[: cfg.nbest], result.scores)
+        ]
 
     def _submit(
         self,
-        batch: list[list[str]],
-        prefixes: list[list[str] | None] | None,
+        index: list[int],
+        sources: Sequence[list[int]],
+        prefix: dict[int, list[str]] | None,
         cap: int,
+        k: int,
         cfg: DecodeConfig,
         lp: float,
     ) -> list[Any]:
-        """``translate_batch`` of source token strings whose outputs share the cap ``cap``,
-        asynchronously: one future per source."""
+        """``translate_batch`` of the sources ``index`` (and their target prefixes) at the output
+        cap ``cap``, ``k`` hypotheses each, asynchronously: one future per source."""
         return self.translator.translate_batch(
-            batch,
-            prefixes,
+            [[self.tokens[t] for t in sources[i]] for i in index],
+            [prefix[i] or None for i in index] if prefix is not None else None,
             max_batch_size=cfg.max_tokens,
             batch_type="tokens",
             asynchronous=True,
             beam_size=cfg.beam,
-            num_hypotheses=cfg.nbest,
+            num_hypotheses=k,
             length_penalty=lp,
             return_end_token=True,
             return_scores=True,
