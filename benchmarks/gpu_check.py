@@ -169,7 +169,7 @@ DRY_VALUES: dict[str, Any] = {
     "--bench-preset": {"base": "dry-base"},
     "--bench-max-tokens": {"16384": "512"},
     "--measure": KEEP,
-    "--minutes": {"1": "0.1"},
+    "--minutes": {"1": "0.05"},
     "--buckets": {"16": "4"},
     "--peak-sizes": {"4096": "64", "8192": "128"},
     "--sentences": {"1000": "16"},

@@ -159,12 +159,26 @@ def test_the_whole_dry_run_passes(tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert list(report["stages"]) == [s.name for s in gpu_check.STAGES]
     assert [s["status"] for s in report["stages"].values()] == ["passed"] * 6, report
-    profile = report["stages"]["profile"]["summary"]["targets"]
-    assert list(profile) == ["wmt", "bench"]  # the WMT base recipe and bench_train's BASE
-    assert all(r["tokens_per_s"] > 0 and r["top"] for r in profile.values())
-    assert report["stages"]["profile"]["summary"]["about"]["bench"]["preset"] == "dry-base"
+    # profile_step.py's smoke run (tests/test_scripts_smoke.py points here): both targets on the
+    # CPU, the per-update figures and the top ops as JSON and a table (CUDA-only figures n/a)
+    profile = report["stages"]["profile"]["summary"]
+    assert list(profile["targets"]) == ["wmt", "bench"]  # the WMT base recipe, bench_train's BASE
+    for r in profile["targets"].values():
+        assert r["updates"] == 2 and r["tokens_per_s"] > 0 and r["s_per_update"] > 0 and r["top"]
+        assert 0 < r["cpu_op_share"] <= 1 and r["launches_per_update"] > 0
+        assert r["syncs_per_update"].startswith("n/a")
+    assert profile["about"]["bench"]["preset"] == "dry-base"
+    assert profile["about"]["wmt"]["micro_batches_per_update"] == 2 and "| wmt |" in profile["table"]
+    # wmt_projection.py --minutes (its smoke run covers the table and --steps): a few epochs,
+    # batches in at most 4 bucket widths up to the token budget, each shape warmed first
     wmt = report["stages"]["wmt"]["summary"]
-    assert len(wmt["bucket_widths"]) <= 4 and wmt["warm_shapes"]["shapes"] > 0
+    assert wmt["updates"] > 0 and wmt["projected_hours_to_recipe_steps"] > 0
+    widths = wmt["bucket_widths"]
+    assert 1 <= len(widths) <= 4 and widths[-1] == 256 and widths == sorted(widths)
+    warm = wmt["warm_shapes"]
+    assert warm["shapes"] == warm["listed"] > 0 and not warm["stopped"] and warm["seconds"] >= 0
+    assert wmt["first_epoch_ratio"] is None or wmt["first_epoch_ratio"] > 0
+    assert (out / "wmt_metrics.jsonl").read_text().count("tokens_per_s") >= 2
     results = report["results"]  # issue 57's keys, all filled from the stages
     assert set(results) == {"gpu.wmt_base.tokens_per_s", "gpu.wmt_base.hours_to_100k",
                             "gpu.wmt_base.first_epoch_ratio", "gpu.train.small_bf16_speedup",
@@ -174,11 +188,20 @@ def test_the_whole_dry_run_passes(tmp_path):
     assert "Issue 57's docs/results.json keys" in (out / "gpu_check.md").read_text()
     tests = report["stages"]["tests"]["summary"]
     assert tests["passed"] >= 8 and tests["failed"] == 0
+    # bench_train.py's smoke run (tests/test_scripts_smoke.py points here): two presets, aiayn
+    # beside nn.Transformer and Marian, the same loss as nn.Transformer with aiayn's weights, the
+    # warm pass (every timed batch stepped through once before, its seconds kept apart)
     rows = report["stages"]["bench_train"]["summary"]["rows"]
     systems = ("aiayn", "torch") + (("marian",) if gpu_check.have_transformers() else ())
     assert {(r["preset"], r["system"]) for r in rows} == {
         (p, s) for p in ("dry", "dry-base") for s in systems}
-    assert all(r["tokens_per_s"] > 0 and r["first_sight_step_s"] > 0 for r in rows)  # warm pass
+    assert all(r["tokens_per_s"] > 0 and r["first_sight_step_s"] > 0 for r in rows)
+    run = next(iter(json.loads((out / "bench_train.json").read_text())["runs"].values()))
+    assert all(run["same_math"][p]["abs_diff"] < 1e-4 for p in ("dry", "dry-base"))
+    assert run["meta"]["warm_pass"] is True
+    assert all(r["first_sight_ratio"] > 0 for g in run["groups"] for r in g["systems"].values())
+    text = (out / "bench_train.md").read_text()
+    assert "| dry-base | bf16 | aiayn |" in text and "a warm pass" in text
     rows = report["stages"]["decode"]["summary"]["rows"]
     assert {(r["shape"], r["beam"], r["bf16"]) for r in rows} == {
         (s, b, f) for s in ("dry", "dry-base") for b in (1, 5) for f in (False, True)}
