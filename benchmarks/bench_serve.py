@@ -8,7 +8,7 @@ For each client count (``--clients 8 32 64``) the server runs as its own process
 load (the clients settle into the server's batches) the answers of the next ``--seconds`` are
 counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be 0), the server's
 peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per decoder step
-(step-level batching, the PyTorch backend) or per batch (from /health). One client always runs
+(step-level batching, the PyTorch backend) or per batch (from /health, over all lanes). One client always runs
 as well: a lone request's latency. ``--baseline`` adds the server with `--batching off` at the
 first client count, ``--compare FLAGS`` the server with those flags right after each count's
 default run (e.g. `--batching whole`; the default's sentences/s over its in "targets", and a
@@ -213,9 +213,28 @@ def start_server(model: list[str], flags: str, threads: int, extra: list[str]) -
     raise SystemExit("the server did not start in 120 s")
 
 
+COUNTERS = ("batches", "requests", "steps", "step_requests")
+
+
+def health(url: str) -> dict:
+    """The server's /health counters summed over its lanes. Each lane is a process with counters
+    of its own, and a new connection reaches one of them (the kernel picks): /health is asked on
+    new connections until every lane has answered."""
+    lanes: dict[int, dict] = {}
+    for _ in range(200):
+        answer = httpx.get(url + "/health", timeout=30).json()
+        lanes[answer.get("lane", 0)] = answer
+        if len(lanes) >= answer.get("lanes", 1):
+            break
+    else:
+        raise SystemExit(f"/health: {len(lanes)} lanes answered of {answer.get('lanes')}")
+    return {key: sum(a.get(key, 0) for a in lanes.values()) for key in COUNTERS}
+
+
 def batch_sizes(before: dict, after: dict) -> dict:
-    """From two /health answers: the mean requests per batch (batch-boundary batching), and
-    per decoder step where requests join between steps (step-level batching: PyTorch)."""
+    """From the counters before and after a load (:func:`health`): the mean requests per batch
+    (batch-boundary batching), and per decoder step where requests join between steps
+    (step-level batching: PyTorch), over all lanes."""
     out = {}
     steps = after.get("steps", 0) - before.get("steps", 0)
     if steps:
@@ -769,11 +788,11 @@ def main(argv: list[str] | None = None) -> int:
         proc, url = start_server(args.model, batching, args.threads, extra)
         try:
             load(url, texts[:16], min(clients, 4), min(2.0, args.seconds))  # loads, first shapes
-            before = httpx.get(url + "/health").json()
+            before = health(url)
             result = load(
                 url, texts, clients, args.seconds, args.beam, args.warmup, args.per_request
             )
-            after = httpx.get(url + "/health").json()  # batches of this load, warm-up included
+            after = health(url)  # batches of this load, warm-up included
             result.update(batch_sizes(before, after))
             result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 1)
             result["vs_translate"] = round(

@@ -80,11 +80,14 @@ def test_two_lanes_share_the_port_and_answer_as_one_server(folder):
     server = start(folder, port, "--workers", "2")
     try:
         wait_ready(server, url)
-        lanes = set()
+        lanes, counts = set(), set()
         for _ in range(16):  # a connection of its own each: the kernel picks a lane for each
             with httpx.Client(base_url=url, timeout=30) as client:
-                lanes.add(client.get("/health").json()["lane"])
+                health = client.get("/health").json()
+                lanes.add(health["lane"])
+                counts.add(health["lanes"])
         assert lanes == {0, 1}  # both processes took connections (all 16 on one: 2 in 2^16)
+        assert counts == {2}  # each says how many there are (a client sums their counters)
         texts, answers = sentences(6, 5), {}
         for text in texts:
             with httpx.Client(base_url=url, timeout=60) as client:

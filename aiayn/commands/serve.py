@@ -72,8 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="decoding lanes: server processes sharing the port, each with its own batch and an "
-        "equal share of the cores (default: one per core that is not busy, each on 1 thread; "
-        "1 on a GPU; docs/serving.md)",
+        "equal share of the cores (default: one per core, or per thread AIAYN_THREADS / "
+        "OMP_NUM_THREADS set, each on 1 thread; 1 on a GPU; docs/serving.md)",
     )
     p.set_defaults(run=run, workers=1)  # each lane's one worker thread decodes (the batcher's)
     return p
@@ -109,13 +109,17 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.commands.options import inference_device, open_models
     from aiayn.serve.app import create_app, serve_lane
     from aiayn.serve.lanes import Lanes, LaneSpec, lane_plan, listening_socket, serve_forever
-    from aiayn.threads import LoadFollower
+    from aiayn.threads import LoadFollower, cores, user_threads
 
     limits = limits_from(args)
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)  # torch's threads: the cores not busy
     check_port(args.host, args.port)
-    lanes, per_lane = lane_plan(args.lanes, torch.get_num_threads(), device.type)
+    # A server lives long: its lanes are the cores it may run on (or the threads the user set),
+    # not the cores idle at this instant, which a moment's load at its start would cut for its
+    # whole life (seen: a server started as another stopped took 1 lane of 2 cores)
+    threads = (user_threads() or cores()) if device.type == "cpu" else torch.get_num_threads()
+    lanes, per_lane = lane_plan(args.lanes, threads, device.type)
     torch.set_num_threads(per_lane)  # before the folder opens: CTranslate2 takes it then
     folder = open_models(args, device)  # the loader of translate/evaluate, engines included
     follow = LoadFollower(per_lane) if lanes > 1 and per_lane > 1 else lanes == 1
@@ -130,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
         limits=dataclasses.asdict(limits),
         api_key=api_key,
         log_level=logging.getLogger().level,
+        lanes=lanes,
     )
+    app.state.lanes = lanes
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning(
             "serving on %s without an API key: anyone who reaches this port can use the model "

@@ -105,7 +105,7 @@ def serve_lane(spec: LaneSpec, lane: int, report: Any, alive: Any) -> None:
         app = create_app(
             folder, Limits(**spec.limits), spec.api_key, worker_thread=False, follow_load=follow
         )
-        app.state.lane = lane
+        app.state.lane, app.state.lanes = lane, spec.lanes
         sock = listening_socket(spec.host, spec.port, share=True)
     except BaseException as err:  # said once, by the first lane
         report.send(str(err).splitlines()[0] if str(err) else type(err).__name__)

@@ -62,9 +62,9 @@ def can_share_port() -> bool:
 
 
 def default_lanes(threads: int, device: str) -> int:
-    """Lanes when the user chose none: one per thread the server may use (``threads``: the
-    cores that are not busy, :func:`aiayn.threads.threads_for_load`), each then decoding on one
-    thread; 1 on a GPU (one device, one process) or where the port cannot be shared."""
+    """Lanes when the user chose none: one per thread the server may use (``threads``: the cores
+    it may run on, or the threads the user set), each then decoding on one thread; 1 on a GPU
+    (one device, one process) or where the port cannot be shared."""
     if device != "cpu" or not can_share_port():
         return 1
     return max(1, threads)
@@ -124,6 +124,7 @@ class LaneSpec:
     limits: dict[str, Any]
     api_key: str | None
     log_level: int
+    lanes: int = 1  # how many the server runs
 
 
 class Lanes:

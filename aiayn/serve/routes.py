@@ -44,6 +44,7 @@ def info_routes(app: FastAPI, service: ModelService) -> None:
             "status": "ok",
             "kind": service.kind,
             "lane": getattr(app.state, "lane", 0),  # which process answered (aiayn/serve/lanes.py)
+            "lanes": getattr(app.state, "lanes", 1),  # of how many (each with its own counters)
             "waiting": service.batcher.waiting,
             "batches": stats.batches,
             "requests": stats.requests,
