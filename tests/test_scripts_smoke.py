@@ -445,7 +445,18 @@ def test_every_script_has_a_smoke_entry():
         assert not any(m.name == "slow" for m in getattr(test, "pytestmark", [])), elsewhere
 
 
-@pytest.mark.parametrize("script", [s for s, f in SMOKE.items() if callable(f)])
+# The longest smoke runs first (seconds on the 2-core machine under `make test`, 2026-11-29:
+# bench_serve 47, bench_data_scale 32, bench_engines 28, bench_load 26, make_figures 22,
+# bench_finetune 15): `make test` spreads this module's tests over its workers one by one, and a
+# long one handed out last would leave the other worker idle at the end.
+LONGEST = ["benchmarks/bench_serve.py", "benchmarks/bench_data_scale.py",
+           "benchmarks/bench_engines.py", "benchmarks/bench_load.py", "scripts/make_figures.py",
+           "benchmarks/bench_finetune.py"]
+RUN_HERE = sorted((s for s, f in SMOKE.items() if callable(f)),
+                  key=lambda s: LONGEST.index(s) if s in LONGEST else len(LONGEST))
+
+
+@pytest.mark.parametrize("script", RUN_HERE)
 def test_script_runs_in_smoke_mode(script, tmp_path, request, monkeypatch):
     smoke = SMOKE[script]
     monkeypatch.chdir(tmp_path)  # a relative default path lands here, not in the checkout
