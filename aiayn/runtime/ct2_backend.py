@@ -181,15 +181,12 @@ class Ct2Translator:
         ``forced_eos`` replaces the last token of a hypothesis cut at the cap by EOS (exact for
         greedy search; a beam search ranks the beams cut there with their last token's
         log-probability, not EOS at 0, and a warning says so); ``early_stopping=False`` has no
-        CTranslate2 equivalent (docs/huggingface.md says why) and is warned. The cap a·src_len + b
-        is per sentence (at least a prefix's length + b), as below. ``prefixes`` are
+        CTranslate2 equivalent (docs/huggingface.md says why) and is warned. ``prefixes`` are
         ``target_prefix``; ``repetition_penalty`` and ``no_repeat_ngram_size`` are CTranslate2's
         own, which penalise the generated tokens' scores before its softmax, where aiayn
         penalises log-probabilities with BOS counted (Hugging Face's way): outputs may differ.
-
-        Caps: one call decodes the whole batch at its largest cap. A sentence whose search
-        ended before its own cap has the result its own cap gives (:meth:`_settled`); the others
-        are decoded again, in one call per cap.
+        The cap a·src_len + b is per sentence: one call at the batch's largest cap, then one per
+        cap for the sentences whose own cap could change their result (:meth:`_settled`).
         """
         _warn_unmapped(cfg)
         lp = _length_penalty(cfg)
@@ -200,14 +197,9 @@ class Ct2Translator:
         prefix = {i: [self.tokens[t] for t in prefixes[i]] if prefixes else [] for i in todo}
         asked = prefix if prefixes else None
         caps = self._caps(todo, sources, prefix, cfg)
-        again: dict[int, list[int]] = {}
-        if cfg.beam > 1 and lp == 0:  # where a search ended does not show: each at its cap
-            for i in todo:
-                again.setdefault(caps[i], []).append(i)
-        else:
-            # a beam search with a length penalty ends when its beam-th hypothesis finishes:
-            # asked for all `beam`, the longest is that one
-            top = max(caps.values())
+        again = todo  # lp 0 with a beam: where a search ended does not show, each at its cap
+        if cfg.beam == 1 or lp != 0:  # asked for all `beam`: the longest ended the search
+            top, again = max(caps.values()), []
             futures = self._submit(todo, sources, asked, top, cfg.beam, cfg, lp)
             for i, future in zip(todo, futures):
                 found = future.result()
@@ -216,10 +208,13 @@ class Ct2Translator:
                     if progress is not None:
                         progress(1)
                 else:
-                    again.setdefault(caps[i], []).append(i)
+                    again.append(i)
+        by_cap: dict[int, list[int]] = {}
+        for i in again:
+            by_cap.setdefault(caps[i], []).append(i)
         pending = [  # all submitted at once: several workers decode them side by side
             (cap, index, self._submit(index, sources, asked, cap, cfg.nbest, cfg, lp))
-            for cap, index in again.items()
+            for cap, index in by_cap.items()
         ]
         for cap, index, futures in pending:
             for i, future in zip(index, futures):
