@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -19,16 +20,33 @@ httpx = pytest.importorskip("httpx")
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_helpers import free_port, make_folder, sentences  # noqa: E402
 
-from aiayn.serve.lanes import can_share_port, default_lanes  # noqa: E402
+from aiayn.serve.lanes import can_share_port, default_lanes, server_threads  # noqa: E402
+from aiayn.threads import cores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not can_share_port(), reason="lanes share a port on Linux only")
 
 
-def test_one_lane_per_free_core_on_a_cpu_and_one_on_a_gpu():
+def test_one_lane_per_core_on_a_cpu_and_one_on_a_gpu():
     assert default_lanes(2, "cpu") == 2
-    assert default_lanes(1, "cpu") == 1  # a busy machine: the cores left
+    assert default_lanes(1, "cpu") == 1
     assert default_lanes(8, "cuda") == 1
+
+
+def test_a_server_counts_its_cores_not_those_idle_at_its_start(monkeypatch):
+    """What one-off commands use (threads_for_load: 1 thread on a busy machine) does not cut a
+    server's lanes for its life; the threads the user sets do choose them."""
+    for name in ("AIAYN_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # as threads_for_load leaves it when another job is running
+        assert server_threads("cpu") == cores()
+        monkeypatch.setenv("AIAYN_THREADS", "3")
+        assert server_threads("cpu") == 3
+        assert server_threads("cuda") == 1  # torch's count
+    finally:
+        torch.set_num_threads(before)
 
 
 def start(folder: Path, port: int, *extra: str) -> subprocess.Popen:

@@ -108,18 +108,21 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.commands.options import inference_device, open_models
     from aiayn.serve.app import create_app, serve_lane
-    from aiayn.serve.lanes import Lanes, LaneSpec, lane_plan, listening_socket, serve_forever
-    from aiayn.threads import LoadFollower, cores, user_threads
+    from aiayn.serve.lanes import (
+        Lanes,
+        LaneSpec,
+        lane_plan,
+        listening_socket,
+        serve_forever,
+        server_threads,
+    )
+    from aiayn.threads import LoadFollower
 
     limits = limits_from(args)
     api_key = args.api_key or os.environ.get(KEY_ENV) or None
     device = inference_device(args.device)  # torch's threads: the cores not busy
     check_port(args.host, args.port)
-    # A server lives long: its lanes are the cores it may run on (or the threads the user set),
-    # not the cores idle at this instant, which a moment's load at its start would cut for its
-    # whole life (seen: a server started as another stopped took 1 lane of 2 cores)
-    threads = (user_threads() or cores()) if device.type == "cpu" else torch.get_num_threads()
-    lanes, per_lane = lane_plan(args.lanes, threads, device.type)
+    lanes, per_lane = lane_plan(args.lanes, server_threads(device.type), device.type)
     torch.set_num_threads(per_lane)  # before the folder opens: CTranslate2 takes it then
     folder = open_models(args, device)  # the loader of translate/evaluate, engines included
     follow = LoadFollower(per_lane) if lanes > 1 and per_lane > 1 else lanes == 1

@@ -30,7 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from aiayn.errors import ConfigError
+from aiayn.threads import cores, user_threads
 
 if TYPE_CHECKING:
     from aiayn.serve.batching import DynamicBatcher
@@ -59,6 +62,17 @@ def can_share_port() -> bool:
     over them (``SO_REUSEPORT`` on Linux; macOS has the option but gives every connection to
     the last socket)."""
     return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def server_threads(device: str) -> int:
+    """The threads a server shares among its lanes: on the CPU the cores this process may run on,
+    or the threads the user set (``AIAYN_THREADS``, ``OMP_NUM_THREADS``); elsewhere torch's count.
+    Not the cores idle at this instant (:func:`aiayn.threads.threads_for_load`, what a one-off
+    command uses): a server lives long, and a moment's load at its start would cut it to fewer
+    lanes for its whole life (seen: a server started as another stopped took 1 lane of 2 cores)."""
+    if device != "cpu":
+        return torch.get_num_threads()
+    return user_threads() or cores()
 
 
 def default_lanes(threads: int, device: str) -> int:
