@@ -8,10 +8,10 @@ For each client count (``--clients 8 32 64``) the server runs as its own process
 load (the clients settle into the server's batches) the answers of the next ``--seconds`` are
 counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be 0), the server's
 peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per decoder step
-(step-level batching, the PyTorch backend) or per batch (from /health, over all lanes). One client always runs
-as well: a lone request's latency. ``--baseline`` adds the server with `--batching off` at the
-first client count, ``--compare FLAGS`` the server with those flags right after each count's
-default run (e.g. `--batching whole`; the default's sentences/s over its in "targets", and a
+(step-level batching, the PyTorch backend) or per batch (from /health, over all lanes). One
+client always runs as well: a lone request's latency. ``--baseline`` adds the server with
+`--batching off` at the first client count, ``--compare FLAGS`` the server with those flags right
+after each count's default run (e.g. `--batching whole`; the default's sentences/s over its in "targets", and a
 WARNING line where the default runs more than 10% slower).
 `aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
