@@ -11,8 +11,8 @@ peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests 
 (step-level batching, the PyTorch backend) or per batch (from /health, over all lanes). One
 client always runs as well: a lone request's latency. ``--baseline`` adds the server with
 `--batching off` at the first client count, ``--compare FLAGS`` the server with those flags right
-after each count's default run (e.g. `--batching whole`; the default's sentences/s over its in "targets", and a
-WARNING line where the default runs more than 10% slower).
+after each count's default run (e.g. `--batching whole`; the default's sentences/s over its in
+"targets", and a WARNING line where the default runs more than 10% slower).
 `aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
 sentence), and the ratio server / translate (loading excluded) per client count. "targets"
