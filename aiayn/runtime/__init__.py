@@ -133,7 +133,9 @@ def _open_export(
     # `workers` batches run at once, each on its share of the threads (as in aiayn's own decoding)
     threads = torch.get_num_threads()
     if name == "ctranslate2":
-        model: object = open_ct2(folder, cfg, tokenizer, files, threads, workers)
+        model: object = open_ct2(
+            folder, cfg, tokenizer, files, threads, workers, parsed.quantization
+        )
     else:
         model = open_onnx(folder, parsed.kind, cfg, files, max(1, threads // workers))
     verify_model_section(folder, parsed)

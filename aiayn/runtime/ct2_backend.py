@@ -115,21 +115,26 @@ def _warn_unmapped(cfg: DecodeConfig) -> None:
         )
 
 
-def use_mkl_on_avx2_amd(cpuinfo: str = "/proc/cpuinfo") -> None:
-    """On an AMD CPU without AVX-512, have CTranslate2 use MKL (``CT2_USE_MKL=1``) unless the
-    user chose: its default there (oneDNN's int8 kernels) saturates, and an int8 model then
-    decodes far from its float32 self (5 of 16 test sentences the same where MKL gives 14 or
-    more: tests/test_export.py, on a 2-core AMD EPYC with AVX2 only, 2026-11-29). Machines with
-    AVX-512 keep CTranslate2's own choice (the engine figures in docs/ were measured so)."""
+def int8_computed_in_float32(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether an int8 model runs in float32 on this CPU (``compute_type="float32"``: its int8
+    weights widened once at load): where CTranslate2's own choice of int8 kernels is oneDNN's
+    without VNNI (an x86 CPU not from Intel, with neither AVX512-VNNI nor AVX-VNNI), and the
+    user has not chosen them with ``CT2_USE_MKL``. There oneDNN's u8·s8 products saturate, and
+    MKL's int8 (``CT2_USE_MKL=1``) is slow. Measured on a 2-core AMD EPYC with AVX2 only
+    (docs/runtime.md): float32 on int8 weights decodes the demo model at float32's speed with
+    93 % of its sentences unchanged; oneDNN's int8 at 1.16x that speed with 69 % unchanged and
+    0.4 BLEU lost; MKL's at 0.35x with 90 %. A model of d_model 32 reversed 15 of 24 training
+    sentences on oneDNN's int8 against 21 in float32 (tests/test_export.py)."""
+    if "CT2_USE_MKL" in os.environ:
+        return False
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return
-    if "AuthenticAMD" in text and " avx2" in text and " avx512bw" not in text:
-        os.environ.setdefault("CT2_USE_MKL", "1")
-
-
-use_mkl_on_avx2_amd()  # when this module loads: before ctranslate2 does, wherever it is imported
+        return False
+    flags = set(next((line for line in text.splitlines() if line.startswith("flags")), "").split())
+    return (
+        "avx2" in flags and "GenuineIntel" not in text and not flags & {"avx512_vnni", "avx_vnni"}
+    )
 
 
 class Ct2Translator:
@@ -337,10 +342,16 @@ def open_ct2(
     files: dict[str, str],
     threads: int,
     workers: int,
+    quantization: str | None = None,
 ) -> Ct2Translator:
     """The CTranslate2 translator in ``folder`` (``files["model"]``), its vocabulary checked
-    against the folder's tokenizer and config.json."""
+    against the folder's tokenizer and config.json; int8 weights (``quantization``, as
+    config.json records it) computed in float32 where :func:`int8_computed_in_float32`."""
     tokens = token_strings(tokenizer, max(cfg.src_vocab_size, cfg.tgt_vocab_size))
     model_dir = folder / files.get("model", "ctranslate2")
     check_vocabulary(model_dir, tokens, cfg)
-    return Ct2Translator(model_dir, cfg, tokens, threads, workers)
+    compute_type = "default"  # the weights' own type
+    if (quantization or "").startswith("int8") and int8_computed_in_float32():
+        compute_type = "float32"
+        log.info("%s: int8 weights computed in float32 on this CPU (docs/runtime.md)", folder)
+    return Ct2Translator(model_dir, cfg, tokens, threads, workers, compute_type)
