@@ -118,13 +118,13 @@ def _warn_unmapped(cfg: DecodeConfig) -> None:
 def int8_computed_in_float32(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether an int8 model runs in float32 on this CPU (``compute_type="float32"``: its int8
     weights widened once at load): where CTranslate2's own choice of int8 kernels is oneDNN's
-    without VNNI (an x86 CPU not from Intel, with neither AVX512-VNNI nor AVX-VNNI), and the
-    user has not chosen them with ``CT2_USE_MKL``. There oneDNN's u8·s8 products saturate, and
-    MKL's int8 (``CT2_USE_MKL=1``) is slow. Measured on a 2-core AMD EPYC with AVX2 only
-    (docs/runtime.md): float32 on int8 weights decodes the demo model at float32's speed with
-    93 % of its sentences unchanged; oneDNN's int8 at 1.16x that speed with 69 % unchanged and
-    0.4 BLEU lost; MKL's at 0.35x with 90 %. A model of d_model 32 reversed 15 of 24 training
-    sentences on oneDNN's int8 against 21 in float32 (tests/test_export.py)."""
+    without VNNI (an x86 CPU with AVX2, not from Intel, with neither AVX512-VNNI nor AVX-VNNI),
+    and the user has not chosen them with ``CT2_USE_MKL``. There oneDNN's u8·s8 products
+    saturate, and MKL's int8 (``CT2_USE_MKL=1``) is slow. Measured on a 2-core AMD EPYC with AVX2
+    only (docs/runtime.md), the demo model's int8 export took 1.03x the float32 export's time in
+    float32 with 93 % of its sentences unchanged; on oneDNN 0.98x with 69 % (0.3 BLEU lost on
+    test2016); on MKL 2.00x with 90 %. A model of d_model 32 reversed 15 of 24 training
+    sentences on oneDNN's int8, 22 in float32 (tests/test_export.py)."""
     if "CT2_USE_MKL" in os.environ:
         return False
     try:
