@@ -377,6 +377,7 @@ def table(report: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in report["engines"].items():
+        name = engine_label(report, name)
         lat = r.get("latency") or {}
         lines.append(
             f"| {name} | {r['sentences_per_s']} | {fmt(r.get('ratio'))} | "
@@ -477,6 +478,12 @@ def sweep_engine(rounds: dict[str, list[dict]], default: list[dict]) -> dict:
     return out
 
 
+def engine_label(report: dict, name: str) -> str:
+    """An engine's name in a table, with the type its int8 weights ran in where not int8."""
+    computed = report.get("int8_computed_as", "int8")
+    return f"{name} (in {computed})" if name == "ctranslate2 int8" and computed != "int8" else name
+
+
 def sweep_table(report: dict) -> str:
     """The --sweep section: engine × setting, the default (and what it chose), default ÷ best."""
     settings = [label(w, t) for w, t in report["grid"]]
@@ -497,6 +504,7 @@ def sweep_table(report: dict) -> str:
         "|---|" + "---:|" * (len(settings) + 2),
     ]
     for name, r in report["engines"].items():
+        name = engine_label(report, name)
         cells = []
         for s in settings:
             rate = r["settings"][s]["sentences_per_s"]
@@ -549,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     from aiayn.decode import DecodeConfig
     from aiayn.env import cpu_name
     from aiayn.io import write_json, write_section
+    from aiayn.runtime.ct2_backend import computed_as
 
     model = Path(args.model)
     command = " ".join(
@@ -569,6 +578,7 @@ def main(argv: list[str] | None = None) -> None:
             else {"threads": args.threads, "workers": args.workers}
         ),
         "omp_wait_policy": args.omp_wait_policy or "(unset: spinning)",
+        "int8_computed_as": computed_as("int8"),  # CTranslate2 int8 runs in float32 on some CPUs
         "max_tokens": args.max_tokens or DecodeConfig().max_tokens,
         "repeats": args.repeats,
         **(

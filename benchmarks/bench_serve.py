@@ -620,6 +620,8 @@ def engine_table(reports: list[dict]) -> str:
         name = {"torch": "native (PyTorch fp32)"}.get(r["engine"], r["engine"])
         if r.get("quantization"):
             name = f"{name} {r['quantization']}"
+            if r.get("computed_as", r["quantization"]) != r["quantization"]:
+                name = f"{name} (in {r['computed_as']})"
         offline = r["results"]["aiayn translate, one process"]["sentences_per_s_without_loading"]
         cells = [name, f"{offline:.1f}"]
         for c in counts:
@@ -811,6 +813,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings = [sweep.get("warning"), *serve_warnings(goals, args.clients, args.compare)]
     for line in filter(None, warnings):
         print(line, flush=True)
+    from aiayn.runtime.ct2_backend import computed_as
+
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
@@ -821,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "engine": sweep["engine"],
         "quantization": quantization(args.model[0]),
+        "computed_as": computed_as(quantization(args.model[0])),  # int8 in float32 on some CPUs
         "threads": args.threads,
         "per_request": args.per_request,
         "beam": args.beam,

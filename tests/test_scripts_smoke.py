@@ -159,8 +159,12 @@ def smoke_bench_engines(tmp: Path, runs: list[Path]) -> None:
         assert script.parse_setting(r["default"]["setting"])  # what the default chose: W×T
         assert r["default_vs_best"] > 0
         assert (r["warning"] is None) == (r["default_vs_best"] >= 0.9)
+    from aiayn.runtime.ct2_backend import computed_as
+
+    assert report["int8_computed_as"] == computed_as("int8")  # "float32" on a CPU without VNNI
     text = doc.read_text()
-    assert script.SWEEP_BEGIN in text and "| ctranslate2 int8 |" in text.split(script.SWEEP_BEGIN)[1]
+    int8_row = f"| {script.engine_label(report, 'ctranslate2 int8')} |"
+    assert script.SWEEP_BEGIN in text and int8_row in text.split(script.SWEEP_BEGIN)[1]
     assert "| engine | 1×1 | default | default ÷ best |" in text
     assert "| onnxruntime fp32 |" in text.split(script.BEGIN)[1].split(script.END)[0]  # it stays
 
@@ -180,6 +184,29 @@ def test_a_default_more_than_10_percent_slower_than_the_best_setting_warns():
     assert script.default_vs_best(rounds, [210.0, 230.0, 190.0]) == ("2×1", 1.05)
     assert script.grid(2) == [(1, 1), (1, 2), (2, 1)]
     assert script.grid(8) == [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
+
+
+def test_an_int8_engine_is_named_with_the_type_it_ran_in():
+    """On a CPU where aiayn runs CTranslate2's int8 weights in float32 (runtime.md), both
+    benchmarks' tables say so; where they ran in int8, and in reports from before, the name
+    stays."""
+    engines = load("benchmarks/bench_engines.py")
+    assert engines.engine_label({"int8_computed_as": "float32"}, "ctranslate2 int8") == (
+        "ctranslate2 int8 (in float32)")
+    ran_in_int8 = {"int8_computed_as": "int8"}
+    assert engines.engine_label(ran_in_int8, "ctranslate2 int8") == "ctranslate2 int8"
+    assert engines.engine_label({"int8_computed_as": "float32"}, "native int8") == "native int8"
+    assert engines.engine_label({}, "ctranslate2 int8") == "ctranslate2 int8"
+    serve = load("benchmarks/bench_serve.py")
+    run = {"engine": "ctranslate2", "quantization": "int8", "date": "2026-11-29 17:31 UTC",
+           "cpu": "AMD EPYC", "cores": 2, "commit": "bbba1b3",
+           "results": {"aiayn translate, one process": {"sentences_per_s_without_loading": 217.5},
+                       "serve, 8 clients": {"sentences_per_s": 142.8, "vs_translate": 0.66,
+                                            "errors": 0}},
+           "targets": {"vs_translate": {"1": 0.18, "8": 0.66}, "p50_vs_lone_request": {"8": 2.3}}}
+    assert "| ctranslate2 int8 | 217.5 | 142.8 (0.66×) | 2.30 | 0 |" in serve.engine_table([run])
+    run["computed_as"] = "float32"
+    assert "| ctranslate2 int8 (in float32) | 217.5 |" in serve.engine_table([run])
 
 
 def smoke_bench_load(tmp: Path) -> None:

@@ -31,7 +31,14 @@ from aiayn.runtime.backend import refuse
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Ct2Translator", "Ct2Backend", "token_strings", "check_vocabulary", "open_ct2"]
+__all__ = [
+    "Ct2Translator",
+    "Ct2Backend",
+    "computed_as",
+    "token_strings",
+    "check_vocabulary",
+    "open_ct2",
+]
 
 
 def token_strings(tokenizer: Any, size: int) -> list[str]:
@@ -335,6 +342,14 @@ class Ct2Backend:
         refuse(self, "generate")
 
 
+def computed_as(quantization: str | None) -> str | None:
+    """The type an exported folder's weights are computed in on this CPU: its ``quantization``
+    (config.json), or "float32" for int8 weights where :func:`int8_computed_in_float32`."""
+    if (quantization or "").startswith("int8") and int8_computed_in_float32():
+        return "float32"
+    return quantization
+
+
 def open_ct2(
     folder: Path,
     cfg: ModelConfig,
@@ -351,7 +366,7 @@ def open_ct2(
     model_dir = folder / files.get("model", "ctranslate2")
     check_vocabulary(model_dir, tokens, cfg)
     compute_type = "default"  # the weights' own type
-    if (quantization or "").startswith("int8") and int8_computed_in_float32():
+    if computed_as(quantization) != quantization:
         compute_type = "float32"
         log.info("%s: int8 weights computed in float32 on this CPU (docs/runtime.md)", folder)
     return Ct2Translator(model_dir, cfg, tokens, threads, workers, compute_type)
