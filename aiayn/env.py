@@ -8,17 +8,30 @@ import platform
 import torch
 
 
+def cpu_info(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str] | None:
+    """The first CPU's fields in /proc/cpuinfo ("vendor_id", "model name", "flags", …); None
+    where it cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            first = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return None
+    fields = (line.partition(":") for line in first.splitlines())
+    return {key.strip(): value.strip() for key, sep, value in fields if sep}
+
+
+def cpu_flags(info: dict[str, str] | None) -> set[str]:
+    """The flags of a :func:`cpu_info` (x86: "avx2", "avx512_vnni", …); empty where none."""
+    return set((info or {}).get("flags", "").split())
+
+
 def cpu_name() -> str:
     """The CPU model and whether it has AMX / AVX512-BF16, from /proc/cpuinfo (Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info = f.read()
-    except OSError:
+    info = cpu_info()
+    if info is None:
         return f"{os.cpu_count()}-core {platform.machine()}"
-    lines = info.splitlines()
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-    flags = next((ln for ln in lines if ln.startswith("flags")), "")
-    feats = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    name, flags = info.get("model name", ""), cpu_flags(info)
+    feats: list[str] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     feats += ["no AVX-512"] * ("avx512f" not in feats) + ["no AMX"] * ("amx_bf16" not in feats)
     return f"{os.cpu_count()}-core {name} ({', '.join(feats)})"
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from aiayn.env import cpu_flags, cpu_info
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -274,8 +276,7 @@ class ThreadGovernor:
 
 def cpu_has_bf16() -> bool:
     """True on CPUs with native bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    info = cpu_info()
+    if info is None:
         return "AMX" in torch.backends.cpu.get_cpu_capability()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(cpu_flags(info) & {"avx512_bf16", "amx_bf16"})

@@ -815,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     from aiayn.runtime.ct2_backend import computed_as
 
+    weights = quantization(args.model[0])
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu_model(),
@@ -824,8 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["bench_serve.py", *(sys.argv[1:] if argv is None else argv)]),
         "model": args.model,
         "engine": sweep["engine"],
-        "quantization": quantization(args.model[0]),
-        "computed_as": computed_as(quantization(args.model[0])),  # int8 in float32 on some CPUs
+        "quantization": weights,
+        "computed_as": computed_as(weights),  # int8 runs in float32 on some CPUs
         "threads": args.threads,
         "per_request": args.per_request,
         "beam": args.beam,

@@ -26,6 +26,7 @@ from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import max_output_lengths
+from aiayn.env import cpu_flags, cpu_info
 from aiayn.errors import CheckpointError, require
 from aiayn.runtime.backend import refuse
 
@@ -132,15 +133,14 @@ def int8_computed_in_float32(cpuinfo: str = "/proc/cpuinfo") -> bool:
     float32 with 93 % of its sentences unchanged; on oneDNN 0.98x with 69 % (0.3 BLEU lost on
     test2016); on MKL 2.00x with 90 %. A model of d_model 32 reversed 15 of 24 training
     sentences on oneDNN's int8, 22 in float32 (tests/test_export.py)."""
-    if "CT2_USE_MKL" in os.environ:
+    info = cpu_info(cpuinfo)
+    if "CT2_USE_MKL" in os.environ or info is None:
         return False
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        return False
-    flags = set(next((line for line in text.splitlines() if line.startswith("flags")), "").split())
+    flags = cpu_flags(info)
     return (
-        "avx2" in flags and "GenuineIntel" not in text and not flags & {"avx512_vnni", "avx_vnni"}
+        "avx2" in flags
+        and info.get("vendor_id") != "GenuineIntel"
+        and not flags & {"avx512_vnni", "avx_vnni"}
     )
 
 
