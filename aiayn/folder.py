@@ -43,11 +43,12 @@ from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
+from aiayn.folder_open import build_model, open_backend
 from aiayn.folder_score import score_classifier, score_translations
 from aiayn.kinds import KINDS, Kind, get_kind, kind_name
 from aiayn.memory import keep_freed_memory
 from aiayn.run_config import RunConfig
-from aiayn.runtime import Backend, build_model, open_backend, require
+from aiayn.runtime import Backend, require
 from aiayn.runtime.backend import Attention, Module
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def load_model_folder(
     ``paths`` that are not a path or a list of paths (None, say) are a TypeError that says so.
 
     Folders written by ``aiayn export`` open the same way, run by their backend (ONNX Runtime,
-    CTranslate2) on the CPU (:func:`aiayn.runtime.open_backend`); ``engine`` ('torch', 'onnx',
+    CTranslate2) on the CPU (:func:`aiayn.folder_open.open_backend`); ``engine`` ('torch', 'onnx',
     'ctranslate2'), when given, must be what the folders hold; ``workers`` is the number of
     batches an exported model decodes at once (default: chosen for the machine and the engine,
     :func:`aiayn.threads.default_workers`; a PyTorch model takes it per call, ``decode.workers``).

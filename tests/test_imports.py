@@ -169,7 +169,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("folder_config",),
     ("checkpoint", "folder_parts"),
     ("runtime",),
-    ("folder_score",),
+    ("folder_score", "folder_open"),
     ("folder",),
     ("aiayn", "viz"),
     ("card",),
