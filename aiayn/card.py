@@ -21,7 +21,7 @@ from aiayn.config import to_dict
 from aiayn.data.registry import DATASETS
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import DataError
-from aiayn.folder_config import FolderConfig, read_folder_config
+from aiayn.folder.config import FolderConfig, read_folder_config
 from aiayn.io import write_text
 from aiayn.kinds import KINDS, Kind
 from aiayn.viz.curves import read_metrics

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     from aiayn.decode import DecodeConfig
     from aiayn.env import cpu_name
     from aiayn.folder import load_model_folder
-    from aiayn.folder_config import read_folder_config
+    from aiayn.folder.config import read_folder_config
     from aiayn.memory import keep_freed_memory
 
     torch.set_num_threads(args.threads)

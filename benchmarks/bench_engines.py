@@ -242,7 +242,7 @@ def run_one(args: argparse.Namespace) -> dict:
     from aiayn.decode import DecodeConfig
     from aiayn.eval import corpus_scores
     from aiayn.folder import load_model_folder
-    from aiayn.folder_config import read_folder_config
+    from aiayn.folder.config import read_folder_config
     from aiayn.memory import keep_freed_memory
     from aiayn.threads import default_workers, threads_for_load
 

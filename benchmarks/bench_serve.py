@@ -125,7 +125,7 @@ def translate_default(model: list[str], threads: int) -> tuple[str, str]:
     in the benchmark's environment, as aiayn chooses it, asked in a process of its own."""
     code = (
         "import json, sys\n"
-        "from aiayn.folder_config import read_folder_config\n"
+        "from aiayn.folder.config import read_folder_config\n"
         "from aiayn.threads import default_workers, threads_for_load\n"
         "engine = read_folder_config(sys.argv[1]).format or 'torch'\n"
         "threads = threads_for_load()\n"

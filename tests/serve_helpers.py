@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from trainutil import tiny_model_config
 
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.config import ModelConfig
 from aiayn.data import train_tokenizer
 from aiayn.model import Transformer, TransformerClassifier, TransformerLM

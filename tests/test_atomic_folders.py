@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 
 import aiayn.io
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.errors import AiaynError
 from aiayn.folder import load_model_dir

@@ -11,7 +11,7 @@ import pytest
 from trainutil import tiny_model_config
 
 from aiayn.card import model_card, write_model_card
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 

@@ -11,7 +11,7 @@ import torch
 from serve_helpers import PAIRS, make_folder, make_trained_folder
 from trainutil import fails, tiny_model_config
 
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.data import train_tokenizer
 from aiayn.decode import DecodeConfig, SearchSettings, greedy_search

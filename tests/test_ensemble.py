@@ -124,7 +124,7 @@ def two_model_dirs(tmp_path_factory):
     with torch.no_grad():
         for p in m2.parameters():
             p.add_(0.5 * torch.randn_like(p))
-    from aiayn.checkpoint import save_model_dir
+    from aiayn.folder.checkpoint import save_model_dir
 
     save_model_dir(
         second, m2, m2.cfg, tokenizer_json=(first / "tokenizer.json").read_text(), overwrite=True

@@ -20,7 +20,7 @@ import pytest
 import torch
 from trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml  # noqa: E402
 
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer
@@ -627,7 +627,7 @@ def test_an_edited_model_section_is_refused(model_dir, tmp_path, capsys, fmt, mo
 
 def test_an_export_records_its_parts(model_dir, tmp_path):
     needs("onnxruntime", "export")
-    from aiayn.folder_parts import MODEL_PART
+    from aiayn.folder.parts import MODEL_PART
 
     out = export_model(model_dir, "onnx", tmp_path / "onnx")
     parts = json.loads((out / "config.json").read_text())["parts"]

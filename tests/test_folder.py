@@ -12,7 +12,8 @@ import aiayn
 from aiayn.cli import main
 from aiayn.decode import DecodeConfig, translate_texts
 from aiayn.errors import CheckpointError
-from aiayn.folder import KINDS, load_model_folder
+from aiayn.folder import load_model_folder
+from aiayn.kinds import KINDS
 from aiayn.run_config import build_run_config
 from aiayn.train.run import train_run
 from test_translate_cli import make_model_dir, sentences, write_lines

@@ -1,4 +1,4 @@
-"""config.json has one reader: aiayn/folder_config.py. Every other module gets a typed
+"""config.json has one reader: aiayn/folder/config.py. Every other module gets a typed
 FolderConfig (read_folder_config / parse_folder_config) and writes through write_folder_config."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from aiayn.errors import CheckpointError
-from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config, write_folder_config
+from aiayn.folder.config import FolderConfig, parse_folder_config, read_folder_config, write_folder_config
 
 ROOT = Path(__file__).resolve().parents[1] / "aiayn"
-PARSER = ROOT / "folder_config.py"
+PARSER = ROOT / "folder" / "config.py"
 READS = ("read_text", "read_bytes")
 
 
@@ -65,7 +65,7 @@ def test_no_module_but_the_parser_reads_config_json():
         for path in sorted(ROOT.rglob("*.py"))
         if path != PARSER and (found := raw_config_reads(path.read_text(encoding="utf-8")))
     }
-    assert offenders == {}, f"read config.json through aiayn.folder_config: {offenders}"
+    assert offenders == {}, f"read config.json through aiayn.folder.config: {offenders}"
 
 
 def test_old_folders_parse_and_write_back_in_the_same_shape(tmp_path, caplog):

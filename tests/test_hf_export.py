@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainutil import base_values, fails, tiny_model_config, torch_threads, write_toml
 
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.data.tokenizer import train_tokenizer
 from aiayn.export import export_model

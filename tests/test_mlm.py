@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from aiayn.checkpoint import init_from_model_dir
+from aiayn.folder.checkpoint import init_from_model_dir
 from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.config import ModelConfig
@@ -75,7 +75,7 @@ def test_a_padded_text_is_predicted_as_it_is_alone():
 
 
 def test_init_from_copies_embedding_and_encoder(tmp_path):
-    from aiayn.checkpoint import save_model_dir
+    from aiayn.folder.checkpoint import save_model_dir
 
     torch.manual_seed(0)
     mlm = TransformerMaskedLM(_cfg())

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.checkpoint import init_from_model_dir
+from aiayn.folder.checkpoint import init_from_model_dir
 from aiayn.folder import load_model_dir
 from aiayn.cli import main
 from aiayn.decode import translate_texts

@@ -17,7 +17,7 @@ import pytest
 import torch
 from trainutil import fails, process_fails, tiny_model_config
 
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.commands.translate import one_line
 from aiayn.data import train_tokenizer

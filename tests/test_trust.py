@@ -29,7 +29,7 @@ import torch
 from trainutil import fails, tiny_model_config, write_reverse_data, write_toml
 
 import aiayn.io
-from aiayn.checkpoint import save_model_dir
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.checks import check_finite_tensors
 from aiayn.data import DataConfig, TokenStore, train_tokenizer, train_tokenizer_for
 from aiayn.data.loaders import translation_store
@@ -37,7 +37,7 @@ from aiayn.data.store import StoreWriter, open_store
 from aiayn.decode import DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError, DataError, OutputError
 from aiayn.folder import load_model_folder
-from aiayn.folder_config import read_folder_config
+from aiayn.folder.config import read_folder_config
 from aiayn.io import recover_folder, write_bytes
 from aiayn.model import Transformer
 from aiayn.runtime import compiled as compiled_module

@@ -308,7 +308,7 @@ def trained_dir(tmp_path_factory, one_thread):
     """A tiny model that has learned the two PAIRS by heart (40 Adam steps, ~1 s)."""
     import torch.nn.functional as F
 
-    from aiayn.checkpoint import save_model_dir
+    from aiayn.folder.checkpoint import save_model_dir
     from aiayn.data.batching import collate_translation
     from aiayn.data.tokenizer import train_tokenizer
 

@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.folder import load_model_folder
+    from aiayn.folder.load import load_model_folder
 
     check_batch_tokens(args)
     model = load_model_folder(args.model, inference_device(args.device), CLASSIFICATION)

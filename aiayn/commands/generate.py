@@ -76,7 +76,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.folder import load_model_folder
+    from aiayn.folder.load import load_model_folder
 
     _check(args)
     model = load_model_folder(args.model, inference_device(args.device), LM)

@@ -23,7 +23,7 @@ from aiayn.errors import ConfigError
 from aiayn.threads import MOST_WORKERS
 
 if TYPE_CHECKING:
-    from aiayn.folder import ModelFolder
+    from aiayn.folder.load import ModelFolder
 
 DEFAULTS = DecodeConfig()
 
@@ -290,7 +290,7 @@ def open_models(
 ) -> ModelFolder:
     """MODEL_DIR(s) through the one loader (:func:`aiayn.folder.load_model_folder`), with the
     engine asked for (``--engine``; default: what the folders hold)."""
-    from aiayn.folder import load_model_folder
+    from aiayn.folder.load import load_model_folder
 
     return load_model_folder(args.model, device, expect_kind, args.engine, args.workers)
 

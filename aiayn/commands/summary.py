@@ -57,7 +57,7 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
     sets = section_sets(overrides, "model")
     path = Path(spec)
     if path.is_dir():
-        from aiayn.folder import read_folder_config
+        from aiayn.folder.config import read_folder_config
 
         parsed = read_folder_config(path)
         return apply_overrides(parsed.config.model, sets), parsed.kind

@@ -29,7 +29,7 @@ from aiayn.kinds import TRANSLATION
 
 if TYPE_CHECKING:
     from aiayn.decode.config import DecodeConfig
-    from aiayn.folder import ModelFolder
+    from aiayn.folder.load import ModelFolder
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@
 graphs (or the CTranslate2 model), ``tokenizer.json`` and ``config.json``: the model's kind,
 config and decoding settings, plus ``"format"`` (what wrote it). ``aiayn translate OUT_DIR`` and
 ``aiayn evaluate OUT_DIR`` then run it (:mod:`aiayn.runtime`), once the folder's parts
-are checked against the record ``"parts"`` of config.json (:mod:`aiayn.folder_parts`). The
+are checked against the record ``"parts"`` of config.json (:mod:`aiayn.folder.parts`). The
 exporters need the extras ``export`` (onnx, onnxruntime) and ``ctranslate2``; the core package
 does not.
 """

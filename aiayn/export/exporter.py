@@ -20,14 +20,14 @@ from typing import Any, ClassVar
 
 from aiayn.card import write_model_card
 from aiayn.errors import CheckpointError, ConfigError, require
-from aiayn.folder import load_model_folder
-from aiayn.folder_config import (
+from aiayn.folder.config import (
     FolderConfig,
     parse_folder_config,
     read_folder_config,
     write_folder_config,
 )
-from aiayn.folder_parts import record_parts
+from aiayn.folder.load import load_model_folder
+from aiayn.folder.parts import record_parts
 from aiayn.io import check_not_input, check_output_folder, new_folder
 from aiayn.kinds import KINDS
 

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import write_safetensors
 from aiayn.data.spm import SentencePieceTokenizer
 from aiayn.data.tokenizer import SubwordTokenizer
 from aiayn.errors import ConfigError
 from aiayn.export.exporter import Exporter, ExportOptions
+from aiayn.folder.checkpoint import write_safetensors
 from aiayn.interop.marian import marian_names
 from aiayn.io import write_bytes, write_json, write_text
 from aiayn.kinds import check_kind, get_kind

@@ -36,13 +36,13 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from aiayn.card import write_model_card
-from aiayn.checkpoint import save_model_dir
 from aiayn.checks import check_finite_tensors, check_ids, check_integer, check_number, check_order
 from aiayn.config import ModelConfig
 from aiayn.data.spm import SentencePieceTokenizer, load_processor
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.folder.checkpoint import save_model_dir
 from aiayn.io import check_not_input, check_output_folder
 from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer

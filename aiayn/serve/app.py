@@ -37,7 +37,7 @@ import torch
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from aiayn.folder import ModelFolder, load_model_folder
+from aiayn.folder.load import ModelFolder, load_model_folder
 from aiayn.memory import keep_freed_memory
 from aiayn.serve.errors import add_error_handlers
 from aiayn.serve.guard import Guard

@@ -28,7 +28,7 @@ from aiayn.decode import DecodeConfig, Hypothesis
 from aiayn.decode.generate import check_seed
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import ConfigError
-from aiayn.folder import ModelFolder, precision
+from aiayn.folder.load import ModelFolder, precision
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
 from aiayn.runtime.backend import Steps

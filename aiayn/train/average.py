@@ -14,16 +14,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn.card import write_model_card
-from aiayn.checkpoint import (
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.folder.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
     folder_parts,
     write_safetensors,
 )
-from aiayn.errors import CheckpointError, ConfigError
-from aiayn.folder import load_model_dir
-from aiayn.folder_config import write_folder_config
+from aiayn.folder.config import write_folder_config
+from aiayn.folder.load import load_model_dir
 from aiayn.io import (
     CHECKPOINT_DIR,
     atomic_path,

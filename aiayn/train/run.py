@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 import aiayn.errors as errors
 from aiayn import __version__
 from aiayn.card import write_model_card
-from aiayn.checkpoint import TOKENIZER_FILE
 from aiayn.config import ModelConfig, flatten_keys
 from aiayn.decode.config import DecodeConfig
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.folder import FolderConfig, read_folder_config
+from aiayn.folder.checkpoint import TOKENIZER_FILE
+from aiayn.folder.config import FolderConfig, read_folder_config
 from aiayn.io import check_not_input, recover_folder
 from aiayn.kinds import KINDS
 from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs

@@ -34,7 +34,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from aiayn.checkpoint import (
+from aiayn.config import ModelConfig
+from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.folder.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
@@ -42,9 +44,7 @@ from aiayn.checkpoint import (
     parts_differences,
     save_weights,
 )
-from aiayn.config import ModelConfig
-from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.folder_config import (
+from aiayn.folder.config import (
     FolderConfig,
     parse_folder_config,
     read_folder_config,

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.checkpoint import init_from_model_dir, load_weights, save_model_dir
 from aiayn.errors import CheckpointError
+from aiayn.folder.checkpoint import init_from_model_dir, load_weights, save_model_dir
 from aiayn.run_config import RunConfig, TrainConfig
 from aiayn.train.distributed import DistContext
 from aiayn.train.run_folder import RunFolder

@@ -23,7 +23,7 @@ from aiayn.decode import DecodeConfig
 from aiayn.decode.align import AttentionMaps
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import AiaynError
-from aiayn.folder import load_model_folder
+from aiayn.folder.load import load_model_folder
 from aiayn.kinds import TRANSLATION
 from aiayn.runtime.backend import Attention, Backend, require
 from aiayn.viz import pyplot

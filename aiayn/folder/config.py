@@ -178,7 +178,7 @@ def read_folder_config(folder: str | Path, expect_kind: str | None = None) -> Fo
 
 def write_folder_config(folder: str | Path, cfg: FolderConfig | Mapping[str, Any]) -> Path:
     """Write ``cfg`` as ``folder``/config.json (atomically); returns the file's path. A mapping
-    (what train and :func:`aiayn.checkpoint.save_model_dir` build) is written as given."""
+    (what train and :func:`aiayn.folder.checkpoint.save_model_dir` build) is written as given."""
     path = Path(folder) / CONFIG_FILE
     write_json(path, cfg.to_dict() if isinstance(cfg, FolderConfig) else dict(cfg))
     return path

@@ -24,7 +24,7 @@ from aiayn.checks import check_finite_tensors
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.data.tokenizer import tokenizer_digest  # noqa: F401 (re-exported: the folder's record)
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.folder_config import (
+from aiayn.folder.config import (
     CONFIG_FILE,  # noqa: F401 (re-exported: the model folder's file names live here)
     read_folder_config,
     write_folder_config,

@@ -1,7 +1,7 @@
 """The parts of a model folder, checked against each other when it is opened.
 
 A model folder's weights record the model config and tokenizer they were written with
-(:func:`aiayn.checkpoint.verify_folder_parts`). A folder written by ``aiayn export`` gets the same
+(:func:`aiayn.folder.checkpoint.verify_folder_parts`). A folder written by ``aiayn export`` gets the same
 guarantee from config.json's ``parts``: at export, the sha256 of every file it holds (graphs or
 the CTranslate2 model, tokenizer.json) and of its model section (:func:`record_parts`); at load,
 :func:`verify_parts` checks the files and :func:`verify_model_section` the section, so that a
@@ -23,7 +23,7 @@ from aiayn.config import ModelConfig, to_dict
 from aiayn.data import Tokenizer
 from aiayn.data.download import sha256_of
 from aiayn.errors import CheckpointError, DataError
-from aiayn.folder_config import CONFIG_FILE, FolderConfig
+from aiayn.folder.config import CONFIG_FILE, FolderConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import WEIGHTS_FILE, load_weights, verify_folder_parts
 from aiayn.data import Tokenizer
 from aiayn.decode.ensemble import ensemble_of
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.folder_config import FolderConfig
-from aiayn.folder_parts import read_tokenizer, verify_model_section, verify_parts
+from aiayn.folder.checkpoint import WEIGHTS_FILE, load_weights, verify_folder_parts
+from aiayn.folder.config import FolderConfig
+from aiayn.folder.parts import read_tokenizer, verify_model_section, verify_parts
 from aiayn.kinds import KINDS
 from aiayn.runtime.backend import ENGINES, Backend, require
 from aiayn.runtime.ct2_backend import Ct2Backend, open_ct2

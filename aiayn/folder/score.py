@@ -19,7 +19,7 @@ from aiayn.errors import ConfigError
 from aiayn.eval import corpus_scores
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aiayn.folder import ModelFolder
+    from aiayn.folder.load import ModelFolder
 
 __all__ = ["score_translations", "score_classifier"]
 

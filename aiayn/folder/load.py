@@ -1,9 +1,9 @@
 """The model folder, opened: one loader for every kind of model, and what a loaded model can do.
 
 A model folder (written by ``aiayn train``, ``aiayn average`` or
-:func:`aiayn.checkpoint.save_model_dir`) holds config.json, model.safetensors and tokenizer.json.
+:func:`aiayn.folder.checkpoint.save_model_dir`) holds config.json, model.safetensors and tokenizer.json.
 :func:`load_model_folder` (``aiayn.load``) checks its parts, parses config.json once into the typed
-:class:`~aiayn.run_config.RunConfig` (through :mod:`aiayn.folder_config`, its only reader), builds the model of the recorded shape, loads the weights
+:class:`~aiayn.run_config.RunConfig` (through :mod:`aiayn.folder.config`, its only reader), builds the model of the recorded shape, loads the weights
 and tokenizer, and returns a :class:`ModelFolder`::
 
     import aiayn
@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from aiayn import threads
-from aiayn.checkpoint import WEIGHTS_FILE
 from aiayn.config import ModelConfig
 from aiayn.data import (
     Tokenizer,
@@ -42,9 +41,10 @@ from aiayn.decode.generate import TextStream
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.folder_config import FolderConfig, parse_folder_config, read_folder_config
-from aiayn.folder_open import build_model, open_backend
-from aiayn.folder_score import score_classifier, score_translations
+from aiayn.folder.checkpoint import WEIGHTS_FILE
+from aiayn.folder.config import FolderConfig, parse_folder_config, read_folder_config
+from aiayn.folder.open import build_model, open_backend
+from aiayn.folder.score import score_classifier, score_translations
 from aiayn.kinds import KINDS, Kind, get_kind, kind_name
 from aiayn.memory import keep_freed_memory
 from aiayn.run_config import RunConfig
@@ -94,7 +94,7 @@ def load_model_folder(
     ``paths`` that are not a path or a list of paths (None, say) are a TypeError that says so.
 
     Folders written by ``aiayn export`` open the same way, run by their backend (ONNX Runtime,
-    CTranslate2) on the CPU (:func:`aiayn.folder_open.open_backend`); ``engine`` ('torch', 'onnx',
+    CTranslate2) on the CPU (:func:`aiayn.folder.open.open_backend`); ``engine`` ('torch', 'onnx',
     'ctranslate2'), when given, must be what the folders hold; ``workers`` is the number of
     batches an exported model decodes at once (default: chosen for the machine and the engine,
     :func:`aiayn.threads.default_workers`; a PyTorch model takes it per call, ``decode.workers``).
