@@ -1,9 +1,12 @@
 """The package is acyclic, each module imports on its own, and imports sit at module level.
 
-**No import loop** (issue #32; issue #42, point 3). No module of aiayn/ imports, directly or
-through others, itself. Every ``import`` statement counts, at module level or inside a function
-(a function-level import only hides a cycle until that function runs). Imports under ``if
-TYPE_CHECKING:`` never run and do not count. Package ``__init__`` files count like any module:
+**No import loop** (issue #32; issue #42, point 3; issue #64, point 2). No module of aiayn/
+imports, directly or through others, itself. Every ``import`` statement counts, at module level,
+inside a function (a function-level import only hides a cycle until that function runs) or under
+``if TYPE_CHECKING:`` (such an import never runs, but a module whose types need a module above it
+is a loop in the design all the same: before issue #64, aiayn.folder_score took ModelFolder from
+aiayn.folder that way while aiayn.folder imported it). Package ``__init__`` files count like any
+module:
 
 - ``from aiayn.train import classification`` is an edge to the module
   ``aiayn.train.classification``; ``from aiayn.train import Task`` one to ``aiayn.train`` (its
@@ -61,12 +64,12 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+def _imports(tree: ast.AST, typing: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``; those under ``if TYPE_CHECKING:`` only if ``typing``."""
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not typing:
             for child in node.orelse:
                 visit(child)
             return
@@ -85,7 +88,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8")), typing=True):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -146,8 +149,22 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from aiayn import train\n"
     )
     graph = import_graph(pkg)
-    assert graph["aiayn.train.classification"] == {"aiayn.train.tasks"}
+    assert graph["aiayn.train.classification"] == {"aiayn.train.tasks", "aiayn.train"}
     assert find_cycles(graph) == [["aiayn.train.classification", "aiayn.train.tasks"]]
+
+
+def test_the_cycle_finder_finds_a_cycle_through_type_checking(tmp_path):
+    """What aiayn.folder and aiayn.folder_score were before issue #64: the loader imports the
+    scorer, the scorer takes the loader's class for its annotations only."""
+    pkg = tmp_path / "aiayn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "folder.py").write_text("from aiayn.folder_score import score\n")
+    (pkg / "folder_score.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:  # pragma: no cover\n    from aiayn.folder import ModelFolder\n"
+    )
+    assert find_cycles(import_graph(pkg)) == [["aiayn.folder", "aiayn.folder_score"]]
 
 
 def test_aiayn_has_no_import_cycle():

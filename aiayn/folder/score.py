@@ -1,4 +1,4 @@
-"""Scoring a model folder on a test set: what :meth:`aiayn.folder.ModelFolder.score` runs.
+"""Scoring a model folder on a test set: what :meth:`aiayn.folder.load.ModelFolder.score` runs.
 
 A translation model is scored by sacreBLEU and chrF of its translations (:func:`aiayn.eval.
 corpus_scores`), a classifier by its accuracy; the test set is a split of the folder's recorded
@@ -9,23 +9,57 @@ the decoding settings.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from aiayn.data import load_classification, load_translation, read_labelled, read_parallel
+import torch
+
+from aiayn.data import (
+    Tokenizer,
+    load_classification,
+    load_translation,
+    read_labelled,
+    read_parallel,
+)
 from aiayn.decode.classify import evaluate_classifier
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
 from aiayn.eval import corpus_scores
+from aiayn.kinds import Kind
+from aiayn.run_config import RunConfig
+from aiayn.runtime import Backend
 
-if TYPE_CHECKING:  # pragma: no cover
-    from aiayn.folder.load import ModelFolder
+__all__ = ["Scored", "score_translations", "score_classifier"]
 
-__all__ = ["score_translations", "score_classifier"]
+
+class Scored(Protocol):
+    """What scoring reads of a loaded model folder: :class:`aiayn.folder.load.ModelFolder`, which
+    imports this module (so this module names the shape it needs instead of importing it back)."""
+
+    path: Path
+    paths: list[Path]
+    backend: Backend
+    tokenizer: Tokenizer
+    config: RunConfig
+    has_data: bool
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def text_limit(self) -> int: ...
+    @property
+    def kind_info(self) -> Kind: ...
+    def decode_config(
+        self, decode: DecodeConfig | None = None, **overrides: Any
+    ) -> DecodeConfig: ...
+    def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None) -> list[str]: ...
 
 
 def score_translations(
-    folder: ModelFolder,
+    folder: Scored,
     split: str | None,
     src: str | Path | None,
     ref: str | Path | None,
@@ -57,7 +91,7 @@ def score_translations(
 
 
 def score_classifier(
-    folder: ModelFolder,
+    folder: Scored,
     split: str | None,
     src: str | Path | None,
     limit: int,
@@ -85,7 +119,7 @@ def score_classifier(
     return scores
 
 
-def _target_lang(folder: ModelFolder) -> str:
+def _target_lang(folder: Scored) -> str:
     """The language the paper's BLEU tokenises in: the target of the training data."""
     if not folder.has_data:
         raise ConfigError(
@@ -95,11 +129,11 @@ def _target_lang(folder: ModelFolder) -> str:
     return folder.config.data.tgt_lang
 
 
-def _model_name(folder: ModelFolder) -> str | list[str]:
+def _model_name(folder: Scored) -> str | list[str]:
     return str(folder.path) if len(folder.paths) == 1 else [str(p) for p in folder.paths]
 
 
-def _dataset(folder: ModelFolder) -> Any:
+def _dataset(folder: Scored) -> Any:
     if not folder.has_data:
         what = "--src FILE" if folder.kind_info.does("classify") else "--src/--ref"
         raise ConfigError(f"{folder.path}: the model folder records no dataset; use {what}")
@@ -107,7 +141,7 @@ def _dataset(folder: ModelFolder) -> Any:
 
 
 def _test_set(
-    folder: ModelFolder, split: str | None, src: str | Path | None, ref: str | Path | None
+    folder: Scored, split: str | None, src: str | Path | None, ref: str | Path | None
 ) -> tuple[list[str], list[str], str]:
     if bool(split) == bool(src or ref):
         raise ConfigError("give either --split NAME or --src FILE --ref FILE")
