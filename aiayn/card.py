@@ -21,6 +21,7 @@ from aiayn.config import to_dict
 from aiayn.data.registry import DATASETS
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import DataError
+from aiayn.folder.checkpoint import WEIGHTS_FILE
 from aiayn.folder.config import FolderConfig, read_folder_config
 from aiayn.io import write_text
 from aiayn.kinds import KINDS, Kind
@@ -173,7 +174,7 @@ def _architecture(model: dict[str, Any]) -> str:
 def _parameters(folder: Path) -> str:
     """Counted from the safetensors header (shapes only; tied weights are stored once), without
     loading the weights; integer and bool tensors (masks, buffers) are not parameters."""
-    path = folder / "model.safetensors"
+    path = folder / WEIGHTS_FILE
     if not path.is_file():
         return "as in the folder it was exported from"
     with open(path, "rb") as f:

@@ -36,13 +36,12 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import ConfigError, require
-from aiayn.export.exporter import QUANTIZATIONS, ExportOptions, FolderExporter
+from aiayn.export.exporter import MASKED_BIAS, QUANTIZATIONS, ExportOptions, FolderExporter
 from aiayn.kinds import check_kind, get_kind
 from aiayn.model.embeddings import SinusoidalPositionalEncoding
 from aiayn.runtime.ct2_backend import token_strings
 
 MODEL_DIR = "ctranslate2"  # the CTranslate2 model inside the exported folder
-MASKED_BIAS = -1e9  # output bias of tokens outside output_mask (probability exactly 0)
 
 
 def check_exportable(model: Any, kind: str) -> None:

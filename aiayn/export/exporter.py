@@ -27,7 +27,7 @@ from aiayn.folder.config import (
     write_folder_config,
 )
 from aiayn.folder.load import load_model_folder
-from aiayn.folder.parts import record_parts
+from aiayn.folder.parts import TOKENIZER_FILE, record_parts
 from aiayn.io import check_not_input, check_output_folder, new_folder
 from aiayn.kinds import KINDS
 
@@ -35,6 +35,11 @@ __all__ = ["ExportOptions", "Exporter", "FolderExporter", "QUANTIZATIONS"]
 
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`) that run on a CPU.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "int16")
+
+
+#: the output bias an export gives tokens outside the model's output_mask (CTranslate2's
+#: projection bias, Marian's final_logits_bias): their probability is exactly 0 after softmax
+MASKED_BIAS = -1e9
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class FolderExporter(Exporter):
     ) -> None:
         kind, tokenizer = loaded.kind, loaded.tokenizer
         extra_keys = self.write(loaded.torch_module(), kind, tokenizer, tmp, options)
-        tokenizer.save(tmp / "tokenizer.json")
+        tokenizer.save(tmp / TOKENIZER_FILE)
         # the source's sections as the loader read them (renamed keys under their new names; a
         # section it did not record stays unrecorded), its provenance, what the writer says
         parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened

@@ -39,7 +39,7 @@ from torch import Tensor
 from aiayn.data.spm import SentencePieceTokenizer
 from aiayn.data.tokenizer import SubwordTokenizer
 from aiayn.errors import ConfigError
-from aiayn.export.exporter import Exporter, ExportOptions
+from aiayn.export.exporter import MASKED_BIAS, Exporter, ExportOptions
 from aiayn.folder.checkpoint import write_safetensors
 from aiayn.interop.marian import marian_names
 from aiayn.io import write_bytes, write_json, write_text
@@ -47,7 +47,6 @@ from aiayn.kinds import check_kind, get_kind
 
 log = logging.getLogger(__name__)
 
-MASKED_BIAS = -1e9  # final_logits_bias of tokens outside output_mask
 ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 
 

@@ -29,12 +29,12 @@ from aiayn.folder.config import (
     read_folder_config,
     write_folder_config,
 )
+from aiayn.folder.parts import TOKENIZER_FILE
 from aiayn.io import atomic_path, new_folder
 from aiayn.kinds import TRANSLATION
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 # Keys of the safetensors metadata that tie the weights to the rest of their folder.

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from aiayn.config import ModelConfig, to_dict
-from aiayn.data import Tokenizer
 from aiayn.data.download import sha256_of
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CheckpointError, DataError
 from aiayn.folder.config import CONFIG_FILE, FolderConfig
 

@@ -22,8 +22,8 @@ from aiayn.config import ModelConfig, flatten_keys
 from aiayn.decode.config import DecodeConfig
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.folder.checkpoint import TOKENIZER_FILE
-from aiayn.folder.config import FolderConfig, read_folder_config
+from aiayn.folder.config import CONFIG_FILE, FolderConfig, read_folder_config
+from aiayn.folder.parts import TOKENIZER_FILE
 from aiayn.io import check_not_input, recover_folder
 from aiayn.kinds import KINDS
 from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs
@@ -287,7 +287,7 @@ def _run_meta(cfg: RunConfig, task: Task, extra_meta: dict[str, Any] | None) -> 
 def write_run_cards(run: Path) -> None:
     """The model cards of a run folder and of its best/ (logged, never raised, on failure)."""
     write_model_card(run)
-    if (run / "best" / "config.json").is_file():
+    if (run / "best" / CONFIG_FILE).is_file():
         write_model_card(run / "best")
 
 

@@ -63,10 +63,10 @@ from aiayn.io import (
     write_error,
     write_text,
 )
+from aiayn.viz.curves import METRICS_FILE
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 BEST_DIR = "best"
 STATE_VERSION = 1
 _WRITE_TEST = ".write_test"
