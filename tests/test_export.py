@@ -594,7 +594,9 @@ def test_a_tokenizer_from_another_run_is_refused(model_dir, tmp_path, capsys, fm
     needs(module, extra)
     out = export_model(model_dir, fmt, tmp_path / fmt)
     (out / "tokenizer.json").write_text(CharTokenizer(CHARS[::-1]).to_str())
-    refused_everywhere(capsys, out, tmp_path, "tokenizer.json is not the file this export wrote")
+    refused_everywhere(
+        capsys, out, tmp_path, "tokenizer.json is not the tokenizer this export was written with"
+    )
     if fmt == "ctranslate2":
         forget_parts(out)
         refused_everywhere(
@@ -626,13 +628,48 @@ def test_an_edited_model_section_is_refused(model_dir, tmp_path, capsys, fmt, mo
 
 
 def test_an_export_records_its_parts(model_dir, tmp_path):
+    """The record of an export is the one its model folder's weights carry (the model section,
+    the tokenizer's content), plus the sha256 of each file the export wrote."""
     needs("onnxruntime", "export")
-    from aiayn.folder.parts import MODEL_PART
+    from aiayn.folder.parts import MODEL, TOKENIZER, weights_record
 
     out = export_model(model_dir, "onnx", tmp_path / "onnx")
     parts = json.loads((out / "config.json").read_text())["parts"]
-    assert sorted(parts) == [MODEL_PART, "decoder.onnx", "encoder.onnx", "tokenizer.json"]
-    assert all(len(digest) == 64 for digest in parts.values())
+    assert sorted(parts) == sorted([MODEL, TOKENIZER, "decoder.onnx", "encoder.onnx"])
+    assert {k: parts[k] for k in (MODEL, TOKENIZER)} == weights_record(model_dir / "model.safetensors")
+    assert json.loads(parts[MODEL])["n_heads"] == 4
+    assert all(len(parts[k]) == 64 for k in parts if k != MODEL)
+
+
+def test_an_export_written_before_the_shared_record_is_still_checked(model_dir, tmp_path, capsys):
+    """Exports written before PyTorch folders and exports shared one record recorded the model
+    section's digest under "config.json:model" and tokenizer.json by its bytes: they load, and
+    a changed part is still refused."""
+    needs("onnxruntime", "export")
+    import hashlib
+
+    from aiayn.config import to_dict
+    from aiayn.folder.parts import MODEL, TOKENIZER
+
+    out = export_model(model_dir, "onnx", tmp_path / "onnx")
+    meta = json.loads((out / "config.json").read_text())
+    default = to_dict(ModelConfig())
+    section = {k: v for k, v in meta["model"].items() if default.get(k) != v}
+    parts = {k: v for k, v in meta["parts"].items() if k not in (MODEL, TOKENIZER)}
+    parts["config.json:model"] = hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
+    parts["tokenizer.json"] = hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()
+    meta["parts"] = parts
+    (out / "config.json").write_text(json.dumps(meta))
+    assert load_model_folder(out).translate(["abc"])
+    dropout = meta["model"]["dropout"]
+    meta["model"]["dropout"] = 0.5 if dropout != 0.5 else 0.25  # no graph shape shows it
+    (out / "config.json").write_text(json.dumps(meta))
+    refused_everywhere(capsys, out, tmp_path, "config.json's model section was changed after export")
+    meta["model"]["dropout"] = dropout
+    (out / "config.json").write_text(json.dumps(meta))
+    tok = json.loads((out / "tokenizer.json").read_text())
+    (out / "tokenizer.json").write_text(json.dumps(tok, indent=3))  # its bytes were recorded
+    refused_everywhere(capsys, out, tmp_path, "tokenizer.json is not the file this export wrote")
 
 
 @pytest.mark.parametrize("module,extra", [("onnx", "export"), ("ctranslate2", "ctranslate2")])

@@ -8,7 +8,6 @@ weights in safetensors (loading never executes pickled code) and the tokenizer. 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -16,20 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from aiayn.checks import check_finite_tensors
-from aiayn.config import ModelConfig, from_dict, to_dict
-from aiayn.data.tokenizer import tokenizer_digest  # noqa: F401 (re-exported: the folder's record)
-from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.folder.config import (
-    CONFIG_FILE,  # noqa: F401 (re-exported: the model folder's file names live here)
-    read_folder_config,
-    write_folder_config,
-)
-from aiayn.folder.parts import TOKENIZER_FILE
+from aiayn.config import ModelConfig, to_dict
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.folder.config import read_folder_config, write_folder_config
+from aiayn.folder.parts import TOKENIZER_FILE, folder_parts, verify_folder_parts
 from aiayn.io import atomic_path, new_folder
 from aiayn.kinds import TRANSLATION
 
@@ -37,83 +31,11 @@ log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 
 
-# Keys of the safetensors metadata that tie the weights to the rest of their folder.
-META_MODEL = "aiayn.model"  # the model config (JSON) the weights were built with
-META_TOKENIZER = "aiayn.tokenizer_sha256"  # sha256 of the tokenizer.json bytes they were trained on
-
-
-def folder_parts(model_cfg: ModelConfig | dict[str, Any], tokenizer: str | bytes | None) -> dict:
-    """The safetensors metadata that records a weights file's config and tokenizer."""
-    cfg = model_cfg if isinstance(model_cfg, dict) else to_dict(model_cfg)
-    parts = {META_MODEL: json.dumps(cfg, sort_keys=True)}
-    digest = tokenizer_digest(tokenizer) if tokenizer is not None else None
-    if digest is not None:
-        parts[META_TOKENIZER] = digest
-    return parts
-
-
-_UNCHECKED_NOTED: set[str] = set()
-
-
-def verify_folder_parts(folder: str | Path, weights_name: str, model_cfg: ModelConfig) -> None:
-    """Check that a folder's config.json (model section) and tokenizer.json are those its weights
-    were written with (recorded in the weights' metadata); CheckpointError naming what differs.
-    Folders written before the record existed load unchecked (said once per folder)."""
-    folder = Path(folder)
-    found = parts_differences(folder / weights_name, model_cfg, folder / TOKENIZER_FILE)
-    if found is None:
-        if str(folder) not in _UNCHECKED_NOTED:
-            _UNCHECKED_NOTED.add(str(folder))
-            log.info("%s: written before aiayn recorded a folder's parts; not checked", folder)
-        return
-    diffs, tokenizer_differs = found
-    if diffs:
-        raise CheckpointError(
-            f"{folder}: config.json does not describe these weights ({'; '.join(diffs[:3])}): "
-            "the folder's parts come from different models"
-        )
-    if tokenizer_differs:
-        raise CheckpointError(
-            f"{folder}: tokenizer.json is not the tokenizer these weights were trained with "
-            "(the folder's parts come from different models)"
-        )
-
-
-def parts_differences(
-    weights: Path, model_cfg: ModelConfig, tokenizer: Path
-) -> tuple[list[str], bool] | None:
-    """How ``model_cfg`` and the tokenizer file differ from what the weights file records:
-    (``"n_heads is 4, the weights' is 2"`` for each model key that differs, whether the tokenizer
-    differs). None when the weights record nothing (written before the record) or cannot be read
-    (their loader says why)."""
-    try:
-        with safe_open(str(weights), "pt") as f:
-            recorded = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError, RuntimeError):
-        return None
-    if META_MODEL not in recorded:
-        return None
-    try:
-        saved = to_dict(from_dict(ModelConfig, json.loads(recorded[META_MODEL])))
-        here = to_dict(model_cfg)
-    except (AiaynError, ValueError, TypeError):
-        raise CheckpointError(f"{weights}: its recorded model config is not valid") from None
-    diffs = [
-        f"{k} is {here.get(k)!r}, the weights' is {saved.get(k)!r}"
-        for k in sorted(set(saved) | set(here))
-        if saved.get(k) != here.get(k)
-    ]
-    digest = None  # None: the tokenizer loader says why it cannot be read
-    if META_TOKENIZER in recorded and tokenizer.is_file():
-        digest = tokenizer_digest(tokenizer.read_bytes())
-    return diffs, digest is not None and digest != recorded[META_TOKENIZER]
-
-
 def save_weights(
     model: nn.Module, path: str | Path, metadata: dict[str, str] | None = None
 ) -> None:
     """Atomically write ``model``'s state to safetensors (tied tensors stored once), with
-    ``metadata`` (:func:`folder_parts`) in its header."""
+    ``metadata`` (:func:`aiayn.folder.parts.folder_parts`) in its header."""
     state = {}
     seen: dict[int, str] = {}
     for name, tensor in model.state_dict().items():

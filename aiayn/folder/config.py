@@ -71,7 +71,7 @@ class FolderConfig:
     files: Mapping[str, str] | None = None  # the exported graphs / model folder (export)
     quantization: str | None = None  # CTranslate2 weight type (export)
     exported_from: str | None = None  # the model folder an export was written from
-    parts: Mapping[str, str] | None = None  # sha256 of an export's files and model section
+    parts: Mapping[str, str] | None = None  # an export's record of its parts (aiayn.folder.parts)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys, kept as written
 
     @property

@@ -16,9 +16,15 @@ import torch
 from aiayn.data import Tokenizer
 from aiayn.decode.ensemble import ensemble_of
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.folder.checkpoint import WEIGHTS_FILE, load_weights, verify_folder_parts
+from aiayn.folder.checkpoint import WEIGHTS_FILE, load_weights
 from aiayn.folder.config import FolderConfig
-from aiayn.folder.parts import read_tokenizer, verify_model_section, verify_parts
+from aiayn.folder.parts import (
+    check_files,
+    check_model,
+    export_record,
+    read_tokenizer,
+    verify_folder_parts,
+)
 from aiayn.kinds import KINDS
 from aiayn.runtime.backend import ENGINES, Backend, require
 from aiayn.runtime.ct2_backend import Ct2Backend, open_ct2
@@ -115,9 +121,11 @@ def open_backend(
 def _open_export(
     folder: Path, parsed: FolderConfig, name: str, workers: int
 ) -> tuple[object, Tokenizer]:
-    """(engine model, tokenizer) of one exported folder; its parts checked first (every file the
-    one written at export), its model section after the engine named what it could check."""
-    verify_parts(folder, parsed)
+    """(engine model, tokenizer) of one exported folder; its parts checked against config.json's
+    record (:mod:`aiayn.folder.parts`): the tokenizer and every file first, the model section
+    after the engine named, from its own shapes, what it could check."""
+    record = export_record(folder, parsed.parts)
+    check_files(folder, record, exported=True)
     cfg, files = parsed.config.model, dict(parsed.files or {})
     tokenizer = read_tokenizer(folder, cfg)
     # `workers` batches run at once, each on its share of the threads (as in aiayn's own decoding)
@@ -128,5 +136,5 @@ def _open_export(
         )
     else:
         model = open_onnx(folder, parsed.kind, cfg, files, max(1, threads // workers))
-    verify_model_section(folder, parsed)
+    check_model(folder, record, cfg, exported=True)
     return model, tokenizer

@@ -15,15 +15,10 @@ from safetensors.torch import load_file
 
 from aiayn.card import write_model_card
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.folder.checkpoint import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    folder_parts,
-    write_safetensors,
-)
-from aiayn.folder.config import write_folder_config
+from aiayn.folder.checkpoint import WEIGHTS_FILE, write_safetensors
+from aiayn.folder.config import CONFIG_FILE, write_folder_config
 from aiayn.folder.load import load_model_dir
+from aiayn.folder.parts import TOKENIZER_FILE, folder_parts
 from aiayn.io import (
     CHECKPOINT_DIR,
     atomic_path,

@@ -36,20 +36,15 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.folder.checkpoint import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    folder_parts,
-    parts_differences,
-    save_weights,
-)
+from aiayn.folder.checkpoint import WEIGHTS_FILE, save_weights
 from aiayn.folder.config import (
+    CONFIG_FILE,
     FolderConfig,
     parse_folder_config,
     read_folder_config,
     write_folder_config,
 )
+from aiayn.folder.parts import TOKENIZER_FILE, folder_parts, parts_differences, weights_record
 from aiayn.io import (
     CHECKPOINT_DIR,
     STATE_FILE,
@@ -261,7 +256,8 @@ class RunFolder:
         """Refuse to resume from ``snapshot`` when the run's config.json (model section) or
         tokenizer.json is not what it was trained with (edited since: same shapes, another
         model); what was recorded is in the snapshot's metadata."""
-        found = parts_differences(snapshot, model_cfg, self.tokenizer)
+        record = weights_record(snapshot)  # None: written before the record, or unreadable
+        found = parts_differences(record, model_cfg, self.tokenizer, snapshot) if record else None
         diffs, tokenizer_differs = found if found is not None else ([], False)
         if diffs:
             raise CheckpointError(
