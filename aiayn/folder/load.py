@@ -1,10 +1,11 @@
 """The model folder, opened: one loader for every kind of model, and what a loaded model can do.
 
 A model folder (written by ``aiayn train``, ``aiayn average`` or
-:func:`aiayn.folder.checkpoint.save_model_dir`) holds config.json, model.safetensors and tokenizer.json.
-:func:`load_model_folder` (``aiayn.load``) checks its parts, parses config.json once into the typed
-:class:`~aiayn.run_config.RunConfig` (through :mod:`aiayn.folder.config`, its only reader), builds the model of the recorded shape, loads the weights
-and tokenizer, and returns a :class:`ModelFolder`::
+:func:`aiayn.folder.checkpoint.save_model_dir`) holds config.json, model.safetensors and
+tokenizer.json. :func:`load_model_folder` (``aiayn.load``) parses config.json once into the typed
+:class:`~aiayn.run_config.RunConfig` (through :mod:`aiayn.folder.config`, its only reader), opens
+the backend that runs it (:func:`aiayn.folder.open.open_backend`: the parts checked, the model of
+the recorded shape built, the weights and tokenizer loaded) and returns a :class:`ModelFolder`::
 
     import aiayn
     model = aiayn.load("runs/demo/avg5")
@@ -31,9 +32,7 @@ from torch import nn
 
 from aiayn import threads
 from aiayn.config import ModelConfig
-from aiayn.data import (
-    Tokenizer,
-)
+from aiayn.data import Tokenizer
 from aiayn.decode.align import align
 from aiayn.decode.classify import LABEL_NAMES, encode_texts
 from aiayn.decode.config import DecodeConfig
@@ -42,7 +41,7 @@ from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.folder.checkpoint import WEIGHTS_FILE
-from aiayn.folder.config import FolderConfig, parse_folder_config, read_folder_config
+from aiayn.folder.config import read_folder_config
 from aiayn.folder.open import build_model, open_backend
 from aiayn.folder.score import score_classifier, score_translations
 from aiayn.kinds import KINDS, Kind, get_kind, kind_name
@@ -53,16 +52,7 @@ from aiayn.runtime.backend import Attention, Module
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "KINDS",
-    "FolderConfig",
-    "ModelFolder",
-    "parse_folder_config",
-    "read_folder_config",
-    "load_model_dir",
-    "load_model_folder",
-    "precision",
-]
+__all__ = ["ModelFolder", "load_model_dir", "load_model_folder", "precision"]
 
 
 def load_model_dir(
@@ -72,7 +62,7 @@ def load_model_dir(
     map_location: str | torch.device = "cpu",
 ) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     """The model alone, no tokenizer needed (what ``aiayn average`` checks its output with):
-    (model in eval mode, its ModelConfig, config.json as :meth:`FolderConfig.to_dict` writes it,
+    (model in eval mode, its ModelConfig, config.json as :meth:`aiayn.folder.config.FolderConfig.to_dict` writes it,
     for its provenance keys such as ``averaged``). :func:`load_model_folder` opens the whole
     folder, typed."""
     folder = Path(folder)
