@@ -299,6 +299,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "aiayn.load (PEP 562): the package's __init__ runs before every aiayn module, the CLI's "
         "included; importing the model folder from it would pull the data, decoding and runtime "
         "layers into `import aiayn.errors`, and run them while aiayn is half-initialised",
+    ("__init__.py", "aiayn.model"):
+        "aiayn.Transformer (PEP 562): every `aiayn ...` command line runs the package's __init__ "
+        "first; importing torch there cost `aiayn --help` and `--version` 3-4 s (issue 66)",
     ("runtime/compiled.py", "torch._inductor"):
         "AOTInductor compiles the decoder step only on its first use per model and CPU "
         "(decode.compile); importing inductor costs ~1.5 s, which every inference command would "
