@@ -76,9 +76,10 @@ heavy = {"torch", "numpy", "tokenizers", "sacrebleu", "safetensors"}
 commands = {m for m in sys.modules if m.startswith("aiayn.commands.")} - {"aiayn.commands.options"}
 print(json.dumps(sorted(heavy & set(sys.modules) | commands)))
 """
-# Commands whose --help builds their parser without torch (the others show defaults held by
-# modules that need it: the decoding settings, the engines, the export formats, the datasets).
-LIGHT_COMMANDS = ("plot", "summary", "train", "average", "generate", "import")
+# Commands whose --help builds their parser without torch (the others show names held by modules
+# that need it: the classifier's batch, the export formats, the datasets).
+LIGHT_COMMANDS = ("plot", "summary", "train", "average", "translate", "evaluate", "generate",
+                  "serve", "import")
 
 
 def imported_by(*argv: str) -> list[str]:

@@ -196,7 +196,7 @@ ENGINE_HELP = (
 
 
 def add_engine(p: Any) -> None:
-    from aiayn.runtime import ENGINES
+    from aiayn.engines import ENGINES
 
     p.add_argument("--engine", choices=ENGINES, help=ENGINE_HELP)
 
@@ -264,7 +264,7 @@ def add_batch_tokens(g: Any, default: int, measure: str) -> None:
 
 def _add_speed_options(g: Any) -> None:
     """How the decoding runs: parallel batches, bf16, the compiled step."""
-    from aiayn.threads import MOST_WORKERS
+    from aiayn.engines import MOST_WORKERS
 
     g.add_argument(
         "--workers",
