@@ -7,13 +7,19 @@
 
 On the CPU, ``aiayn.load`` also tunes glibc malloc for the whole process to keep freed memory
 (faster decoding, peak memory kept until exit); ``AIAYN_MALLOC=default`` leaves it alone.
+
+``import aiayn`` does not import torch: ``aiayn.Transformer`` and ``aiayn.load`` bring it in on
+first use, so that ``aiayn --help`` (whose module, aiayn.cli, runs this file first) answers at once.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
-from aiayn.model import Transformer
+
+if TYPE_CHECKING:
+    from aiayn.folder import load_model_folder as load
+    from aiayn.model import Transformer
 
 __version__ = "0.1.0"
 __all__ = [
@@ -28,10 +34,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``aiayn.load`` is :func:`aiayn.folder.load_model_folder`, imported on first use (it pulls
-    in the data, training and decoding modules, which ``import aiayn`` alone does not need)."""
+    """``aiayn.load`` is :func:`aiayn.folder.load_model_folder`, ``aiayn.Transformer`` is
+    :class:`aiayn.model.Transformer`, each imported on first use (PEP 562): ``import aiayn``
+    alone needs neither torch nor the data, training and decoding modules."""
     if name == "load":
         from aiayn.folder import load_model_folder
 
         return load_model_folder
+    if name == "Transformer":
+        from aiayn.model import Transformer
+
+        return Transformer
     raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:  # the checks of numbers import without torch (`aiayn --help`)
+    import torch
 
 __all__ = ["check_number", "check_integer", "check_ids", "check_order", "check_finite_tensors"]
 
@@ -91,9 +92,9 @@ def check_finite_tensors(tensors: Mapping[str, torch.Tensor], path: Any) -> None
     """CheckpointError naming ``path`` and the first tensor that holds a NaN or an infinity
     (weights that would make every output blank). One pass over the floating-point tensors."""
     for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = tensor[~torch.isfinite(tensor)]
-            what = "NaN" if bool(torch.isnan(bad).any()) else "infinite"
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            bad = tensor[~tensor.isfinite()]
+            what = "NaN" if bool(bad.isnan().any()) else "infinite"
             raise CheckpointError(
                 f"{path}: tensor '{name}' holds {what} values ({bad.numel()} of "
                 f"{tensor.numel()}); the weights are corrupt"

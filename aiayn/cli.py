@@ -4,6 +4,10 @@ Each sub-command lives in ``aiayn/commands/<name>.py`` and defines ``add_parser(
 returning its parser, with ``parser.set_defaults(run=callable)``. Errors caused by user input
 (:class:`aiayn.errors.AiaynError`) print one line ``aiayn: error: …`` and exit 2, without a
 traceback.
+
+A run imports the module of the command it names and no other: ``aiayn --help``, ``aiayn
+--version`` and a bare ``aiayn`` import none, and so neither torch nor numpy (tests/test_cli_help.py
+holds it). The line ``aiayn --help`` gives each command lives in :data:`COMMANDS`, for that reason.
 """
 
 from __future__ import annotations
@@ -14,25 +18,27 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from aiayn.errors import AiaynError
 
-# Sub-command modules, in the order `aiayn --help` lists them.
-COMMANDS: list[str] = [
-    "data",
-    "plot",
-    "summary",
-    "train",
-    "average",
-    "translate",
-    "evaluate",
-    "classify",
-    "generate",
-    "serve",
-    "export",
-    "import",
-]
+# Sub-command modules, in the order `aiayn --help` lists them, each with its line there (the one
+# home of that line: the list is printed without importing the modules).
+COMMANDS: dict[str, str] = {
+    "data": "list, download and inspect datasets; train a tokenizer",
+    "plot": "draw positional encodings, attention maps or learning curves (PNG)",
+    "summary": "print a Keras-style parameter summary",
+    "train": "train a model (the paper's recipe; resumable; torchrun for DDP)",
+    "average": "average a run's last N checkpoints (paper: 5)",
+    "translate": "translate text with a trained model (beam search)",
+    "evaluate": "BLEU/chrF of a model on a test split or your files (accuracy for a classifier)",
+    "classify": "label texts with a trained classifier (IMDB sentiment)",
+    "generate": "generate text with a trained language model (sampling)",
+    "serve": "serve a model over HTTP: JSON API with dynamic batching, and a web page",
+    "export": "export a model folder to ONNX, CTranslate2 or Hugging Face (for --engine)",
+    "import": "import a Hugging Face Marian (OPUS-MT) model folder",
+}
 
 
 # One example per command, the last line of its --help (a command's own epilog= wins).
@@ -121,7 +127,17 @@ def sub_parsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Arg
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Commands(argparse._SubParsersAction):
+    """The sub-commands' action: each command is listed with its line of :data:`COMMANDS`."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("help", COMMANDS[name])
+        return super().add_parser(name, **kwargs)
+
+
+def build_parser(load: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``load``, only those commands' parsers (and modules): the
+    others are listed, as in ``aiayn --help``, by name and line, and take no arguments."""
     parser = argparse.ArgumentParser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need', as tools.",
@@ -132,8 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=version(), help="print aiayn's version and exit"
     )
     add_global_flags(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, action=_Commands)
+    loaded = set(COMMANDS if load is None else load)
     for name in COMMANDS:
+        if name not in loaded:
+            sub.add_parser(name)
+            continue
         command = importlib.import_module(f"aiayn.commands.{name}").add_parser(sub)
         if command.epilog is None and name in EXAMPLES:
             command.epilog = f"Example: {EXAMPLES[name]}"
@@ -181,9 +201,18 @@ def log_level(args: argparse.Namespace) -> int:
     return logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
 
 
+def named_command(words: list[str]) -> str | None:
+    """The command ``words`` name: the first word that is not a flag (the top-level flags take
+    no value), when it is one of :data:`COMMANDS`."""
+    first = next((w for w in words if not w.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
 def _run(argv: list[str] | None) -> int:
-    parser = build_parser()
-    if not (sys.argv[1:] if argv is None else argv):  # bare `aiayn`: the commands and first steps
+    words = sys.argv[1:] if argv is None else argv
+    command = named_command(words)
+    parser = build_parser([command] if command else [])
+    if not words:  # bare `aiayn`: the commands and first steps
         print(parser.format_help(), end="")
         return 0
     args = parser.parse_args(argv)

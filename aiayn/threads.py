@@ -5,9 +5,10 @@ loses most of its speed: every parallel op waits at a barrier for the thread tha
 with the other process. On the 2-core machine of docs/reliability.md, training with one other
 busy process ran at 6.3k tokens/s with 2 threads and 12.9k with 1.
 
-- :func:`threads_for_load` (translate, evaluate, the start of training): the cores that are not
-  busy, from the kernel's count of runnable tasks, then a probe of ~0.04 s that times a small
-  matrix product with N threads and with 1 (a count read at one instant misses bursty load).
+- :func:`threads_for_load` (translate, evaluate, the start of training, the server): the cores
+  that other processes do not keep busy at normal priority (/proc/stat's busy time over 0.1 s,
+  niced work left out), then a probe of ~0.04 s that times a small matrix product with N threads
+  and with 1 (a share of time misses load that comes in bursts).
 - :class:`LoadFollower` (`aiayn serve`): :func:`threads_for_load` again, when idle and between
   batches under steady traffic, at most once per interval.
 - :class:`ThreadGovernor` (training): now and then runs a few updates with the other setting (1
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from aiayn.engines import MOST_WORKERS
 from aiayn.env import cpu_flags, cpu_info
 
 log = logging.getLogger(__name__)
@@ -70,61 +72,78 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _running() -> int | None:
-    """Runnable tasks on the machine now (the 4th field of /proc/loadavg, this one included)."""
-    try:
-        with open("/proc/loadavg", encoding="ascii") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
+# /proc/stat's columns after a CPU's name: user nice system idle iowait irq softirq steal (guest
+# time is inside user and nice). Busy: user, system, irq, softirq, the work at normal priority;
+# nice is kept apart, as work that yields the core to ours (a nice-19 task gets 1.5% of a core
+# against one at nice 0).
+_BUSY, _ALL = (0, 2, 5, 6), 8
 
 
-def _own_running() -> int:
-    """Runnable threads of this process now (its tasks in state R: the caller, and torch's
-    worker threads while they spin after a parallel region); at least 1, the caller."""
-    running = 0
+def _read_stat() -> str:
+    """The text of /proc/stat ("" where it cannot be read)."""
     try:
-        tasks = list(Path("/proc/self/task").iterdir())
+        return Path("/proc/stat").read_text(encoding="ascii")
     except OSError:
-        return 1
-    for task in tasks:
+        return ""
+
+
+def _cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy ticks, all ticks, CPUs) of the machine since boot, from /proc/stat's line of each
+    CPU; None where it cannot be read."""
+    busy = total = cpus = 0
+    for line in _read_stat().splitlines():
+        name, *values = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
         try:
-            stat = (task / "stat").read_text(encoding="ascii")
-        except OSError:
-            continue  # the thread ended meanwhile
-        running += stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "R"
-    return max(1, running)
+            ticks = [int(v) for v in values[:_ALL]]
+        except ValueError:
+            return None
+        busy += sum(ticks[i] for i in _BUSY if i < len(ticks))
+        total += sum(ticks)
+        cpus += 1
+    return (busy, total, cpus) if cpus else None
 
 
-def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
-    """Cores kept busy by other processes: the median count of runnable tasks over a few samples,
-    less this process's own runnable threads (a busy server's included); 0 where the count
+def _own_ticks() -> float:
+    """CPU time this process has run (all its threads), in /proc/stat's ticks; 0 when it runs
+    niced (its time is then in the nice column, which busy time leaves out)."""
+    if os.nice(0) > 0:
+        return 0.0
+    used = os.times()
+    return (used.user + used.system) * os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(window: float = 0.1) -> int:
+    """Cores kept busy by other processes' work at normal priority, over ``window`` seconds: the
+    busy time /proc/stat counts (user, system, irq, softirq; not nice) less this process's own,
+    as a share of the time of all the machine's cores, rounded to whole cores. Niced work (a
+    batch job at nice 19) and a kernel thread passing count for nothing; 0 where /proc/stat
     cannot be read."""
-    counts = []
-    for i in range(samples):
-        n = _running()
-        if n is None:
-            return 0
-        counts.append(n - _own_running())
-        if i < samples - 1:
-            time.sleep(interval)
-    return max(0, sorted(counts)[len(counts) // 2])
+    before, own = _cpu_ticks(), _own_ticks()
+    time.sleep(window)
+    after, own = _cpu_ticks(), _own_ticks() - own
+    if before is None or after is None or after[1] <= before[1]:
+        return 0
+    others = after[0] - before[0] - own
+    share = max(0.0, others / (after[1] - before[1]))
+    return int(share * after[2] + 0.5)
 
 
 def threads_for_load(apply: bool = True, most: int | None = None) -> int:
-    """torch's thread count for a short job (translate, evaluate) under the load now, unless the
-    user set a count: 1 when the kernel counts other runnable tasks or when a quick probe
-    (:func:`probe`, ~0.04 s) runs faster on 1 thread than on N, where N is ``most`` (default:
-    the count now). Sets it with ``apply``."""
+    """torch's thread count for the load now, unless the user set a count: N less the cores other
+    processes keep busy (:func:`busy_cores`, ~0.1 s; niced work does not count), then 1 when a
+    quick probe (:func:`probe`, ~0.04 s) runs faster on 1 thread than on those, where N is
+    ``most`` (default: the count now). Sets it with ``apply``. Translate, evaluate, serve and
+    the start of training all choose here."""
     asked = user_threads()
     if asked is not None:
         if apply and asked != torch.get_num_threads():
             torch.set_num_threads(asked)  # AIAYN_THREADS (OMP_NUM_THREADS torch reads itself)
         return asked
     high = most or torch.get_num_threads()
-    # The kernel's count of runnable tasks is machine-wide: for a process pinned to some of the
-    # cores (taskset, a container's cpuset, Slurm) it says nothing of its own, and the probe alone
-    # decides.
+    # /proc/stat's busy time is machine-wide: for a process pinned to some of the cores (taskset,
+    # a container's cpuset, Slurm) it says nothing of its own, and the probe alone decides.
     pinned = cores() < (os.cpu_count() or 1)
     n = max(1, min(high, cores() - (0 if pinned else busy_cores())))
     if n > 1:
@@ -135,17 +154,6 @@ def threads_for_load(apply: bool = True, most: int | None = None) -> int:
         log.info("threads: %d of %d (%s)", n, high, why)
         torch.set_num_threads(n)
     return n
-
-
-# Batches decoded at once, at most, when the user chose no number (`--workers`), by engine. Each
-# batch runs on its share of the threads, and on a CPU one batch per thread is fastest: per-step
-# ops are small, and batches side by side overlap their Python and their waits instead of
-# meeting at every op's barrier (2-core AMD EPYC, idle, test2016, beam 5: native 209.6 against
-# 183.9 sentences/s, CTranslate2 276.6 against 246.2; docs/experiments/decoding_speed.md). aiayn's
-# search (torch, ONNX Runtime) runs in Python, whose lock lets about two batches overlap usefully;
-# CTranslate2's runs in C++ (its inter_threads), and 4 is where its guide's batches of a typical
-# test set still fill every translator. A GPU runs one batch at a time.
-MOST_WORKERS = {"torch": 2, "onnx": 2, "ctranslate2": 4}
 
 
 def default_workers(engine: str, threads: int | None = None, device: str = "cpu") -> int:
@@ -185,7 +193,7 @@ class LoadFollower:
     those), :meth:`between_batches` before each batch; the latter chooses only when
     ``busy_every_s`` have passed since the last choice, so that under steady traffic, when
     the worker is never idle, the count still follows the machine's load. A choice costs
-    ~0.05-0.1 s (the load samples and the probe), once per interval."""
+    ~0.15 s (0.1 s of /proc/stat and the probe), once per interval."""
 
     def __init__(self, most: int, busy_every_s: float = 30.0) -> None:
         self.most, self.busy_every_s = most, busy_every_s

@@ -156,6 +156,8 @@ TEST_KINDS: dict[str, tuple[str, ...]] = {
     "test_atomic_folders::test_sigkill_between_the_two_renames_keeps_the_old_folder": ("process",),
     "test_bench_train::test_worker_protocol_runs_round_robin": ("process",),
     "test_config::test_a_bad_config_in_a_real_process_is_one_line_and_exit_2": ("process",),
+    "test_cli_help::test_help_and_version_import_neither_torch_nor_a_command": ("process",),
+    "test_cli_help::test_version_answers_in_a_fraction_of_a_second": ("process",),
     "test_data_download::test_fetch_from_a_local_path": UNIT,
     "test_data_download::test_unknown_dataset_name": UNIT,
     "test_data_download::test_real_mirror_prepares_every_dataset": UNIT,

@@ -177,7 +177,7 @@ def test_aiayn_has_no_import_cycle():
 # those below it. A new top-level module or package of aiayn/ gets its place here.
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("config", "io", "env", "threads", "memory", "eval", "checks", "checksum"),
+    ("config", "io", "env", "engines", "threads", "memory", "eval", "checks", "checksum"),
     ("model",),
     ("kinds",),
     ("data",),
@@ -313,6 +313,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "aiayn.load (PEP 562): the package's __init__ runs before every aiayn module, the CLI's "
         "included; importing the model folder from it would pull the data, decoding and runtime "
         "layers into `import aiayn.errors`, and run them while aiayn is half-initialised",
+    ("__init__.py", "aiayn.model"):
+        "aiayn.Transformer (PEP 562): every `aiayn ...` command line runs the package's __init__ "
+        "first; importing torch there cost `aiayn --help` and `--version` 3-4 s (issue 66)",
     ("runtime/compiled.py", "torch._inductor"):
         "AOTInductor compiles the decoder step only on its first use per model and CPU "
         "(decode.compile); importing inductor costs ~1.5 s, which every inference command would "
@@ -327,6 +330,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("data/tokenizer.py", "importlib.import_module"):
         "a tokenizer.json of another module's type (TOKENIZER_TYPES: SentencePiece, in "
         "aiayn.data.spm, which itself builds on aiayn.data.tokenizer), looked up by name",
+    ("decode/__init__.py", "importlib.import_module"):
+        "aiayn.decode's names, each from its module on first use (PEP 562): the decoding settings "
+        "(aiayn.decode.config), whose defaults `aiayn translate --help` shows, import without "
+        "the search, the data pipeline and torch",
     ("errors.py", "importlib.import_module"):
         "require(module, extra, purpose): an optional dependency, named by the caller",
 }

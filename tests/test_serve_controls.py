@@ -15,7 +15,7 @@ pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not install
 
 from fastapi.testclient import TestClient  # noqa: E402
 from serve_helpers import PAIRS, make_folder, make_trained_folder  # noqa: E402
-from trainutil import thread_fixture  # noqa: E402
+from trainutil import FakeProcStat, thread_fixture  # noqa: E402
 
 from aiayn import threads  # noqa: E402
 from aiayn.folder import load_model_folder  # noqa: E402
@@ -117,15 +117,16 @@ def test_the_api_page_loads_its_assets_from_the_server(client):
 
 def test_under_steady_traffic_the_thread_count_follows_a_fake_load(trained, monkeypatch):
     """The worker chooses torch's threads again between batches while busy, at most once per
-    ``busy_every_s``: a fake load (other runnable tasks in /proc/loadavg) brings the count to 1,
-    and back up when it goes. (torch's real count is left alone: set_num_threads is a fake.)"""
+    ``busy_every_s``: a fake load (other processes' busy time in /proc/stat) brings the count to
+    1, and back up when it goes. (torch's real count is left alone: set_num_threads is a fake.)"""
     monkeypatch.delenv("AIAYN_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     folder = load_model_folder(trained)
-    others, count, chosen = {"n": 0}, {"n": 4}, []
+    others, count, chosen = FakeProcStat(4), {"n": 4}, []
     monkeypatch.setattr(threads, "cores", lambda: 4)
-    monkeypatch.setattr(threads, "_own_running", lambda: 1)
-    monkeypatch.setattr(threads, "_running", lambda: 1 + others["n"])
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(threads, "_own_ticks", lambda: 0.0)
+    monkeypatch.setattr(threads, "_read_stat", others)
     monkeypatch.setattr(threads, "probe", lambda settings, **kw: {n: 1.0 / n for n in settings})
     monkeypatch.setattr(threads.torch, "get_num_threads", lambda: count["n"])
     monkeypatch.setattr(threads.torch, "set_num_threads", lambda n: count.update(n=n))
@@ -149,9 +150,9 @@ def test_under_steady_traffic_the_thread_count_follows_a_fake_load(trained, monk
     client = threading.Thread(target=traffic)
     client.start()
     try:
-        others["n"] = 3  # three other busy processes on 4 cores
+        others.busy = 3  # three other busy processes on 4 cores
         wait_for(lambda: count["n"] == 1, "threads down to 1 under load")
-        others["n"] = 0  # the machine is free again
+        others.busy = 0  # the machine is free again
         wait_for(lambda: count["n"] == 4, "threads back up to 4")
     finally:
         stop.set()

@@ -223,3 +223,22 @@ def process_fails(argv: list, message: str, *, code: int = 2, unchanged=(), may_
     _one_error(proc.returncode, proc.stderr, code, message)
     _kept(before, unchanged, may_change)
     return proc.stderr
+
+
+class FakeProcStat:
+    """/proc/stat of a machine of ``cpus`` cores (aiayn.threads._read_stat's stand-in): each read
+    comes 10 ticks a core after the one before, during which ``busy`` cores ran work at normal
+    priority, ``niced`` cores niced work, and the others were idle (each may change between
+    reads)."""
+
+    def __init__(self, cpus: int, busy: int = 0, niced: int = 0) -> None:
+        self.cpus, self.busy, self.niced = cpus, busy, niced
+        self.ticks = [[1000, 500, 300, 9000, 10, 0, 5, 0] for _ in range(cpus)]
+
+    def __call__(self) -> str:
+        for i, ticks in enumerate(self.ticks):
+            ticks[0 if i < self.busy else 1 if i < self.busy + self.niced else 3] += 10
+        total = [sum(column) for column in zip(*self.ticks)]
+        lines = [f"cpu{i} " + " ".join(map(str, t)) + " 0 0" for i, t in enumerate(self.ticks)]
+        return "\n".join(["cpu  " + " ".join(map(str, total)) + " 0 0", *lines,
+                          "intr 1083497 0 0", "ctxt 1672806", "procs_running 3"]) + "\n"

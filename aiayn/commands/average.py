@@ -11,7 +11,6 @@ log = logging.getLogger(__name__)
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "average",
-        help="average a run's last N checkpoints (paper: 5)",
         description="Element-wise mean of the last N weight snapshots in "
         "RUN_DIR/checkpoints/, written as a loadable model folder.",
     )

@@ -26,7 +26,6 @@ from aiayn.kinds import CLASSIFICATION
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "classify",
-        help="label texts with a trained classifier (IMDB sentiment)",
         description="Classify one text per line; print LABEL<TAB>PROBABILITY per "
         "line (blank lines stay blank).",
     )

@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "data",
-        help="list, download and inspect datasets; train a tokenizer",
         description="Datasets, tokenizers and batching.",
     )
     actions = parser.add_subparsers(dest="data_action", metavar="ACTION", required=True)

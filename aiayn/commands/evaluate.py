@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "evaluate",
-        help="BLEU/chrF of a model on a test split or your files (accuracy for a classifier)",
         description="Translate a test set, score it with sacreBLEU (BLEU cased and "
         "lowercased, chrF, with signatures), print and save as JSON. For a classifier: "
         "its accuracy.",

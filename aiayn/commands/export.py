@@ -14,7 +14,6 @@ log = logging.getLogger(__name__)
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export",
-        help="export a model folder to ONNX, CTranslate2 or Hugging Face (for --engine)",
         description="Write MODEL_DIR as ONNX graphs (encoder + a decoder step with its cache as "
         "inputs/outputs; classifier and LM graphs too) or as a CTranslate2 model, with "
         "tokenizer.json and config.json, into OUT_DIR. `aiayn translate OUT_DIR` and "

@@ -11,13 +11,11 @@ import sys
 
 from aiayn.commands.options import add_device, advanced, inference_device
 from aiayn.errors import ConfigError
-from aiayn.kinds import LM
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate",
-        help="generate text with a trained language model (sampling)",
         description="Continue --prompt with tokens sampled from a decoder-only "
         "model, printed as they are produced.",
     )
@@ -77,6 +75,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.folder.load import load_model_folder
+    from aiayn.kinds import LM
 
     _check(args)
     model = load_model_folder(args.model, inference_device(args.device), LM)

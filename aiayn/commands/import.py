@@ -14,7 +14,6 @@ log = logging.getLogger(__name__)
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "import",
-        help="import a Hugging Face Marian (OPUS-MT) model folder",
         description="Turn a local Hugging Face Marian folder (config.json, model.safetensors or "
         "pytorch_model.bin, source.spm, target.spm, vocab.json, generation_config.json) into an "
         "aiayn model folder that translate, evaluate, serve, export and aiayn.load open "

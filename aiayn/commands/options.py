@@ -16,16 +16,14 @@ import sys
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
-from aiayn.threads import MOST_WORKERS
 
+# torch, and the modules that hold the defaults shown in --help, are imported where they are
+# used: a command's parser is built without them where it can be (aiayn/cli.py).
 if TYPE_CHECKING:
-    from aiayn.folder.load import ModelFolder
+    import torch
 
-DEFAULTS = DecodeConfig()
+    from aiayn.folder.load import ModelFolder
 
 
 # ---- flags renamed or retired since: the old spelling still works, with one warning line ------
@@ -198,7 +196,7 @@ ENGINE_HELP = (
 
 
 def add_engine(p: Any) -> None:
-    from aiayn.runtime import ENGINES
+    from aiayn.engines import ENGINES
 
     p.add_argument("--engine", choices=ENGINES, help=ENGINE_HELP)
 
@@ -207,7 +205,9 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's. The
     paper's two (beam, α) are flags; every other search setting is ``--set decode.KEY=VALUE``,
     the recipe's name for it (also the HTTP API's and the Python keyword's)."""
-    d = DEFAULTS
+    from aiayn.decode.config import DecodeConfig
+
+    d = DecodeConfig()
     p.add_argument("--beam", type=int, help=f"beam size; 1 = greedy (default: {d.beam}, §6.1)")
     p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: {d.alpha}, §6.1)")
     p.add_argument(
@@ -264,6 +264,8 @@ def add_batch_tokens(g: Any, default: int, measure: str) -> None:
 
 def _add_speed_options(g: Any) -> None:
     """How the decoding runs: parallel batches, bf16, the compiled step."""
+    from aiayn.engines import MOST_WORKERS
+
     g.add_argument(
         "--workers",
         type=int,
@@ -299,6 +301,7 @@ def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The DecodeConfig fields given on the command line (settings left out are not included):
     ``--set decode.KEY=VALUE``, then the flags (which win)."""
     from aiayn.config import coerce_keys
+    from aiayn.decode.config import DecodeConfig
     from aiayn.run_config import REMOVED
 
     check_batch_tokens(args)
@@ -332,6 +335,8 @@ def inference_device(name: str) -> torch.device:
     clear error for an unknown or unavailable one. On the CPU it also sets glibc to keep freed
     memory (``keep_freed_memory``): every decoding step frees and reallocates the same large
     buffers."""
+    import torch
+
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:

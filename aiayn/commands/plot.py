@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plot",
-        help="draw positional encodings, attention maps or learning curves (PNG)",
         description="Figures of what the Transformer computes. Needs matplotlib.",
     )
     kinds = parser.add_subparsers(dest="plot", metavar="WHAT", required=True)

@@ -34,7 +34,6 @@ BATCHING = ("step", "whole", "off")
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve",
-        help="serve a model over HTTP: JSON API with dynamic batching, and a web page",
         description="Serve a model folder: POST /v1/translate (classify, generate, attention), "
         "GET /v1/model, /health, the page at /, OpenAPI at /docs. Needs the 'serve' extra.",
     )

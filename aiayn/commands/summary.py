@@ -7,19 +7,14 @@ import os
 import tomllib
 from pathlib import Path
 
-import torch
-
 from aiayn.commands.options import add_sets, advanced, retired, section_sets
 from aiayn.config import ModelConfig, apply_overrides
 from aiayn.errors import ConfigError
-from aiayn.kinds import KINDS, TRANSLATION
-from aiayn.run_config import data_keys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "summary",
-        help="print a Keras-style parameter summary",
         description="Parameter table (module, output shape, parameters) and totals.",
     )
     p.add_argument(
@@ -54,6 +49,9 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
     """(ModelConfig, model kind) from a preset name (translation), a TOML file ([model] section,
     optional `preset` key; the kind from data.kind, the vocabulary from data.vocab_size) or a
     model folder's config.json, then `--set model.KEY=VALUE` overrides."""
+    from aiayn.kinds import KINDS, TRANSLATION
+    from aiayn.run_config import data_keys
+
     sets = section_sets(overrides, "model")
     path = Path(spec)
     if path.is_dir():
@@ -116,6 +114,9 @@ def example_shape(args: argparse.Namespace) -> tuple[int, int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.kinds import KINDS
     from aiayn.model.summary import format_summary, summarize
 
     batch, src_len, tgt_len = example_shape(args)

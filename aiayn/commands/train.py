@@ -15,7 +15,6 @@ log = logging.getLogger(__name__)
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
-        help="train a model (the paper's recipe; resumable; torchrun for DDP)",
         description="Train from a TOML config with [model], [data] and [train] sections. "
         "Multi-process: torchrun --nproc_per_node=N -m aiayn train CONFIG.toml",
     )

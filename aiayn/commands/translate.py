@@ -25,7 +25,6 @@ from aiayn.commands.options import (
     read_input_lines,
 )
 from aiayn.errors import ConfigError
-from aiayn.kinds import TRANSLATION
 
 if TYPE_CHECKING:
     from aiayn.decode.config import DecodeConfig
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "translate",
-        help="translate text with a trained model (beam search)",
         description="Translate one sentence per line (of --input, a pipe, or typed at the "
         "prompt on a terminal). Blank lines stay blank.",
     )
@@ -107,6 +105,7 @@ def interactive(model: ModelFolder, cfg: DecodeConfig) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.io import write_text
+    from aiayn.kinds import TRANSLATION
 
     overrides = decode_overrides(args)  # a bad --set before the model is loaded
     model = open_models(args, inference_device(args.device), TRANSLATION)

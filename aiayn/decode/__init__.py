@@ -1,23 +1,33 @@
-"""Decoding: search over a step function, and text-to-text translation with a trained model."""
+"""Decoding: search over a step function, and text-to-text translation with a trained model.
 
-from aiayn.decode.config import DecodeConfig
-from aiayn.decode.ensemble import Ensemble
-from aiayn.decode.search import (
-    Hypothesis,
-    SearchSettings,
-    beam_search,
-    filter_log_probs,
-    greedy_search,
-    length_penalty,
-    sample,
-)
-from aiayn.decode.step import Seq2SeqModel, transformer_step
-from aiayn.decode.translate import (
-    token_batches,
-    translate_hypotheses,
-    translate_ids,
-    translate_texts,
-)
+Each name below is imported from its module on first use (PEP 562): ``aiayn.decode.config`` (the
+settings, whose defaults ``aiayn translate --help`` shows) imports without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.ensemble import Ensemble
+    from aiayn.decode.search import (
+        Hypothesis,
+        SearchSettings,
+        beam_search,
+        filter_log_probs,
+        greedy_search,
+        length_penalty,
+        sample,
+    )
+    from aiayn.decode.step import Seq2SeqModel, transformer_step
+    from aiayn.decode.translate import (
+        token_batches,
+        translate_hypotheses,
+        translate_ids,
+        translate_texts,
+    )
 
 __all__ = [
     "DecodeConfig",
@@ -36,3 +46,15 @@ __all__ = [
     "translate_ids",
     "translate_texts",
 ]
+# The modules that hold them, lightest first: a name is taken from the first that has it.
+MODULES = ("config", "ensemble", "search", "step", "translate")
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        for module in MODULES:
+            home = importlib.import_module(f"aiayn.decode.{module}")
+            if hasattr(home, name):
+                globals()[name] = value = getattr(home, name)
+                return value
+    raise AttributeError(f"module 'aiayn.decode' has no attribute {name!r}")

@@ -24,6 +24,7 @@ from aiayn.config import ModelConfig
 from aiayn.decode.align import AttentionMaps
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
+from aiayn.engines import ENGINES
 from aiayn.errors import ConfigError
 
 __all__ = [
@@ -37,9 +38,6 @@ __all__ = [
     "require",
     "refuse",
 ]
-
-#: the runtimes, by the name `--engine` and config.json "format" give them ("torch": a model folder)
-ENGINES = ("torch", "onnx", "ctranslate2")
 
 #: what a backend may declare
 CAPABILITIES = {
