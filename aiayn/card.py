@@ -19,10 +19,12 @@ from typing import Any
 
 from aiayn.config import to_dict
 from aiayn.data.registry import DATASETS
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import DataError
 from aiayn.folder.checkpoint import WEIGHTS_FILE
 from aiayn.folder.config import FolderConfig, read_folder_config
+from aiayn.folder.parts import TOKENIZER_FILE
 from aiayn.io import write_text
 from aiayn.kinds import KINDS, Kind
 from aiayn.viz.curves import read_metrics
@@ -106,17 +108,17 @@ def _langs(data: dict[str, Any]) -> str:
 def _facts_table(folder: Path, meta: FolderConfig, kind: Kind) -> str:
     sections = _sections(meta)
     data, train = sections["data"], sections["train"]
+    imported = meta.extra.get("imported_from")
     rows = [
         ("task", kind.title + (f" ({_langs(data)})" if kind.does("translate") else "")),
         ("data", _data(data)),
-        ("tokenizer", _tokenizer(data)),
+        ("tokenizer", "" if imported else _tokenizer(data, _vocabulary(folder, meta))),
         ("architecture", _architecture(to_dict(meta.config.model))),
         ("parameters", _parameters(folder)),
         ("weights", _weights(meta)),
         ("training", _training(folder, meta, train)),
         ("hardware", meta.hardware or "not recorded"),
     ]
-    imported = meta.extra.get("imported_from")
     if isinstance(imported, dict):
         rows = _imported_rows(rows, imported)
     if meta.format:
@@ -150,10 +152,21 @@ def _data(data: dict[str, Any]) -> str:
     return ", ".join(f"`{f}`" for f in files) or "not recorded"
 
 
-def _tokenizer(data: dict[str, Any]) -> str:
-    name = data.get("tokenizer", "?")
-    size = data.get("vocab_size")
-    text = f"{name}" + (f", {size:,} tokens" if isinstance(size, int) and name != "char" else "")
+def _vocabulary(folder: Path, meta: FolderConfig) -> int:
+    """The tokenizer's real size: its tokenizer.json's (a BPE learnt on small data stops short of
+    data.vocab_size), else the model's embedding rows."""
+    path = folder / TOKENIZER_FILE
+    if path.is_file():
+        return Tokenizer.from_file(path).vocab_size
+    model = meta.config.model
+    return model.src_vocab_size if model.n_encoder_layers else model.tgt_vocab_size
+
+
+def _tokenizer(data: dict[str, Any], size: int) -> str:
+    asked = data.get("vocab_size")
+    text = f"{data.get('tokenizer', '?')}, {size:,} tokens"
+    if isinstance(asked, int) and asked != size:  # what the run asked for, if it differs
+        text += f" (data.vocab_size {asked:,})"
     return text + (", lower-cased input" if data.get("lowercase") else "")
 
 

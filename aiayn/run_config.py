@@ -93,7 +93,8 @@ class TrainConfig:
     # Validation loss every N updates (and at the end); 0 = only at the end.
     valid_every: int = 1000
     # Validation metrics every N updates (BLEU/chrF by decoding for translation, accuracy for a
-    # classifier); 0 = never. Was `bleu_every` (still read, with a warning).
+    # classifier) and at the last update; such a point validates even between valid_every
+    # points; 0 = never. Was `bleu_every` (still read, with a warning).
     metrics_every: int = 0
     # Sentences of the validation set decoded for BLEU (0 = all), and the beam size (the length
     # penalty α is the run's decode.alpha, the one its model folder is decoded with).
@@ -118,6 +119,9 @@ class TrainConfig:
     # this run uses and whose weights of the same name and shape start this model (the rest is
     # initialised as usual); "" = train from scratch. Ignored by --resume.
     init_from: str = ""
+    # A fine-tune recipe: refuse to start without train.init_from, rather than train its model
+    # from scratch at a fine-tune's learning rate (configs/finetune.toml sets it).
+    requires_init_from: bool = False
     # Parts of the model held fixed (fine-tuning, with train.init_from): "embeddings" (the token
     # embeddings, and so the output projection tied to them) and/or "encoder" (its layers). Frozen
     # parameters get no gradient and are left out of the optimizer; () = train everything.

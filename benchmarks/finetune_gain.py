@@ -10,7 +10,7 @@ command of aiayn's CLI:
 3. ft:      ``aiayn train configs/finetune.toml --set train.init_from=IMPORTED`` on the held-back
             pairs for ``--steps`` updates (the recipe's settings otherwise), and once more with
             the recipe's peak lr a tenth of the base's and a warm-up of a quarter of the budget
-            (the recipe's 200-update warm-up is longer than a short budget);
+            (the recipe's warm-up was 200 updates when this ran on 2026-11-29; it is 30 now);
 4. scratch: the base's recipe and model shape, from random weights, on the same held-back pairs
             for the same ``--steps`` updates and the same batch budget (data.max_tokens), its
             warm-up cut to a quarter of the budget;
@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "train.best_metric": "valid_loss"}
     run("finetune", ["train", str(FT_CONFIG), "--out", str(ft), "--overwrite", *sets(ft_sets)],
         ft / "best")
-    # The recipe's warm-up (200) is longer than a short budget: the same recipe with its peak lr
-    # a tenth of the base's (the header's rule) and the scratch run's warm-up.
+    # The same recipe with its peak lr a tenth of the base's and the scratch run's warm-up (the
+    # recipe's own warm-up was 200 updates on 2026-11-29, longer than a short budget; now 30).
     short = {"train.lr": args.lr / 10, "train.warmup_steps": scratch_warmup}
     run("finetune_short_warmup", ["train", str(FT_CONFIG), "--out", str(ft_short), "--overwrite",
                                   *sets(ft_sets | short)], ft_short / "best")

@@ -46,7 +46,8 @@ def test_card_says_what_the_model_is_and_how_it_was_trained(run):
     card = model_card(run / "avg2")
     assert card.startswith("# avg2: translation model")
     assert "translates en → de" in card and "`multi30k`" in card
-    assert "bpe, 8,000 tokens" in card
+    # the model's 50 tokens (the folder has no tokenizer.json), not the 8,000 the run asked for
+    assert "| tokenizer | bpe, 50 tokens (data.vocab_size 8,000) |" in card
     assert "encoder–decoder, 1+1 layers, d_model 128, 4 heads, d_ff 256, pre-LN" in card
     assert f"| parameters | {n_params:,} |" in card  # tied weights counted once
     assert "the average of 2 checkpoints (updates 100, 200)" in card
@@ -55,6 +56,23 @@ def test_card_says_what_the_model_is_and_how_it_was_trained(run):
     assert "`beam` 5, `alpha` 1.4" in card
     for command in ("aiayn translate", "aiayn serve", "aiayn export", "--format onnx", 'aiayn.load("'):
         assert command in card
+
+
+def test_the_tokenizer_row_gives_the_tokenizers_real_size(tmp_path):
+    """A BPE learnt on small data stops short of data.vocab_size: the card gives the size of the
+    folder's tokenizer.json (issue 66: "bpe, 8,000 tokens" for a tokenizer of 5,758)."""
+    from aiayn.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(["a small corpus", "of a few words", "and no more"] * 5, "bpe", 8000)
+    size = tokenizer.vocab_size
+    assert size < 8000
+    cfg = tiny_model_config(size, 16)
+    extra = {"data": {"tokenizer": "bpe", "vocab_size": 8000}}
+    folder = save_model_dir(tmp_path / "m", Transformer(cfg), cfg, tokenizer_json=tokenizer.to_str(),
+                            extra=extra)
+    card = model_card(folder)
+    assert f"| tokenizer | bpe, {size:,} tokens (data.vocab_size 8,000) |" in card
+    assert "8,000 tokens" not in card
 
 
 def test_a_metrics_line_cut_by_a_kill_still_gives_the_training(run):

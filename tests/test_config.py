@@ -105,6 +105,29 @@ def test_summary_cli_prints_table(capsys):
     assert f"Total params: {total:,}" in out
 
 
+def test_summary_names_the_vocabulary_it_counted_and_takes_one(capsys, tmp_path):
+    """A preset has no vocabulary of its own: the table counts the default 37,000 and says so
+    (issue 66: 6.06 M for tiny, with a vocabulary it did not mention); --vocab gives another,
+    a recipe's data.vocab_size is named as its source."""
+    def total(cfg):
+        return f"Total params: {sum(p.numel() for p in Transformer(cfg).parameters()):,}"
+
+    assert main(["summary", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert total(ModelConfig.preset("tiny")) in out
+    assert "Vocabulary: 37,000 tokens (the default" in out and "--vocab N" in out
+    assert main(["summary", "tiny", "--vocab", "8000"]) == 0
+    out = capsys.readouterr().out
+    assert total(ModelConfig.preset("tiny", src_vocab_size=8000, tgt_vocab_size=8000)) in out
+    assert "Vocabulary: 8,000 tokens (--vocab)" in out
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[model]\npreset = "tiny"\n[data]\nvocab_size = 5000\n')
+    assert main(["summary", str(recipe)]) == 0
+    assert f"Vocabulary: 5,000 tokens (data.vocab_size of {recipe})" in capsys.readouterr().out
+    assert main(["summary", "tiny", "--vocab", "1"]) == 2
+    assert "--vocab must be at least 5" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["summary", "bsae"], "unknown preset 'bsae' (did you mean 'base'?)"),
     (["summary", "base", "--set", "model.d_model=100"], "d_model (100) must be divisible by n_heads (8)"),

@@ -856,3 +856,43 @@ def test_ctranslate2_decodes_a_batch_in_one_call_and_each_sentence_at_its_own_ca
             assert len(in_batch) == len(caps) and sum(in_batch) == len(sources)
         else:
             assert in_batch == [len(sources)]
+
+
+def doc_block(page: Path, needle: str) -> str:
+    """The fenced Python block of ``page`` that holds ``needle``."""
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M)
+    found = [code for code in blocks if needle in code]
+    assert len(found) == 1, f"{page}: {len(found)} python blocks hold {needle!r}"
+    return found[0]
+
+
+def test_the_documented_plain_ctranslate2_code_translates_as_aiayn(tmp_path, monkeypatch, capsys):
+    """docs/export.md's block that runs a CTranslate2 export with ctranslate2 and tokenizers
+    alone (issue 66: it meant guessing how a source is written) runs as printed on a tiny BPE
+    model exported here, and prints what aiayn's engine gives with the settings the page names."""
+    import ast
+
+    needs("ctranslate2", "ctranslate2")
+    from aiayn.data.tokenizer import train_tokenizer
+
+    code = doc_block(Path(__file__).resolve().parent.parent / "docs" / "export.md",
+                     "ctranslate2.Translator")
+    tree = ast.parse(code)
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {str(n.module).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"ctranslate2", "tokenizers"}, imported
+    tokenizer = train_tokenizer(["a dog runs", "two men play chess", "the snow"] * 20, "bpe", 60)
+    cfg = tiny_model_config(tokenizer.vocab_size, 300)  # random: every output runs to the cap
+    model = Transformer(cfg).eval()
+    src = save_model_dir(tmp_path / "model", model, cfg, tokenizer_json=tokenizer.to_str())
+    export_model(src, "ctranslate2", tmp_path / "runs" / "demo" / "ct2")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    namespace: dict = {}
+    exec(compile(code, "docs/export.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    texts = namespace["texts"]
+    ours = load_model_folder(tmp_path / "runs" / "demo" / "ct2").translate(
+        texts, beam=5, length_penalty="average", max_len_a=0, max_len_b=256)
+    assert printed == ours and len(printed) == len(texts) and all(printed)

@@ -385,3 +385,69 @@ def test_a_finetuned_folder_is_served(tuned):
         r = client.post("/v1/translate", json={"texts": sources, "beam": 2})
         assert r.status_code == 200, r.text
         assert [t["text"] for t in r.json()["translations"]] == folder.translate(sources, beam=2)
+
+
+def _own_folder_and_files(tmp_path):
+    """One of aiayn's own tiny translation folders (no mirror needed) and --set lines of files."""
+    from test_hf_export import TEXTS, random_folder
+
+    folder = random_folder(tmp_path / "own")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "valid"):
+        (data / f"{name}.en").write_text("\n".join(TEXTS * 5) + "\n")
+        (data / f"{name}.de").write_text("\n".join(t[::-1] for t in TEXTS * 5) + "\n")
+    sets = []
+    for split in ("train", "valid"):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            sets += ["--set", f"data.{split}_{side}={data / f'{split}.{lang}'}"]
+    return folder, sets
+
+
+def test_the_recipe_without_init_from_is_refused(tmp_path, capsys):
+    """configs/finetune.toml without train.init_from trained a 6+6-layer model from scratch at
+    the fine-tune's learning rate (issue 66): one line now, and no run folder."""
+    _, data = _own_folder_and_files(tmp_path)
+    argv = ["train", str(RECIPE), "--out", tmp_path / "ft", *data]
+    line = fails(capsys, argv, "train.init_from is not set", unchanged=[tmp_path])
+    assert "--set train.init_from=MODEL_DIR" in line
+    assert not (tmp_path / "ft").exists()
+
+
+def test_resume_keeps_the_folder_the_run_started_from(tmp_path, capsys):
+    """--resume with another train.init_from is refused (the weights come from the run's
+    checkpoint, and config.json would name a folder they never came from); without one, the
+    run continues and config.json still names the folder it started from."""
+    folder, data = _own_folder_and_files(tmp_path)
+    other = shutil.copytree(folder, tmp_path / "other")
+    run = tmp_path / "ft"
+    with torch_threads(1):
+        assert main(_finetune(folder, run, data, "train.warmup_steps=1")) == 0
+        argv = _finetune(other, run, data, "train.max_steps=4") + ["--resume"]
+        fails(capsys, argv, f"the run in {run} started from {folder}", unchanged=[run])
+        resumed = ["train", str(RECIPE), "--out", str(run), "--resume", *data,
+                   "--set", "train.max_steps=4"]
+        assert main(resumed) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["init_from"] == str(folder) and config["train"]["max_steps"] == 4
+
+
+def test_bleu_is_measured_at_metrics_every_and_at_the_last_update(tmp_path):
+    """A valid_every that falls between metrics_every points never measured BLEU (so best/ and
+    early stopping never happened), and the end-of-run validation measured none, so best/
+    could miss the last update (issue 66). BLEU is now measured at every metrics_every point
+    and at the last update, and best/ is the update of the highest."""
+    folder, data = _own_folder_and_files(tmp_path)
+    run = tmp_path / "ft"
+    argv = _finetune(folder, run, data, "train.max_steps=5", "train.valid_every=3",
+                     "train.metrics_every=2", "train.save_every=0", "train.lr=1e-3",
+                     "train.warmup_steps=1")
+    with torch_threads(1):
+        assert main(argv) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    bleu = {m["step"]: m["valid_bleu"] for m in lines if "valid_bleu" in m}
+    assert sorted(bleu) == [2, 4, 5]
+    assert 3 in {m["step"] for m in lines if "valid_loss" in m}  # valid_every still validates
+    best = json.loads((run / "best" / "config.json").read_text())["best"]
+    first_highest = max(sorted(bleu), key=lambda step: bleu[step])
+    assert best == {"step": first_highest, "valid_bleu": bleu[first_highest]}

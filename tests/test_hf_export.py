@@ -149,6 +149,24 @@ def test_the_length_cap_reads_the_same_in_transformers_4_and_5():
         assert decode_settings(generation, cfg, Path("g.json"))["max_len_b"] == cap
 
 
+def test_the_pre_ln_refusal_names_the_formats_and_recipes_that_work(tmp_path, capsys):
+    """The default recipes are pre-LN (issue 66): the refusal names the formats that take such a
+    model, and recipes whose models --format hf takes (they exist, post-LN translation)."""
+    from aiayn.export.hf import POST_LN_RECIPES
+    from aiayn.run_config import load_run_config
+
+    folder = random_folder(tmp_path / "m", norm_first=True)
+    argv = ["export", folder, "--format", "hf", "-o", tmp_path / "out"]
+    line = fails(capsys, argv, "pre-LN", unchanged=[tmp_path])
+    assert "--format onnx" in line and "--format ctranslate2" in line
+    assert POST_LN_RECIPES
+    root = Path(__file__).resolve().parent.parent
+    for recipe in POST_LN_RECIPES:
+        assert recipe in line
+        cfg, _ = load_run_config(root / recipe)
+        assert not cfg.model.norm_first and cfg.data.kind == "translation", recipe
+
+
 def test_what_marian_cannot_express_is_one_clear_line(tmp_path, capsys):
     for options, message in (
         (dict(norm_first=True), "pre-LN"),

@@ -414,6 +414,18 @@ def smoke_finetune_gain(tmp: Path) -> None:
     assert (tmp / "work" / "data" / "held.en").is_file()
 
 
+def smoke_finetune_time(tmp: Path) -> None:
+    """A d_model-16 model of a padded vocabulary fine-tuned by `aiayn train
+    configs/finetune.toml` for 3 updates; the record of seconds per update."""
+    mirror_or_skip()
+    out = tmp / "time.json"
+    run_main("benchmarks/finetune_time.py", "--smoke", "--work", tmp / "work", "--out", out)
+    record = read_json(out)
+    assert record["smoke"] and record["model"]["vocab"] == 800
+    assert len(record["seconds_per_update"]) == 2 and record["median_seconds_per_update"] > 0
+    assert record["command"].startswith("python benchmarks/finetune_time.py --smoke")
+
+
 def smoke_bench_finetune(tmp: Path) -> None:
     """A d_model-16 Marian folder built, imported, and fine-tuned by both systems in their
     own worker processes, steps interleaved; the record."""
@@ -449,6 +461,7 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "benchmarks/bench_serve.py": smoke_bench_serve,
     "benchmarks/bench_train.py": ELSEWHERE,
     "benchmarks/finetune_gain.py": smoke_finetune_gain,
+    "benchmarks/finetune_time.py": smoke_finetune_time,
     "benchmarks/gpu_check.py": ELSEWHERE,
     "benchmarks/profile_step.py": ELSEWHERE,
     "benchmarks/same_convergence.py": smoke_same_convergence,

@@ -24,6 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_sets(p, "model", "model.d_model=256")
     p.add_argument(
+        "--vocab",
+        type=int,
+        metavar="N",
+        help="the vocabulary size to count the embeddings with (source and target; default: "
+        "the folder's, the config's data.vocab_size, else 37,000 as the paper's WMT14 BPE)",
+    )
+    p.add_argument(
         "--depth",
         type=int,
         default=1,
@@ -113,6 +120,29 @@ def example_shape(args: argparse.Namespace) -> tuple[int, int, int]:
     return shape[0], shape[1], shape[2]
 
 
+def vocabulary_origin(spec: str, overrides: list[str], vocab: int | None) -> str:
+    """Where ``aiayn summary`` took the vocabulary size from, in words."""
+    if vocab is not None:
+        return "--vocab"
+    if any(text.split("=")[0].strip().endswith("_vocab_size") for text in overrides):
+        return "--set"
+    path = Path(spec)
+    if path.is_dir():
+        return "the model folder's"
+    if path.is_file():
+        data = tomllib.loads(path.read_text(encoding="utf-8")).get("data", {})
+        if "vocab_size" in data:
+            return f"data.vocab_size of {path}"
+    return "the default, the paper's WMT14 BPE; give yours with --vocab N"
+
+
+def vocabulary_line(cfg: ModelConfig, origin: str) -> str:
+    """The vocabulary the table counted, and where its size came from."""
+    src, tgt = cfg.src_vocab_size, cfg.tgt_vocab_size
+    sizes = f"{src:,} tokens" if src == tgt else f"{src:,} source, {tgt:,} target tokens"
+    return f"Vocabulary: {sizes} ({origin})"
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -120,7 +150,13 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.model.summary import format_summary, summarize
 
     batch, src_len, tgt_len = example_shape(args)
+    if args.vocab is not None and args.vocab < 5:
+        raise ConfigError(
+            f"--vocab must be at least 5 (4 special tokens and one), got {args.vocab}"
+        )
     cfg, kind = resolve_model_config(args.model, args.overrides)
+    if args.vocab is not None:
+        cfg = apply_overrides(cfg, {"src_vocab_size": args.vocab, "tgt_vocab_size": args.vocab})
     torch.manual_seed(0)
     model = KINDS[kind].model_class(cfg).eval()
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
@@ -136,4 +172,5 @@ def run(args: argparse.Namespace) -> int:
     )
     rows, total = summarize(model, forward, depth=args.depth)
     print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
+    print(vocabulary_line(cfg, vocabulary_origin(args.model, args.overrides, args.vocab)))
     return 0

@@ -47,6 +47,13 @@ from aiayn.kinds import check_kind, get_kind
 
 log = logging.getLogger(__name__)
 
+# Recipes of configs/ that train a model --format hf can express (post-LN translation; tested).
+POST_LN_RECIPES = ("configs/multi30k_tiny.toml", "configs/wmt14_en_de_base.toml")
+PRE_LN = (
+    "model.norm_first = true (pre-LN): MarianMTModel is post-LN. Export this model with "
+    "--format onnx or --format ctranslate2 (both run pre-LN), or train a post-LN recipe for "
+    f"--format hf ({', '.join(POST_LN_RECIPES)}, or model.norm_first = false)"
+)
 ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 
 
@@ -55,7 +62,7 @@ def check_exportable(model: Any, kind: str, tokenizer: Any) -> None:
     check_kind("hf", kind)
     cfg = model.cfg
     checks = [
-        (cfg.norm_first, "model.norm_first = true (pre-LN): MarianMTModel is post-LN"),
+        (cfg.norm_first, PRE_LN),
         (cfg.positional != "sinusoidal", "model.positional = learned: Marian has sinusoids only"),
         (not cfg.share_embeddings, "model.share_embeddings = false: Marian shares one vocabulary"),
         (

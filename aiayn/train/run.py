@@ -217,11 +217,17 @@ def train_run(
     owned = False  # whether what the folder holds is this run's own (to tidy after a failure)
     trainer: Trainer | None = None
     try:
+        if resume and folder.config.is_file():
+            cfg = _on_main(dist, lambda: _resumed_init_from(folder, cfg))
+        _check_init_given(cfg)
         check_not_input(folder.path, [*run_inputs(cfg), *inputs], "--out")
         start = _on_main(dist, lambda: folder.prepare(resume, overwrite))
         owned = not start.replace
         task = task or build_task(cfg)
         if start.resume:
+            if cfg.train.init_from and model_keys is not None:  # a recipe, as when it started
+                cfg = _fine_tune(cfg, dist, model_keys)[0]
+                task.cfg = cfg
             saved_tok = _on_main(dist, folder.read_tokenizer)
         elif cfg.train.init_from:
             cfg, saved_tok = _fine_tune(cfg, dist, model_keys)
@@ -257,6 +263,33 @@ def train_run(
         # shutdown_distributed, after the last collective, not by the interpreter's exit.
         trainer = None
         shutdown_distributed()
+
+
+def _check_init_given(cfg: RunConfig) -> None:
+    """ConfigError when a fine-tune recipe (train.requires_init_from) names no folder to start
+    from: it would train its model from scratch at a fine-tune's learning rate."""
+    if cfg.train.requires_init_from and not cfg.train.init_from:
+        raise ConfigError(
+            "train.init_from is not set: this recipe fine-tunes a model folder (an `aiayn import "
+            "hf` OPUS-MT folder or one of aiayn's own); give it with --set "
+            "train.init_from=MODEL_DIR"
+        )
+
+
+def _resumed_init_from(folder: RunFolder, cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the run's own train.init_from: a resumed run's weights come from its
+    checkpoint, so config.json keeps naming the folder the run started from. Another folder is
+    refused in one line (it would not be used)."""
+    started = resume_config(folder.path).train.init_from
+    given = cfg.train.init_from
+    if given and given != started and Path(given).resolve() != Path(started).resolve():
+        was = f"started from {started}" if started else "started from scratch (no train.init_from)"
+        raise ConfigError(
+            f"--resume: train.init_from = {given} here, but the run in {folder.path} {was}; a "
+            "resumed run continues from its own checkpoint: leave train.init_from as it was, or "
+            "start a new run with another --out"
+        )
+    return replace(cfg, train=replace(cfg.train, init_from=started))
 
 
 def _fine_tune(

@@ -310,8 +310,10 @@ class Trainer:
         train = self.train_cfg
         limit = self._limit_reached()
         trained_until = time.perf_counter()  # tokens/s counts training time only
-        validate = self._due(train.valid_every) or limit is not None
-        reason = self._validate() if validate else None
+        # A metrics_every point validates too (its BLEU or accuracy needs the validation).
+        due = self._due(train.valid_every) or self._due(train.metrics_every)
+        validate = due or limit is not None
+        reason = self._validate(final=limit is not None) if validate else None
         logged = validate or self._due(train.log_every)
         if logged:
             self._log(self.last_valid if validate else {}, trained_until)
@@ -371,11 +373,13 @@ class Trainer:
             return {}
         return {"valid_loss": nll / n, "valid_ppl": math.exp(min(nll / n, 50.0))}
 
-    def _validate(self) -> str | None:
-        """Validation loss (+ BLEU when due), keep-best and early stopping."""
+    def _validate(self, final: bool = False) -> str | None:
+        """Validation loss (+ BLEU when due, and at the ``final`` update of a run that measures
+        it, so that best/ can be the last update), keep-best and early stopping."""
+        every = self.train_cfg.metrics_every
         with rng_untouched():
             metrics = self._valid_loss()
-            if self._due(self.train_cfg.metrics_every):
+            if self._due(every) or (final and every > 0):
                 extra = None
                 if self.dist.is_main:
                     self.model.eval()
@@ -418,7 +422,7 @@ class Trainer:
         if progress.step == 0:
             return
         if self._interval.updates:  # stopped without passing through _after_update (time limit)
-            self._validate()
+            self._validate(final=True)
             self._log(self.last_valid)
         if getattr(self, "_saved_step", None) != progress.step:
             self._save()
