@@ -3,7 +3,7 @@
 Shape legend: B sentences in a batch · k beam size · S source len · D d_model · V vocab.
 
 Sentences are tokenised, sorted by length into token-bounded batches (sentences × padded source
-length ≤ ``max_tokens``), decoded, put back in input order and detokenised. A sentence decodes the
+length ≤ ``batch_tokens``), decoded, put back in input order and detokenised. A sentence decodes the
 same alone or inside a batch (tested). The source is the subword ids followed by EOS; the decoder
 starts from BOS (the convention of :mod:`aiayn.data` and fairseq).
 """
@@ -171,7 +171,7 @@ def translate_ids(
             if cfg.bf16
             else contextlib.nullcontext()
         ):
-            batches = token_batches([len(sources[i]) for i in todo], cfg.max_tokens)
+            batches = token_batches([len(sources[i]) for i in todo], cfg.batch_tokens)
             in_workers(decode, batches, cfg.workers or default_workers("torch", device=device.type))
     finally:
         if was_training:
