@@ -1,9 +1,12 @@
 """One merge of decoding settings (aiayn.decode.config.merge_decode), called by the command line,
 `aiayn.load(...)` and the server: the folder's defaults, then its recipe's [decode], then the
-flags, then the request; an unknown Python keyword names the setting meant."""
+flags, then the request; an unknown Python keyword names the setting meant; a warning that
+recommends a setting names one that exists."""
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import replace
 
 import pytest
@@ -77,3 +80,17 @@ def test_a_typo_in_a_python_decoding_keyword_names_the_setting_meant(folder):
         merge_decode(DecodeConfig(), {"colour": 1})
     assert folder.translate(["a cat"], beam=1) == folder.translate(["a cat"], beam=1, alpha=None)
 
+
+def test_the_ctranslate2_warning_recommends_a_setting_that_exists(caplog):
+    """It recommended `--length-penalty average`, a flag no longer read (issue 66, finding 8)."""
+    from aiayn.runtime.ct2_backend import _warn_unmapped
+
+    with caplog.at_level(logging.WARNING):
+        _warn_unmapped(DecodeConfig(length_penalty="gnmt"))
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "--length-penalty" not in said
+    cli = re.search(r"--set (\S+)", said)
+    python = re.search(r"translate\((\w+)='(\w+)'\)", said)
+    assert cli and python, said
+    assert flags("--set", cli[1].rstrip(",")) == {"length_penalty": "average"}
+    assert merge_decode(DecodeConfig(), {python[1]: python[2]}).length_penalty == "average"
