@@ -94,3 +94,28 @@ def test_the_ctranslate2_warning_recommends_a_setting_that_exists(caplog):
     assert cli and python, said
     assert flags("--set", cli[1].rstrip(",")) == {"length_penalty": "average"}
     assert merge_decode(DecodeConfig(), {python[1]: python[2]}).length_penalty == "average"
+
+
+def test_a_setting_has_one_name_as_flag_key_http_field_and_keyword():
+    """`beam` is --beam, decode.beam, "beam" and translate(beam=): each decoding flag of translate
+    and evaluate is its DecodeConfig field spelt as a flag, and each decoding field of the HTTP
+    bodies is a DecodeConfig field (the Python keywords are those fields, merge_decode)."""
+    pytest.importorskip("pydantic")
+    from dataclasses import fields
+
+    from aiayn.cli import sub_parsers
+    from aiayn.serve.schemas import AttentionBody, TranslateBody
+
+    names = {f.name for f in fields(DecodeConfig)}
+    flagged = {}
+    for command, parser in sub_parsers(build_parser()):
+        if command in ("translate", "evaluate"):
+            for action in parser._actions:
+                if action.dest in names:
+                    flagged[action.dest] = action.option_strings
+    assert {"beam", "alpha", "batch_tokens", "workers", "bf16", "compile"} <= set(flagged)
+    for name, spellings in flagged.items():
+        assert "--" + name.replace("_", "-") in spellings, (name, spellings)
+    not_settings = {"texts", "text", "prefixes", "prefix", "rank"}
+    for body in (TranslateBody, AttentionBody):
+        assert set(body.model_fields) - not_settings <= names, body
