@@ -13,7 +13,6 @@ holds it). The line ``aiayn --help`` gives each command lives in :data:`COMMANDS
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import logging
 import os
@@ -70,20 +69,12 @@ Example: echo "A man rides a bike." | aiayn translate runs/x/best"""
 
 class _HelpFormatter(argparse.HelpFormatter):
     """Wraps descriptions as usual but prints an epilog (the example, the first steps) as written:
-    a command must not be broken across lines. A renamed flag's old spellings are left out."""
+    a command must not be broken across lines."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith(("Example:", "first steps:")):
             return "".join(indent + line for line in text.splitlines(keepends=True))
         return super()._fill_text(text, width, indent)
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        old = getattr(action, "old_spellings", ())
-        if not old:
-            return super()._format_action_invocation(action)
-        shown = copy.copy(action)
-        shown.option_strings = [s for s in action.option_strings if s not in old]
-        return super()._format_action_invocation(shown)
 
 
 def version() -> str:

@@ -239,7 +239,11 @@ class RunConfig:
 
 SECTIONS = ("model", "data", "train", "decode")
 # Keys renamed since older run configs and model folders were written: old -> new.
-RENAMED = {"train.bleu_every": "train.metrics_every", "data.task": "data.kind"}
+RENAMED = {
+    "train.bleu_every": "train.metrics_every",
+    "data.task": "data.kind",
+    "decode.max_tokens": "decode.batch_tokens",
+}
 # Keys no longer read, and why: dropped with one warning (a model folder's: silently).
 REMOVED = {
     "decode.workers": "batches decoded at once are chosen for the machine when the model runs "

@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def aiayn_system(model: Transformer, sources: list[list[int]], args, bf16: bool,
                  workers: int) -> Callable[[], None]:
     dcfg = DecodeConfig(beam=args.beam, alpha=0.6, max_len_a=0.0, max_len_b=args.tgt_len,
-                        min_len=args.tgt_len, max_tokens=args.batch * args.src_len,
+                        min_len=args.tgt_len, batch_tokens=args.batch * args.src_len,
                         workers=workers)
 
     def run() -> None:

@@ -265,7 +265,7 @@ def run_one(args: argparse.Namespace) -> dict:
         workers=workers,
         bf16=args.worker == "native bf16",
         compile=args.worker == COMPILED,
-        **({"max_tokens": args.max_tokens} if args.max_tokens else {}),
+        **({"batch_tokens": args.max_tokens} if args.max_tokens else {}),
     )
     start = time.perf_counter()
     folder = load_model_folder([args.folder], "cpu", workers=workers or None)  # any engine
@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "omp_wait_policy": args.omp_wait_policy or "(unset: spinning)",
         "int8_computed_as": computed_as("int8"),  # CTranslate2 int8 runs in float32 on some CPUs
-        "max_tokens": args.max_tokens or DecodeConfig().max_tokens,
+        "max_tokens": args.max_tokens or DecodeConfig().batch_tokens,
         "repeats": args.repeats,
         **(
             {}

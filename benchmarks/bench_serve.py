@@ -10,8 +10,9 @@ counted. Reported: requests/s, sentences/s, latency p50/p95/p99, errors (must be
 peak RSS (VmHWM, in MiB under the key peak_rss_mb), the mean number of requests per decoder step
 (step-level batching, the PyTorch backend) or per batch (from /health, over all lanes). One
 client always runs as well: a lone request's latency. ``--baseline`` adds the server with
-`--batching off` at the first client count, ``--compare FLAGS`` the server with those flags right
-after each count's default run (e.g. `--batching whole`; the default's sentences/s over its in
+`--set serve.batching=false` at the first client count, ``--compare FLAGS`` the server with
+those flags right after each count's default run (e.g. `--set serve.step_batching=false`; the
+default's sentences/s over its in
 "targets", and a WARNING line where the default runs more than 10% slower).
 `aiayn translate` translates the sentences in one process; its sentences/s
 are given with and without model loading (the loading is measured by a translation of one
@@ -189,12 +190,12 @@ def translate_sweep(
 
 
 def start_server(model: list[str], flags: str, threads: int, extra: list[str]) -> tuple:
-    """``flags``: more options of this run's server, one string ("": none; --batching off,
-    --batching whole, --join-steps 0, --workers 1 …)."""
+    """``flags``: more options of this run's server, one string ("": none;
+    --set serve.batching=false, --set serve.join_steps=0, --lanes 1 …)."""
     port = free_port()
     cmd = [sys.executable, "-m", "aiayn", "serve", *model, "--port", str(port)]
     cmd += flags.split()
-    cmd += ["--max-queue", "4096", *extra]
+    cmd += ["--set", "serve.max_queue=4096", *extra]
     env = thread_env(threads)
     log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the server runs
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -272,7 +273,7 @@ def targets(rows: dict, clients: list[int], compared: list[str]) -> dict:
 
 def serve_warnings(goals: dict, clients: list[int], compared: list[str]) -> list[str | None]:
     """Per client count, the warning line when the default server runs more than 10% slower
-    than the fastest server of ``--compare`` (e.g. ``--compare='--workers 1'``); None when not."""
+    than the fastest server of ``--compare`` (e.g. ``--compare='--lanes 1'``); None when not."""
     out = []
     for c in clients:
         ratios = {f: goals.get(f"default_vs {f}", {}).get(str(c)) for f in compared}
@@ -509,7 +510,7 @@ def ceiling_steps(
     """Step-level batching alone, without HTTP and without tokenizing: ``sizes[i]`` closed-loop
     clients of one sentence each on the folder's running translation (what the server's worker
     drives), every client's next sentence joining at the step after its last one ended, all
-    newcomers in one join (the server may hold them for ``--join-steps``). After ``warmup``
+    newcomers in one join (the server may hold them for ``serve.join_steps``). After ``warmup``
     seconds it counts ``seconds`` of answers: sentences/s, the p50 latency (from the step its
     client was answered to the step its next sentence ended, as a client of the server times
     it) and where the time went (ms per decoder step and per join, joins per step); 1 client
@@ -692,14 +693,16 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=3, help="rounds of the translate settings (default: 3)"
     )
     p.add_argument("--beam", type=int, help="beam of both (default: the folder's); 1: overhead")
-    p.add_argument("--baseline", action="store_true", help="also the server with --batching off")
+    p.add_argument(
+        "--baseline", action="store_true", help="also the server with --set serve.batching=false"
+    )
     p.add_argument(
         "--compare",
         action="append",
         default=[],
         metavar="FLAGS",
         help="also the server with these flags, right after each count's default run (e.g. "
-        "--compare=--batching whole); repeatable",
+        "--compare='--set serve.step_batching=false'); repeatable",
     )
     p.add_argument("--serve-args", default="", help="more options of `aiayn serve`, one string")
     p.add_argument(
@@ -745,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     if not all(1 <= c <= 256 for c in args.clients) or not 0 < args.seconds <= 600:
         p.error("--clients 1..256 and --seconds up to 600")
     if not 1 <= args.per_request <= 32:
-        p.error("--per-request 1..32 (the server's --max-texts)")
+        p.error("--per-request 1..32 (the server's serve.max_texts)")
     if args.ceiling_steps and not all(1 <= n <= 256 for n in args.ceiling_steps):
         p.error("--ceiling-steps 1..256")
     if args.repeats < 1:
@@ -784,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     # each count's compared servers right after its default one: the same machine load
     runs = [(c, f) for c in sorted({1, *args.clients}) for f in ("", *args.compare)]
     if args.baseline:
-        runs.append((args.clients[0], "--batching off"))
+        runs.append((args.clients[0], "--set serve.batching=false"))
     for clients, batching in runs:
         mode = f"serve, {clients} clients" + (f", {batching}" if batching else "")
         proc, url = start_server(args.model, batching, args.threads, extra)

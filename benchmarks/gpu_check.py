@@ -410,7 +410,7 @@ def decode_row(model: Any, sources: list[list[int]], length: int, rounds: int, b
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dc = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=length,
-                      max_tokens=decode_max_tokens(device))
+                      batch_tokens=decode_max_tokens(device))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     with autocast:
         translate_ids(model, sources[:8], dc)  # warm-up
@@ -496,7 +496,7 @@ def stage_train(ctx: Context, seconds: float) -> dict[str, Any]:
                                       default=None)})
     scores = ctx.work / "eval_test2016.json"
     evaluate = [sys.executable, "-m", "aiayn", "evaluate", str(run / "best"),
-                *ctx.args("evaluate"), "--output", str(scores)]
+                *ctx.args("evaluate"), "--out", str(scores)]
     left = seconds - (time.monotonic() - started)
     run_command(ctx, "evaluate", evaluate, left)
     s = json.loads(scores.read_text())

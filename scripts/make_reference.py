@@ -21,6 +21,7 @@ from typing import Any
 
 from aiayn.cli import _HelpFormatter, build_parser, sub_parsers
 from aiayn.run_config import RunConfig
+from aiayn.serve.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reference" / "cli.md"
@@ -32,12 +33,18 @@ dataclasses; `tests/test_reference.py` fails when this page is not what the scri
 rerun the script after changing a flag, its help or a config key. `aiayn COMMAND --help` prints
 the same text for one command.
 
-Names mean one thing each. `-o/--out` is what a command writes (its kind is said per command).
+Names mean one thing each, and a setting has one name: the flag `--beam` is the recipe key
+`decode.beam`, the HTTP field `"beam"` and the Python keyword `translate(beam=)`. Each setting has
+one spelling on a command line: a flag where it has one, else `--set SECTION.KEY=VALUE`, which
+sets a key below. `-o/--out` is what a command writes (its kind is said per command).
 `-i/--input` is a file of inputs, one per line; `--src`/`--ref` are the two sides of your own test
-set; `--text` and `--prompt` are text given on the command line. `--batch-tokens` is the token
-budget of one decoding batch; the recipe key `data.max_tokens` is a training batch's.
-`--set SECTION.KEY=VALUE` overrides a recipe key below. `--device auto` takes CUDA when there is
-one. Expert and benchmark flags are listed under "advanced options".
+set; `--text` and `--prompt` are text given on the command line. Three token budgets, three
+settings: `--batch-tokens` (`decode.batch_tokens`) is one decoding batch's, sentences × longest
+padded source; `data.max_tokens` is a training batch's, B × max(S, T) over both sides
+(fairseq-train's `--max-tokens`); `serve.batch_tokens` is the source tokens the server merges
+across requests. `--workers` are batches decoded at once in one process; `serve --lanes` are
+server processes. `--device auto` takes CUDA when there is one. Expert and benchmark flags are
+listed under "advanced options".
 """
 
 
@@ -48,7 +55,7 @@ def escape(text: str) -> str:
 
 
 def invocation(action: argparse.Action) -> str:
-    """How --help writes the flag (``-o FILE, --out FILE``), old spellings left out."""
+    """How --help writes the flag (``-o FILE, --out FILE``)."""
     return _HelpFormatter("aiayn")._format_action_invocation(action)
 
 
@@ -57,32 +64,8 @@ def flag_lines(actions: list[argparse.Action]) -> list[str]:
     for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
-        if action.help == argparse.SUPPRESS:  # a retired flag: listed with the old spellings
-            continue
         lines.append(f"- `{invocation(action)}`: {escape(' '.join((action.help or '').split()))}")
     return lines
-
-
-def old_spellings(parser: argparse.ArgumentParser) -> list[str]:
-    """"`--max-tokens` → `--batch-tokens`" for each renamed flag of ``parser``, and
-    "`--max-len-b` → `--set decode.max_len_b=VALUE`" for each retired one."""
-    pairs = []
-    for action in parser._actions:
-        old = getattr(action, "old_spellings", ())
-        new = [s for s in action.option_strings if s not in old]
-        pairs += [f"`{o}` → `{max(new, key=len)}`" for o in old]
-        if getattr(action, "now", ""):
-            pairs.append(f"`{action.option_strings[0]}` → {now_text(action.now)}")
-    return pairs
-
-
-def now_text(now: str) -> str:
-    """A retired flag's replacement as the page writes it: "{value}" as VALUE, in code."""
-    text = now.format(value="VALUE")
-    prefix = "the environment variable "
-    if text.startswith(prefix):
-        return prefix + f"`{text[len(prefix):].split(' ')[0]}`"
-    return f"`{text.split(' (')[0]}`"
 
 
 def command_section(name: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:
@@ -98,9 +81,6 @@ def command_section(name: str, parser: argparse.ArgumentParser, summary: str) ->
                 str(group.title), str(group.title)
             )
             lines += [f"{title}:", "", *flags, ""]
-    if old_spellings(parser):
-        old = ", ".join(old_spellings(parser))
-        lines += [f"Old spellings, still read with a warning: {old}.", ""]
     return lines
 
 
@@ -158,30 +138,38 @@ def toml(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
+def sections() -> list[tuple[str, Any]]:
+    """(name, defaults) of every section `--set SECTION.KEY=VALUE` takes: a recipe's, then the
+    server's (``aiayn serve --set serve.KEY=VALUE``; not a recipe's)."""
+    cfg = RunConfig()
+    return [(s.name, getattr(cfg, s.name)) for s in dataclasses.fields(RunConfig)] + [
+        ("serve", Limits())
+    ]
+
+
 def config_keys() -> list[str]:
     lines = [
         "## Recipe keys",
         "",
         "The sections of a recipe (`configs/*.toml`) and of `--set SECTION.KEY=VALUE`; a model "
-        "folder's config.json holds them all, resolved. Each key with its default.",
+        "folder's config.json holds them all, resolved. Each key with its default. The last, "
+        "[serve], is `aiayn serve --set serve.KEY=VALUE`'s, not a recipe's.",
         "",
     ]
-    cfg = RunConfig()
-    for section in dataclasses.fields(RunConfig):
-        value = getattr(cfg, section.name)
+    for name, value in sections():
         why = field_comments(type(value))
         doc = (inspect.getdoc(type(value)) or "").split("\n\n")
-        lines += [f"### [{section.name}]", "", *(escape(" ".join(p.split())) + "\n" for p in doc)]
+        lines += [f"### [{name}]", "", *(escape(" ".join(p.split())) + "\n" for p in doc)]
         for f in dataclasses.fields(value):
             reason = escape(why.get(f.name) or "(no comment in the code yet)")
-            lines.append(f"- `{section.name}.{f.name}` = `{toml(getattr(value, f.name))}`: {reason}")
+            lines.append(f"- `{name}.{f.name}` = `{toml(getattr(value, f.name))}`: {reason}")
         lines.append("")
     return lines
 
 
 def sizes() -> str:
-    """How many flags and recipe keys a user can meet: the measure of the option surface (a
-    retired flag, --help and the global -v/-q left out; a --x/--no-x pair is one flag)."""
+    """How many flags and keys a user can meet: the measure of the option surface (--help and
+    the global -v/-q left out; a --x/--no-x pair is one flag)."""
     flags = 0
     parsers = [  # the commands that run (`data prepare`), not the groups (`data`)
         p
@@ -195,13 +183,10 @@ def sizes() -> str:
             flags += sum(
                 1
                 for a in group._group_actions
-                if a.option_strings
-                and a.help != argparse.SUPPRESS
-                and not isinstance(a, argparse._HelpAction)
+                if a.option_strings and not isinstance(a, argparse._HelpAction)
             )
-    cfg = RunConfig()
-    keys = sum(len(dataclasses.fields(getattr(cfg, s.name))) for s in dataclasses.fields(RunConfig))
-    return f"In all: {flags} flags over {len(parsers)} commands, and {keys} recipe keys.\n"
+    keys = sum(len(dataclasses.fields(value)) for _, value in sections())
+    return f"In all: {flags} flags over {len(parsers)} commands, and {keys} keys.\n"
 
 
 def render() -> str:

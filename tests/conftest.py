@@ -88,6 +88,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_data_files": UNIT,
     "test_data_store": UNIT,
     "test_decode_controls": UNIT,
+    "test_decode_settings": UNIT,
     "test_data_wmt": ("serve",),  # WMT14 prepared from a local HTTP server of fake archives
     "test_data_tokenizer": UNIT,
     "test_docs": UNIT,

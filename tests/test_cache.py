@@ -227,7 +227,7 @@ def test_translate_ids_is_batch_invariant():
 def test_translate_ids_with_workers_equals_one_worker():
     model = tiny()
     sources = [torch.randint(4, 23, (n,)).tolist() for n in (5, 9, 2, 7, 9, 1, 4, 3)] + [[]]
-    cfg = DecodeConfig(beam=3, max_len_b=10, nbest=2, max_tokens=16)  # several batches
+    cfg = DecodeConfig(beam=3, max_len_b=10, nbest=2, batch_tokens=16)  # several batches
     seen = []
     one = translate_ids(model, sources, cfg)
     two = translate_ids(model, sources, DecodeConfig(**{**vars(cfg), "workers": 3}), seen.append)

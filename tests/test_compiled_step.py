@@ -187,7 +187,7 @@ def test_the_compiled_package_decodes_what_the_module_code_decodes(tmp_path, mon
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path.parent / "cache"))
     monkeypatch.setattr(compiled_module, "_build", _copy_of(packages[0]))
     backend = TorchBackend(model, torch.device("cpu"))
-    cfg = DecodeConfig(beam=4, nbest=2, workers=2, max_tokens=8)
+    cfg = DecodeConfig(beam=4, nbest=2, workers=2, batch_tokens=8)
     ids = [s[s != 0].tolist() for s in src]
     plain = backend.translate_ids(ids, cfg)
     compiled = backend.translate_ids(ids, replace(cfg, compile=True))

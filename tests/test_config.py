@@ -181,7 +181,7 @@ def test_data_task_still_loads_as_data_kind_with_one_warning_line(tmp_path, capl
         assert load_run_config(None, ["data.task=classification"])[0].data.kind == "classification"
         assert resolve_model_config(str(recipe), [])[1] == "lm"
         assert data_config(Namespace(config=str(recipe), overrides=[])).kind == "lm"
-        assert data_config(Namespace(config=None, overrides=["task=lm"])).kind == "lm"
+        assert data_config(Namespace(config=None, overrides=["data.task=lm"])).kind == "lm"
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert said == [f"{where}: 'data.task' is now called 'data.kind'"
                     for where in (recipe, "--set", recipe, recipe, "--set")]

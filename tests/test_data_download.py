@@ -304,16 +304,10 @@ def test_cli_prepare_checksum_mismatch_exits_2_and_removes_the_file(toy, server,
     server.routes["/m/toyfolder/a.txt"] = A
     assert main(["data", "prepare", "toy"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "datasets" / "toy")
-    # the flags they replace still work, with one warning each
-    cache = tmp_path / "old"
-    assert main(["data", "prepare", "toy", "--mirror", f"{server.url}/m", "--cache", str(cache),
-                 "--no-progress"]) == 0
-    out, err = capsys.readouterr()
-    assert out.strip() == str(cache / "datasets" / "toy")
-    assert err.splitlines() == [
-        f"aiayn: warning: --mirror is now the environment variable AIAYN_DATA_MIRROR={server.url}/m",
-        f"aiayn: warning: --cache is now the environment variable AIAYN_CACHE={cache} (where "
-        "`aiayn train` looks)", "aiayn: warning: --no-progress is now -q (no progress bar)"]
+    # the flags they replaced (issue 64) are gone: one spelling, the environment's
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", "toy", "--mirror", f"{server.url}/m"])
+    assert "unrecognized arguments: --mirror" in capsys.readouterr().err
 
 
 def test_unchanged_files_are_not_hashed_again(toy, server, tmp_path, monkeypatch):

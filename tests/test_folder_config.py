@@ -132,3 +132,23 @@ def test_a_folders_decode_workers_is_not_read_and_a_recipes_warns(tmp_path, capl
         "recipe.toml: 'decode.workers' is ignored: batches decoded at once are chosen for the "
         "machine when the model runs (--workers sets them)"
     ]
+
+
+def test_decode_max_tokens_of_an_older_folder_loads_as_batch_tokens(tmp_path, caplog):
+    """decode.max_tokens is decode.batch_tokens since issue 64 (the flag's name, --batch-tokens):
+    a folder written before loads silently under the new name; a recipe gets one line naming
+    it."""
+    from aiayn.run_config import build_run_config
+
+    old = {"kind": "translation", "model": {"d_model": 16, "n_heads": 2},
+           "decode": {"beam": 5, "max_tokens": 300}}
+    with caplog.at_level("WARNING"):
+        parsed = parse_folder_config(old, tmp_path)
+    assert [r.getMessage() for r in caplog.records] == []
+    assert parsed.config.decode.batch_tokens == 300
+    with caplog.at_level("WARNING"):
+        cfg = build_run_config({"decode.max_tokens": 200}, "recipe.toml")
+    assert cfg.decode.batch_tokens == 200
+    assert [r.getMessage() for r in caplog.records] == [
+        "recipe.toml: 'decode.max_tokens' is now called 'decode.batch_tokens'"
+    ]

@@ -237,7 +237,7 @@ def smoke_bench_serve(tmp: Path, runs: list[Path], capsys) -> None:
     run_main("benchmarks/bench_serve.py", "--model", runs[0] / "best", "--clients", "1", "2",
              "--seconds", "1", "--warmup", "0.2", "--sentences", "4", "--beam", "1",
              "--per-request", "2", "--ceiling", "1", "2", "--ceiling-steps", "2",
-             "--compare=--join-steps 0", "--grid", "1x1", "--repeats", "1", "--threads", "1",
+             "--compare=--set serve.join_steps=0", "--grid", "1x1", "--repeats", "1", "--threads", "1",
              "--out", out)  # one thread: a second of load counts answers on a busy machine too
     printed = capsys.readouterr().out
     report = read_json(out)
@@ -248,18 +248,18 @@ def smoke_bench_serve(tmp: Path, runs: list[Path], capsys) -> None:
     assert sweep["default_vs_best"] > 0 and (sweep["warning"] is None) == (sweep["default_vs_best"] >= 0.9)
     assert "2 clients: served/translate " in printed and ", p50/lone request " in printed
     # a warning line for each default more than 10% slower: translate's, the server's at a count
-    compared = report["targets"]["default_vs --join-steps 0"]
+    compared = report["targets"]["default_vs --set serve.join_steps=0"]
     slower = [c for c, r in compared.items() if r < 0.9] + (["translate"] if sweep["warning"] else [])
     assert len(report["warnings"]) == len(slower)
     assert all(w.startswith("WARNING: ") and w in printed for w in report["warnings"])
     results = report["results"]
     assert set(results) == {"aiayn translate, one process", "decoding alone",
                             "step-level decoding alone", "serve, 1 clients",
-                            "serve, 2 clients", "serve, 1 clients, --join-steps 0",
-                            "serve, 2 clients, --join-steps 0"}
+                            "serve, 2 clients", "serve, 1 clients, --set serve.join_steps=0",
+                            "serve, 2 clients, --set serve.join_steps=0"}
     served = [r for k, r in results.items() if k.startswith("serve")]
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in served)
-    assert set(report["targets"]["default_vs --join-steps 0"]) == {"1", "2"}
+    assert set(report["targets"]["default_vs --set serve.join_steps=0"]) == {"1", "2"}
     alone = results["step-level decoding alone"]
     assert set(alone) == {"1 clients", "2 clients"}
     for r in alone.values():  # the benchmark's beam, and where the time went

@@ -341,14 +341,14 @@ def test_batcher_queue_full_cancel_and_errors():
 def test_a_request_larger_than_the_queue_is_refused_at_once(folder):
     """More inputs than the whole queue holds could never be queued: TooLarge at once, a 422
     that says why (it was a 503 with Retry-After, for ever), whether the queue is empty or not;
-    Limits refuse --max-texts above --max-queue, so the server meets this only through the
+    Limits refuse serve.max_texts above serve.max_queue, so the server meets this only through the
     batcher itself."""
     batcher = DynamicBatcher(echo([]), max_queue=3, wait_s=0.0)
     with pytest.raises(TooLarge, match="4 inputs in one request can never fit"):
         batcher.submit("k", ["a", "b", "c", "d"], cost=4)
     assert batcher.submit("k", ["a", "b", "c"], cost=3).result(5).outputs == ["k:a", "k:b", "k:c"]
     batcher.close()
-    with pytest.raises(ConfigError, match="--max-texts .5. is more than --max-queue .4."):
+    with pytest.raises(ConfigError, match="serve.max_texts .5. is more than serve.max_queue .4."):
         Limits(max_texts=5, max_queue=4)
     with TestClient(create_app(folder, Limits(max_texts=2, max_queue=2))) as c:
         c.app.state.service.batcher.queue.max_queue = 1  # as if the limits had let it through
@@ -700,14 +700,15 @@ def test_serve_command_errors(folder_dir, monkeypatch, capsys):
         port = free.getsockname()[1]
     assert main(["serve", str(folder_dir.parent / "missing"), "--port", str(port)]) == 2
     assert "not found" in capsys.readouterr().err
-    assert main(["serve", str(folder_dir), "--max-texts", "0"]) == 2
-    assert "--max-texts must be > 0" in capsys.readouterr().err
-    # a request of --max-texts texts could never be queued: refused at start, in one line (a
+    assert main(["serve", str(folder_dir), "--set", "serve.max_texts=0"]) == 2
+    assert "serve.max_texts must be > 0" in capsys.readouterr().err
+    # a request of serve.max_texts texts could never be queued: refused at start, in one line (a
     # server that started anyway fails the test instead of serving for ever)
     monkeypatch.setattr("aiayn.serve.lanes.run_on_main_thread", never_serve)
-    assert main(["serve", str(folder_dir), "--max-texts", "64", "--max-queue", "32"]) == 2
+    assert main(["serve", str(folder_dir), "--set", "serve.max_texts=64", "--set",
+                 "serve.max_queue=32"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--max-texts (64) is more than --max-queue (32)" in err and "\n" not in err
+    assert "serve.max_texts (64) is more than serve.max_queue (32)" in err and "\n" not in err
 
 
 def test_generation_past_its_time_limit_ends_with_an_error_event(tmp_path):

@@ -1,4 +1,4 @@
-"""`aiayn serve --workers N`: N processes on one port (aiayn/serve/lanes.py). Every lane answers
+"""`aiayn serve --lanes N`: N processes on one port (aiayn/serve/lanes.py). Every lane answers
 as one server does; the lanes share the connections; lanes stop with the first one, even when
 it is killed."""
 
@@ -95,7 +95,7 @@ def test_two_lanes_share_the_port_and_answer_as_one_server(folder):
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = start(folder, port, "--workers", "2")
+    server = start(folder, port, "--lanes", "2")
     try:
         wait_ready(server, url)
         lanes, counts = set(), set()
@@ -124,7 +124,7 @@ def test_two_lanes_share_the_port_and_answer_as_one_server(folder):
 
 def test_the_other_lanes_stop_when_the_first_is_killed(folder):
     port = free_port()
-    server = start(folder, port, "--workers", "2")
+    server = start(folder, port, "--lanes", "2")
     try:
         wait_ready(server, f"http://127.0.0.1:{port}")
     finally:
@@ -133,9 +133,28 @@ def test_the_other_lanes_stop_when_the_first_is_killed(folder):
     assert port_closed(port, 20)
 
 
-def test_workers_below_one_is_one_line(folder, capsys):
+def test_lanes_below_one_is_one_line(folder, capsys):
     from aiayn.cli import main
 
-    assert main(["serve", str(folder), "--workers", "0", "--port", str(free_port())]) == 2
+    assert main(["serve", str(folder), "--lanes", "0", "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
-    assert "--workers must be >= 1" in err and "Traceback" not in err
+    assert "--lanes must be >= 1" in err and "Traceback" not in err
+
+
+def test_lanes_beyond_the_threads_are_one_line_before_any_starts(folder, capsys, monkeypatch):
+    """`serve --lanes 1000` on 2 cores started hundreds of processes (issue 66, finding 15):
+    more lanes than the threads the server may use are refused in one line, none started."""
+    from aiayn.cli import main
+    from aiayn.errors import ConfigError
+    from aiayn.serve.lanes import lane_plan
+
+    assert lane_plan(2, 2, "cpu") == (2, 1)
+    with pytest.raises(ConfigError, match=r"--lanes 1000: at most 2 here"):
+        lane_plan(1000, 2, "cpu")
+    started = []
+    monkeypatch.setattr("aiayn.serve.lanes.Lanes.start", lambda self: started.append(self))
+    monkeypatch.setenv("AIAYN_THREADS", "2")
+    assert main(["serve", str(folder), "--lanes", "1000", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn: error: --lanes 1000: at most 2 here") and err.count("\n") == 1
+    assert started == []

@@ -170,7 +170,7 @@ def test_decoding_makes_a_fixed_number_of_syncs_per_step(beam):
         model = without_eos(Transformer(tiny_config(layers, output_vocab="targets")).eval())
         translate_ids(model, sources[:1], cfg)  # warm-up
         with counting_syncs() as sites:
-            hyps = translate_ids(model, sources, replace(cfg, max_tokens=10_000))
+            hyps = translate_ids(model, sources, replace(cfg, batch_tokens=10_000))
         assert all(len(h[0].tokens) == max_len for h in hyps)  # every step ran, no EOS
         counts[layers] = sites
     assert counts[1] == counts[3], f"syncs grow with the layers: {counts}"

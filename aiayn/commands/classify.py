@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     check_batch_tokens(args)
     model = load_model_folder(args.model, inference_device(args.device), CLASSIFICATION)
     out = []
-    for result in model.classify(read_input_lines(args.input), args.max_tokens):
+    for result in model.classify(read_input_lines(args.input), args.batch_tokens):
         label = result["label"]
         out.append(f"{label}\t{result['probs'][label]:.4f}" if label else "")
     sys.stdout.write("".join(line + "\n" for line in out))  # no input line: no output line

@@ -17,7 +17,7 @@ import logging
 import time
 import tomllib
 
-from aiayn.commands.options import add_output_file, add_sets, retired, section_sets
+from aiayn.commands.options import add_output_file, add_sets, section_sets
 from aiayn.config import apply_overrides
 from aiayn.data import (
     DATASETS,
@@ -92,13 +92,6 @@ def _add_prepare(actions: argparse._SubParsersAction) -> None:
     )
     prep.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
     prep.add_argument("--force", action="store_true", help="fetch again even if cached")
-    # Where to fetch from and where the cache is are the environment's, which every command
-    # reads (`aiayn train` fetches a missing dataset and looks for it there too); -q hides the bar.
-    retired(prep, "--mirror", "the environment variable AIAYN_DATA_MIRROR={value}")
-    retired(
-        prep, "--cache", "the environment variable AIAYN_CACHE={value} (where `aiayn train` looks)"
-    )
-    retired(prep, "--no-progress", "-q (no progress bar)", action="store_true")
     prep.set_defaults(run=run_prepare)
 
 
@@ -132,10 +125,8 @@ def run_list(args: argparse.Namespace) -> int:
 def run_prepare(args: argparse.Namespace) -> int:
     folder = download_dataset(
         args.name,
-        mirror=args.mirror,
-        cache=args.cache,
         force=args.force,
-        progress=False if args.no_progress or args.quiet else None,
+        progress=False if args.quiet else None,
     )
     print(folder)
     return 0

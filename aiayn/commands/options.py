@@ -1,12 +1,12 @@
-"""Options and helpers shared by the commands: renamed and retired flags (an old spelling still
-works, with one warning), ``-i/--input``, ``-o/--out``, ``--set SECTION.KEY=VALUE``, the
-"advanced options" group; and, for the commands that use a trained model (translate, evaluate,
-classify, generate, serve), the model folders, decoding flags, the engine, the device and input
-lines.
+"""Options and helpers shared by the commands: ``-i/--input``, ``-o/--out``,
+``--set SECTION.KEY=VALUE``, the "advanced options" group; and, for the commands that use a
+trained model (translate, evaluate, classify, generate, serve), the model folders, decoding
+flags, the engine, the device and input lines. Each flag has one spelling: a flag renamed or
+retired is gone, not rewritten.
 
 Decoding flags default to None: a flag (or ``--set decode.KEY=VALUE``) given overrides the model
 folder's ``decode`` settings, which override :class:`~aiayn.decode.config.DecodeConfig`'s
-defaults (the only home of them).
+defaults (the only home of them), through :func:`aiayn.decode.config.merge_decode`.
 """
 
 from __future__ import annotations
@@ -24,74 +24,6 @@ if TYPE_CHECKING:
     import torch
 
     from aiayn.folder.load import ModelFolder
-
-
-# ---- flags renamed or retired since: the old spelling still works, with one warning line ------
-
-
-class _Renamed(argparse.Action):
-    """Mixed into a flag's argparse action: an old spelling (``old_spellings``) still works and
-    says once, on stderr, what the flag is called now. --help shows the new spellings only."""
-
-    old_spellings: tuple[str, ...] = ()
-    warned = False
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        if option_string in self.old_spellings and not self.warned:
-            self.warned = True
-            new = max((s for s in self.option_strings if s not in self.old_spellings), key=len)
-            warn(f"{option_string} is now called {new}")
-        super().__call__(parser, namespace, values, option_string)
-
-
-class _Retired(argparse.Action):
-    """Mixed into the action of a flag no longer offered (merged into another, or a setting now
-    given another way): it still works, hidden from --help, and says once, on stderr, what to
-    write instead (``now``; ``{value}`` stands for the value given)."""
-
-    now = ""
-    warned = False
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        if not self.warned:
-            self.warned = True
-            warn(f"{option_string} is now {self.now.format(value=values)}")
-        super().__call__(parser, namespace, values, option_string)
-
-
-_MIXED: dict[tuple[type, type], type] = {}
-
-
-def _mix(action: argparse.Action, mixin: type) -> None:
-    """Give ``action`` the behaviour of ``mixin`` before that of its own argparse class."""
-    base = type(action)
-    if (mixin, base) not in _MIXED:
-        _MIXED[mixin, base] = type(f"{mixin.__name__[1:]}{base.__name__}", (mixin, base), {})
-    action.__class__ = _MIXED[mixin, base]
-
-
-def warn(message: str) -> None:
-    """One line ``aiayn: warning: …`` on stderr (the command line's, before logging is set up)."""
-    print(f"aiayn: warning: {message}", file=sys.stderr)
-
-
-def flag(group: Any, *names: str, old: tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
-    """``group.add_argument(*names, **kwargs)``, also accepting the ``old`` spellings of the flag
-    (each with one warning naming the new one)."""
-    action = group.add_argument(*names, *old, **kwargs)
-    if old:
-        _mix(action, _Renamed)
-        action.old_spellings = old
-    return action
-
-
-def retired(group: Any, name: str, now: str, **kwargs: Any) -> argparse.Action:
-    """A flag taken out of --help that still works (``group.add_argument(name, **kwargs)``) with
-    one warning saying what to write instead: ``now``, e.g. "--set decode.min_len={value}"."""
-    action = group.add_argument(name, help=argparse.SUPPRESS, **kwargs)
-    _mix(action, _Retired)
-    action.now = now
-    return action
 
 
 def advanced(p: argparse.ArgumentParser) -> Any:
@@ -133,12 +65,10 @@ def add_input_file(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_output_file(p: Any, what: str, default: str | None = None, shown: str = "stdout") -> None:
-    """``-o/--out FILE``: the one spelling of a command's output (was ``--output`` in some)."""
-    flag(
-        p,
+    """``-o/--out FILE``: the one spelling of a command's output."""
+    p.add_argument(
         "-o",
         "--out",
-        old=("--output",),
         dest="output",
         metavar="FILE",
         default=default,
@@ -157,7 +87,9 @@ def add_output_folder_options(p: argparse.ArgumentParser, source: str, what: str
     )
 
 
-def add_sets(p: argparse.ArgumentParser, section: str, example: str) -> None:
+def add_sets(
+    p: argparse.ArgumentParser, section: str, example: str, what: str = "override a recipe key"
+) -> None:
     """``--set SECTION.KEY=VALUE``, the one syntax of a config override (as in recipes)."""
     p.add_argument(
         "--set",
@@ -165,27 +97,22 @@ def add_sets(p: argparse.ArgumentParser, section: str, example: str) -> None:
         action="append",
         default=[],
         metavar=f"{section}.KEY=VALUE",
-        help=f"override a recipe key, e.g. --set {example} (repeatable; every key: "
-        "docs/reference/cli.md)",
+        help=f"{what}, e.g. --set {example} (repeatable; every key: docs/reference/cli.md)",
     )
 
 
-def section_sets(overrides: list[str], section: str, bare: bool = True) -> dict[str, str]:
-    """``--set SECTION.KEY=VALUE`` of one section -> ``{KEY: VALUE}``. A bare ``KEY=VALUE`` (the
-    older spelling of `aiayn data` and `aiayn summary`; ``bare``) is taken with one warning."""
+def section_sets(overrides: list[str], section: str) -> dict[str, str]:
+    """``--set SECTION.KEY=VALUE`` of one section -> ``{KEY: VALUE}``; ConfigError for a key of
+    another section or none."""
     from aiayn.config import parse_override
 
     values = {}
     for text in overrides:
         key, value = parse_override(text)
         head, dot, rest = key.partition(".")
-        if dot and head == section:
-            key = rest
-        elif dot or not bare:
+        if not (dot and head == section):
             raise ConfigError(f"--set {text}: this command takes {section}.KEY=VALUE")
-        else:
-            warn(f"--set {text} is now --set {section}.{text} (the recipes' SECTION.KEY)")
-        values[key] = value
+        values[rest] = value
     return values
 
 
@@ -203,8 +130,9 @@ def add_engine(p: Any) -> None:
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Decoding flags; each defaults to the model folder's setting, else DecodeConfig's. The
-    paper's two (beam, α) are flags; every other search setting is ``--set decode.KEY=VALUE``,
-    the recipe's name for it (also the HTTP API's and the Python keyword's)."""
+    common settings are flags (fairseq's and Hugging Face's: beam, α, the batch, the speed
+    switches); every other decoding setting is ``--set decode.KEY=VALUE``, its recipe key. A
+    setting has one spelling: ``--set decode.beam`` is refused (:func:`decode_overrides`)."""
     from aiayn.decode.config import DecodeConfig
 
     d = DecodeConfig()
@@ -216,13 +144,12 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="decode.KEY=VALUE",
-        help="any other decoding setting, by its recipe key: e.g. --set "
+        help="a decoding setting without a flag, by its recipe key: e.g. --set "
         "decode.length_penalty=average, decode.max_len_b=100, decode.no_repeat_ngram_size=3 "
         "(repeatable; every key: docs/reference/cli.md, [decode])",
     )
     add_engine(p)
-    _add_retired_decode_flags(p)
-    add_batch_tokens(advanced(p), d.max_tokens, "sentences × longest padded source length")
+    add_batch_tokens(advanced(p), d.batch_tokens, "sentences × longest padded source length")
     _add_speed_options(advanced(p))
     p.description = (p.description or "") + (
         " Decoding settings left out take the model folder's (config.json 'decode', "
@@ -230,31 +157,11 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-# Search controls that were flags of their own, now --set decode.KEY=VALUE (what the recipe, the
-# HTTP API and Python call them): (flag, DecodeConfig field, argparse keywords).
-RETIRED_DECODE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("--length-penalty", "length_penalty", {"choices": ("gnmt", "average", "none", "power")}),
-    ("--max-len-a", "max_len_a", {"type": float}),
-    ("--max-len-b", "max_len_b", {"type": int}),
-    ("--repetition-penalty", "repetition_penalty", {"type": float}),
-    ("--no-repeat-ngram-size", "no_repeat_ngram_size", {"type": int}),
-)
-
-
-def _add_retired_decode_flags(p: argparse.ArgumentParser) -> None:
-    for name, key, kwargs in RETIRED_DECODE_FLAGS:
-        retired(p, name, f"--set decode.{key}={{value}}", dest=key, **kwargs)
-
-
 def add_batch_tokens(g: Any, default: int, measure: str) -> None:
-    """``--batch-tokens N``: the token budget of one decoding batch, the one name for it in every
-    inference command (was ``--max-tokens``; the recipe's ``data.max_tokens`` is the training
-    batch's)."""
-    flag(
-        g,
+    """``--batch-tokens N``: the token budget of one decoding batch (``decode.batch_tokens``), the
+    one name for it in every inference command (``data.max_tokens`` is a training batch's)."""
+    g.add_argument(
         "--batch-tokens",
-        old=("--max-tokens",),
-        dest="max_tokens",
         type=int,
         metavar="N",
         help=f"token budget of one decoding batch: {measure}; more holds more memory, "
@@ -299,26 +206,33 @@ def open_models(
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The DecodeConfig fields given on the command line (settings left out are not included):
-    ``--set decode.KEY=VALUE``, then the flags (which win)."""
+    its flags and ``--set decode.KEY=VALUE``. A setting has one spelling: ``--set`` of a key
+    this command has a flag for is refused, naming the flag."""
     from aiayn.config import coerce_keys
     from aiayn.decode.config import DecodeConfig
-    from aiayn.run_config import REMOVED
+    from aiayn.run_config import REMOVED, RENAMED
 
     check_batch_tokens(args)
-    sets = section_sets(args.overrides, "decode", bare=False)
+    sets = section_sets(args.overrides, "decode")
+    names = [f.name for f in fields(DecodeConfig)]
     for key in sets:
+        now = RENAMED.get(f"decode.{key}", f"decode.{key}").removeprefix("decode.")
+        if now in names and hasattr(args, now):
+            flag = "--" + now.replace("_", "-")
+            raise ConfigError(f"--set decode.{key}: this command's flag for it is {flag}")
+        if now != key:
+            raise ConfigError(f"--set decode.{key}: it is now called decode.{now}")
         if f"decode.{key}" in REMOVED:
             raise ConfigError(f"--set decode.{key}: {REMOVED[f'decode.{key}']}")
     chosen = coerce_keys(DecodeConfig, sets, prefix="decode.")
-    names = [f.name for f in fields(DecodeConfig)]
     chosen.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
     return chosen
 
 
 def check_batch_tokens(args: argparse.Namespace) -> None:
-    """``--batch-tokens`` below 1, named as the user typed it (the library says max_tokens)."""
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise ConfigError(f"--batch-tokens must be >= 1, got {args.max_tokens}")
+    """``--batch-tokens`` below 1, named as the user typed it."""
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise ConfigError(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
 
 
 DEVICE_HELP = (

@@ -14,7 +14,7 @@ import argparse
 import logging
 import os
 
-from aiayn.commands.options import add_output_file, flag
+from aiayn.commands.options import add_output_file
 from aiayn.errors import AiaynError
 
 log = logging.getLogger(__name__)
@@ -110,10 +110,8 @@ def _shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--length", type=int, default=2048, help="number of positions (default 2048)"
     )
-    flag(
-        parser,
+    parser.add_argument(
         "--d-model",
-        old=("--depth",),
         type=int,
         default=512,
         help="the encoding's width d_model, even (default 512)",

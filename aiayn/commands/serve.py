@@ -13,7 +13,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from aiayn.commands.options import add_device, add_engine, advanced, retired
+from aiayn.commands.options import add_device, add_engine, add_sets, section_sets
 from aiayn.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,13 +22,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEY_ENV = "AIAYN_API_KEY"
-
-
-# The batcher's timing: benchmark settings (docs/serving.md), under --help's advanced options.
-BATCHING_TUNING = ("batch_wait_ms", "batch_max_wait_ms", "join_steps")
-# --batching: Limits' batching and step_batching as one choice (was --no-batching and
-# --no-step-batching, still read with a warning).
-BATCHING = ("step", "whole", "off")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -52,51 +45,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--api-key",
         help=f"require this key on every route but /health (default: ${KEY_ENV} when set)",
     )
-    add_limits(p)
-    advanced(p).add_argument(
-        "--batching",
-        choices=BATCHING,
-        default="step",
-        help="how requests share the model: step (the PyTorch backend's translations join a "
-        "running batch between decoder steps, the rest in whole batches), whole (requests merge "
-        "into batches that run start to end: more sentences/s under many one-sentence clients, "
-        "a lone request waits for its batch window), off (every request alone, in arrival "
-        "order; for comparison) (default: step)",
-    )
-    for old, now in (("--no-batching", "off"), ("--no-step-batching", "whole")):
-        retired(p, old, f"--batching {now}", dest="batching", action="store_const", const=now)
     p.add_argument(
-        "--workers",
-        dest="lanes",
+        "--lanes",
         type=int,
         metavar="N",
-        help="decoding lanes: server processes sharing the port, each with its own batch and an "
-        "equal share of the cores (default: one per core, or per thread AIAYN_THREADS / "
+        help="server processes sharing the port, each with its own batch and an equal share of "
+        "the cores, at most one per core (default: one per core, or per thread AIAYN_THREADS / "
         "OMP_NUM_THREADS set, each on 1 thread; 1 on a GPU; docs/serving.md)",
+    )
+    add_sets(p, "serve", "serve.max_texts=64", "a limit of the server or how it batches")
+    p.description = (p.description or "") + (
+        " The server's limits and batching are --set serve.KEY=VALUE (every key: "
+        "docs/reference/cli.md, [serve])."
     )
     p.set_defaults(run=run, workers=1)  # each lane's one worker thread decodes (the batcher's)
     return p
-
-
-def add_limits(p: argparse.ArgumentParser) -> None:
-    """A flag for each of :class:`~aiayn.serve.limits.Limits` but the batching switches
-    (``--batching``); the batcher's timing under the advanced options."""
-    from aiayn.serve.limits import LIMIT_HELP, Limits
-
-    defaults = Limits()
-    limits = p.add_argument_group("limits", "what one request may ask, what the server holds")
-    for field in dataclasses.fields(Limits):
-        if field.name in ("batching", "step_batching"):
-            continue
-        default = getattr(defaults, field.name)
-        group = advanced(p) if field.name in BATCHING_TUNING else limits
-        group.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            type=type(default),
-            default=default,
-            help=f"{LIMIT_HELP[field.name]} (default: {default:g})",
-        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,15 +125,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
-    """The server's Limits from its flags (``--batching``: Limits' two switches)."""
+    """The server's Limits from ``--set serve.KEY=VALUE`` (the others keep their defaults)."""
+    from aiayn.config import coerce_keys
     from aiayn.serve.limits import Limits
 
-    given = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(Limits)
-        if f.name not in ("batching", "step_batching")
-    }
-    return Limits(batching=args.batching != "off", step_batching=args.batching == "step", **given)
+    sets = section_sets(args.overrides, "serve")
+    return Limits(**coerce_keys(Limits, sets, prefix="serve."))
 
 
 def check_port(host: str, port: int) -> None:

@@ -7,7 +7,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from aiayn.commands.options import add_sets, advanced, retired, section_sets
+from aiayn.commands.options import add_sets, advanced, section_sets
 from aiayn.config import ModelConfig, apply_overrides
 from aiayn.errors import ConfigError
 
@@ -42,12 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default="2,16,16",
         help="the example forward pass's batch size, source and target length (default: 2,16,16)",
     )
-    for name, now in (
-        ("--batch", "{value},S,T"),
-        ("--src-len", "B,{value},T"),
-        ("--tgt-len", "B,S,{value}"),
-    ):
-        retired(p, name, f"--shape {now}", type=int)
     p.set_defaults(run=run)
     return p
 
@@ -103,8 +97,7 @@ def resolve_model_config(spec: str, overrides: list[str]) -> tuple[ModelConfig, 
 
 
 def example_shape(args: argparse.Namespace) -> tuple[int, int, int]:
-    """``--shape B,S,T`` (each part replaced by the older --batch, --src-len, --tgt-len when
-    given) as three positive integers."""
+    """``--shape B,S,T`` as three positive integers."""
     parts = args.shape.split(",")
     try:
         shape = [int(x) for x in parts] if len(parts) == 3 else []
@@ -112,11 +105,6 @@ def example_shape(args: argparse.Namespace) -> tuple[int, int, int]:
         shape = []
     if not shape or min(shape) <= 0:
         raise ConfigError(f"--shape must be three positive integers B,S,T, got '{args.shape}'")
-    for i, old in enumerate((args.batch, args.src_len, args.tgt_len)):
-        if old is not None:
-            if old <= 0:
-                raise ConfigError(f"--shape must be three positive integers B,S,T, got {old}")
-            shape[i] = old
     return shape[0], shape[1], shape[2]
 
 

@@ -55,7 +55,7 @@ def predict_ids(
     padded tokens each.
     """
     if max_tokens is not None and max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
+        raise ConfigError(f"batch_tokens must be >= 1, got {max_tokens}")
     decoding_device(model, torch.device(device))  # eval mode for a torch module
     probs = torch.empty(len(items), model.cfg.n_classes)
     if not items:

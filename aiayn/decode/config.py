@@ -1,13 +1,19 @@
-"""Decoding settings: one frozen dataclass, overridable like every other aiayn config.
+"""Decoding settings: one frozen dataclass, overridable like every other aiayn config, and the
+one function that merges them (:func:`merge_decode`).
 
 The only home of decoding defaults: the command-line flags, :func:`aiayn.decode.translate_texts`
 and a model folder's config.json ``decode`` section (a recipe's ``[decode]``) all start from it.
+A setting has one name everywhere: the field ``beam`` is the flag ``--beam``, the recipe key
+``decode.beam``, the HTTP field ``"beam"`` and the Python keyword ``translate(beam=)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from aiayn.checks import check_integer, check_number
 from aiayn.errors import ConfigError
@@ -61,13 +67,14 @@ class DecodeConfig:
     min_len: int = 0
     # Hypotheses returned per input, best first (at most `beam`).
     nbest: int = 1
-    # Token budget of one decoding batch (`--batch-tokens`; data.max_tokens is a training
-    # batch's): sentences × longest padded source length. With beam 5 the
-    # decoder then holds ~5 × max_tokens / source length rows; past ~1,000 tokens a batch decoded
+    # Token budget of one decoding batch: sentences × longest padded source length (not
+    # data.max_tokens, a training batch's B × max(S, T) over both sides, fairseq's --max-tokens;
+    # nor serve.batch_tokens, source tokens merged across requests). With beam 5 the
+    # decoder then holds ~5 × batch_tokens / source length rows; past ~1,000 tokens a batch decoded
     # no faster on a 2-core CPU and only held more memory (demo model, test2016, 2 workers:
     # 0.73x CTranslate2 float32 at 1,024 tokens and 680 MB peak RSS, 0.67x at 4,096 and
     # 1,305 MB; docs/decoding.md).
-    max_tokens: int = 1024
+    batch_tokens: int = 1024
     # Batches decoded at once, each on its share of torch's intra-op threads (CTranslate2's
     # inter_threads). 0: chosen for the machine and the engine when the model runs
     # (aiayn.threads.default_workers: one per thread, at most 2 for aiayn's search, 4 for
@@ -109,5 +116,24 @@ class DecodeConfig:
                 f"repetition_penalty must be a number > 0 (1: off), got {self.repetition_penalty}"
             ) from None
         check_integer("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
-        check_integer("max_tokens", self.max_tokens, minimum=1)
+        check_integer("batch_tokens", self.batch_tokens, minimum=1)
         check_integer("workers", self.workers, minimum=0)
+
+
+def merge_decode(base: DecodeConfig, *layers: Mapping[str, Any] | None) -> DecodeConfig:
+    """The one merge of decoding settings, used by the command line, ``aiayn.load(...)`` and the
+    server: ``base`` (a model folder's settings: its recipe's ``[decode]`` over DecodeConfig's
+    defaults), then each of ``layers`` in order, a later one winning: the command line's flags,
+    then a request's fields or Python keywords. A None value is "not given"; an unknown name is
+    a ConfigError naming the nearest known one (``beem`` -> did you mean ``beam``?)."""
+    names = [f.name for f in dataclasses.fields(DecodeConfig)]
+    chosen: dict[str, Any] = {}
+    for layer in layers:
+        for name, value in (layer or {}).items():
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ConfigError(f"unknown decoding setting '{name}'{hint}")
+            if value is not None:
+                chosen[name] = value
+    return dataclasses.replace(base, **chosen)

@@ -3,7 +3,7 @@
 Shape legend: B sentences in a batch · k beam size · S source len · D d_model · V vocab.
 
 Sentences are tokenised, sorted by length into token-bounded batches (sentences × padded source
-length ≤ ``max_tokens``), decoded, put back in input order and detokenised. A sentence decodes the
+length ≤ ``batch_tokens``), decoded, put back in input order and detokenised. A sentence decodes the
 same alone or inside a batch (tested). The source is the subword ids followed by EOS; the decoder
 starts from BOS (the convention of :mod:`aiayn.data` and fairseq).
 """
@@ -15,7 +15,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -23,7 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.data.batching import TokenBatchSampler
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, merge_decode
 from aiayn.decode.packed import prepacked
 from aiayn.decode.search import Hypothesis, Rules, SearchSettings, beam_search, greedy_search
 from aiayn.decode.step import Seq2SeqModel, decoding_device, force_prefix, transformer_step
@@ -171,7 +170,7 @@ def translate_ids(
             if cfg.bf16
             else contextlib.nullcontext()
         ):
-            batches = token_batches([len(sources[i]) for i in todo], cfg.max_tokens)
+            batches = token_batches([len(sources[i]) for i in todo], cfg.batch_tokens)
             in_workers(decode, batches, cfg.workers or default_workers("torch", device=device.type))
     finally:
         if was_training:
@@ -252,10 +251,10 @@ def translate_texts(
     """Translate raw text lines into one best line each ("" for a blank line).
 
     ``cfg`` (default: :class:`DecodeConfig`'s defaults) with ``overrides``, further DecodeConfig
-    fields (``beam=5``, ``max_len_b=6`` …), applied. Validation BLEU during training and
-    :meth:`aiayn.folder.ModelFolder.translate` call this.
+    fields (``beam=5``, ``max_len_b=6`` …), applied (:func:`~aiayn.decode.config.merge_decode`).
+    Validation BLEU during training and :meth:`aiayn.folder.ModelFolder.translate` call this.
     """
-    cfg = replace(cfg or DecodeConfig(), **overrides)
+    cfg = merge_decode(cfg or DecodeConfig(), overrides)
     return [
         line[0][0] if line else "" for line in translate_hypotheses(model, tokenizer, texts, cfg)
     ]

@@ -35,7 +35,7 @@ from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.align import align
 from aiayn.decode.classify import LABEL_NAMES, encode_texts
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, merge_decode
 from aiayn.decode.generate import TextStream
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
@@ -183,12 +183,10 @@ class ModelFolder:
         return self.config.decode
 
     def decode_config(self, decode: DecodeConfig | None = None, **overrides: Any) -> DecodeConfig:
-        """``decode`` (default: the folder's) with ``overrides`` (None values ignored) applied."""
-        chosen = {k: v for k, v in overrides.items() if v is not None}
-        try:
-            return replace(decode or self.decode, **chosen)
-        except TypeError as err:
-            raise ConfigError(f"unknown decoding setting ({err})") from None
+        """``decode`` (default: the folder's) with ``overrides`` (None values ignored) applied,
+        through the one merge of decoding settings (:func:`~aiayn.decode.config.merge_decode`:
+        an unknown keyword is a ConfigError naming the nearest setting)."""
+        return merge_decode(decode or self.decode, overrides)
 
     @property
     def text_limit(self) -> int:
@@ -304,18 +302,18 @@ class ModelFolder:
         names = LABEL_NAMES.get(self.config.data.dataset) if self.has_data else None
         return list(names) if names and len(names) == n else [str(i) for i in range(n)]
 
-    def class_probs(self, texts: Sequence[str], max_tokens: int | None = None) -> torch.Tensor:
+    def class_probs(self, texts: Sequence[str], batch_tokens: int | None = None) -> torch.Tensor:
         """(N, C) class probabilities of non-blank ``texts``, cleaned and cut as in training."""
         self._need("classify")
         limit = self.text_limit
         ids = [x[:limit] for x in encode_texts(self.tokenizer, texts)]
-        return self.backend.class_probs(ids, max_tokens)
+        return self.backend.class_probs(ids, batch_tokens)
 
-    def classify(self, texts: Sequence[str], max_tokens: int | None = None) -> list[dict]:
+    def classify(self, texts: Sequence[str], batch_tokens: int | None = None) -> list[dict]:
         """Per text ``{"label": name, "probs": {name: p}}`` ({"label": "", "probs": {}} for a
         blank text)."""
         filled = [i for i, text in enumerate(texts) if text.strip()]
-        probs = self.class_probs([texts[i] for i in filled], max_tokens)
+        probs = self.class_probs([texts[i] for i in filled], batch_tokens)
         names = self.label_names()
         out: list[dict] = [{"label": "", "probs": {}} for _ in texts]
         for i, row in zip(filled, probs.tolist()):
@@ -381,6 +379,6 @@ class ModelFolder:
                 raise ConfigError(
                     f"{self.path}: --paper-bleu scores translations; this is a classifier"
                 )
-            return score_classifier(self, split, src, limit, overrides.get("max_tokens"))
+            return score_classifier(self, split, src, limit, overrides.get("batch_tokens"))
         self._need("translate")
         return score_translations(self, split, src, ref, limit, decode, paper_bleu, overrides)

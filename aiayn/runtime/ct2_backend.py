@@ -107,7 +107,8 @@ def _warn_unmapped(cfg: DecodeConfig) -> None:
     if cfg.length_penalty == "gnmt":
         log.warning(
             "ctranslate2 has no GNMT length penalty; ranking by log P / |Y|^%s instead "
-            "(--length-penalty average ranks exactly as aiayn does)",
+            "(length_penalty='average' ranks exactly as aiayn does: --set "
+            "decode.length_penalty=average, or translate(length_penalty='average'))",
             cfg.alpha,
         )
     if cfg.beam > 1 and not cfg.early_stopping:
@@ -284,7 +285,7 @@ class Ct2Translator:
         return self.translator.translate_batch(
             [[self.tokens[t] for t in sources[i]] for i in index],
             [prefix[i] or None for i in index] if prefix is not None else None,
-            max_batch_size=cfg.max_tokens,
+            max_batch_size=cfg.batch_tokens,
             batch_type="tokens",
             asynchronous=True,
             beam_size=cfg.beam,

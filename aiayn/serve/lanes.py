@@ -99,13 +99,20 @@ def listening_socket(host: str, port: int, share: bool) -> socket.socket:
 
 
 def lane_plan(asked: int | None, threads: int, device: str) -> tuple[int, int]:
-    """(lanes, threads per lane): ``asked`` (``--workers``) or :func:`default_lanes`, sharing
-    ``threads``; ConfigError for a count below 1, or above 1 where the port cannot be shared."""
+    """(lanes, threads per lane): ``asked`` (``--lanes``) or :func:`default_lanes`, sharing
+    ``threads``; ConfigError for a count below 1, above ``threads`` (each lane is a process with
+    its own copy of the model and at least one thread: more lanes than threads only compete for
+    the cores), or above 1 where the port cannot be shared."""
     lanes = default_lanes(threads, device) if asked is None else asked
     if lanes < 1:
-        raise ConfigError(f"--workers must be >= 1, got {lanes}")
+        raise ConfigError(f"--lanes must be >= 1, got {lanes}")
+    if lanes > threads:
+        raise ConfigError(
+            f"--lanes {lanes}: at most {threads} here, one per thread the server may use (the "
+            "cores it may run on, or AIAYN_THREADS)"
+        )
     if lanes > 1 and not can_share_port():
-        raise ConfigError("--workers above 1 needs Linux (processes sharing the port)")
+        raise ConfigError("--lanes above 1 needs Linux (processes sharing the port)")
     return lanes, max(1, threads // lanes)
 
 

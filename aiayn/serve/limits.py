@@ -1,4 +1,5 @@
-"""The bounds of the server: every one a flag of `aiayn serve` with the default below."""
+"""The bounds of the server: each a key of `aiayn serve --set serve.KEY=VALUE` (the field's name),
+with the default below."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 from aiayn.errors import ConfigError
 
-__all__ = ["Limits", "LIMIT_HELP"]
+__all__ = ["Limits"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class Limits:
     # Seconds a request may take from arrival to answer; later is 504 (cancelled if not started).
     timeout: float = 30.0
     # Dynamic batching: source tokens of all requests merged into one batch (step-level
-    # batching: of all requests in a running translation).
+    # batching: of all requests in a running translation). Not decode.batch_tokens, the budget
+    # of one decoding batch as translate counts it (sentences × longest padded source length).
     batch_tokens: int = 4096
     # Batch-boundary batching (not the PyTorch backend's translations, which requests join
     # between decoder steps): a batch starts once no request has joined it for this long ...
@@ -42,7 +44,8 @@ class Limits:
     # their texts reach an eighth of its own, or the oldest has waited this many decoder steps
     # (each join is an encoder pass; an idle server starts a request at once). 0: at every step.
     join_steps: int = 2
-    # False: every request runs alone, in arrival order (the benchmark's baseline).
+    # False: every request runs alone, in arrival order (the benchmark's baseline; step_batching
+    # then cannot apply).
     batching: bool = True
     # False: the PyTorch backend's translations are batched at batch boundaries too (more
     # sentences/s at 64+ one-sentence clients on a 2-core CPU; step-level batching answers a
@@ -56,37 +59,17 @@ class Limits:
                 continue
             if f.name == "join_steps":  # 0: join at every step
                 if value < 0:
-                    raise ConfigError(f"--join-steps must be >= 0, got {value}")
+                    raise ConfigError(f"serve.join_steps must be >= 0, got {value}")
             elif not value > 0:
-                raise ConfigError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
+                raise ConfigError(f"serve.{f.name} must be > 0, got {value}")
         if self.max_texts > self.max_queue:
             raise ConfigError(
-                f"--max-texts ({self.max_texts}) is more than --max-queue ({self.max_queue}): a "
-                "request of that many texts could never be queued; lower --max-texts or raise "
-                "--max-queue"
+                f"serve.max_texts ({self.max_texts}) is more than serve.max_queue "
+                f"({self.max_queue}): a request of that many texts could never be queued; lower "
+                "serve.max_texts or raise serve.max_queue"
             )
         if not 0 <= self.batch_wait_ms <= self.batch_max_wait_ms:
             raise ConfigError(
-                "--batch-wait-ms must be >= 0 and at most --batch-max-wait-ms, got "
+                "serve.batch_wait_ms must be >= 0 and at most serve.batch_max_wait_ms, got "
                 f"{self.batch_wait_ms:g} and {self.batch_max_wait_ms:g}"
             )
-
-
-# Flag help, from the comments above (one home for the wording).
-LIMIT_HELP = {
-    "max_body_bytes": "request body size in bytes; larger is 413",
-    "max_texts": "texts per /v1/translate or /v1/classify request (at most --max-queue)",
-    "max_text_tokens": "tokens per text (at most the model's positional table); longer is 422",
-    "max_beam": "largest beam size (and n-best) a request may ask for",
-    "max_alpha": "largest length penalty alpha a request may ask for (from 0)",
-    "max_new_tokens": "tokens one /v1/generate request may add",
-    "max_queue": "inputs waiting for the model; more is 503 with Retry-After",
-    "timeout": "seconds per request, arrival to answer; later is 504",
-    "batch_tokens": "dynamic batching: source tokens merged into one batch (or running at once)",
-    "batch_wait_ms": "batch-boundary batching (ONNX, CTranslate2, classification): a batch starts "
-    "once no request has joined it for this long",
-    "batch_max_wait_ms": "batch-boundary batching: ... or this long after its window opened",
-    "join_steps": "step-level batching: waiting requests join a running translation together "
-    "once their texts reach an eighth of its own, or the oldest has waited this many decoder "
-    "steps; 0: at every step",
-}

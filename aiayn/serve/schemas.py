@@ -10,8 +10,8 @@ field (aiayn/serve/errors.py):
 - every string is valid Unicode: JSON may carry a lone surrogate (``"\\ud800"``), which no
   tokenizer can encode and no UTF-8 answer can hold.
 
-The upper bounds that are the server's flags (--max-beam, --max-alpha, --max-new-tokens,
---max-texts; :class:`~aiayn.serve.limits.Limits`) are checked by
+The upper bounds that are the server's settings (serve.max_beam, serve.max_alpha,
+serve.max_new_tokens, serve.max_texts; :class:`~aiayn.serve.limits.Limits`) are checked by
 :class:`~aiayn.serve.service.ModelService`, with the same one-line 422s.
 """
 
@@ -48,10 +48,10 @@ class Body(BaseModel):
 # Every string field of the API is a Text.
 Text = Annotated[str, AfterValidator(valid_unicode)]
 Texts = Annotated[
-    list[Text], Field(min_length=1, description="one text per item (at most --max-texts)")
+    list[Text], Field(min_length=1, description="one text per item (at most serve.max_texts)")
 ]
-Size = Annotated[int | None, Field(ge=1, description="at most --max-beam")]
-Alpha = Annotated[float | None, Field(ge=0.0, description="at most --max-alpha")]
+Size = Annotated[int | None, Field(ge=1, description="at most serve.max_beam")]
+Alpha = Annotated[float | None, Field(ge=0.0, description="at most serve.max_alpha")]
 Penalty = Annotated[float | None, Field(gt=0.0, le=10.0, description="1: off")]
 NGram = Annotated[int | None, Field(ge=0, le=64, description="0: off")]
 # Sampling: below 1e-6, float32 rounds a temperature's quotient or a top_p to inf or 0 and every
@@ -102,7 +102,7 @@ class GenerateBody(Body):
     """A prompt to continue; sampling settings as `aiayn generate`."""
 
     prompt: Text
-    max_new_tokens: Annotated[int, Field(ge=1, description="at most --max-new-tokens")] = 100
+    max_new_tokens: Annotated[int, Field(ge=1, description="at most serve.max_new_tokens")] = 100
     temperature: Temperature = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0
     top_p: TopP = 1.0

@@ -1,8 +1,8 @@
 """What the server does with a model folder, without HTTP: check a request against the limits,
 queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer. The service's
 settings choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
-translations where the backend can step and ``--step-batching`` is on, whole batches for
-everything else, and no merging at all with ``--no-batching``.
+translations where the backend can step and ``serve.step_batching`` is on, whole batches for
+everything else, and no merging at all with ``serve.batching=false``.
 
 Every method that queues work returns a :class:`concurrent.futures.Future`; the HTTP layer
 (:mod:`aiayn.serve.app`) awaits it under the request's time limit. A request the limits refuse
@@ -25,6 +25,7 @@ import torch
 
 from aiayn.config import to_dict
 from aiayn.decode import DecodeConfig, Hypothesis
+from aiayn.decode.config import merge_decode
 from aiayn.decode.generate import check_seed
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import ConfigError
@@ -105,7 +106,7 @@ class ModelService:
     # ---- requests -----------------------------------------------------------------------
 
     def check_at_most(self, name: str, value: float | None, limit: float) -> None:
-        """422 naming ``name`` when ``value`` is above ``limit`` (a flag of the server)."""
+        """422 naming ``name`` when ``value`` is above ``limit`` (a serve.* setting)."""
         if value is not None and value > limit:
             raise RequestError(422, f"{name}: at most {limit:g} on this server, got {value:g}")
 
@@ -113,28 +114,23 @@ class ModelService:
         self, beam: int | None, alpha: float | None, nbest: int | None, **controls: Any
     ) -> DecodeConfig:
         """The folder's own decoding settings, with what the request overrides (workers 1: the
-        batcher's one thread decodes); 422 beyond --max-beam or --max-alpha. ``controls``:
+        batcher's one thread decodes); 422 beyond serve.max_beam or serve.max_alpha. ``controls``:
         DecodeConfig fields (repetition_penalty, no_repeat_ngram_size, alignments), None left
         out; alignments a backend without attention weights cannot give are a 422 naming it."""
         self.check_at_most("beam", beam, self.limits.max_beam)
         self.check_at_most("nbest", nbest, self.limits.max_beam)
         self.check_at_most("alpha", alpha, self.limits.max_alpha)
         base = self.folder.decode
-        beam = base.beam if beam is None else beam
-        nbest = 1 if nbest is None else nbest
-        if nbest > beam:
-            raise RequestError(422, f"nbest ({nbest}) must be at most beam ({beam})")
-        alpha = base.alpha if alpha is None else alpha
-        chosen = {k: v for k, v in controls.items() if v is not None}
-        if chosen.get("alignments"):
+        if nbest is not None and nbest > (base.beam if beam is None else beam):
+            raise RequestError(422, f"nbest ({nbest}) must be at most beam ({beam or base.beam})")
+        if controls.get("alignments"):
             try:
                 require(self.folder.backend, "attention", "alignments need a PyTorch model")
             except Unsupported as err:
                 raise RequestError(422, f"alignments: {err}") from None
-        try:
-            return dataclasses.replace(
-                base, beam=beam, alpha=alpha, nbest=nbest, workers=1, **chosen
-            )
+        request = {"beam": beam, "alpha": alpha, "nbest": nbest, **controls}
+        try:  # the server's own: 1 best, and the batcher's one thread decodes
+            return merge_decode(base, {"nbest": 1, "workers": 1}, request)
         except ConfigError as err:
             raise RequestError(422, str(err)) from None
 

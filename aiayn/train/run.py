@@ -19,7 +19,7 @@ import aiayn.errors as errors
 from aiayn import __version__
 from aiayn.card import write_model_card
 from aiayn.config import ModelConfig, flatten_keys
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, merge_decode
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.folder.config import CONFIG_FILE, FolderConfig, read_folder_config
@@ -151,7 +151,7 @@ def init_decode(cfg: RunConfig, parsed: FolderConfig) -> DecodeConfig:
         for f in fields(DecodeConfig)
         if getattr(here, f.name) != getattr(default, f.name)
     }
-    return replace(parsed.config.decode, **own)
+    return merge_decode(parsed.config.decode, own)
 
 
 def _fit_positions(cfg: RunConfig) -> RunConfig:
