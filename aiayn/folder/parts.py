@@ -130,7 +130,9 @@ def weights_record(weights: Path) -> dict[str, str] | None:
             header = f.metadata() or {}
     except (SafetensorError, OSError, ValueError, RuntimeError):
         return None
-    record = {k[len(_HEADER_PREFIX) :]: v for k, v in header.items() if k.startswith("aiayn.")}
+    record = {
+        k[len(_HEADER_PREFIX) :]: v for k, v in header.items() if k.startswith(_HEADER_PREFIX)
+    }
     return record if MODEL in record else None
 
 
