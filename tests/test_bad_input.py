@@ -292,6 +292,36 @@ def test_outputs_checked_before_any_work(world, tmp_path, capsys):
         fails(capsys, world, argv, message)
 
 
+def test_outputs_over_inputs_are_refused(world, tmp_path, capsys):
+    """An output file that is one of the command's inputs (also through a symbolic link), or a
+    part of a model folder: refused before any work, through one check (aiayn.io.check_not_input),
+    every input byte-identical after (it was replaced, exit 0)."""
+    avg, run, inp = world / "avg", world / "run", world / "in.txt"
+    link = tmp_path / "link.txt"
+    link.symlink_to(inp)
+    reads = "which this command reads"
+    part = "is a part of the model folder"
+    cases = [
+        (["translate", avg, "-i", inp, "-o", inp], f"--out {inp}: is {inp} itself, {reads}"),
+        (["translate", avg, "-i", inp, "-o", link], reads),
+        (["translate", avg, "-i", link, "-o", inp], reads),
+        (["translate", avg, "-i", inp, "-o", avg / "tokenizer.json"], part),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", world / "data" / "train.src"],
+         reads),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", avg / "tokenizer.json"],
+         f"{part} {avg} (tokenizer.json)"),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", run / "best" / "tokenizer.json"],
+         part),
+        (["evaluate", avg, "--src", inp, "--ref", world / "file.txt", "-o", world / "file.txt"],
+         reads),
+        (["evaluate", avg, "--src", inp, "--ref", inp, "-o", avg / "config.json"], part),
+        (["evaluate", avg, "--src", inp, "--ref", inp, "--hyps", avg / "model.safetensors"], part),
+        (["plot", "curves", run, "-o", run / "metrics.jsonl"], part),
+    ]
+    for argv, message in cases:
+        fails(capsys, world, argv, message)
+
+
 # ---- folders that are not to be overwritten -----------------------------------------------------
 def test_existing_folders_are_refused(world, tmp_path, capsys):
     run, cfg = world / "run", world / "run.toml"

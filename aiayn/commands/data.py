@@ -143,7 +143,10 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_tokenizer(args: argparse.Namespace) -> int:
+    from aiayn.io import check_not_input
+
     cfg = data_config(args)
+    check_not_input(args.output, cfg.own_files, "--out", file=True)  # a training file, say
     tokenizer = train_tokenizer_for(cfg)
     tokenizer.save(args.output)
     print(f"{args.output}: {tokenizer.kind} tokenizer, {tokenizer.vocab_size} tokens")

@@ -109,6 +109,11 @@ class DataConfig:
             )
 
     @property
+    def own_files(self) -> list[str]:
+        """The user's data files the config names (``train_src``, …, ``valid_file``)."""
+        return [getattr(self, name) for name in _USER_PATHS if getattr(self, name)]
+
+    @property
     def uses_own_files(self) -> bool:
         """True when the run reads the user's files instead of a registered dataset."""
         return self.dataset == ""
