@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from aiayn.errors import CheckpointError, ConfigError
 
-__all__ = ["check_number", "check_integer", "check_ids", "check_order", "check_finite_tensors"]
+__all__ = [
+    "check_number",
+    "check_integer",
+    "check_ids",
+    "check_order",
+    "check_finite_tensors",
+    "as_texts",
+]
 
 
 def _bounds(minimum: float | None, above: float | None, maximum: float | None) -> str:
@@ -98,3 +105,18 @@ def check_finite_tensors(tensors: Mapping[str, torch.Tensor], path: Any) -> None
                 f"{path}: tensor '{name}' holds {what} values ({bad.numel()} of "
                 f"{tensor.numel()}); the weights are corrupt"
             )
+
+
+def as_texts(texts: str | Sequence[str], name: str = "texts") -> tuple[list[str], bool]:
+    """``(texts as a list, whether one text was given)``: a str is one text, as a Hugging Face
+    pipeline takes it (never a sequence of characters); a list or tuple of str stays a list.
+    TypeError naming ``name`` for anything else (a number, None, a list holding one), as
+    ``aiayn.load`` answers what is not a path: a mistake in the calling code."""
+    if isinstance(texts, str):
+        return [texts], True
+    if isinstance(texts, (list, tuple)):
+        bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+        if bad is None:
+            return list(texts), False
+        raise TypeError(f"{name}[{bad}] must be a string, got {type(texts[bad]).__name__}")
+    raise TypeError(f"{name} must be a string or a list of strings, got {type(texts).__name__}")
