@@ -27,6 +27,7 @@ __all__ = [
     "check_order",
     "check_finite_tensors",
     "as_texts",
+    "check_device",
 ]
 
 
@@ -120,3 +121,28 @@ def as_texts(texts: str | Sequence[str], name: str = "texts") -> tuple[list[str]
             return list(texts), False
         raise TypeError(f"{name}[{bad}] must be a string, got {type(texts[bad]).__name__}")
     raise TypeError(f"{name} must be a string or a list of strings, got {type(texts).__name__}")
+
+
+DEVICES = "auto, cpu, cuda, cuda:N"
+
+
+def check_device(name: str, setting: str = "--device") -> torch.device:
+    """The torch device ``name`` names (``auto``: CUDA when there is one, else the CPU), for
+    every command and training alike; one ConfigError line, naming ``setting``, for a name torch
+    does not know, a device aiayn does not run on (mps, xpu, meta, …: they ended in a torch
+    traceback), or a CUDA device this machine lacks."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{setting} {name}: unknown device (use {DEVICES})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{setting} {name}: not supported; aiayn runs on {DEVICES}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{setting} {name}: no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ConfigError(f"{setting} {name}: this machine has {count} CUDA device(s)")
+    return device

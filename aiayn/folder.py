@@ -31,7 +31,7 @@ from torch import nn
 
 from aiayn import threads
 from aiayn.checkpoint import WEIGHTS_FILE
-from aiayn.checks import as_texts
+from aiayn.checks import as_texts, check_device
 from aiayn.config import ModelConfig
 from aiayn.data import (
     Tokenizer,
@@ -105,12 +105,13 @@ def load_model_folder(
     ``AIAYN_MALLOC=default`` (or any ``MALLOC_*`` variable) before the call to keep glibc's own
     settings."""
     folders = _folder_paths(paths)
+    device = check_device(str(device), "device")  # mps, xpu, meta…: one line, not a traceback
     if expect_kind is not None:
         expect_kind = kind_name(expect_kind)
     parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
-    if torch.device(device).type == "cpu":
+    if device.type == "cpu":
         keep_freed_memory()  # no page faults for what each decoding step frees (aiayn/memory.py)
-    backend, tokenizer = open_backend(folders, parsed, engine, torch.device(device), workers)
+    backend, tokenizer = open_backend(folders, parsed, engine, device, workers)
     first = parsed[0]
     return ModelFolder(
         folders[0], folders, first.kind, backend, tokenizer, first.config, first.has_data

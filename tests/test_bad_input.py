@@ -11,6 +11,7 @@ A command added later (serve, export) joins by adding its cases to CASES.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -262,6 +263,29 @@ def test_bad_flags(world, tmp_path, capsys):
     err = fails(capsys, world, ["average", world / "run", "--until", "0", "-o", tmp_path / "a"],
                 "no checkpoint at step 0 or before; its checkpoints are at steps 1, 2, 3, 4, 5, 6")
     assert "keep_last" not in err  # no checkpoint was removed: keeping more would not help
+
+
+def test_devices_aiayn_does_not_run_on_are_one_line(world, tmp_path, capsys):
+    """mps, meta, xpu (and a CUDA device on a machine without one): one line from the one check
+    (aiayn.checks.check_device) in every command, and in aiayn.load, where translate, evaluate
+    and serve ended in a torch traceback while train refused mps in one line."""
+    import aiayn
+
+    avg, inp, cfg = world / "avg", world / "in.txt", world / "run.toml"
+    unsupported = "not supported; aiayn runs on auto, cpu, cuda, cuda:N"
+    for name in ("mps", "meta", "xpu"):
+        for argv in (["translate", avg, "-i", inp], ["evaluate", avg, "--src", inp, "--ref", inp],
+                     ["classify", avg, "-i", inp], ["generate", avg, "--prompt", "a"]):
+            fails(capsys, world, [*argv, "--device", name], f"--device {name}: {unsupported}")
+        fails(capsys, world, ["train", cfg, "--out", tmp_path / "r", "--set", f"train.device={name}"],
+              f"train.device = {name}: {unsupported}")
+        with pytest.raises(aiayn.ConfigError, match=f"device {name}: {unsupported}"):
+            aiayn.load(avg, device=name)
+    if importlib.util.find_spec("fastapi"):
+        fails(capsys, world, ["serve", avg, "--device", "mps"], f"--device mps: {unsupported}")
+    if not torch.cuda.is_available():
+        fails(capsys, world, ["translate", avg, "-i", inp, "--device", "cuda:1"],
+              "--device cuda:1: no CUDA device is available")
 
 
 def test_outputs_checked_before_any_work(world, tmp_path, capsys):
