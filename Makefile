@@ -5,8 +5,16 @@ BIN     := $(VENV)/bin
 # The torch build: TORCH is the pip requirement, TORCH_INDEX the index it comes from, when set.
 #   CPU only (no CUDA wheels):  make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 #   CUDA 12.8:                  make demo TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# Without TORCH_INDEX, on Linux x86-64 with no NVIDIA GPU (no nvidia-smi) and a pip that has no
+# index or local wheels of its own configured (`pip config list`: such a pip is left to them),
+# pip also looks in TORCH_CPU_INDEX, whose CPU build (2.13.0+cpu) outranks PyPI's CUDA one with
+# its several GB of nvidia-* wheels. An extra index, not --index-url: PyPI still gives torch's
+# dependencies. TORCH_CPU_INDEX= turns it off.
 TORCH   ?= torch==2.13.0
 TORCH_INDEX ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+NO_NVIDIA = $(and $(filter Linux,$(shell uname -s)),$(filter x86_64,$(shell uname -m)),$(if $(shell command -v nvidia-smi 2>/dev/null),,yes))
+PIP_OWN_INDEX = $(shell $(PY) -m pip config list 2>/dev/null | grep -E 'index-url|find-links')
 # Where datasets are read from when no download is possible: a folder (or URL) laid out as NAME/FILE.
 AIAYN_DATA_MIRROR ?= $(if $(wildcard ../shared/data/MANIFEST.sha256),$(abspath ../shared/data),)
 export AIAYN_DATA_MIRROR
@@ -27,7 +35,7 @@ INSTALL  = $(BIN)/uv pip install -q --python $(BIN)/python $(1) || $(PIP) $(1)
 DEV      := -e '.[test,plot,serve,export,ctranslate2]'
 # What `make quick` and `make demo` need: aiayn and its core dependencies, matplotlib for the plots.
 DEMO     := -e '.[plot]'
-TORCH_PIP = $(PIP) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) '$(TORCH)'
+TORCH_PIP = $(PIP) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),$(if $(and $(TORCH_CPU_INDEX),$(NO_NVIDIA),$(if $(PIP_OWN_INDEX),,yes)),--extra-index-url $(TORCH_CPU_INDEX))) '$(TORCH)'
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(TORCH_PIP)
 	-$(PIP) uv

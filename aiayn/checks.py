@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import CheckpointError, ConfigError
@@ -21,7 +21,15 @@ from aiayn.errors import CheckpointError, ConfigError
 if TYPE_CHECKING:  # the checks of numbers import without torch (`aiayn --help`)
     import torch
 
-__all__ = ["check_number", "check_integer", "check_ids", "check_order", "check_finite_tensors"]
+__all__ = [
+    "check_number",
+    "check_integer",
+    "check_ids",
+    "check_order",
+    "check_finite_tensors",
+    "as_texts",
+    "check_device",
+]
 
 
 def _bounds(minimum: float | None, above: float | None, maximum: float | None) -> str:
@@ -99,3 +107,45 @@ def check_finite_tensors(tensors: Mapping[str, torch.Tensor], path: Any) -> None
                 f"{path}: tensor '{name}' holds {what} values ({bad.numel()} of "
                 f"{tensor.numel()}); the weights are corrupt"
             )
+
+
+def as_texts(texts: str | Sequence[str], name: str = "texts") -> tuple[list[str], bool]:
+    """``(texts as a list, whether one text was given)``: a str is one text, as a Hugging Face
+    pipeline takes it (never a sequence of characters); a list or tuple of str stays a list.
+    TypeError naming ``name`` for anything else (a number, None, a list holding one), as
+    ``aiayn.load`` answers what is not a path: a mistake in the calling code."""
+    if isinstance(texts, str):
+        return [texts], True
+    if isinstance(texts, (list, tuple)):
+        bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+        if bad is None:
+            return list(texts), False
+        raise TypeError(f"{name}[{bad}] must be a string, got {type(texts[bad]).__name__}")
+    raise TypeError(f"{name} must be a string or a list of strings, got {type(texts).__name__}")
+
+
+DEVICES = "auto, cpu, cuda, cuda:N"
+
+
+def check_device(name: str, setting: str = "--device") -> torch.device:
+    """The torch device ``name`` names (``auto``: CUDA when there is one, else the CPU), for
+    every command and training alike; one ConfigError line, naming ``setting``, for a name torch
+    does not know, a device aiayn does not run on (mps, xpu, meta, …: they ended in a torch
+    traceback), or a CUDA device this machine lacks."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{setting} {name}: unknown device (use {DEVICES})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{setting} {name}: not supported; aiayn runs on {DEVICES}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{setting} {name}: no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ConfigError(f"{setting} {name}: this machine has {count} CUDA device(s)")
+    return device

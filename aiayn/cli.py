@@ -157,17 +157,30 @@ def build_parser(load: Iterable[str] | None = None) -> argparse.ArgumentParser:
 
 # Options that name an output file, in every command that has them: checked before any work.
 OUTPUT_FILES = {"output": "--out", "hyps": "--hyps"}
+# Options that name what a command reads (files and folders): no output may be one of them.
+INPUT_PATHS = ("model", "model_dir", "run_dir", "input", "src", "ref", "prefixes", "config")
+
+
+def command_inputs(args: argparse.Namespace) -> list[str]:
+    """The files and folders the command line names as inputs (each of :data:`INPUT_PATHS`)."""
+    found: list[str] = []
+    for name in INPUT_PATHS:
+        value = getattr(args, name, None)
+        found += [value] if isinstance(value, str) else list(value or [])
+    return [v for v in found if isinstance(v, str)]
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output file that cannot be written (a folder, a path under a file, an
-    unwritable place) before a model is loaded or a step trained."""
-    from aiayn.io import check_output_file
+    unwritable place), or that is one of the command's inputs or a part of a model folder
+    (:func:`aiayn.io.check_not_input`), before a model is loaded or a step trained."""
+    from aiayn.io import check_not_input, check_output_file
 
     for name, flag in OUTPUT_FILES.items():
         path = getattr(args, name, None)
-        if isinstance(path, str):
+        if isinstance(path, str) and path != "-":
             check_output_file(path, flag)
+            check_not_input(path, command_inputs(args), flag, file=True)
 
 
 def main(argv: list[str] | None = None) -> int:

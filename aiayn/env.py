@@ -1,4 +1,5 @@
-"""What machine a number was measured on: the line every benchmark and results table records."""
+"""What machine a number was measured on: the line every benchmark and results table records;
+and what the environment sets (an empty value sets nothing)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ import os
 import platform
 
 import torch
+
+
+def env_value(name: str) -> str | None:
+    """The environment variable ``name``, stripped; None when it is unset or empty (``VAR=""``
+    is how a shell clears a setting: it chooses nothing)."""
+    value = os.environ.get(name, "").strip()
+    return value or None
 
 
 def cpu_info(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str] | None:

@@ -491,26 +491,75 @@ def check_output_folder(
 
 
 def check_not_input(
-    out: str | os.PathLike, inputs: Iterable[str | os.PathLike], flag: str = "-o"
+    out: str | os.PathLike,
+    inputs: Iterable[str | os.PathLike],
+    flag: str = "-o",
+    file: bool = False,
 ) -> None:
-    """Refuse an output folder that is, holds or lies inside one of the command's ``inputs``
-    (model folders, run folders, data and config files it reads): writing it, and above all
-    replacing it with ``--overwrite``, would destroy what the command is reading. The one check of
-    every command with an output folder (export, average, train)."""
+    """Refuse an output that would destroy what the command reads, before any work: the one check
+    of every command that writes (translate, evaluate, data tokenizer, plot, export, average,
+    train, import). Symbolic links are followed, and a hard link is the file it links.
+
+    An output folder may not be, hold or lie inside one of the command's ``inputs`` (model
+    folders, run folders, data and config files): replacing it with ``--overwrite`` would delete
+    them. An output ``file`` may not be one of the inputs, nor a part of a model folder (a file
+    that folder holds now, or one it is read by: config.json, tokenizer.json, the weights), any
+    model folder, not only an input: the folder would no longer load; its score files
+    (``eval_*.json``, what `aiayn evaluate` keeps there) aside."""
     target = Path(out).resolve()
     for given in inputs:
+        if str(given) == "-":  # stdin
+            continue
         source = Path(given).resolve()
-        if target == source:
+        if target == source or _same_file(target, source):
             relation, given = "is", f"{given} itself"
+        elif file:
+            continue
         elif target in source.parents:
             relation = "holds"
         elif source in target.parents:
             relation = "lies inside"
         else:
             continue
+        what = "file" if file else "folder"
         raise ConfigError(
-            f"{flag} {out}: {relation} {given}, which this command reads; choose another folder"
+            f"{flag} {out}: {relation} {given}, which this command reads; choose another {what}"
         )
+    folder = model_folder_of(target) if file else None
+    if folder is not None and not SCORE_FILE.match(target.name):
+        raise ConfigError(
+            f"{flag} {out}: is a part of the model folder {folder} ({target.name}), and writing "
+            "it would break that folder; choose a file outside it"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False  # one of them does not exist (yet)
+
+
+# What a model folder is read by (beside what it holds now), and the score files `aiayn evaluate`
+# writes there, which are not parts of the model.
+MODEL_FOLDER_PARTS = ("config.json", "tokenizer.json", "model.safetensors")
+SCORE_FILE = re.compile(r"^eval_.*\.json$")
+
+
+def model_folder_of(path: Path) -> Path | None:
+    """The model folder (or run folder) that the file ``path`` (resolved) is a part of: a folder
+    above it holding config.json beside weights or a tokenizer, where ``path`` exists or is a
+    name the folder is read by; None when it is no such part."""
+    for folder in path.parents:
+        if (folder / "config.json").is_file() and (
+            (folder / "tokenizer.json").is_file()
+            or (folder / STATE_FILE).is_file()
+            or any(folder.glob("*.safetensors"))
+        ):
+            if path.exists() or (path.parent == folder and path.name in MODEL_FOLDER_PARTS):
+                return folder
+            return None
+    return None
 
 
 # ---- what a folder holds, in the words of what replacing it would lose -------------------------

@@ -504,8 +504,7 @@ def run_inputs(cfg: RunConfig) -> list[Path]:
     ``data.valid_file``), the downloaded datasets (``$AIAYN_CACHE/datasets``) when it reads a
     registered one, ``train.init_from``."""
     data = cfg.data
-    names = [f.name for f in dataclasses.fields(data) if f.name.endswith(("_src", "_tgt", "_file"))]
-    paths = [Path(getattr(data, name)) for name in names if getattr(data, name)]
+    paths = [Path(name) for name in data.own_files]
     if not data.uses_own_files:
         paths.append(cache_dir() / "datasets")
     if cfg.train.init_from:

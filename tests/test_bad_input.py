@@ -11,6 +11,7 @@ A command added later (serve, export) joins by adding its cases to CASES.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -264,6 +265,29 @@ def test_bad_flags(world, tmp_path, capsys):
     assert "keep_last" not in err  # no checkpoint was removed: keeping more would not help
 
 
+def test_devices_aiayn_does_not_run_on_are_one_line(world, tmp_path, capsys):
+    """mps, meta, xpu (and a CUDA device on a machine without one): one line from the one check
+    (aiayn.checks.check_device) in every command, and in aiayn.load, where translate, evaluate
+    and serve ended in a torch traceback while train refused mps in one line."""
+    import aiayn
+
+    avg, inp, cfg = world / "avg", world / "in.txt", world / "run.toml"
+    unsupported = "not supported; aiayn runs on auto, cpu, cuda, cuda:N"
+    for name in ("mps", "meta", "xpu"):
+        for argv in (["translate", avg, "-i", inp], ["evaluate", avg, "--src", inp, "--ref", inp],
+                     ["classify", avg, "-i", inp], ["generate", avg, "--prompt", "a"]):
+            fails(capsys, world, [*argv, "--device", name], f"--device {name}: {unsupported}")
+        fails(capsys, world, ["train", cfg, "--out", tmp_path / "r", "--set", f"train.device={name}"],
+              f"train.device = {name}: {unsupported}")
+        with pytest.raises(aiayn.ConfigError, match=f"device {name}: {unsupported}"):
+            aiayn.load(avg, device=name)
+    if importlib.util.find_spec("fastapi"):
+        fails(capsys, world, ["serve", avg, "--device", "mps"], f"--device mps: {unsupported}")
+    if not torch.cuda.is_available():
+        fails(capsys, world, ["translate", avg, "-i", inp, "--device", "cuda:1"],
+              "--device cuda:1: no CUDA device is available")
+
+
 def test_outputs_checked_before_any_work(world, tmp_path, capsys):
     """A folder where a file is expected, a path under a file, an unwritable place: refused
     before a model is loaded (a broken model folder would otherwise be reported first)."""
@@ -287,6 +311,36 @@ def test_outputs_checked_before_any_work(world, tmp_path, capsys):
         (["average", world / "run", "--last", "2", "-o", "/sys/aiayn-avg"], "cannot write in"),
         (["train", world / "run.toml", "--out", file_], "is a file"),
         (["train", world / "run.toml", "--out", file_ / "run"], "is a file, not a folder"),
+    ]
+    for argv, message in cases:
+        fails(capsys, world, argv, message)
+
+
+def test_outputs_over_inputs_are_refused(world, tmp_path, capsys):
+    """An output file that is one of the command's inputs (also through a symbolic link), or a
+    part of a model folder: refused before any work, through one check (aiayn.io.check_not_input),
+    every input byte-identical after (it was replaced, exit 0)."""
+    avg, run, inp = world / "avg", world / "run", world / "in.txt"
+    link = tmp_path / "link.txt"
+    link.symlink_to(inp)
+    reads = "which this command reads"
+    part = "is a part of the model folder"
+    cases = [
+        (["translate", avg, "-i", inp, "-o", inp], f"--out {inp}: is {inp} itself, {reads}"),
+        (["translate", avg, "-i", inp, "-o", link], reads),
+        (["translate", avg, "-i", link, "-o", inp], reads),
+        (["translate", avg, "-i", inp, "-o", avg / "tokenizer.json"], part),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", world / "data" / "train.src"],
+         reads),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", avg / "tokenizer.json"],
+         f"{part} {avg} (tokenizer.json)"),
+        (["data", "tokenizer", "--config", world / "run.toml", "-o", run / "best" / "tokenizer.json"],
+         part),
+        (["evaluate", avg, "--src", inp, "--ref", world / "file.txt", "-o", world / "file.txt"],
+         reads),
+        (["evaluate", avg, "--src", inp, "--ref", inp, "-o", avg / "config.json"], part),
+        (["evaluate", avg, "--src", inp, "--ref", inp, "--hyps", avg / "model.safetensors"], part),
+        (["plot", "curves", run, "-o", run / "metrics.jsonl"], part),
     ]
     for argv, message in cases:
         fails(capsys, world, argv, message)

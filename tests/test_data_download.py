@@ -207,6 +207,30 @@ def test_mirror_without_the_dataset(toy, server, tmp_path):
         download_dataset("toy", mirror=f"{server.url}/m", cache=tmp_path)
 
 
+def test_a_failed_download_says_how_a_mirror_serves_instead(toy, server, tmp_path, capsys,
+                                                           monkeypatch):
+    """A download that fails names AIAYN_DATA_MIRROR and the files a mirror must hold (it named
+    neither), and `aiayn data list` names them for every dataset."""
+    with pytest.raises(DataError, match=r"/official/a\.txt: HTTP 404.*the official source.*"
+                       r"without network, set AIAYN_DATA_MIRROR to a folder or URL holding "
+                       r"toyfolder/ with a\.txt, b\.txt \(`aiayn data list`"):
+        download_dataset("toy", mirror="", cache=tmp_path)
+    server.routes["/official/a.txt"] = A  # the second file fails: named the same way
+    with pytest.raises(DataError, match=r"b\.txt: HTTP 404.*AIAYN_DATA_MIRROR"):
+        download_dataset("toy", mirror="", cache=tmp_path)
+    with pytest.raises(DataError, match=r"lacks dataset 'toy'.*AIAYN_DATA_MIRROR=.*/m must hold "
+                       r"toyfolder/ with a\.txt, b\.txt"):
+        download_dataset("toy", mirror=f"{server.url}/m", cache=tmp_path / "c2")
+    from aiayn.cli import main
+
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "c3"))
+    capsys.readouterr()
+    assert main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "a mirror (AIAYN_DATA_MIRROR) holds toyfolder/ with a.txt, b.txt" in out
+    assert "holds imdb/ with train.tsv.gz, test.tsv.gz or: aclImdb_v1.tar.gz" in out
+
+
 def test_mirror_folder_that_does_not_exist(toy, tmp_path):
     with pytest.raises(DataError, match=r"data mirror .*nowhere: no such folder"):
         download_dataset("toy", mirror=str(tmp_path / "nowhere"), cache=tmp_path)

@@ -651,8 +651,19 @@ def test_the_install_commands_match_the_makefile():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     torch_default = re.search(r"^TORCH\s*\?=\s*(\S+)", makefile, re.M).group(1)
     assert f"pip install {torch_default} --index-url https://download.pytorch.org/whl/cpu" in readme
-    assert re.search(r"^TORCH_INDEX\s*\?=\s*$", makefile, re.M)  # empty by default: PyPI, as before
-    assert "$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))" in makefile
+    assert re.search(r"^TORCH_INDEX\s*\?=\s*$", makefile, re.M)  # empty by default
+    # A TORCH_INDEX given is the index; else, on Linux x86-64 without nvidia-smi and with a pip
+    # that has no index or local wheels configured, PyTorch's CPU index is added to PyPI.
+    assert ("$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),$(if $(and $(TORCH_CPU_INDEX),"
+            "$(NO_NVIDIA),$(if $(PIP_OWN_INDEX),,yes)),--extra-index-url $(TORCH_CPU_INDEX)))"
+            ) in makefile
+    assert "pip config list" in re.search(r"^PIP_OWN_INDEX\s*=\s*(.+)$", makefile, re.M).group(1)
+    assert re.search(r"^TORCH_CPU_INDEX\s*\?=\s*https://download.pytorch.org/whl/cpu$", makefile,
+                     re.M)
+    no_nvidia = re.search(r"^NO_NVIDIA\s*=\s*(.+)$", makefile, re.M).group(1)
+    for part in ("$(filter Linux,$(shell uname -s))", "$(filter x86_64,$(shell uname -m))",
+                 "command -v nvidia-smi"):
+        assert part in no_nvidia
     for target in ("quick", "demo", "docs", "install-demo"):
         assert re.search(rf"^{target}:", makefile, re.M), target
     demo_extras = re.search(r"^DEMO\s*:=\s*(.+)$", makefile, re.M).group(1)

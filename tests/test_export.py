@@ -798,6 +798,7 @@ def test_int8_is_computed_in_float32_where_ctranslate2s_int8_kernels_saturate(
     assert not chosen("avx avx2 avx_vnni")
     assert not chosen("avx avx2 fma", vendor="GenuineIntel")  # MKL: CTranslate2's own choice
     assert not chosen("avx avx2 fma", preset="0") and not chosen("avx avx2 fma", preset="1")
+    assert chosen("avx avx2 fma", preset="") and chosen("avx avx2 fma", preset=" ")  # not a choice
     assert not chosen("neon asimd", vendor="")  # not x86
     assert not int8_computed_in_float32(str(tmp_path / "missing"))  # no /proc/cpuinfo
 

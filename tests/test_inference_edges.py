@@ -69,3 +69,31 @@ def test_load_of_something_not_a_path_says_what_it_takes(bad, words):
     assert words in str(caught.value)
     with pytest.raises(ConfigError, match="no model folder given"):
         aiayn.load([])
+
+
+def test_a_str_is_one_text_and_a_list_stays_a_list(folders):
+    """``translate("A sentence")`` and ``classify("A text")`` take the str as one text, as a
+    Hugging Face pipeline does, and give its one result (they translated or labelled each
+    character: 15 outputs for one sentence); a list gives a list, a tuple too."""
+    seq2seq = load_model_folder(folders["seq2seq"])
+    one = seq2seq.translate("the cat sits", beam=1)
+    assert isinstance(one, str)
+    assert [one] == seq2seq.translate(["the cat sits"], beam=1)
+    assert seq2seq.translate(("the cat", "a dog"), beam=1) == seq2seq.translate(
+        ["the cat", "a dog"], beam=1)
+    assert seq2seq.translate("the cat", prefixes="the", beam=1) == seq2seq.translate(
+        ["the cat"], prefixes=["the"], beam=1)[0]
+    with pytest.raises(ConfigError, match="prefixes: give one per text"):
+        seq2seq.translate(["the cat", "a dog"], prefixes="the")
+    classifier = load_model_folder(folders["classifier"])
+    result = classifier.classify("the cat sits on the mat")
+    assert isinstance(result, dict) and result["label"] and set(result["probs"]) == {
+        *classifier.label_names()}
+    assert [result] == classifier.classify(["the cat sits on the mat"])
+    assert classifier.classify("") == {"label": "", "probs": {}}
+    for bad, words in [(3, "texts must be a string or a list of strings, got int"),
+                       (["a", None], r"texts\[1\] must be a string, got NoneType")]:
+        with pytest.raises(TypeError, match=words):
+            seq2seq.translate(bad)
+        with pytest.raises(TypeError, match=words):
+            classifier.classify(bad)

@@ -1,6 +1,8 @@
 """aiayn.io: the marked-section rewrite that keeps generated tables inside hand-written docs; what
 a folder holds, said in the words of what replacing it would lose; outputs that are inputs."""
 
+import os
+
 import pytest
 
 from aiayn.errors import ConfigError
@@ -63,4 +65,37 @@ def test_check_not_input(tmp_path):
     ]:
         with pytest.raises(ConfigError, match="which this command reads") as err:
             check_not_input(out, inputs, "--out")
+        assert words in str(err.value)
+
+
+def test_check_not_input_refuses_an_output_file_over_an_input_or_a_model_part(tmp_path):
+    """Files: the same file (spelled apart, through a symlink or a hard link), or a part of a
+    model folder (what it holds, or a name it is read by); a score file, a new file inside the
+    folder or a file beside an input are fine."""
+    data = tmp_path / "data"
+    data.mkdir()
+    src = data / "train.src"
+    src.write_text("a\n")
+    (tmp_path / "link").symlink_to(src)
+    os.link(src, tmp_path / "hard")
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "README.md"):
+        (model / name).write_text("{}")
+    check_not_input(data / "out.txt", [src, model], file=True)  # beside: fine
+    check_not_input(model / "eval_test.json", [model], file=True)  # evaluate's scores
+    check_not_input(model / "translations.txt", [model], file=True)  # a new file of the user's
+    check_not_input(tmp_path / "notes.txt", ["-"], file=True)  # stdin
+    for out, inputs, words in [
+        (src, [src], f"is {src} itself, which this command reads; choose another file"),
+        (data / "x" / ".." / "train.src", [src], "itself"),
+        (tmp_path / "link", [src], "itself"),
+        (src, [tmp_path / "link"], "itself"),
+        (tmp_path / "hard", [src], "itself"),
+        (model / "config.json", [], f"is a part of the model folder {model} (config.json)"),
+        (model / "README.md", [], "is a part of the model folder"),
+        (model / "tokenizer.json", [], "is a part of the model folder"),  # read by, absent now
+    ]:
+        with pytest.raises(ConfigError, match="-o ") as err:
+            check_not_input(out, inputs, file=True)
         assert words in str(err.value)

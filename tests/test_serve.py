@@ -554,7 +554,7 @@ BAD_REQUESTS = [
     ("no texts", "POST", "/v1/translate", {"texts": []}, {}, 422, "texts"),
     ("a text not a string", "POST", "/v1/translate", {"texts": ["a", 7]}, {}, 422, "texts[1]"),
     ("too many texts", "POST", "/v1/translate", {"texts": ["a"] * 9}, {}, 422, "texts"),
-    ("empty text", "POST", "/v1/translate", {"texts": ["a", "  "]}, {}, 422, "texts[1] is empty"),
+    ("empty attention text", "POST", "/v1/attention", {"text": "  "}, {}, 422, "texts[0] is empty"),
     (
         "text too long",
         "POST",

@@ -211,3 +211,25 @@ def test_a_library_error_before_queueing_is_a_one_line_422(clients, monkeypatch)
     assert r.status_code == 422 and r.json() == {
         "error": "the prefix has 'ß', which the tokenizer cannot represent"
     }
+
+
+def test_a_blank_text_is_answered_blank_in_its_place(clients):
+    """A blank line (empty or whitespace) stays blank, as `aiayn translate` and `aiayn classify`
+    keep it (it was a 422 'texts[1] is empty'); the other texts are answered as alone, prefixes
+    staying with their texts; a request of blanks alone is answered at once."""
+    s, c = clients["seq2seq"], clients["classifier"]
+    alone = s.post("/v1/translate", json={"texts": ["a cat", "the mat"], "beam": 2}).json()
+    r = s.post("/v1/translate", json={"texts": ["a cat", "", "  ", "the mat"], "beam": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["translations"]
+    assert [t["text"] for t in got] == [alone["translations"][0]["text"], "", "",
+                                       alone["translations"][1]["text"]]
+    assert got[1] == {"text": "", "nbest": []} and got[0]["nbest"]
+    first = s.post("/v1/translate", json={"texts": ["the mat"], "prefixes": ["x"]}).json()
+    r = s.post("/v1/translate", json={"texts": ["", "the mat"], "prefixes": [None, "x"]})
+    assert r.status_code == 200 and r.json()["translations"][1] == first["translations"][0]
+    r = s.post("/v1/translate", json={"texts": ["", " "]})
+    assert r.status_code == 200 and r.json()["translations"] == [{"text": "", "nbest": []}] * 2
+    labelled = c.post("/v1/classify", json={"texts": ["a dog"]}).json()["results"][0]
+    r = c.post("/v1/classify", json={"texts": ["", "a dog"]})
+    assert r.status_code == 200 and r.json()["results"] == [{"label": "", "probs": {}}, labelled]

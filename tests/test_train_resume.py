@@ -161,3 +161,39 @@ def test_resume_without_a_run(tmp_path, capsys):
     cfg = write_toml(tmp_path / "run.toml", values)
     _fails(capsys, ["train", str(cfg), "--resume", "--out", str(tmp_path / "empty")],
            "nothing to resume")
+
+
+def test_a_run_resumes_from_another_directory_and_moved(tmp_path, capsys, monkeypatch):
+    """A recipe's relative data paths (against the directory training started in) are recorded
+    absolute in the run's config.json: --resume from another directory, and of a moved run
+    folder, read the same files (both failed: 'data/train.src: no such file'). A data file gone
+    since is named, with its key and how to give its place now (which --resume accepts)."""
+    start = tmp_path / "project"
+    values = base_values(start / "data", max_steps=2, save_every=2, valid_every=2)
+    for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+        values[f"data.{key}"] = f"data/{key.replace('_', '.')}"
+    for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
+        assert (start / "data" / name).is_file()
+    write_toml(start / "run.toml", values)
+    monkeypatch.chdir(start)
+    with torch_threads(1):
+        assert main(["train", "run.toml", "--out", "runs/r"]) == 0
+    recorded = json.loads((start / "runs" / "r" / "config.json").read_text())["data"]
+    assert recorded["train_src"] == str(start / "data" / "train.src")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with torch_threads(1):
+        assert main(["train", "--resume", "--out", str(start / "runs" / "r"),
+                     "--set", "train.max_steps=3"]) == 0
+        shutil.move(start / "runs" / "r", elsewhere / "moved")
+        assert main(["train", "--resume", "--out", "moved", "--set", "train.max_steps=4"]) == 0
+    assert torch.load(elsewhere / "moved" / "trainer_state.pt", weights_only=True)["step"] == 4
+    shutil.move(start / "data", tmp_path / "data2")
+    _fails(capsys, ["train", "--resume", "--out", "moved", "--set", "train.max_steps=5"],
+           f"{start / 'data' / 'train.src'}: no such file (data.train_src; --set "
+           "data.train_src=PATH gives its place now)", unchanged=[elsewhere / "moved"])
+    moved = [f"--set=data.{key}={tmp_path / 'data2' / key.replace('_', '.')}"
+             for key in ("train_src", "train_tgt", "valid_src", "valid_tgt")]
+    with torch_threads(1):
+        assert main(["train", "--resume", "--out", "moved", "--set", "train.max_steps=5", *moved]) == 0

@@ -34,6 +34,7 @@ from aiayn.data import (
     train_tokenizer_for,
 )
 from aiayn.data.readers import read_text
+from aiayn.data.registry import mirror_files
 from aiayn.errors import ConfigError
 from aiayn.run_config import data_keys
 
@@ -119,6 +120,7 @@ def run_list(args: argparse.Namespace) -> int:
         cached = "cached" if is_downloaded(root / spec.name) else "not cached"
         print(f"{spec.name:<17} {spec.task:<15} {cached:<11} {spec.description}")
         print(f"{'':<17} splits: {', '.join(spec.splits)}; terms: {spec.terms}")
+        print(f"{'':<17} a mirror (AIAYN_DATA_MIRROR) holds {mirror_files(spec)}")
     return 0
 
 
@@ -133,7 +135,10 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_tokenizer(args: argparse.Namespace) -> int:
+    from aiayn.io import check_not_input
+
     cfg = data_config(args)
+    check_not_input(args.output, cfg.own_files, "--out", file=True)  # a training file, say
     tokenizer = train_tokenizer_for(cfg)
     tokenizer.save(args.output)
     print(f"{args.output}: {tokenizer.kind} tokenizer, {tokenizer.vocab_size} tokens")

@@ -249,16 +249,9 @@ def inference_device(name: str) -> torch.device:
     clear error for an unknown or unavailable one. On the CPU it also sets glibc to keep freed
     memory (``keep_freed_memory``): every decoding step frees and reallocates the same large
     buffers."""
-    import torch
+    from aiayn.checks import check_device
 
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device: unknown device '{name}'") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available")
+    device = check_device(name, "--device")
     if device.type == "cpu":
         from aiayn.memory import keep_freed_memory
         from aiayn.threads import threads_for_load

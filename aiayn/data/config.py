@@ -6,7 +6,8 @@ as ``data.vocab_size=10000``), like every other config in aiayn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from aiayn.errors import ConfigError
@@ -14,7 +15,8 @@ from aiayn.kinds import KINDS, TRANSLATION, get_kind, kinds_taking
 
 __all__ = ["DataConfig"]
 
-_USER_PATHS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "train_file", "valid_file")
+# The keys that name the user's own data files.
+OWN_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "train_file", "valid_file")
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,20 @@ class DataConfig:
             )
 
     @property
+    def own_files(self) -> list[str]:
+        """The user's data files the config names (``train_src``, …, ``valid_file``)."""
+        return [getattr(self, name) for name in OWN_FILE_KEYS if getattr(self, name)]
+
+    def with_absolute_paths(self) -> DataConfig:
+        """This config with its own files' paths absolute (``~`` expanded, relative ones against
+        the working directory): what a run folder records, so that ``--resume`` from another
+        directory, or of a moved run folder, reads the same files."""
+        paths = {n: getattr(self, n) for n in OWN_FILE_KEYS if getattr(self, n)}
+        return replace(
+            self, **{n: os.path.abspath(os.path.expanduser(p)) for n, p in paths.items()}
+        )
+
+    @property
     def uses_own_files(self) -> bool:
         """True when the run reads the user's files instead of a registered dataset."""
         return self.dataset == ""
@@ -148,7 +164,7 @@ class DataConfig:
             raise ConfigError(
                 f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}"
             )
-        given = [name for name in _USER_PATHS if getattr(self, name)]
+        given = [name for name in OWN_FILE_KEYS if getattr(self, name)]
         if given and self.dataset:
             raise ConfigError(
                 f"data.dataset='{self.dataset}' and data.{given[0]} are both set; "

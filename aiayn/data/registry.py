@@ -38,6 +38,7 @@ __all__ = [
     "download_dataset",
     "cache_dir",
     "mirror_location",
+    "mirror_files",
     "is_downloaded",
 ]
 
@@ -242,6 +243,23 @@ def mirror_location(mirror: str, spec: DatasetSpec, name: str) -> str:
     return str(Path(mirror).expanduser() / spec.folder / name)
 
 
+def mirror_files(spec: DatasetSpec) -> str:
+    """What a mirror must hold for ``spec``: ``FOLDER/`` and the files of one of its layouts
+    (``a, b or: c, d``), for `aiayn data list` and the errors of a failed download."""
+    layouts = " or: ".join(", ".join(f.name for f in layout.files) for layout in spec.layouts)
+    return f"{spec.folder}/ with {layouts}"
+
+
+def mirror_hint(spec: DatasetSpec, mirror: str) -> str:
+    """How to fetch ``spec`` from elsewhere, said after a failed download."""
+    if mirror:
+        return f" (AIAYN_DATA_MIRROR={mirror} must hold {mirror_files(spec)})"
+    return (
+        f"; without network, set AIAYN_DATA_MIRROR to a folder or URL holding "
+        f"{mirror_files(spec)} (`aiayn data list` names every dataset's files)"
+    )
+
+
 def _read_marker(folder: Path) -> dict[str, Any]:
     try:
         record = json.loads((folder / _MARKER).read_text())
@@ -292,7 +310,10 @@ def download_dataset(
     mirror = os.environ.get("AIAYN_DATA_MIRROR", "") if mirror is None else mirror
     if mirror and not is_url(mirror) and not Path(mirror).expanduser().is_dir():
         raise DataError(f"data mirror {mirror}: no such folder (AIAYN_DATA_MIRROR)")
-    layout = _fetch_layout(spec, folder, mirror, progress)
+    try:
+        layout = _fetch_layout(spec, folder, mirror, progress)
+    except DataError as err:
+        raise DataError(f"{err}{mirror_hint(spec, mirror)}") from None
     if layout.derive is not None:
         layout.derive(folder)
     _write_marker(folder, spec, layout)

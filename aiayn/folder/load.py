@@ -25,12 +25,13 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import torch
 from torch import nn
 
 from aiayn import threads
+from aiayn.checks import as_texts, check_device
 from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.align import align
@@ -96,12 +97,13 @@ def load_model_folder(
     ``AIAYN_MALLOC=default`` (or any ``MALLOC_*`` variable) before the call to keep glibc's own
     settings."""
     folders = _folder_paths(paths)
+    device = check_device(str(device), "device")  # mps, xpu, meta…: one line, not a traceback
     if expect_kind is not None:
         expect_kind = kind_name(expect_kind)
     parsed = [read_folder_config(f, expect_kind) for f in folders]  # kinds checked, no weights
-    if torch.device(device).type == "cpu":
+    if device.type == "cpu":
         keep_freed_memory()  # no page faults for what each decoding step frees (aiayn/memory.py)
-    backend, tokenizer = open_backend(folders, parsed, engine, torch.device(device), workers)
+    backend, tokenizer = open_backend(folders, parsed, engine, device, workers)
     first = parsed[0]
     return ModelFolder(
         folders[0], folders, first.kind, backend, tokenizer, first.config, first.has_data
@@ -282,18 +284,42 @@ class ModelFolder:
                 )
         return ids if any(ids) else None
 
+    @overload
+    def translate(
+        self,
+        texts: str,
+        decode: DecodeConfig | None = None,
+        prefixes: str | None = None,
+        **overrides: Any,
+    ) -> str: ...
+    @overload
     def translate(
         self,
         texts: Sequence[str],
         decode: DecodeConfig | None = None,
         prefixes: Sequence[str | None] | None = None,
         **overrides: Any,
-    ) -> list[str]:
+    ) -> list[str]: ...
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        decode: DecodeConfig | None = None,
+        prefixes: str | Sequence[str | None] | None = None,
+        **overrides: Any,
+    ) -> str | list[str]:
         """One translation per text ("" for a blank line), with the folder's decoding settings
         unless ``decode`` or keyword overrides (``beam=1``, ``no_repeat_ngram_size=3`` …) say
-        otherwise; ``prefixes``: per text the start its translation must have."""
-        results = self.translate_hypotheses(texts, decode, prefixes=prefixes, **overrides)
-        return [line[0][0] if line else "" for line in results]
+        otherwise; ``prefixes``: per text the start its translation must have. A str is one
+        text (its translation, a str, comes back), as a Hugging Face pipeline takes it; a list
+        gives a list."""
+        batch, one = as_texts(texts)
+        if isinstance(prefixes, str):  # the prefix of one text
+            if not one:
+                raise ConfigError("prefixes: give one per text, as a list (a str goes with a str)")
+            prefixes = [prefixes]
+        results = self.translate_hypotheses(batch, decode, prefixes=prefixes, **overrides)
+        out = [line[0][0] if line else "" for line in results]
+        return out[0] if one else out
 
     # ---- classification --------------------------------------------------------------------
     def label_names(self) -> list[str]:
@@ -309,17 +335,26 @@ class ModelFolder:
         ids = [x[:limit] for x in encode_texts(self.tokenizer, texts)]
         return self.backend.class_probs(ids, batch_tokens)
 
-    def classify(self, texts: Sequence[str], batch_tokens: int | None = None) -> list[dict]:
+    @overload
+    def classify(  # type: ignore[overload-overlap]  # a str is a Sequence[str] too
+        self, texts: str, batch_tokens: int | None = None
+    ) -> dict: ...
+    @overload
+    def classify(self, texts: Sequence[str], batch_tokens: int | None = None) -> list[dict]: ...
+    def classify(
+        self, texts: str | Sequence[str], batch_tokens: int | None = None
+    ) -> dict | list[dict]:
         """Per text ``{"label": name, "probs": {name: p}}`` ({"label": "", "probs": {}} for a
-        blank text)."""
-        filled = [i for i, text in enumerate(texts) if text.strip()]
-        probs = self.class_probs([texts[i] for i in filled], batch_tokens)
+        blank text); a str is one text, whose one result comes back (a list gives a list)."""
+        batch, one = as_texts(texts)
+        filled = [i for i, text in enumerate(batch) if text.strip()]
+        probs = self.class_probs([batch[i] for i in filled], batch_tokens)
         names = self.label_names()
-        out: list[dict] = [{"label": "", "probs": {}} for _ in texts]
+        out: list[dict] = [{"label": "", "probs": {}} for _ in batch]
         for i, row in zip(filled, probs.tolist()):
             best = max(range(len(row)), key=row.__getitem__)
             out[i] = {"label": names[best], "probs": dict(zip(names, row))}
-        return out
+        return out[0] if one else out
 
     # ---- generation ------------------------------------------------------------------------
     def generate(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import max_output_lengths
-from aiayn.env import cpu_flags, cpu_info
+from aiayn.env import cpu_flags, cpu_info, env_value
 from aiayn.errors import CheckpointError, require
 from aiayn.runtime.backend import refuse
 
@@ -128,14 +127,14 @@ def int8_computed_in_float32(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether an int8 model runs in float32 on this CPU (``compute_type="float32"``: its int8
     weights widened once at load): where CTranslate2's own choice of int8 kernels is oneDNN's
     without VNNI (an x86 CPU with AVX2, not from Intel, with neither AVX512-VNNI nor AVX-VNNI),
-    and the user has not chosen them with ``CT2_USE_MKL``. There oneDNN's u8·s8 products
+    and the user has not chosen them with ``CT2_USE_MKL`` (empty: not chosen). There oneDNN's u8·s8 products
     saturate, and MKL's int8 (``CT2_USE_MKL=1``) is slow. Measured on a 2-core AMD EPYC with AVX2
     only (docs/runtime.md), the demo model's int8 export took 1.03x the float32 export's time in
     float32 with 93 % of its sentences unchanged; on oneDNN 0.98x with 69 % (0.3 BLEU lost on
     test2016); on MKL 2.00x with 90 %. A model of d_model 32 reversed 15 of 24 training
     sentences on oneDNN's int8, 22 in float32 (tests/test_export.py)."""
     info = cpu_info(cpuinfo)
-    if "CT2_USE_MKL" in os.environ or info is None:
+    if env_value("CT2_USE_MKL") is not None or info is None:  # CT2_USE_MKL="": not chosen
         return False
     flags = cpu_flags(info)
     return (

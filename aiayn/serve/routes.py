@@ -72,7 +72,9 @@ def translation_routes(app: FastAPI, service: ModelService, limits: Limits) -> N
         queued = service.translate(body.texts, decode, body.prefixes)
         result = await answer(service, queued, start, limits)
         return {
-            "translations": [{"text": hyps[0]["text"], "nbest": hyps} for hyps in result.outputs],
+            "translations": [  # a blank text: "" and no hypotheses
+                {"text": hyps[0]["text"] if hyps else "", "nbest": hyps} for hyps in result.outputs
+            ],
             "decode": settings(decode),
             "timing": timing(result, start),
         }

@@ -159,9 +159,21 @@ class ModelService:
     ) -> Future:
         """Queue ``texts`` for translation; the result's outputs are, per text, its n-best list
         of ``{"text", "score", "log_prob"}`` (and ``"alignment"``, ``"src_tokens"``,
-        ``"tokens"`` with ``decode.alignments``). With ``prefixes`` (per text the start its
-        translation must have) the request runs as a batch of its own."""
+        ``"tokens"`` with ``decode.alignments``); a blank text's is empty, as `aiayn translate`
+        keeps a blank line blank. With ``prefixes`` (per text the start its translation must
+        have) the request runs as a batch of its own."""
         self.require("translate")
+        self._check_prefixes(texts, prefixes)
+
+        def queue(filled: list[str], at: list[int]) -> Future:
+            kept = None if prefixes is None else [prefixes[i] for i in at]
+            return self._translate_filled(filled, decode, kept)
+
+        return blanks_kept(texts, lambda: [], queue)
+
+    def _translate_filled(
+        self, texts: Sequence[str], decode: DecodeConfig, prefixes: Sequence[str | None] | None
+    ) -> Future:
         cost = self.check_texts(texts)
         if prefixes is None:
             return self.batcher.submit(("translate", decode), texts, cost)
@@ -189,11 +201,15 @@ class ModelService:
                 )
 
     def classify(self, texts: Sequence[str]) -> Future:
-        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text. A long
+        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text (a blank
+        text's ``{"label": "", "probs": {}}``, as `aiayn classify` answers a blank line). A long
         text is cut to the run's ``data.max_len``, as in training and `aiayn classify`."""
         self.require("classify")
-        cost = self.check_texts(texts, cut=True)
-        return self.batcher.submit(("classify",), texts, cost)
+
+        def queue(filled: list[str], at: list[int]) -> Future:
+            return self.batcher.submit(("classify",), filled, self.check_texts(filled, cut=True))
+
+        return blanks_kept(texts, lambda: {"label": "", "probs": {}}, queue)
 
     def attention(
         self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None
@@ -295,6 +311,41 @@ class ModelService:
             "routes": [f"/v1/{r}" for r in self.routes],
             "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
         }
+
+
+def blanks_kept(
+    texts: Sequence[str],
+    blank: Callable[[], Any],
+    queue: Callable[[list[str], list[int]], Future],
+) -> Future:
+    """The future of ``queue(filled texts, their indices)`` with ``blank()`` answering each blank
+    text (empty or whitespace) in its place: a request keeps a blank line blank, as the
+    commands do (it was a 422). A request of blank texts alone is answered at once."""
+    at = [i for i, text in enumerate(texts) if text.strip()]
+    if len(at) == len(texts):
+        return queue(list(texts), at)
+    outer: Future = Future()
+    if not at:
+        outer.set_result(BatchResult([blank() for _ in texts], 0.0, 0.0, 0, 0))
+        return outer
+    inner = queue([texts[i] for i in at], at)
+
+    def done(future: Future) -> None:
+        if future.cancelled():
+            outer.cancel()
+        elif outer.set_running_or_notify_cancel():  # False: the caller cancelled it meanwhile
+            if (error := future.exception()) is not None:
+                outer.set_exception(error)
+                return
+            result = future.result()
+            outputs = [blank() for _ in texts]
+            for i, output in zip(at, result.outputs):
+                outputs[i] = output
+            outer.set_result(dataclasses.replace(result, outputs=outputs))
+
+    outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+    inner.add_done_callback(done)
+    return outer
 
 
 class TextTranslation:

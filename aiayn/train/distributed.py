@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aiayn.errors import ConfigError
+from aiayn.checks import check_device
 from aiayn.threads import cpu_has_bf16
 
 log = logging.getLogger(__name__)
@@ -73,21 +73,9 @@ class DistContext:
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` = this process's CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            f"train.device: '{name}' is not a device (auto, cpu, cuda, cuda:N)"
-        ) from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device = '{name}' but CUDA is not available")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-    elif device.type != "cpu":
-        raise ConfigError(f"train.device: '{name}' is not supported (auto, cpu, cuda, cuda:N)")
+    device = check_device(name, "train.device =")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
     return device
 
 

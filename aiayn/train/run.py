@@ -19,6 +19,7 @@ import aiayn.errors as errors
 from aiayn import __version__
 from aiayn.card import write_model_card
 from aiayn.config import ModelConfig, flatten_keys
+from aiayn.data.config import OWN_FILE_KEYS
 from aiayn.decode.config import DecodeConfig, merge_decode
 from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
@@ -74,8 +75,23 @@ def _norm(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def check_data_files(cfg: RunConfig, resume: bool) -> None:
+    """ConfigError naming the first of the run's own data files that is missing, and the key
+    that names it; on ``--resume``, how to give the file's place now."""
+    data = cfg.data
+    for key in OWN_FILE_KEYS:
+        path = getattr(data, key)
+        if path and not Path(path).is_file():
+            hint = f"; --set data.{key}=PATH gives its place now" if resume else ""
+            raise ConfigError(f"{path}: no such file (data.{key}{hint})")
+
+
 def _check_resume(folder: RunFolder, new: dict[str, Any]) -> None:
     old = run_config_to_dict(resume_config(folder.path))
+    for key in OWN_FILE_KEYS:  # where the files are (moved data): the user's to say, logged
+        if old.get("data", {}).get(key) != new.get("data", {}).get(key):
+            log.info("resume: data.%s now %s", key, new.get("data", {}).get(key))
+            old.setdefault("data", {})[key] = new.get("data", {}).get(key)
     diffs = config_differences(old, new, ("model", "data"))
     if diffs:
         raise ConfigError(
@@ -212,6 +228,7 @@ def train_run(
     what the run reads (data, ``train.init_from``, ``inputs``). ``train.init_from`` of the run's
     kind fine-tunes that folder (:func:`_fine_tune`; ``model_keys``: the keys the config sets)."""
     dist = init_distributed(cfg.train.device)
+    cfg = replace(cfg, data=cfg.data.with_absolute_paths())  # config.json: from anywhere
     folder = RunFolder(out)
     new = not folder.path.exists()
     owned = False  # whether what the folder holds is this run's own (to tidy after a failure)
@@ -221,6 +238,7 @@ def train_run(
             cfg = _on_main(dist, lambda: _resumed_init_from(folder, cfg))
         _check_init_given(cfg)
         check_not_input(folder.path, [*run_inputs(cfg), *inputs], "--out")
+        check_data_files(cfg, resume)
         start = _on_main(dist, lambda: folder.prepare(resume, overwrite))
         owned = not start.replace
         task = task or build_task(cfg)
