@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from aiayn.decode import DecodeConfig
+from aiayn.decode import DecodeConfig, SamplingConfig
 from aiayn.errors import AiaynError
 from aiayn.serve.errors import one_line
 from aiayn.serve.limits import Limits
@@ -113,8 +113,8 @@ def generation_routes(app: FastAPI, service: ModelService, limits: Limits) -> No
     )
     async def generate(body: GenerateBody) -> StreamingResponse:
         service.check_at_most("max_new_tokens", body.max_new_tokens, limits.max_new_tokens)
-        options = body.model_dump(exclude={"prompt"})
-        return stream_generation(service, body.prompt, options, limits)
+        fields = body.model_dump(exclude={"prompt"}, exclude_none=True)
+        return stream_generation(service, body.prompt, service.sampling_config(fields), limits)
 
 
 async def answer(service: ModelService, future: Future, start: float, limits: Limits) -> Any:
@@ -168,7 +168,7 @@ def sse(event: str, data: dict[str, Any]) -> str:
 
 
 def stream_generation(
-    service: ModelService, prompt: str, options: dict[str, Any], limits: Limits
+    service: ModelService, prompt: str, sampling: SamplingConfig, limits: Limits
 ) -> StreamingResponse:
     """Server-sent events: ``token`` ({"text"}: the text it adds) for each token, then
     ``done`` ({"text", "tokens", "timing"}) or ``error`` ({"error"}). Refusals before the first
@@ -190,7 +190,7 @@ def stream_generation(
             raise GenerationStopped("stopped: time limit or client gone")
         post(text)
 
-    future = service.generate(prompt, options, on_token)
+    future = service.generate(prompt, sampling, on_token)
     future.add_done_callback(lambda _: post(None))
 
     async def events() -> AsyncIterator[str]:

@@ -24,8 +24,7 @@ from typing import Any, cast
 import torch
 
 from aiayn.config import to_dict
-from aiayn.decode import DecodeConfig, Hypothesis
-from aiayn.decode.generate import check_seed
+from aiayn.decode import DecodeConfig, Hypothesis, SamplingConfig
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import ConfigError
 from aiayn.folder import ModelFolder, precision
@@ -216,26 +215,30 @@ class ModelService:
             ).to_dict()
         )
 
+    def sampling_config(self, fields: dict[str, Any]) -> SamplingConfig:
+        """The request's sampling settings as one SamplingConfig; 422 with its line for a
+        value it refuses."""
+        try:
+            return SamplingConfig(**fields)
+        except ConfigError as err:
+            raise RequestError(422, str(err)) from None
+
     def generate(
         self,
         prompt: str,
-        options: dict[str, Any],
+        sampling: SamplingConfig,
         on_token: Callable[[str], None],
     ) -> Future:
         """Queue a generation; ``on_token(text)`` runs on the worker thread with each new piece
         of text (raise :class:`GenerationStopped` in it to stop). The result is the text."""
         self.require("generate")
-        try:
-            check_seed(options.get("seed"))
-        except ConfigError as err:
-            raise RequestError(422, str(err)) from None
         if not prompt.strip():
             raise RequestError(422, "prompt is empty")
         n = len(self.folder.tokenizer.encode(prompt))
         if n > self.max_text_tokens:
             raise RequestError(422, f"prompt has {n} tokens; the limit is {self.max_text_tokens}")
         folder = self.folder
-        return self.batcher.call(lambda: folder.generate(prompt, on_token=on_token, **options))
+        return self.batcher.call(lambda: folder.generate(prompt, sampling, on_token=on_token))
 
     # ---- the worker thread ------------------------------------------------------------------
 
