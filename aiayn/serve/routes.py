@@ -61,7 +61,7 @@ def translation_routes(app: FastAPI, service: ModelService, limits: Limits) -> N
     @app.post("/v1/translate", summary="Translate texts (n-best lists with scores)")
     async def translate(body: TranslateBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(
+        decode = service.checks.decode_config(
             body.beam,
             body.alpha,
             body.nbest,
@@ -80,7 +80,7 @@ def translation_routes(app: FastAPI, service: ModelService, limits: Limits) -> N
     @app.post("/v1/attention", summary="Attention weights of every layer and head")
     async def attention(body: AttentionBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(
+        decode = service.checks.decode_config(
             body.beam,
             body.alpha,
             None,
@@ -112,9 +112,10 @@ def generation_routes(app: FastAPI, service: ModelService, limits: Limits) -> No
         response_class=StreamingResponse,
     )
     async def generate(body: GenerateBody) -> StreamingResponse:
-        service.check_at_most("max_new_tokens", body.max_new_tokens, limits.max_new_tokens)
-        fields = body.model_dump(exclude={"prompt"}, exclude_none=True)
-        return stream_generation(service, body.prompt, service.sampling_config(fields), limits)
+        sampling = service.checks.sampling_config(
+            body.model_dump(exclude={"prompt"}, exclude_none=True)
+        )
+        return stream_generation(service, body.prompt, sampling, limits)
 
 
 async def answer(service: ModelService, future: Future, start: float, limits: Limits) -> Any:
