@@ -218,15 +218,18 @@ class SequenceGenerator:
 
         Shape: candidates (b, n) -> tokens (b·k, t + 1), scores (b, k), rows (b·k,).
         """
-        k, eos = self.search.beam, self.settings.eos_id
-        width = cands.tokens.size(1)
-        is_eos = cands.tokens == eos
-        rank = torch.arange(width, device=cands.tokens.device).expand_as(cands.tokens)
-        order = (rank + is_eos * width).topk(k, dim=-1, largest=False).indices
-        rows = cands.rows.gather(1, order).view(-1)  # (b·k,)
-        new = cands.tokens.gather(1, order)  # (b, k)
-        scores = cands.scores.gather(1, order).masked_fill(new == eos, float("-inf"))
-        tokens = torch.cat([state.tokens.index_select(0, rows), new.view(-1, 1)], dim=1)
+        k, eos, width = self.search.beam, self.settings.eos_id, cands.tokens.size(1)
+        if width == k:  # a candidate per row (greedy search, sampling): each row goes on
+            rows, new, scores = cands.rows.view(-1), cands.tokens, cands.scores
+        else:
+            rank = torch.arange(width, device=cands.tokens.device).expand_as(cands.tokens)
+            order = (rank + (cands.tokens == eos) * width).topk(k, dim=-1, largest=False).indices
+            rows = cands.rows.gather(1, order).view(-1)  # (b·k,)
+            new = cands.tokens.gather(1, order)  # (b, k)
+            scores = cands.scores.gather(1, order)
+        scores = scores.masked_fill(new == eos, float("-inf"))
+        kept = state.tokens.index_select(0, rows) if self.search.moves_rows else state.tokens
+        tokens = torch.cat([kept, new.view(-1, 1)], dim=1)  # (b·k, t + 1)
         return _Beams(tokens, scores, state.sentence), rows
 
     def _done(self, state: _Beams, active: _Active, room: list[bool]) -> list[bool]:
