@@ -87,9 +87,17 @@ class Candidates(NamedTuple):
 class Search:
     """A strategy: which extensions of each sentence's live rows go on (fairseq's Search)."""
 
-    beam = 1  # live rows a sentence keeps after its first step
-    early_stopping = True  # a sentence stops at `beam` finished hypotheses
     moves_rows = False  # candidates may extend another row than their own (the cache follows)
+
+    @property
+    def beam(self) -> int:
+        """Live rows a sentence keeps after its first step."""
+        return 1
+
+    @property
+    def early_stopping(self) -> bool:
+        """Whether a sentence stops at ``beam`` finished hypotheses."""
+        return True
 
     def step(self, log_probs: Tensor, scores: Tensor) -> Candidates:
         """Shape: log_probs (b·r, V) after the rules, scores (b, r) cumulative (-inf: a dead
@@ -120,11 +128,11 @@ class BeamSearch(Search):
         self.settings = settings
 
     @property
-    def beam(self) -> int:  # type: ignore[override]
+    def beam(self) -> int:
         return self.settings.beam
 
     @property
-    def early_stopping(self) -> bool:  # type: ignore[override]
+    def early_stopping(self) -> bool:
         return self.settings.early_stopping
 
     def step(self, log_probs: Tensor, scores: Tensor) -> Candidates:
