@@ -118,6 +118,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_paper_bleu": UNIT,
     "test_recase": UNIT,
     "test_scripts_smoke": ("process",),
+    "test_sampling": UNIT,
     "test_search": UNIT,
     "test_seed_pairs": UNIT,
     "test_serve": ("serve",),

@@ -14,7 +14,14 @@ import pytest
 import torch
 from trainutil import tiny_model_config
 
-from aiayn.decode import DecodeConfig, SearchSettings, beam_search, greedy_search, transformer_step
+from aiayn.decode import (
+    DecodeConfig,
+    Rules,
+    SearchSettings,
+    beam_search,
+    greedy_search,
+    transformer_step,
+)
 from aiayn.decode.ensemble import Ensemble
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
@@ -53,7 +60,7 @@ def search(model, src, beam: int):
     cache = model.init_cache(memory, src=src)
     step = transformer_step(model, memory)
     if beam == 1:
-        hyps = greedy_search(step, cache, src.size(0), 20, SearchSettings(1, 2, min_len=12))
+        hyps = greedy_search(step, cache, src.size(0), 20, SearchSettings(1, 2, Rules(min_len=12)))
         return [(h.tokens, h.score) for h in hyps]
     nbest = beam_search(step, cache.with_beam(beam), src.size(0), 20,
                         SearchSettings(1, 2, beam=beam, nbest=3))

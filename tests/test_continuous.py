@@ -11,6 +11,8 @@ from trainutil import tiny_model_config
 
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
 from aiayn.decode.continuous import RunningTranslation
+from aiayn.decode.generator import SequenceGenerator
+from aiayn.decode.rules import Rules
 from aiayn.decode.search import BeamSearch, SearchSettings
 from aiayn.model import Transformer
 
@@ -218,7 +220,7 @@ def dist(p_eos: float) -> list[float]:
 
 
 def run_stub(tables, joins, **search):
-    """BeamSearch (beam 2) over a stub step: sentence ``name`` reads ``tables[name][prefix]``
+    """Beam search (beam 2) over a stub step: sentence ``name`` reads ``tables[name][prefix]``
     (EOS never, by default) and joins before step ``joins[name]``; its n-best lists by name."""
 
     def step(tokens, cache):  # a row's own prefix: what follows its last BOS
@@ -226,7 +228,8 @@ def run_stub(tables, joins, **search):
         probs = [tables[s].get(tuple(r), dist(0.0)) for s, r in zip(cache.sentence, rows)]
         return torch.tensor(probs).log(), cache
 
-    beam_search = BeamSearch(SearchSettings(BOS, EOS, beam=2, **search))
+    settings = SearchSettings(BOS, EOS, beam=2, **search)
+    beam_search = SequenceGenerator(settings, BeamSearch(settings))
     cache, names, out, at = StubRows(), {}, {}, 0
     while len(out) < len(joins):
         for name in [name for name, when in joins.items() if when == at]:
@@ -259,6 +262,6 @@ def test_late_stopping_counts_each_joined_sentences_own_length():
 
 def test_min_len_counts_each_joined_sentences_own_tokens():
     tables = {"never ends": {}, "quick": {(): dist(0.9), (A,): dist(0.9), (A, A): dist(0.9)}}
-    alone = run_stub(tables, {"quick": 0}, min_len=2)["quick"]
+    alone = run_stub(tables, {"quick": 0}, rules=Rules(min_len=2))["quick"]
     assert alone[0].tokens == [A, A]
-    assert_same_hyps(run_stub(tables, {"never ends": 0, "quick": 4}, min_len=2)["quick"], alone)
+    assert_same_hyps(run_stub(tables, {"never ends": 0, "quick": 4}, rules=Rules(min_len=2))["quick"], alone)

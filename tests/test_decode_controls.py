@@ -15,7 +15,7 @@ from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.data import train_tokenizer
 from aiayn.decode import DecodeConfig, SearchSettings, greedy_search
-from aiayn.decode.search import Rules, _apply_rules
+from aiayn.decode.rules import Rows, Rules
 from aiayn.decode.step import force_prefix
 from aiayn.errors import ConfigError
 from aiayn.folder import load_model_folder
@@ -42,7 +42,7 @@ def test_repetition_penalty_equals_transformers(penalty, seed):
     log_probs[0, 3] = 0.5  # a positive score is divided, not multiplied
     tokens[0, 0] = 3
     want = transformers.RepetitionPenaltyLogitsProcessor(penalty)(tokens, log_probs.clone())
-    got = _apply_rules(log_probs.clone(), 2, False, Rules(repetition_penalty=penalty), None, tokens)
+    got = Rules(repetition_penalty=penalty).apply(log_probs.clone(), Rows(tokens, 2))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     if penalty > 1:
         assert bool((got[0, tokens[0]] < log_probs[0, tokens[0]]).all())
@@ -54,7 +54,7 @@ def test_no_repeat_ngram_equals_transformers(n, t):
     transformers = pytest.importorskip("transformers", reason="needs the test extra")
     tokens, log_probs = random_rows(n * 10 + t, t=t, vocab=4)
     want = transformers.NoRepeatNGramLogitsProcessor(n)(tokens, log_probs.clone())
-    got = _apply_rules(log_probs.clone(), 2, False, Rules(no_repeat_ngram=n), None, tokens)
+    got = Rules(no_repeat_ngram_size=n).apply(log_probs.clone(), Rows(tokens, 2))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     if t >= n >= 2:  # something is banned: the row's last n-1 tokens occurred before
         assert bool(torch.isinf(got).any()) == bool(torch.isinf(want).any())
@@ -65,10 +65,10 @@ def test_a_ban_that_would_empty_a_row_leaves_it_alone():
     tokens = torch.tensor([[1, 5, 6, 5]])
     log_probs = torch.full((1, 8), float("-inf"))
     log_probs[0, 6] = -0.3  # the only token left, and it would repeat (5, 6)
-    got = _apply_rules(log_probs.clone(), 2, False, Rules(no_repeat_ngram=2), None, tokens)
+    got = Rules(no_repeat_ngram_size=2).apply(log_probs.clone(), Rows(tokens, 2))
     assert got[0, 6] == -0.3
     log_probs[0, 7] = -2.0  # another token is allowed: the ban applies
-    got = _apply_rules(log_probs.clone(), 2, False, Rules(no_repeat_ngram=2), None, tokens)
+    got = Rules(no_repeat_ngram_size=2).apply(log_probs.clone(), Rows(tokens, 2))
     assert got[0, 6] == float("-inf") and got[0, 7] == -2.0
 
 

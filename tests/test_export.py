@@ -24,7 +24,7 @@ from aiayn.folder.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer
-from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.decode import DecodeConfig, Ensemble, SamplingConfig, translate_ids
 from aiayn.decode.generate import generate
 from aiayn.errors import ConfigError
 from aiayn.export import export_model
@@ -218,9 +218,10 @@ def test_onnx_lm_logits_and_sampling_equal_torch(tmp_path):
         ours, theirs = model.init_cache(), engine.init_cache()
         for chunk in (ids[:, :3], ids[:, 3:4], ids[:, 4:]):
             assert (model(chunk, ours) - engine(chunk, theirs)).abs().max() < 1e-4
-    a = generate(model, [5, 6, 7], 20, window=16, seed=0)
+    sampling = SamplingConfig(max_new_tokens=20, seed=0)
+    a = generate(model, [5, 6, 7], 16, sampling)
     # past the window: cache restarts
-    b = OnnxBackend(engine).generate_ids([5, 6, 7], 16, max_new_tokens=20, seed=0)
+    b = OnnxBackend(engine).generate_ids([5, 6, 7], 16, sampling)
     assert a == b and len(a) == 20
 
 

@@ -14,17 +14,21 @@ import torch
 
 from aiayn.decode import (
     DecodeConfig,
+    Rules,
+    SamplingConfig,
     SearchSettings,
     beam_search,
     filter_log_probs,
     greedy_search,
     sample,
 )
-from aiayn.decode.search import _Beams, _top_candidates, _top_candidates_blocked, length_penalty
+from aiayn.decode.search import _top_candidates, _top_candidates_blocked, length_penalty
+from aiayn.decode.step import force_prefix
 from aiayn.errors import ConfigError
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 V = 5
+SAMPLING = SearchSettings(BOS, EOS, sampling=SamplingConfig())
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,9 +169,9 @@ def test_max_len_cuts_hypotheses_per_sentence():
 
 def test_min_len_forbids_early_eos():
     table = {(): dist(eos=0.9, a=0.1), (A,): dist(eos=0.9, a=0.1), (A, A): dist(eos=0.9, a=0.1)}
-    (hyp,) = run_greedy([table], min_len=2)
+    (hyp,) = run_greedy([table], rules=Rules(min_len=2))
     assert hyp.tokens == [A, A] and hyp.finished
-    (best,) = run_beam([table], beam=2, min_len=2)[0]
+    (best,) = run_beam([table], beam=2, rules=Rules(min_len=2))[0]
     assert best.tokens == [A, A]
 
 
@@ -181,7 +185,7 @@ def test_the_first_step_runs_one_row_per_sentence_then_the_beams():
         return step(tokens, cache)
 
     cache = StubCache(torch.arange(2))
-    beam_search(counting, cache, 2, 4, SearchSettings(BOS, EOS, beam=3, min_len=4))
+    beam_search(counting, cache, 2, 4, SearchSettings(BOS, EOS, Rules(min_len=4), beam=3))
     assert fed == [(2, 1), (6, 2), (6, 3), (6, 4)]
 
 
@@ -214,14 +218,14 @@ def test_blocked_top_candidates_equal_the_full_ranking(vocab):
     # The first step ranks one row per sentence (k = 1) for the 2k candidates of k = 5 beams;
     # with fewer blocks than candidates (vocab 257: 5 blocks) the full ranking is used.
     lp = torch.log_softmax(3 * torch.randn(b, vocab, generator=g), -1)
-    state = _Beams(torch.ones(b, 1, dtype=torch.long), torch.zeros(b, 1), torch.arange(b))
+    first = torch.zeros(b, 1)  # the scores of one live row per sentence
     want_scores, flat = lp.topk(2 * k, dim=-1)
-    got = _top_candidates(state, lp, 2 * k)
+    got = _top_candidates(first, lp, 2 * k)
     assert torch.equal(got[0], want_scores)
     assert torch.equal(got[1], torch.arange(b)[:, None].expand(b, 2 * k))
     assert torch.equal(got[2], flat)
     # Fewer extensions than candidates (V = 3 < 2k): the rest are -inf on the sentence's own row.
-    scores, rows, tokens = _top_candidates(state, lp[:, :3], 2 * k)
+    scores, rows, tokens = _top_candidates(first, lp[:, :3], 2 * k)
     assert torch.isinf(scores[:, 3:]).all() and torch.equal(scores[:, :3], lp[:, :3].topk(3).values)
     assert torch.equal(rows, torch.arange(b)[:, None].expand(b, 2 * k))
 
@@ -246,10 +250,10 @@ def test_sampling_with_top_k_1_is_greedy_and_seeded_sampling_repeats():
     greedy = run_greedy(tables, max_len=5)
     prefix = torch.full((6, 1), BOS)
     top1 = sample(stub_step(tables), StubCache(torch.arange(6)), prefix, 5,
-                  SearchSettings(BOS, EOS, top_k=1))
+                  SearchSettings(BOS, EOS, sampling=SamplingConfig(top_k=1)))
     assert [h.tokens for h in top1] == [h.tokens for h in greedy]
     assert [h.log_prob for h in top1] == pytest.approx([h.log_prob for h in greedy], abs=1e-5)
-    runs = [sample(stub_step(tables), StubCache(torch.arange(6)), prefix, 5, SearchSettings(BOS, EOS),
+    runs = [sample(stub_step(tables), StubCache(torch.arange(6)), prefix, 5, SAMPLING,
                    rng=torch.Generator().manual_seed(7)) for _ in range(2)]
     assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
 
@@ -258,7 +262,7 @@ def test_sampling_follows_the_distribution():
     table = {(): dist(eos=0.0, a=0.7, b=0.3)}
     n = 4000
     out = sample(stub_step([table] * 1, default=dist(eos=1.0)), StubCache(torch.zeros(n, dtype=torch.long)),
-                 torch.full((n, 1), BOS), 1, SearchSettings(BOS, EOS), rng=torch.Generator().manual_seed(0))
+                 torch.full((n, 1), BOS), 1, SAMPLING, rng=torch.Generator().manual_seed(0))
     share_a = sum(h.tokens == [A] for h in out) / n
     assert abs(share_a - 0.7) < 0.03
 
@@ -279,23 +283,19 @@ def test_power_length_penalty_is_length_to_alpha():
 
 
 def test_suppressed_tokens_are_never_output_and_keep_their_mass_unless_renormalized():
-    from aiayn.decode.search import Rules
-
     table = {(): dist(eos=0.1, a=0.6, b=0.3), (B,): dist(eos=0.9, a=0.1)}
-    (hyp,) = run_greedy([table], rules=Rules(suppress=(A,)))
+    (hyp,) = run_greedy([table], rules=Rules(bad_ids=(A,)))
     assert hyp.tokens == [B] and hyp.log_prob == pytest.approx(math.log(0.3) + math.log(0.9))
-    (hyp,) = run_greedy([table], rules=Rules(suppress=(A,), renormalize=True))
+    (hyp,) = run_greedy([table], rules=Rules(bad_ids=(A,), renormalize=True))
     assert hyp.log_prob == pytest.approx(math.log(0.3 / 0.4) + math.log(0.9 / 0.9))
 
 
 def test_forced_eos_ends_a_hypothesis_at_the_cap_with_log_prob_zero():
-    from aiayn.decode.search import Rules
-
     table = {(): dist(eos=0.1, a=0.9), (A,): dist(eos=0.1, a=0.9), (A, A): dist(eos=0.1, a=0.9)}
-    (hyp,) = run_greedy([table], max_len=3, rules=Rules(force_eos=True))
+    (hyp,) = run_greedy([table], max_len=3, rules=Rules(forced_eos=True))
     assert hyp.tokens == [A, A] and hyp.finished
     assert hyp.log_prob == pytest.approx(2 * math.log(0.9))  # the forced EOS adds 0
-    rules = Rules(force_eos=True)
+    rules = Rules(forced_eos=True)
     (best,) = run_beam([table], 2, max_len=3, rules=rules, early_stopping=False)[0]
     assert best.tokens == [A, A] and best.finished
     assert best.score == pytest.approx(2 * math.log(0.9) / ((5 + 3) / 6) ** 0.6)
@@ -314,3 +314,70 @@ def test_without_early_stopping_beam_search_goes_on_while_a_live_beam_can_win():
     early = run_beam([table], 2, alpha=1.0, penalty="power")[0][0]
     late = run_beam([table], 2, alpha=1.0, penalty="power", early_stopping=False)[0][0]
     assert early.tokens == [A] and late.tokens == [A, A, A]
+
+
+# ---- every rule under sampling (they used to apply to greedy and beam search only) ------------
+
+
+def run_sample(tables, max_len=6, n=1, rules=Rules(), top_k=0, seed=0, step=None):
+    """``sample`` over the stub step (one row per table), seeded."""
+    settings = SearchSettings(BOS, EOS, rules, sampling=SamplingConfig(top_k=top_k, seed=seed))
+    step = step or stub_step(tables, default=dist(eos=0.05, a=0.9, b=0.05))
+    cache = StubCache(torch.arange(len(tables)))
+    return sample(step, cache, torch.full((len(tables), 1), BOS), max_len, settings)
+
+
+def test_sampling_never_draws_a_banned_id():
+    likes_a = [{} for _ in range(50)]  # every prefix: "a" at 0.9
+    assert sum(A in h.tokens for h in run_sample(likes_a)) > 40  # the rule is what stops it
+    assert not any(A in h.tokens for h in run_sample(likes_a, rules=Rules(bad_ids=(A,))))
+
+
+def test_sampling_keeps_min_len():
+    quick = [{} for _ in range(50)]
+    step = stub_step(quick, default=dist(eos=0.98, a=0.01, b=0.01))
+    assert sum(h.tokens == [] for h in run_sample(quick, step=step)) > 40
+    hyps = run_sample(quick, step=step, rules=Rules(min_len=3))
+    assert all(len(h.tokens) >= 3 for h in hyps)
+    assert all(h.finished for h in hyps)  # and then EOS, almost surely taken
+
+
+def test_sampling_applies_the_repetition_penalty():
+    """top-k 1: the draw is the best token after the rules. "a" (0.5) beats "b" (0.45) until
+    it is in the row: log 0.5 · 2 < log 0.45."""
+    table = [{}]
+    step = stub_step(table, default=dist(eos=0.05, a=0.5, b=0.45))
+    (plain,) = run_sample(table, max_len=3, top_k=1, step=step)
+    assert plain.tokens == [A, A, A]
+    (hyp,) = run_sample(table, max_len=3, top_k=1, step=step, rules=Rules(repetition_penalty=2.0))
+    assert hyp.tokens == [A, B, A]
+    want = math.log(0.5) + math.log(0.45) + 2 * math.log(0.5)  # "a" again, penalised
+    assert hyp.log_prob == pytest.approx(want, abs=1e-5)
+
+
+def test_sampling_never_repeats_a_banned_ngram():
+    rows = [{} for _ in range(20)]
+    for hyp in run_sample(rows, max_len=8, rules=Rules(no_repeat_ngram_size=2)):
+        pairs = list(zip([BOS, *hyp.tokens], hyp.tokens))
+        assert len(pairs) == len(set(pairs)), hyp.tokens
+    plain = run_sample(rows, max_len=8)
+    assert any(len(set(zip(h.tokens, h.tokens[1:]))) < len(h.tokens) - 1 for h in plain)
+
+
+def test_sampling_ends_with_forced_eos_at_the_cap():
+    rows = [{} for _ in range(20)]
+    step = stub_step(rows, default=dist(eos=0.001, a=0.5, b=0.499))
+    assert not any(h.finished for h in run_sample(rows, max_len=3, step=step))
+    hyps = run_sample(rows, max_len=3, step=step, rules=Rules(forced_eos=True))
+    assert all(h.finished and len(h.tokens) == 2 for h in hyps)
+
+
+def test_sampling_follows_a_forced_prefix():
+    rows = [{} for _ in range(20)]
+    forced = torch.tensor([[B, B, -1]]).expand(20, 3)  # "b b", then sampling goes on
+    step, cache = force_prefix(stub_step(rows, default=dist(eos=0.05, a=0.9, b=0.05)),
+                               StubCache(torch.arange(20)), forced)
+    settings = SearchSettings(BOS, EOS, sampling=SamplingConfig(seed=0))
+    hyps = sample(step, cache, torch.full((20, 1), BOS), 6, settings)
+    assert all(h.tokens[:2] == [B, B] for h in hyps)
+    assert sum(h.tokens[2:3] == [A] for h in hyps) > 15  # after it, the model's own choice

@@ -145,7 +145,7 @@ def test_under_steady_traffic_the_thread_count_follows_a_fake_load(trained, monk
 
     def traffic() -> None:  # one client, back to back: the worker is never idle for 1 s
         while not stop.is_set():
-            service.translate([PAIRS[0][0]], service.decode_config(1, None, None)).result()
+            service.translate([PAIRS[0][0]], service.checks.decode_config(1, None, None)).result()
 
     client = threading.Thread(target=traffic)
     client.start()

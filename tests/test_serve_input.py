@@ -113,7 +113,8 @@ NUMBERS = [
     for f in ("beam", "alpha", "rank", "repetition_penalty", "no_repeat_ngram_size")
 ] + [
     ("lm", "/v1/generate", {"prompt": "the cat"}, f)
-    for f in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+    for f in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
+              "no_repeat_ngram_size")
 ]  # fmt: skip
 
 
@@ -233,3 +234,18 @@ def test_a_blank_text_is_answered_blank_in_its_place(clients):
     labelled = c.post("/v1/classify", json={"texts": ["a dog"]}).json()["results"][0]
     r = c.post("/v1/classify", json={"texts": ["", "a dog"]})
     assert r.status_code == 200 and r.json()["results"] == [{"label": "", "probs": {}}, labelled]
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 1e-300), ("top_p", 0.0), ("top_k", -1),
+                                          ("max_new_tokens", 0)])  # fmt: skip
+def test_sampling_values_are_refused_in_the_words_of_the_cli(clients, field, value):
+    """One rule (SamplingConfig) for `aiayn generate`, Python and the server: the 422 is its
+    line, which the command line gives with the flag's name (tests/test_sampling.py)."""
+    from aiayn.decode import SamplingConfig
+    from aiayn.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        SamplingConfig(**{field: value})
+    r = clients["lm"].post("/v1/generate", json={"prompt": "the cat", field: value})
+    assert_one_line_422(r, field)
+    assert r.json()["error"] == str(err.value)

@@ -345,7 +345,7 @@ def test_translations_joining_a_running_batch_equal_one_request_at_a_time(folder
     """Requests of 1-3 texts sent by 6 threads at once join each other's running decoding at
     whatever step; each answer is the one `translate_hypotheses` gives for its texts alone."""
     service = ModelService(folder, Limits())
-    decode = service.decode_config(beam, None, nbest)
+    decode = service.checks.decode_config(beam, None, nbest)
     requests = [sentences(1 + i % 3, 300 + i) for i in range(18)]
     with ThreadPoolExecutor(6) as pool:
         futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
@@ -369,7 +369,7 @@ def test_no_step_batching_batches_translations_at_boundaries_with_the_same_answe
     answers = []
     for step_batching in (True, False):
         service = ModelService(folder, Limits(step_batching=step_batching))
-        decode = service.decode_config(3, None, 2)
+        decode = service.checks.decode_config(3, None, 2)
         with ThreadPoolExecutor(3) as pool:
             futures = list(pool.map(lambda texts: service.translate(texts, decode), requests))
             answers.append([[[h["text"] for h in n] for n in f.result(60).outputs] for f in futures])
@@ -384,7 +384,7 @@ def test_a_translation_whose_client_went_away_stops_decoding_at_the_next_step(fo
     gone) takes the request's rows out of the running decoding at the next step: the steps
     stop long before its 25 forced tokens."""
     service = ModelService(folder, Limits())
-    decode = dataclasses.replace(service.decode_config(2, None, None), min_len=25, max_len_b=30)
+    decode = dataclasses.replace(service.checks.decode_config(2, None, None), min_len=25, max_len_b=30)
     future = service.translate(["a b c"], decode)
     until(lambda: service.batcher.stats.steps >= 1)
     hold = threading.Event()

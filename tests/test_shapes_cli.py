@@ -14,6 +14,7 @@ import torch
 from aiayn.cli import main
 from aiayn.data.clean import clean_text
 from aiayn.decode.classify import predict_ids
+from aiayn.decode.config import SamplingConfig
 from aiayn.decode.generate import generate, lm_step
 from aiayn.model import TransformerClassifier, TransformerLM
 from aiayn.run_config import build_run_config
@@ -173,7 +174,7 @@ def test_generate_streams_each_token_as_it_is_drawn(lm_run):
         return original(ids, cache, attn_record)
 
     model.forward = counting
-    out = generate(model, [10, 11, 12], 6, window=48, seed=1, on_token=seen.append)
+    out = generate(model, [10, 11, 12], 48, SamplingConfig(6, seed=1), on_token=seen.append)
     assert seen == out and len(out) == 6
     assert calls == [0, 1, 2, 3, 4, 5]  # token i was handed out before step i + 1 ran
 
@@ -187,9 +188,9 @@ def _random_lm(max_len: int = 64) -> TransformerLM:
 def test_cached_generation_equals_uncached(top_k, top_p):
     model = _random_lm()
     prompt = [5, 9, 14, 7]
-    kwargs = dict(window=64, temperature=0.8, top_k=top_k, top_p=top_p, seed=3)
-    cached = generate(model, prompt, 50, use_cache=True, **kwargs)
-    uncached = generate(model, prompt, 50, use_cache=False, **kwargs)
+    sampling = SamplingConfig(50, temperature=0.8, top_k=top_k, top_p=top_p, seed=3)
+    cached = generate(model, prompt, 64, sampling, use_cache=True)
+    uncached = generate(model, prompt, 64, sampling, use_cache=False)
     assert cached == uncached and len(cached) == 50
     assert all(t >= 4 for t in cached)  # special tokens are never sampled
 

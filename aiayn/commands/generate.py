@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from aiayn.commands.options import add_device, advanced, inference_device
 from aiayn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from aiayn.decode.config import SamplingConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the start of the text, which the model continues (given on the command line)",
     )
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to add (default: 500)")
+    # The sampling settings: aiayn.decode.config.SamplingConfig checks them (sampling_config)
     p.add_argument(
         "--temperature",
         type=float,
@@ -58,26 +63,30 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _check(args: argparse.Namespace) -> None:
-    from aiayn.checks import check_number
-    from aiayn.decode.generate import check_seed
+def sampling_config(args: argparse.Namespace) -> SamplingConfig:
+    """The flags as one SamplingConfig; a value it refuses is its one line, naming the flag."""
+    from aiayn.decode.config import SamplingConfig
 
-    if args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    check_number("--temperature", args.temperature, above=0)
-    if args.top_k < 0:
-        raise ConfigError(f"--top-k must be >= 0, got {args.top_k}")
-    check_number("--top-p", args.top_p, above=0, maximum=1)
-    check_seed(args.seed)
-    if not args.prompt:
-        raise ConfigError("--prompt is empty; give at least one character to continue")
+    try:
+        return SamplingConfig(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
+    except ConfigError as err:  # "temperature must be ..." -> "--temperature must be ..."
+        name = str(err).split(" ", 1)[0]
+        raise ConfigError(f"--{name.replace('_', '-')}{str(err)[len(name) :]}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.folder.load import load_model_folder
     from aiayn.kinds import LM
 
-    _check(args)
+    sampling = sampling_config(args)
+    if not args.prompt:
+        raise ConfigError("--prompt is empty; give at least one character to continue")
     model = load_model_folder(args.model, inference_device(args.device), LM)
 
     def show(text: str) -> None:
@@ -85,15 +94,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     show(args.prompt)
-    model.generate(
-        args.prompt,
-        args.max_new_tokens,
-        args.temperature,
-        args.top_k,
-        args.top_p,
-        args.seed,
-        on_token=show,
-        use_cache=not args.no_cache,
-    )
+    model.generate(args.prompt, sampling, on_token=show, use_cache=not args.no_cache)
     show("\n")
     return 0

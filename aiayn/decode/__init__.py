@@ -10,16 +10,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.config import DecodeConfig, SamplingConfig
     from aiayn.decode.ensemble import Ensemble
+    from aiayn.decode.generator import SequenceGenerator, beam_search, greedy_search, sample
+    from aiayn.decode.rules import Rules
     from aiayn.decode.search import (
+        BeamSearch,
+        GreedySearch,
         Hypothesis,
+        Sampling,
+        Search,
         SearchSettings,
-        beam_search,
         filter_log_probs,
-        greedy_search,
         length_penalty,
-        sample,
     )
     from aiayn.decode.step import Seq2SeqModel, transformer_step
     from aiayn.decode.translate import (
@@ -30,11 +33,18 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "BeamSearch",
     "DecodeConfig",
     "Ensemble",
+    "GreedySearch",
     "Hypothesis",
+    "Rules",
+    "Sampling",
+    "SamplingConfig",
+    "Search",
     "SearchSettings",
     "Seq2SeqModel",
+    "SequenceGenerator",
     "beam_search",
     "filter_log_probs",
     "greedy_search",
@@ -47,7 +57,7 @@ __all__ = [
     "translate_texts",
 ]
 # The modules that hold them, lightest first: a name is taken from the first that has it.
-MODULES = ("config", "ensemble", "search", "step", "translate")
+MODULES = ("config", "rules", "search", "generator", "ensemble", "step", "translate")
 
 
 def __getattr__(name: str) -> Any:

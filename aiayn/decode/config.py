@@ -1,10 +1,12 @@
-"""Decoding settings: one frozen dataclass, overridable like every other aiayn config, and the
-one function that merges them (:func:`merge_decode`).
+"""Decoding settings: frozen dataclasses, overridable like every other aiayn config, and the one
+function that merges translation's (:func:`merge_decode`).
 
-The only home of decoding defaults: the command-line flags, :func:`aiayn.decode.translate_texts`
-and a model folder's config.json ``decode`` section (a recipe's ``[decode]``) all start from it.
-A setting has one name everywhere: the field ``beam`` is the flag ``--beam``, the recipe key
-``decode.beam``, the HTTP field ``"beam"`` and the Python keyword ``translate(beam=)``.
+:class:`DecodeConfig` is the only home of translation's decoding defaults: the command-line flags,
+:func:`aiayn.decode.translate_texts` and a model folder's config.json ``decode`` section (a
+recipe's ``[decode]``) all start from it. A setting has one name everywhere: the field ``beam`` is
+the flag ``--beam``, the recipe key ``decode.beam``, the HTTP field ``"beam"`` and the Python
+keyword ``translate(beam=)``. :class:`SamplingConfig` is a language model's: `aiayn generate`,
+``aiayn.load(...).generate`` and the server's ``/v1/generate`` all build one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from aiayn.checks import check_integer, check_number
@@ -137,3 +139,69 @@ def merge_decode(base: DecodeConfig, *layers: Mapping[str, Any] | None) -> Decod
             if value is not None:
                 chosen[name] = value
     return dataclasses.replace(base, **chosen)
+
+
+#: The smallest temperature and top_p: below it float32 rounds a temperature's quotient or a
+#: top_p to inf or 0, and every token's probability to NaN.
+SAMPLING_MINIMUM = 1e-6
+
+#: the seeds ``torch.Generator.manual_seed`` takes (a 64-bit integer, signed or unsigned)
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a language model continues a prompt: ancestral sampling from a filtered
+    distribution (`aiayn generate`, ``aiayn.load(...).generate``, ``POST /v1/generate``).
+
+    One object from the command line, the Python call or the request down to the search; it
+    checks itself, so a value is refused in the same words wherever it comes from.
+    """
+
+    # Tokens to add after the prompt.
+    max_new_tokens: int = 200
+    # The logits are divided by it before sampling: < 1 is more conservative.
+    temperature: float = 1.0
+    # Sample among the k most probable tokens; 0: all.
+    top_k: int = 0
+    # Sample from the smallest set of tokens with this much probability (nucleus sampling,
+    # Holtzman et al. 2020); 1: all.
+    top_p: float = 1.0
+    # Seed of the draws, for reproducible output; None: torch's global generator.
+    seed: int | None = None
+    # The rules of search (DecodeConfig documents each), which sampling applies too.
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    bad_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_integer("max_new_tokens", self.max_new_tokens, minimum=1)
+        check_number("temperature", self.temperature, minimum=SAMPLING_MINIMUM)
+        check_integer("top_k", self.top_k, minimum=0)
+        check_number("top_p", self.top_p, minimum=SAMPLING_MINIMUM, maximum=1)
+        check_seed(self.seed)
+        check_number("repetition_penalty", self.repetition_penalty, above=0)
+        check_integer("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
+        for i in self.bad_ids:
+            check_integer("bad_ids", i, minimum=0)
+
+    def replace(self, **overrides: Any) -> SamplingConfig:
+        """This config with ``overrides`` (field names); an unknown name is a ConfigError that
+        names the nearest field."""
+        names = [f.name for f in fields(self)]
+        for key in overrides:
+            if key not in names:
+                near = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {near[0]}?)" if near else ""
+                raise ConfigError(f"unknown sampling setting {key!r}{hint}; known: {names}")
+        return replace(self, **overrides)
+
+
+def check_seed(seed: Any) -> None:
+    """ConfigError when ``seed`` is outside :data:`SEED_RANGE` or not an integer (None: no
+    seed)."""
+    if seed is None:
+        return
+    low, high = SEED_RANGE
+    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
+        raise ConfigError(f"seed must be an integer from -2**63 to 2**64-1, got {seed!r}")

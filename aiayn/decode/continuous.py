@@ -3,15 +3,14 @@ decoder steps and leave it the step they end.
 
 Shape legend: b sentences joining · k beam size · S source len · D d_model.
 
-:class:`RunningTranslation` holds one :class:`~aiayn.decode.search.BeamSearch` and its decoder
-cache. :meth:`~RunningTranslation.add` encodes new sources and appends their rows to the cache
+:class:`RunningTranslation` holds one :class:`~aiayn.decode.generator.SequenceGenerator` and its
+decoder cache. :meth:`~RunningTranslation.add` encodes new sources and appends their rows to the cache
 (their cross-attention keys/values padded to the longest source, their self-attention positions
 counted from the step they joined: :meth:`aiayn.model.DecoderCache.extend`);
 :meth:`~RunningTranslation.step` runs one decoder step for every sentence and returns the
 n-best lists of those that ended. A sentence's hypotheses are those of a decoding of it alone
 (:func:`aiayn.decode.translate_ids`), whenever it joins (tested): the masks hide every other row
-and every position before it joined. Beam 1 runs the same search, scored as greedy search scores
-(log-probability, no length penalty), and stops at the first EOS as greedy search does.
+and every position before it joined. Beam 1 is greedy search, as there.
 
 This is what vLLM and Hugging Face's TGI call continuous batching, at the granularity of a
 decoder step. `aiayn serve` runs it for the PyTorch backend (aiayn/serve/batching.py).
@@ -20,15 +19,15 @@ decoder step. `aiayn serve` runs it for the PyTorch backend (aiayn/serve/batchin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.generator import SequenceGenerator
 from aiayn.decode.packed import prepacked
-from aiayn.decode.search import BeamSearch, Hypothesis
+from aiayn.decode.search import Hypothesis, search_for
 from aiayn.decode.step import Seq2SeqModel
 from aiayn.decode.translate import check_bad_ids, max_output_lengths, pad_rows, search_settings
 
@@ -56,9 +55,7 @@ class RunningTranslation:
         check_bad_ids(model.cfg, cfg)
         self.model, self.cfg, self.device = prepacked(model), cfg, device
         settings = search_settings(model.cfg, cfg)
-        if cfg.beam == 1:  # scored and stopped as greedy_search does
-            settings = replace(settings, penalty="none", early_stopping=True)
-        self.search = BeamSearch(settings, device)
+        self.search = SequenceGenerator(settings, search_for(settings), device)
         self.cache: Any = None
 
     @property

@@ -4,8 +4,8 @@ Shape legend: N rows (1 here) · t tokens so far (prompt included) · V vocab.
 
 :func:`lm_step` turns a :class:`~aiayn.model.lm.TransformerLM` into the step function the search
 functions take (``(tokens, state) -> (log_probs, state)``); :func:`generate` runs
-:func:`aiayn.decode.search.sample` over it and hands every token to ``on_token`` as soon as it is
-drawn. With the cache each step feeds only the new token; without it, each step re-reads the whole
+:func:`aiayn.decode.generator.sample` over it with a :class:`~aiayn.decode.config.SamplingConfig`
+and hands every token to ``on_token`` as soon as it is drawn. With the cache each step feeds only the new token; without it, each step re-reads the whole
 context. The model saw windows of ``window`` tokens in training: when the context outgrows that,
 the cached step restarts its cache on the last ``window // 2`` tokens (the uncached one simply
 reads the last ``window``), so the two agree exactly while the text fits in one window (tested).
@@ -20,26 +20,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.decode.search import SearchSettings, StepFn, sample
+from aiayn.checks import check_ids
+from aiayn.decode.config import SEED_RANGE, SamplingConfig, check_seed
+from aiayn.decode.generator import sample
+from aiayn.decode.rules import Rules
+from aiayn.decode.search import SearchSettings, StepFn
 from aiayn.decode.step import decoding_device
-from aiayn.errors import ConfigError
 from aiayn.model.cache import DecoderCache
 from aiayn.model.lm import TransformerLM
 
 __all__ = ["LMState", "SEED_RANGE", "check_seed", "lm_step", "generate", "TextStream"]
-
-#: the seeds ``torch.Generator.manual_seed`` takes (a 64-bit integer, signed or unsigned)
-SEED_RANGE = (-(2**63), 2**64 - 1)
-
-
-def check_seed(seed: int | None) -> None:
-    """ConfigError when ``seed`` is outside :data:`SEED_RANGE` or not an integer (None: no seed).
-    `aiayn generate`, the server's /v1/generate and :func:`generate` all check it here."""
-    if seed is None:
-        return
-    low, high = SEED_RANGE
-    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
-        raise ConfigError(f"seed must be an integer from -2**63 to 2**64-1, got {seed!r}")
 
 
 @dataclass
@@ -90,29 +80,23 @@ def lm_step(model: TransformerLM, window: int, use_cache: bool = True) -> StepFn
 def generate(
     model: TransformerLM,
     prompt_ids: list[int],
-    max_new_tokens: int,
     window: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
+    sampling: SamplingConfig = SamplingConfig(),
     use_cache: bool = True,
     on_token: Callable[[int], Any] | None = None,
     device: torch.device | None = None,
 ) -> list[int]:
-    """Sample ``max_new_tokens`` tokens after ``prompt_ids``; returns them (prompt excluded).
+    """Sample ``sampling.max_new_tokens`` tokens after ``prompt_ids``; returns them (prompt
+    excluded). ``window``: the context the model saw in training.
 
     ``on_token(id)`` is called for each token as soon as it is drawn (streaming). ``device``:
     where the model runs (default: where its weights are).
     """
     if not prompt_ids:
         raise ValueError("the prompt must have at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    check_seed(seed)
+    check_ids("bad_ids", sampling.bad_ids, model.cfg.tgt_vocab_size)
     device = decoding_device(model, device)
     prefix = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, t0)
-    rng = torch.Generator(device).manual_seed(seed) if seed is not None else None
     step, reported = lm_step(model, window, use_cache), prefix.size(1)
 
     def streaming(tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
@@ -123,15 +107,22 @@ def generate(
         reported = tokens.size(1)
         return step(tokens, state)
 
-    cfg = model.cfg
-    settings = SearchSettings(
-        cfg.bos_id, cfg.eos_id, cfg.pad_id, temperature=temperature, top_k=top_k, top_p=top_p
-    )
-    hyp = sample(streaming, None, prefix, max_new_tokens, settings, rng=rng)[0]
+    settings = search_settings(model, sampling)
+    hyp = sample(streaming, None, prefix, sampling.max_new_tokens, settings)[0]
     if on_token is not None:
         for token in hyp.tokens[reported - prefix.size(1) :]:  # the last one drawn
             on_token(token)
     return hyp.tokens
+
+
+def search_settings(model: TransformerLM, sampling: SamplingConfig) -> SearchSettings:
+    """What search is told: the model's special ids, the rules ``sampling`` sets, and itself."""
+    rules = Rules(
+        repetition_penalty=sampling.repetition_penalty,
+        no_repeat_ngram_size=sampling.no_repeat_ngram_size,
+        bad_ids=sampling.bad_ids,
+    )
+    return SearchSettings(model.cfg.bos_id, model.cfg.eos_id, rules, sampling=sampling)
 
 
 class TextStream:

@@ -23,8 +23,10 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.decode.config import DecodeConfig, merge_decode
+from aiayn.decode.generator import beam_search, greedy_search
 from aiayn.decode.packed import prepacked
-from aiayn.decode.search import Hypothesis, Rules, SearchSettings, beam_search, greedy_search
+from aiayn.decode.rules import Rules
+from aiayn.decode.search import Hypothesis, SearchSettings
 from aiayn.decode.step import Seq2SeqModel, decoding_device, force_prefix, transformer_step
 from aiayn.errors import ConfigError
 from aiayn.threads import default_workers
@@ -108,23 +110,22 @@ def search_settings(model_cfg: ModelConfig, cfg: DecodeConfig) -> SearchSettings
     """What search is told (:class:`~aiayn.decode.search.SearchSettings`): the model's special
     ids and the choices ``cfg`` sets, its per-step rules included."""
     rules = Rules(
-        tuple(cfg.bad_ids),
-        cfg.forced_eos,
-        cfg.renormalize,
-        cfg.repetition_penalty,
-        cfg.no_repeat_ngram_size,
+        repetition_penalty=cfg.repetition_penalty,
+        no_repeat_ngram_size=cfg.no_repeat_ngram_size,
+        bad_ids=tuple(cfg.bad_ids),
+        min_len=cfg.min_len,
+        forced_eos=cfg.forced_eos,
+        renormalize=cfg.renormalize,
     )
     return SearchSettings(
         model_cfg.bos_id,
         model_cfg.eos_id,
-        model_cfg.pad_id,
-        cfg.min_len,
         rules,
-        cfg.beam,
-        cfg.alpha,
-        cfg.length_penalty,
-        cfg.nbest,
-        cfg.early_stopping,
+        beam=cfg.beam,
+        alpha=cfg.alpha,
+        penalty=cfg.length_penalty,
+        nbest=cfg.nbest,
+        early_stopping=cfg.early_stopping,
     )
 
 

@@ -36,7 +36,7 @@ from aiayn.config import ModelConfig
 from aiayn.data import Tokenizer
 from aiayn.decode.align import align
 from aiayn.decode.classify import LABEL_NAMES, encode_texts
-from aiayn.decode.config import DecodeConfig, merge_decode
+from aiayn.decode.config import DecodeConfig, SamplingConfig, merge_decode
 from aiayn.decode.generate import TextStream
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
@@ -360,16 +360,18 @@ class ModelFolder:
     def generate(
         self,
         prompt: str,
-        max_new_tokens: int = 200,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+        *,
         on_token: Callable[[str], Any] | None = None,
         use_cache: bool = True,
+        **settings: Any,
     ) -> str:
-        """The text sampled after ``prompt`` (prompt excluded). ``on_token(text)`` receives the
-        new text as soon as it decodes (streaming; a token ending mid-character waits)."""
+        """The text sampled after ``prompt`` (prompt excluded), with ``sampling`` (default:
+        :class:`~aiayn.decode.config.SamplingConfig`'s defaults) and ``settings``, further
+        SamplingConfig fields (``max_new_tokens=50``, ``temperature=0.8``, ``seed=3`` …),
+        applied. ``on_token(text)`` receives the new text as soon as it decodes (streaming; a
+        token ending mid-character waits)."""
+        sampling = (sampling or SamplingConfig()).replace(**settings)
         self._need("generate")
         prompt_ids = self.tokenizer.encode(prompt)
         if not prompt_ids:
@@ -378,15 +380,7 @@ class ModelFolder:
             log.warning("the prompt has characters the model never saw; they read as <unk>")
         stream = TextStream(self.tokenizer, on_token) if on_token is not None else None
         tokens = self.backend.generate_ids(
-            prompt_ids,
-            self.text_limit,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            use_cache=use_cache,
-            on_token=stream,
+            prompt_ids, self.text_limit, sampling, use_cache=use_cache, on_token=stream
         )
         return self.tokenizer.decode(tokens)
 

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.decode.align import AttentionMaps
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, SamplingConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.engines import ENGINES
 from aiayn.errors import ConfigError
@@ -94,9 +94,15 @@ class Backend(Protocol):
         """Shape: N id lists -> (N, C) float32 class probabilities."""
         ...
 
-    def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
-        """New token ids sampled after ``prompt_ids`` (options of
-        :func:`aiayn.decode.generate.generate`)."""
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        window: int,
+        sampling: SamplingConfig,
+        use_cache: bool = True,
+        on_token: Callable[[int], Any] | None = None,
+    ) -> list[int]:
+        """New token ids sampled after ``prompt_ids`` (:func:`aiayn.decode.generate.generate`)."""
         ...
 
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from aiayn.config import ModelConfig
 from aiayn.data.spm import SentencePieceTokenizer
 from aiayn.data.tokenizer import SPECIAL_TOKENS, CharTokenizer, SubwordTokenizer
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, SamplingConfig
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import max_output_lengths
 from aiayn.env import cpu_flags, cpu_info, env_value
@@ -338,7 +338,14 @@ class Ct2Backend:
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         refuse(self, "classify")
 
-    def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        window: int,
+        sampling: SamplingConfig,
+        use_cache: bool = True,
+        on_token: Callable[[int], Any] | None = None,
+    ) -> list[int]:
         refuse(self, "generate")
 
 

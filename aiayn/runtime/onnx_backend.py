@@ -34,7 +34,7 @@ from torch import Tensor
 
 from aiayn.config import ModelConfig
 from aiayn.decode.classify import predict_ids
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, SamplingConfig
 from aiayn.decode.generate import generate
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
@@ -278,8 +278,15 @@ class OnnxBackend:
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)
 
-    def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
-        return generate(self.model, prompt_ids, window=window, device=self.device, **options)
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        window: int,
+        sampling: SamplingConfig,
+        use_cache: bool = True,
+        on_token: Callable[[int], Any] | None = None,
+    ) -> list[int]:
+        return generate(self.model, prompt_ids, window, sampling, use_cache, on_token, self.device)
 
 
 def open_onnx(

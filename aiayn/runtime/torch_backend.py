@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from aiayn.config import ModelConfig
 from aiayn.data.registry import cache_dir
 from aiayn.decode.align import AttentionMaps, record_attention
 from aiayn.decode.classify import predict_ids
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, SamplingConfig
 from aiayn.decode.continuous import RunningTranslation
 from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.generate import generate
@@ -29,6 +29,7 @@ from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.model import Transformer
+from aiayn.model.lm import TransformerLM
 from aiayn.runtime.compiled import CompiledDecoding, compiled_step
 from aiayn.threads import default_workers
 
@@ -128,5 +129,13 @@ class TorchBackend:
     def class_probs(self, ids: Sequence[Sequence[int]], max_tokens: int | None) -> Tensor:
         return predict_ids(self.model, ids, max_tokens, self.device)  # type: ignore[arg-type]
 
-    def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
-        return generate(self.model, prompt_ids, window=window, **options)  # type: ignore[arg-type]
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        window: int,
+        sampling: SamplingConfig,
+        use_cache: bool = True,
+        on_token: Callable[[int], Any] | None = None,
+    ) -> list[int]:
+        model = cast(TransformerLM, self.model)
+        return generate(model, prompt_ids, window, sampling, use_cache, on_token)

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from aiayn.decode import DecodeConfig
+from aiayn.decode import DecodeConfig, SamplingConfig
 from aiayn.errors import AiaynError
 from aiayn.serve.errors import one_line
 from aiayn.serve.limits import Limits
@@ -61,7 +61,7 @@ def translation_routes(app: FastAPI, service: ModelService, limits: Limits) -> N
     @app.post("/v1/translate", summary="Translate texts (n-best lists with scores)")
     async def translate(body: TranslateBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(
+        decode = service.checks.decode_config(
             body.beam,
             body.alpha,
             body.nbest,
@@ -82,7 +82,7 @@ def translation_routes(app: FastAPI, service: ModelService, limits: Limits) -> N
     @app.post("/v1/attention", summary="Attention weights of every layer and head")
     async def attention(body: AttentionBody) -> dict[str, Any]:
         start = time.monotonic()
-        decode = service.decode_config(
+        decode = service.checks.decode_config(
             body.beam,
             body.alpha,
             None,
@@ -114,9 +114,10 @@ def generation_routes(app: FastAPI, service: ModelService, limits: Limits) -> No
         response_class=StreamingResponse,
     )
     async def generate(body: GenerateBody) -> StreamingResponse:
-        service.check_at_most("max_new_tokens", body.max_new_tokens, limits.max_new_tokens)
-        options = body.model_dump(exclude={"prompt"})
-        return stream_generation(service, body.prompt, options, limits)
+        sampling = service.checks.sampling_config(
+            body.model_dump(exclude={"prompt"}, exclude_none=True)
+        )
+        return stream_generation(service, body.prompt, sampling, limits)
 
 
 async def answer(service: ModelService, future: Future, start: float, limits: Limits) -> Any:
@@ -170,7 +171,7 @@ def sse(event: str, data: dict[str, Any]) -> str:
 
 
 def stream_generation(
-    service: ModelService, prompt: str, options: dict[str, Any], limits: Limits
+    service: ModelService, prompt: str, sampling: SamplingConfig, limits: Limits
 ) -> StreamingResponse:
     """Server-sent events: ``token`` ({"text"}: the text it adds) for each token, then
     ``done`` ({"text", "tokens", "timing"}) or ``error`` ({"error"}). Refusals before the first
@@ -192,7 +193,7 @@ def stream_generation(
             raise GenerationStopped("stopped: time limit or client gone")
         post(text)
 
-    future = service.generate(prompt, options, on_token)
+    future = service.generate(prompt, sampling, on_token)
     future.add_done_callback(lambda _: post(None))
 
     async def events() -> AsyncIterator[str]:

@@ -54,10 +54,9 @@ Size = Annotated[int | None, Field(ge=1, description="at most serve.max_beam")]
 Alpha = Annotated[float | None, Field(ge=0.0, description="at most serve.max_alpha")]
 Penalty = Annotated[float | None, Field(gt=0.0, le=10.0, description="1: off")]
 NGram = Annotated[int | None, Field(ge=0, le=64, description="0: off")]
-# Sampling: below 1e-6, float32 rounds a temperature's quotient or a top_p to inf or 0 and every
-# token's probability to NaN.
-Temperature = Annotated[float, Field(ge=1e-6, le=10.0)]
-TopP = Annotated[float, Field(ge=1e-6, le=1.0)]
+# Sampling: aiayn.decode.config.SamplingConfig checks the values (its words, as a 422); the server
+# adds only its own limits (serve.max_new_tokens, a temperature of at most 10).
+Temperature = Annotated[float, Field(le=10.0)]
 
 
 class TranslateBody(Body):
@@ -99,11 +98,14 @@ class AttentionBody(Body):
 
 
 class GenerateBody(Body):
-    """A prompt to continue; sampling settings as `aiayn generate`."""
+    """A prompt to continue; sampling settings as `aiayn generate` (SamplingConfig's fields), and
+    the repetition controls of /v1/translate."""
 
     prompt: Text
-    max_new_tokens: Annotated[int, Field(ge=1, description="at most serve.max_new_tokens")] = 100
+    max_new_tokens: Annotated[int, Field(description="at most serve.max_new_tokens")] = 100
     temperature: Temperature = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
-    top_p: TopP = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     seed: int | None = None
+    repetition_penalty: Penalty = None
+    no_repeat_ngram_size: NGram = None

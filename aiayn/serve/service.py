@@ -1,8 +1,13 @@
-"""What the server does with a model folder, without HTTP: check a request against the limits,
-queue it on the :class:`~aiayn.serve.batching.DynamicBatcher`, shape the answer. The service's
-settings choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
-translations where the backend can step and ``serve.step_batching`` is on, whole batches for
-everything else, and no merging at all with ``serve.batching=false``.
+"""What the server does with a model folder, without HTTP, split by job:
+:class:`~aiayn.serve.checks.RequestChecks` checks a request against the limits (one-line 4xx
+before anything is queued); :class:`ModelService` queues it on the
+:class:`~aiayn.serve.batching.DynamicBatcher`, under a typed batch key (:class:`TranslateBatch`,
+:class:`ClassifyBatch`: what must be equal for requests to share a batch); the batcher's worker
+thread runs :class:`BatchWork`; :func:`model_info` answers ``GET /v1/model``.
+
+The limits choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
+translations where the backend can step and ``Limits.step_batching`` is on, whole batches for
+everything else, and no merging at all without ``Limits.batching``.
 
 Every method that queues work returns a :class:`concurrent.futures.Future`; the HTTP layer
 (:mod:`aiayn.serve.app`) awaits it under the request's time limit. A request the limits refuse
@@ -18,22 +23,19 @@ import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from aiayn.config import to_dict
-from aiayn.decode import DecodeConfig, Hypothesis
-from aiayn.decode.config import merge_decode
-from aiayn.decode.generate import check_seed
+from aiayn.decode import DecodeConfig, Hypothesis, SamplingConfig
 from aiayn.decode.translate import encode_sources
-from aiayn.errors import ConfigError
 from aiayn.folder.load import ModelFolder, precision
-from aiayn.kinds import KINDS
-from aiayn.runtime import Unsupported, require
 from aiayn.runtime.backend import Steps
 from aiayn.serve.batching import BatchResult, DynamicBatcher, WorkerHooks
+from aiayn.serve.checks import RequestChecks
 from aiayn.serve.limits import Limits
 from aiayn.serve.queue import RequestError
 from aiayn.serve.stepping import Stepper
@@ -42,224 +44,55 @@ from aiayn.viz.attention import attention_of_translation, token_labels
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RequestError", "ModelService"]
+__all__ = [
+    "RequestError",
+    "ModelService",
+    "TranslateBatch",
+    "ClassifyBatch",
+    "BatchWork",
+    "model_info",
+]
 
 
 class GenerationStopped(Exception):
     """Raised inside a generation's token callback to stop it (time limit, client gone)."""
 
 
-class ModelService:
-    """One model folder (:class:`~aiayn.folder.ModelFolder`, any engine) behind a batcher."""
+@dataclass(frozen=True)
+class TranslateBatch:
+    """Translations decoded with ``decode``: requests with equal settings share a batch."""
 
-    def __init__(
-        self,
-        folder: ModelFolder,
-        limits: Limits,
-        worker_thread: bool = True,
-        follow_load: bool | LoadFollower = True,
-    ) -> None:
-        """``follow_load``: True, the worker chooses torch's thread count again for the load
-        (:func:`worker_hooks`) on a CPU unless the user fixed it (AIAYN_THREADS or
-        OMP_NUM_THREADS); False, never; a :class:`~aiayn.threads.LoadFollower`, that one."""
-        self.folder, self.limits, self.engine = folder, limits, folder.engine
-        self.kind: str = folder.kind
-        # The kind's routes that its backend can answer (no attention weights from an export).
-        self.routes = [r for r in KINDS[self.kind].routes if r in folder.backend.capabilities]
-        self.max_text_tokens = min(limits.max_text_tokens, folder.config.model.max_len)
-        follower = follow_load if isinstance(follow_load, LoadFollower) else None
-        if follow_load is True and folder.device.type == "cpu" and user_threads() is None:
-            follower = LoadFollower(DEFAULT_THREADS)
-        # The scheduler: translations join a running decoding between steps (StepLevel) where
-        # the backend can and the limits allow; else whole batches (WholeBatches).
-        steps = limits.step_batching and "steps" in folder.backend.capabilities
-        self.batcher = DynamicBatcher(
-            self._run,
-            max_batch_cost=limits.batch_tokens,
-            wait_s=limits.batch_wait_ms / 1000.0,
-            max_wait_s=limits.batch_max_wait_ms / 1000.0,
-            max_queue=limits.max_queue,
-            merge=limits.batching,
-            thread=worker_thread,  # False: the caller runs self.batcher.work()
-            stepper=self._stepper if steps else None,
-            join_steps=limits.join_steps,  # 0: every waiting request joins at the next step
-            hooks=worker_hooks(follower),
-        )
+    decode: DecodeConfig
 
-    def close(self) -> None:
-        self.batcher.close()
 
-    def require(self, route: str) -> None:
-        """404 with the routes this model does answer when ``route`` is not one of them."""
-        if route in self.routes:
-            return
-        if route in KINDS[self.kind].routes:  # the kind's, but not this backend's
-            try:
-                require(self.folder.backend, route, "serve its model folder with --engine torch")
-            except Unsupported as err:
-                raise RequestError(404, f"no /v1/{route}: {err}") from None
-        routes = ", ".join(f"/v1/{r}" for r in self.routes) or "none"
-        raise RequestError(
-            404, f"this server holds a {self.kind} model: no /v1/{route} (it answers {routes})"
-        )
+@dataclass(frozen=True)
+class ClassifyBatch:
+    """Classifications: any requests share a batch."""
 
-    # ---- requests -----------------------------------------------------------------------
 
-    def check_at_most(self, name: str, value: float | None, limit: float) -> None:
-        """422 naming ``name`` when ``value`` is above ``limit`` (a serve.* setting)."""
-        if value is not None and value > limit:
-            raise RequestError(422, f"{name}: at most {limit:g} on this server, got {value:g}")
+class BatchWork:
+    """The batches of one model folder, run on the worker thread: ``run(key, inputs)`` for a
+    whole batch, ``stepper(key)`` for translations that requests join between steps."""
 
-    def decode_config(
-        self, beam: int | None, alpha: float | None, nbest: int | None, **controls: Any
-    ) -> DecodeConfig:
-        """The folder's own decoding settings, with what the request overrides (workers 1: the
-        batcher's one thread decodes); 422 beyond serve.max_beam or serve.max_alpha. ``controls``:
-        DecodeConfig fields (repetition_penalty, no_repeat_ngram_size, alignments), None left
-        out; alignments a backend without attention weights cannot give are a 422 naming it."""
-        self.check_at_most("beam", beam, self.limits.max_beam)
-        self.check_at_most("nbest", nbest, self.limits.max_beam)
-        self.check_at_most("alpha", alpha, self.limits.max_alpha)
-        base = self.folder.decode
-        if nbest is not None and nbest > (base.beam if beam is None else beam):
-            raise RequestError(422, f"nbest ({nbest}) must be at most beam ({beam or base.beam})")
-        if controls.get("alignments"):
-            try:
-                require(self.folder.backend, "attention", "alignments need a PyTorch model")
-            except Unsupported as err:
-                raise RequestError(422, f"alignments: {err}") from None
-        request = {"beam": beam, "alpha": alpha, "nbest": nbest, **controls}
-        try:  # the server's own: 1 best, and the batcher's one thread decodes
-            return merge_decode(base, {"nbest": 1, "workers": 1}, request)
-        except ConfigError as err:
-            raise RequestError(422, str(err)) from None
+    def __init__(self, folder: ModelFolder) -> None:
+        self.folder = folder
 
-    def check_texts(self, texts: Sequence[str], cut: bool = False) -> int:
-        """422 for an empty text or one past the token limit (``cut``: no limit, the text is cut
-        as in training); returns the tokens of all, as the batch's cost."""
-        if len(texts) > self.limits.max_texts:
-            raise RequestError(
-                422, f"texts: at most {self.limits.max_texts} per request, got {len(texts)}"
-            )
-        lengths = [len(ids) for ids in self.folder.tokenizer.encode_batch(list(texts))]
-        for i, (text, n) in enumerate(zip(texts, lengths)):
-            if not text.strip():
-                raise RequestError(422, f"texts[{i}] is empty")
-            if n > self.max_text_tokens and not cut:
-                raise RequestError(
-                    422, f"texts[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
-                )
-        return sum(min(n, self.max_text_tokens) for n in lengths)
-
-    def translate(
-        self,
-        texts: Sequence[str],
-        decode: DecodeConfig,
-        prefixes: Sequence[str | None] | None = None,
-    ) -> Future:
-        """Queue ``texts`` for translation; the result's outputs are, per text, its n-best list
-        of ``{"text", "score", "log_prob"}`` (and ``"alignment"``, ``"src_tokens"``,
-        ``"tokens"`` with ``decode.alignments``); a blank text's is empty, as `aiayn translate`
-        keeps a blank line blank. With ``prefixes`` (per text the start its translation must
-        have) the request runs as a batch of its own."""
-        self.require("translate")
-        self._check_prefixes(texts, prefixes)
-
-        def queue(filled: list[str], at: list[int]) -> Future:
-            kept = None if prefixes is None else [prefixes[i] for i in at]
-            return self._translate_filled(filled, decode, kept)
-
-        return blanks_kept(texts, lambda: [], queue)
-
-    def _translate_filled(
-        self, texts: Sequence[str], decode: DecodeConfig, prefixes: Sequence[str | None] | None
-    ) -> Future:
-        cost = self.check_texts(texts)
-        if prefixes is None:
-            return self.batcher.submit(("translate", decode), texts, cost)
-        self._check_prefixes(texts, prefixes)
-        arrived = time.monotonic()
-
-        def alone() -> BatchResult:
-            start = time.monotonic()
-            outputs = self._translations(texts, decode, prefixes)
-            return BatchResult(outputs, start - arrived, time.monotonic() - start, 1, len(texts))
-
-        return self.batcher.call(alone)
-
-    def _check_prefixes(self, texts: Sequence[str], prefixes: Sequence[str | None] | None) -> None:
-        """422 for prefixes that are not one per text, or one past the token limit."""
-        if prefixes is None:
-            return
-        if len(prefixes) != len(texts):
-            raise RequestError(422, f"prefixes: one per text ({len(texts)}), got {len(prefixes)}")
-        for i, prefix in enumerate(prefixes):
-            n = len(self.folder.tokenizer.encode(prefix)) if prefix else 0
-            if n > self.max_text_tokens:
-                raise RequestError(
-                    422, f"prefixes[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
-                )
-
-    def classify(self, texts: Sequence[str]) -> Future:
-        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text (a blank
-        text's ``{"label": "", "probs": {}}``, as `aiayn classify` answers a blank line). A long
-        text is cut to the run's ``data.max_len``, as in training and `aiayn classify`."""
-        self.require("classify")
-
-        def queue(filled: list[str], at: list[int]) -> Future:
-            return self.batcher.submit(("classify",), filled, self.check_texts(filled, cut=True))
-
-        return blanks_kept(texts, lambda: {"label": "", "probs": {}}, queue)
-
-    def attention(
-        self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None
-    ) -> Future:
-        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best;
-        ``prefix``: the start it must have)."""
-        self.require("attention")
-        self.check_texts([text])
-        self._check_prefixes([text], None if prefix is None else [prefix])
-        if rank > decode.beam:
-            raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
-        backend, tokenizer = self.folder.backend, self.folder.tokenizer
-        return self.batcher.call(
-            lambda: attention_of_translation(
-                backend, tokenizer, text, decode=decode, rank=rank, prefix=prefix
-            ).to_dict()
-        )
-
-    def generate(
-        self,
-        prompt: str,
-        options: dict[str, Any],
-        on_token: Callable[[str], None],
-    ) -> Future:
-        """Queue a generation; ``on_token(text)`` runs on the worker thread with each new piece
-        of text (raise :class:`GenerationStopped` in it to stop). The result is the text."""
-        self.require("generate")
-        try:
-            check_seed(options.get("seed"))
-        except ConfigError as err:
-            raise RequestError(422, str(err)) from None
-        if not prompt.strip():
-            raise RequestError(422, "prompt is empty")
-        n = len(self.folder.tokenizer.encode(prompt))
-        if n > self.max_text_tokens:
-            raise RequestError(422, f"prompt has {n} tokens; the limit is {self.max_text_tokens}")
-        folder = self.folder
-        return self.batcher.call(lambda: folder.generate(prompt, on_token=on_token, **options))
-
-    # ---- the worker thread ------------------------------------------------------------------
-
-    def _run(self, key: Hashable, inputs: list[Any]) -> list[Any]:
-        what = key[0]  # type: ignore[index]
-        if what == "translate":
-            return self._translations(inputs, key[1])  # type: ignore[index]
-        if what == "classify":
+    def run(self, key: Hashable, inputs: list[Any]) -> list[Any]:
+        if isinstance(key, TranslateBatch):
+            return self.translations(inputs, key.decode)
+        if isinstance(key, ClassifyBatch):
             return list(self.folder.classify(inputs))
         raise ValueError(f"unknown batch key {key!r}")
 
-    def _translations(
+    def stepper(self, key: Hashable) -> Stepper | None:
+        """Translations run step by step (their requests join between decoder steps); None
+        for the other keys and for translations with alignments, batched at batch
+        boundaries (alignments: a teacher-forced pass over each whole output)."""
+        if not isinstance(key, TranslateBatch) or key.decode.alignments:
+            return None
+        return TextTranslation(self.folder, key.decode, self.hypothesis)
+
+    def translations(
         self,
         texts: Sequence[str],
         decode: DecodeConfig,
@@ -270,47 +103,16 @@ class ModelService:
         out = []
         for text, hyps in zip(texts, lines):
             src = token_labels(self.folder.tokenizer, self.folder.tokenizer.encode(text))
-            out.append([self._hypothesis(t, h, src) for t, h in hyps])
+            out.append([self.hypothesis(t, h, src) for t, h in hyps])
         return out
 
-    def _hypothesis(self, text: str, h: Hypothesis, src: list[str]) -> dict[str, Any]:
+    def hypothesis(self, text: str, h: Hypothesis, src: list[str]) -> dict[str, Any]:
         """One hypothesis as JSON; with its alignment, the token labels its indices point at."""
-        out = {"text": text, "score": _finite(h.score), "log_prob": _finite(h.log_prob)}
+        out = {"text": text, "score": finite(h.score), "log_prob": finite(h.log_prob)}
         if h.alignment is not None:
             tokens = token_labels(self.folder.tokenizer, h.tokens)
             out.update(alignment=[list(p) for p in h.alignment], src_tokens=src, tokens=tokens)
         return out
-
-    def _stepper(self, key: Hashable) -> Stepper | None:
-        """Translations run step by step (their requests join between decoder steps); None
-        for the other keys and for translations with alignments, batched at batch
-        boundaries."""
-        if key[0] != "translate" or key[1].alignments:  # type: ignore[index]
-            return None  # alignments: a teacher-forced pass over each whole output
-        return TextTranslation(self.folder, key[1], self._hypothesis)  # type: ignore[index]
-
-    # ---- GET /v1/model ------------------------------------------------------------------
-
-    def info(self) -> dict[str, Any]:
-        """Kind, config, parameters, vocabulary, data, decoding, measured scores, limits."""
-        folder = self.folder
-        config = to_dict(folder.config)
-        params = {id(p): p.numel() for p in folder.parameters()}
-        return {
-            "kind": self.kind,
-            "engine": self.engine,
-            "paths": [str(p) for p in folder.paths],
-            "ensemble": len(folder.paths),
-            "parameters": sum(params.values()) or None,  # None: an exported model's
-            "vocab_size": folder.tokenizer.vocab_size,
-            "config": config,
-            "data": config.get("data") if folder.has_data else None,  # else only defaults
-            "decode": dataclasses.asdict(folder.decode),
-            "scores": measured_scores(folder.paths),
-            "card": _card(folder.path),
-            "routes": [f"/v1/{r}" for r in self.routes],
-            "limits": {**dataclasses.asdict(self.limits), "max_text_tokens": self.max_text_tokens},
-        }
 
 
 def blanks_kept(
@@ -352,7 +154,7 @@ class TextTranslation:
     """A :class:`~aiayn.serve.stepping.Stepper` over texts: a running translation of the
     folder's backend (:class:`~aiayn.decode.continuous.RunningTranslation`) behind its
     tokenizer, under the folder's precision; outputs as ``/v1/translate`` answers each text.
-    Texts are never blank here (:meth:`ModelService.check_texts` refuses them)."""
+    Texts are never blank here (the service's checks refuse them)."""
 
     def __init__(
         self,
@@ -385,6 +187,167 @@ class TextTranslation:
         self.running.drop(ids)
 
 
+def finite(value: Any) -> Any:
+    """JSON has no NaN: non-finite floats become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+class ModelService:
+    """One model folder (:class:`~aiayn.folder.ModelFolder`, any engine) behind a batcher: the
+    requests' checks (``checks``), their queueing (the methods below) and the batches the worker
+    thread runs (``work``)."""
+
+    def __init__(
+        self,
+        folder: ModelFolder,
+        limits: Limits,
+        worker_thread: bool = True,
+        follow_load: bool | LoadFollower = True,
+    ) -> None:
+        """``follow_load``: True, the worker chooses torch's thread count again for the load
+        (:func:`worker_hooks`) on a CPU unless the user fixed it (AIAYN_THREADS or
+        OMP_NUM_THREADS); False, never; a :class:`~aiayn.threads.LoadFollower`, that one."""
+        self.folder, self.limits, self.kind = folder, limits, folder.kind
+        self.checks = RequestChecks(folder, limits)
+        self.work = BatchWork(folder)
+        follower = follow_load if isinstance(follow_load, LoadFollower) else None
+        if follow_load is True and folder.device.type == "cpu" and user_threads() is None:
+            follower = LoadFollower(DEFAULT_THREADS)
+        # The scheduler: translations join a running decoding between steps (StepLevel) where
+        # the backend can and the limits allow; else whole batches (WholeBatches).
+        steps = limits.step_batching and "steps" in folder.backend.capabilities
+        self.batcher = DynamicBatcher(
+            self.work.run,
+            max_batch_cost=limits.batch_tokens,
+            wait_s=limits.batch_wait_ms / 1000.0,
+            max_wait_s=limits.batch_max_wait_ms / 1000.0,
+            max_queue=limits.max_queue,
+            merge=limits.batching,
+            thread=worker_thread,  # False: the caller runs self.batcher.work()
+            stepper=self.work.stepper if steps else None,
+            join_steps=limits.join_steps,  # 0: every waiting request joins at the next step
+            hooks=worker_hooks(follower),
+        )
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        decode: DecodeConfig,
+        prefixes: Sequence[str | None] | None = None,
+    ) -> Future:
+        """Queue ``texts`` for translation; the result's outputs are, per text, its n-best list
+        of ``{"text", "score", "log_prob"}`` (and ``"alignment"``, ``"src_tokens"``,
+        ``"tokens"`` with ``decode.alignments``); a blank text's is empty, as `aiayn translate`
+        keeps a blank line blank. With ``prefixes`` (per text the start its translation must
+        have) the request runs as a batch of its own."""
+        self.checks.require("translate")
+        self.checks.check_prefixes(texts, prefixes)
+
+        def queue(filled: list[str], at: list[int]) -> Future:
+            kept = None if prefixes is None else [prefixes[i] for i in at]
+            return self._translate_filled(filled, decode, kept)
+
+        return blanks_kept(texts, lambda: [], queue)
+
+    def _translate_filled(
+        self, texts: Sequence[str], decode: DecodeConfig, prefixes: Sequence[str | None] | None
+    ) -> Future:
+        cost = self.checks.check_texts(texts)
+        if prefixes is None:
+            return self.batcher.submit(TranslateBatch(decode), texts, cost)
+        self.checks.check_prefixes(texts, prefixes)
+        arrived = time.monotonic()
+
+        def alone() -> BatchResult:
+            start = time.monotonic()
+            outputs = self.work.translations(texts, decode, prefixes)
+            return BatchResult(outputs, start - arrived, time.monotonic() - start, 1, len(texts))
+
+        return self.batcher.call(alone)
+
+    def classify(self, texts: Sequence[str]) -> Future:
+        """Queue ``texts`` for classification; outputs ``{"label", "probs"}`` per text (a blank
+        text's ``{"label": "", "probs": {}}``, as `aiayn classify` answers a blank line). A long
+        text is cut to the run's ``data.max_len``, as in training and `aiayn classify`."""
+        self.checks.require("classify")
+
+        def queue(filled: list[str], at: list[int]) -> Future:
+            cost = self.checks.check_texts(filled, cut=True)
+            return self.batcher.submit(ClassifyBatch(), filled, cost)
+
+        return blanks_kept(texts, lambda: {"label": "", "probs": {}}, queue)
+
+    def attention(
+        self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None
+    ) -> Future:
+        """Queue the attention maps of ``text``'s translation (the ``rank``-th of its n-best;
+        ``prefix``: the start it must have)."""
+        self.checks.require("attention")
+        self.checks.check_texts([text])
+        self.checks.check_prefixes([text], None if prefix is None else [prefix])
+        if rank > decode.beam:
+            raise RequestError(422, f"rank ({rank}) must be at most beam ({decode.beam})")
+        backend, tokenizer = self.folder.backend, self.folder.tokenizer
+        return self.batcher.call(
+            lambda: attention_of_translation(
+                backend, tokenizer, text, decode=decode, rank=rank, prefix=prefix
+            ).to_dict()
+        )
+
+    def generate(
+        self,
+        prompt: str,
+        sampling: SamplingConfig,
+        on_token: Callable[[str], None],
+    ) -> Future:
+        """Queue a generation; ``on_token(text)`` runs on the worker thread with each new piece
+        of text (raise :class:`GenerationStopped` in it to stop). The result is the text."""
+        self.checks.require("generate")
+        if not prompt.strip():
+            raise RequestError(422, "prompt is empty")
+        n = len(self.folder.tokenizer.encode(prompt))
+        if n > self.checks.max_text_tokens:
+            limit = self.checks.max_text_tokens
+            raise RequestError(422, f"prompt has {n} tokens; the limit is {limit}")
+        folder = self.folder
+        return self.batcher.call(lambda: folder.generate(prompt, sampling, on_token=on_token))
+
+    def info(self) -> dict[str, Any]:
+        """``GET /v1/model`` (:func:`model_info`)."""
+        return model_info(self.folder, self.checks)
+
+
+def model_info(folder: ModelFolder, checks: RequestChecks) -> dict[str, Any]:
+    """Kind, config, parameters, vocabulary, data, decoding, measured scores, limits."""
+    config = to_dict(folder.config)
+    params = {id(p): p.numel() for p in folder.parameters()}
+    limits = {**dataclasses.asdict(checks.limits), "max_text_tokens": checks.max_text_tokens}
+    return {
+        "kind": folder.kind,
+        "engine": folder.engine,
+        "paths": [str(p) for p in folder.paths],
+        "ensemble": len(folder.paths),
+        "parameters": sum(params.values()) or None,  # None: an exported model's
+        "vocab_size": folder.tokenizer.vocab_size,
+        "config": config,
+        "data": config.get("data") if folder.has_data else None,  # else only defaults
+        "decode": dataclasses.asdict(folder.decode),
+        "scores": measured_scores(folder.paths),
+        "card": _card(folder.path),
+        "routes": [f"/v1/{r}" for r in checks.routes],
+        "limits": limits,
+    }
+
+
 def worker_hooks(follower: LoadFollower | None) -> WorkerHooks:
     """The worker's jobs besides requests: it decodes with the intra-op threads of the thread
     that made the service (a per-thread setting); with ``follower``, a server that runs for days
@@ -410,19 +373,8 @@ def measured_scores(paths: Sequence[Path]) -> dict[str, Any]:
         except (OSError, ValueError):
             log.warning("%s: not readable JSON, left out of /v1/model", path)
             continue
-        scores[path.stem[len("eval_") :]] = _finite(data)
+        scores[path.stem[len("eval_") :]] = finite(data)
     return scores
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN: non-finite floats become None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _card(path: Path) -> str | None:
