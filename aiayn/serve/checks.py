@@ -10,7 +10,7 @@ from typing import Any
 from aiayn.decode import DecodeConfig, SamplingConfig
 from aiayn.decode.config import merge_decode
 from aiayn.errors import ConfigError
-from aiayn.folder import ModelFolder
+from aiayn.folder.load import ModelFolder
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
 from aiayn.serve.limits import Limits
