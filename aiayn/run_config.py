@@ -69,8 +69,9 @@ class TrainConfig:
     # What cosine decays over: "updates" (from warmup_steps to max_steps) or "time" (from the end
     # of the warm-up to max_time seconds of training, validation included), so that the rate
     # reaches min_lr when the time budget ends on a machine of any speed, as the time-based
-    # schedules of Izsak et al. 2021 and Cramming (Geiping & Goldstein 2023). The price: the rate of an update depends on the
-    # machine's speed, so a resumed run does not repeat an uninterrupted one exactly.
+    # schedules of Izsak et al. 2021 and Cramming (Geiping & Goldstein 2023); "time" decays over
+    # max_steps instead when that budget ends the run first. The price: the rate of an update
+    # depends on the machine's speed, so a resumed run does not repeat an uninterrupted one exactly.
     schedule_clock: Literal["updates", "time"] = "updates"
     # Warm-up updates (§5.3: 4000).
     warmup_steps: int = 4000

@@ -133,6 +133,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_train_cli": UNIT,
     "test_train_ddp": ("process",),
     "test_train_loop": UNIT,
+    "test_train_progress": UNIT,
     "test_train_recipe": UNIT,
     "test_train_resume": UNIT,
     "test_translate_cli": UNIT,
@@ -155,6 +156,9 @@ TEST_KINDS: dict[str, tuple[str, ...]] = {
     "test_bad_input::test_a_real_safetensors_write_error_is_one_line": ("process",),
     "test_atomic_folders::test_sigkill_between_the_two_renames_keeps_the_old_folder": ("process",),
     "test_bench_train::test_worker_protocol_runs_round_robin": ("process",),
+    "test_train_progress::test_train_logs_progress_lines_to_a_redirected_stderr_and_q_silences_them": (
+        "process",
+    ),
     "test_config::test_a_bad_config_in_a_real_process_is_one_line_and_exit_2": ("process",),
     "test_data_download::test_fetch_from_a_local_path": UNIT,
     "test_data_download::test_unknown_dataset_name": UNIT,
