@@ -17,6 +17,7 @@ from aiayn.decode.classify import evaluate_classifier
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import ConfigError
 from aiayn.eval import corpus_scores
+from aiayn.progress import progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiayn.folder import ModelFolder
@@ -41,7 +42,9 @@ def score_translations(
     sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
     cfg = folder.decode_config(decode, **overrides)
     start = time.perf_counter()
-    hyps = folder.translate(sources, cfg)
+    with progress_bar(len(sources), "translate", "sent") as bar:
+        results = folder.translate_hypotheses(sources, cfg, progress=bar.update)
+    hyps = [line[0][0] if line else "" for line in results]
     seconds = time.perf_counter() - start
     scores = corpus_scores(hyps, refs, _target_lang(folder) if paper_bleu else None)
     scores.update(

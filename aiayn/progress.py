@@ -16,6 +16,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 __all__ = ["bar_shown", "progress_bar", "lines_above_bars"]
 
 
@@ -28,8 +31,6 @@ def bar_shown() -> bool:
 def progress_bar(total: float | None = None, desc: str = "", unit: str = "it", **kw: Any) -> Any:
     """A tqdm bar on stderr (``total``: None when unknown: a count and a rate), off unless
     :func:`bar_shown`; it vanishes when closed, leaving the lines a command logs."""
-    from tqdm import tqdm  # imported when a command runs, not when the CLI starts
-
     shown = bar_shown()
     width = _terminal_width() if shown else None
     return tqdm(
@@ -62,7 +63,5 @@ def lines_above_bars(bar: Any) -> Iterator[None]:
     if bar is None or getattr(bar, "disable", True):
         yield
         return
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     with logging_redirect_tqdm():
         yield
