@@ -5,15 +5,18 @@ line says it will not (issue 66, findings 1 and 2)."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
+import sys
 
 import pytest
 from trainutil import base_values, one_thread, run_aiayn, write_toml  # noqa: F401
 
 from aiayn.progress import progress_bar
 from aiayn.run_config import TrainConfig, build_run_config
+from aiayn.train.average import average_checkpoints
 from aiayn.train.report import TrainReport, clock, remaining
 from aiayn.train.run import train_run
 from aiayn.train.schedule import make_schedule
@@ -131,10 +134,38 @@ def test_a_report_off_rank_0_or_under_q_says_nothing(caplog):
     assert caplog.records == []
 
 
-def test_the_bar_is_off_when_stderr_is_no_terminal(capsys):
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (of no known size, as `script`'s pseudo-terminal)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_bar_is_off_when_stderr_is_no_terminal(caplog):
+    caplog.set_level(logging.INFO, logger="aiayn")
     bar = progress_bar(3, "x")
     assert bar.disable
     bar.close()
+
+
+def test_a_terminal_gets_the_bars_of_train_and_average_and_q_hides_them(tmp_path, monkeypatch,
+                                                                       caplog):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    caplog.set_level(logging.INFO, logger="aiayn")
+    cfg = build_run_config(base_values(tmp_path / "data", max_steps=4, save_every=2, valid_every=2,
+                                       warmup_steps=2))
+    train_run(cfg, tmp_path / "run")
+    average_checkpoints(tmp_path / "run", 2, tmp_path / "avg")
+    drawn = terminal.getvalue()
+    assert re.search(r"train: +\d+%\|.*\| 4/4", drawn), drawn  # drawn at 80 columns
+    assert re.search(r"average: +\d+%\|.*\| [02]/2", drawn), drawn
+    caplog.set_level(logging.WARNING, logger="aiayn")  # -q
+    terminal.seek(0)
+    terminal.truncate()
+    train_run(cfg, tmp_path / "quiet")
+    average_checkpoints(tmp_path / "quiet", 2, tmp_path / "quiet_avg")
+    assert terminal.getvalue() == ""
 
 
 # ---- the command line: stderr is a pipe here, as in a log file ----------------------------------

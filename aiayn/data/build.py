@@ -85,7 +85,7 @@ def write_examples(
     writer = StoreWriter(folder, fields, tokenizer.vocab_size)
     counts: Counter[str] = Counter()
     has_labels = False
-    bar = progress_bar(None, "token store", "ex", unit_scale=True)
+    bar = progress_bar(None, "token store", "ex")
     try:
         numbered = enumerate(examples)
         while chunk := list(itertools.islice(numbered, CHUNK)):
