@@ -111,7 +111,8 @@ class TrainConfig:
     save_every_minutes: float = 0.0
     # Weight snapshots kept in checkpoints/ for `aiayn average` (the paper averages 5).
     keep_last: int = 5
-    # Write a metrics.jsonl line (and refresh the progress bar) every N updates.
+    # Every N updates: a metrics.jsonl line, and a progress line on stderr (loss, lr, tokens/s,
+    # elapsed, ETA; -q silences it).
     log_every: int = 100
     # Stop when this many consecutive updates had a non-finite loss or gradient (each is skipped).
     max_bad_steps: int = 10

@@ -2,8 +2,8 @@
 each validation, logged to stderr (INFO) on a terminal or in a log file alike; a terminal also
 gets a bar (:func:`aiayn.progress.progress_bar`). ``-q`` silences both.
 
-    step 400/1500 | loss 4.213 | lr 3.00e-03 | 5,210 tok/s | 4:02 elapsed | ETA 11:03 (max_steps)
-    valid step 500 | loss 3.871 | ppl 48.0 | bleu 21.37 | best
+    step STEP[/MAX_STEPS] | loss L | lr LR | N tok/s | H:MM:SS elapsed | ETA H:MM:SS (BUDGET)
+    valid step STEP | loss L | ppl P[ | bleu B | chrf C][ | acc A][ | best]
 
 The ETA is measured against the budget that ends the run first (train.max_steps, max_time or
 max_epochs), at the pace of the updates of this session, validations included.
