@@ -28,10 +28,17 @@ def bar_shown() -> bool:
     return bool(isatty and isatty()) and logging.getLogger("aiayn").isEnabledFor(logging.INFO)
 
 
-def progress_bar(total: float | None = None, desc: str = "", unit: str = "it", **kw: Any) -> Any:
+def progress_bar(
+    total: float | None = None,
+    desc: str = "",
+    unit: str = "it",
+    shown: bool | None = None,
+    **kw: Any,
+) -> Any:
     """A tqdm bar on stderr (``total``: None when unknown: a count and a rate), off unless
-    :func:`bar_shown`; it vanishes when closed, leaving the lines a command logs."""
-    shown = bar_shown()
+    :func:`bar_shown` (``shown``: True or False to decide instead); it vanishes when closed,
+    leaving the lines a command logs."""
+    shown = bar_shown() if shown is None else shown
     width = _terminal_width() if shown else None
     return tqdm(
         total=total,
