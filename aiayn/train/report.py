@@ -137,7 +137,7 @@ class TrainReport:
                 f"loss {record['loss']:.3f}, lr {record['lr']:.2e}, ETA {clock(budget.seconds)}",
                 refresh=False,
             )
-        self._warn_short_schedule(step, budget)
+        self._warn_short_schedule(step, wall, budget)
 
     def _has_budget(self, epoch_updates: float | None) -> bool:
         train = self.train
@@ -150,8 +150,9 @@ class TrainReport:
         parts = [f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _VALID if k in metrics]
         log.info("valid step %d | %s%s", step, " | ".join(parts), " | best" if best else "")
 
-    def _warn_short_schedule(self, step: int, budget: Budget) -> None:
-        """Once: a cosine over updates that max_time will cut short, by how much, and the fix."""
+    def _warn_short_schedule(self, step: int, wall: float, budget: Budget) -> None:
+        """Once: a cosine over updates that max_time will cut short, by how much, and the fix
+        (judged after the warm-up and a tenth of the time budget, when the pace has settled)."""
         train = self.train
         if (
             self._warned
@@ -160,6 +161,7 @@ class TrainReport:
             or train.lr_schedule != "cosine"
             or train.schedule_clock != "updates"
             or step <= train.warmup_steps
+            or wall < 0.1 * train.max_time
         ):
             return
         share = (budget.last_step - train.warmup_steps) / (train.max_steps - train.warmup_steps)
