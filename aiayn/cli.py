@@ -103,7 +103,7 @@ def add_global_flags(parser: argparse.ArgumentParser, top: bool) -> None:
         "--quiet",
         action="store_true",
         default=default,
-        help="log warnings only (no progress lines)",
+        help="log warnings only (no progress lines or bars)",
     )
 
 

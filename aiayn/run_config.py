@@ -69,8 +69,9 @@ class TrainConfig:
     # What cosine decays over: "updates" (from warmup_steps to max_steps) or "time" (from the end
     # of the warm-up to max_time seconds of training, validation included), so that the rate
     # reaches min_lr when the time budget ends on a machine of any speed, as the time-based
-    # schedules of Izsak et al. 2021 and Cramming (Geiping & Goldstein 2023). The price: the rate of an update depends on the
-    # machine's speed, so a resumed run does not repeat an uninterrupted one exactly.
+    # schedules of Izsak et al. 2021 and Cramming (Geiping & Goldstein 2023); "time" decays over
+    # max_steps instead when that budget ends the run first. The price: the rate of an update
+    # depends on the machine's speed, so a resumed run does not repeat an uninterrupted one exactly.
     schedule_clock: Literal["updates", "time"] = "updates"
     # Warm-up updates (§5.3: 4000).
     warmup_steps: int = 4000
@@ -111,7 +112,8 @@ class TrainConfig:
     save_every_minutes: float = 0.0
     # Weight snapshots kept in checkpoints/ for `aiayn average` (the paper averages 5).
     keep_last: int = 5
-    # Write a metrics.jsonl line (and refresh the progress bar) every N updates.
+    # Every N updates: a metrics.jsonl line, and a progress line on stderr (loss, lr, tokens/s,
+    # elapsed, ETA; -q silences it).
     log_every: int = 100
     # Stop when this many consecutive updates had a non-finite loss or gradient (each is skipped).
     max_bad_steps: int = 10

@@ -135,6 +135,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_train_cli": UNIT,
     "test_train_ddp": ("process",),
     "test_train_loop": UNIT,
+    "test_train_progress": UNIT,
     "test_train_recipe": UNIT,
     "test_train_resume": UNIT,
     "test_translate_cli": UNIT,
@@ -157,6 +158,9 @@ TEST_KINDS: dict[str, tuple[str, ...]] = {
     "test_bad_input::test_a_real_safetensors_write_error_is_one_line": ("process",),
     "test_atomic_folders::test_sigkill_between_the_two_renames_keeps_the_old_folder": ("process",),
     "test_bench_train::test_worker_protocol_runs_round_robin": ("process",),
+    "test_train_progress::test_train_logs_progress_lines_to_a_redirected_stderr_and_q_silences_them": (
+        "process",
+    ),
     "test_config::test_a_bad_config_in_a_real_process_is_one_line_and_exit_2": ("process",),
     "test_cli_help::test_help_and_version_import_neither_torch_nor_a_command": ("process",),
     "test_cli_help::test_version_answers_in_a_fraction_of_a_second": ("process",),

@@ -177,7 +177,7 @@ def test_aiayn_has_no_import_cycle():
 # those below it. A new top-level module or package of aiayn/ gets its place here.
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("config", "io", "env", "engines", "threads", "memory", "eval", "checks", "checksum"),
+    ("config", "io", "env", "engines", "threads", "memory", "eval", "checks", "checksum", "progress"),
     ("model",),
     ("kinds",),
     ("data",),

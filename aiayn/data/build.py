@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from aiayn.data.store import StoreWriter
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.progress import progress_bar
 
 __all__ = [
     "Cleaning",
@@ -84,15 +85,18 @@ def write_examples(
     writer = StoreWriter(folder, fields, tokenizer.vocab_size)
     counts: Counter[str] = Counter()
     has_labels = False
+    bar = progress_bar(None, "token store", "ex")
     try:
         numbered = enumerate(examples)
         while chunk := list(itertools.islice(numbered, CHUNK)):
             has_labels = chunk[0][1][1] is not None
             _write_chunk(writer, tokenizer, chunk, cleaning, counts, prepare)
+            bar.update(len(chunk))
         drop = writer.duplicates() if cleaning.dedup else None
         counts["duplicate"] = int(drop.sum()) if drop is not None else 0
         counts["kept"] = writer.finish(drop)
     finally:
+        bar.close()
         writer.close()
     return {
         "fields": list(fields),
@@ -198,16 +202,19 @@ def write_running_text(folder: Path, tokenizer: Tokenizer, pieces: Iterable[str]
     characters, start = 0, True
     it = iter(pieces)
     groups = iter(lambda: list(itertools.islice(it, PIECES)), [])
+    bar = progress_bar(None, "token store", "char", unit_scale=True)
     try:
         group = next(groups, None)
         while group is not None:
             following = next(groups, None)
             writer.append("text", tokenizer.encode_running(group, start, following is None))
             characters += sum(map(len, group))
+            bar.update(sum(map(len, group)))
             group, start = following, False
         writer.end_example(0)
         writer.finish()
     finally:
+        bar.close()
         writer.close()
     return {
         "fields": ["text"],

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tqdm import tqdm
-
 from aiayn.errors import DataError
 from aiayn.io import write_error, write_json
+from aiayn.progress import progress_bar
 
 __all__ = ["fetch", "sha256_of", "is_url", "part_path", "SourceMissing"]
 
@@ -246,15 +245,14 @@ def _copy(
 ) -> int:
     """Stream the source into ``out``; a failing read becomes a DataError (the bytes so far stay
     in the part, to resume), a failing write stays OSError."""
-    bar = tqdm(
-        total=src.total,
+    bar = progress_bar(
+        src.total,
+        part.name[1:].removesuffix(".part"),
+        "B",
+        shown=progress,
         initial=src.offset,
-        unit="B",
         unit_scale=True,
         unit_divisor=1024,
-        desc=part.name[1:].removesuffix(".part"),
-        disable=(not progress) if progress is not None else None,
-        leave=False,
     )
     received = 0
     with bar:

@@ -31,6 +31,7 @@ from aiayn.data.readers import read_text
 from aiayn.data.recase import Recaser
 from aiayn.errors import ConfigError, DataError
 from aiayn.io import write_text
+from aiayn.progress import bar_shown
 
 __all__ = ["Tokenizer", "SubwordTokenizer", "CharTokenizer", "train_tokenizer", "SPECIAL_TOKENS"]
 
@@ -453,7 +454,7 @@ def _subword_model(kind: str, vocab_size: int) -> tuple[HFTokenizer, Any]:
             vocab_size=vocab_size,
             special_tokens=specials,
             initial_alphabet=alphabet,
-            show_progress=False,
+            show_progress=bar_shown(),  # the tokenizers library's own bar, on a terminal
         )
     else:
         hf = HFTokenizer(models.Unigram())
@@ -462,7 +463,7 @@ def _subword_model(kind: str, vocab_size: int) -> tuple[HFTokenizer, Any]:
             special_tokens=specials,
             unk_token="<unk>",
             initial_alphabet=alphabet,
-            show_progress=False,
+            show_progress=bar_shown(),
         )
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()

@@ -30,6 +30,7 @@ from aiayn.folder.load import load_model_folder
 from aiayn.folder.parts import TOKENIZER_FILE, record_parts
 from aiayn.io import check_not_input, check_output_folder, new_folder
 from aiayn.kinds import KINDS
+from aiayn.progress import progress_bar
 
 __all__ = ["ExportOptions", "Exporter", "FolderExporter", "QUANTIZATIONS"]
 
@@ -85,9 +86,14 @@ class Exporter(ABC):
     def export(self, folder: str | Path, out: str | Path, options: ExportOptions) -> Path:
         """Export the model folder ``folder`` into ``out`` (see the module docstring)."""
         source, out = Path(folder), Path(out)
-        meta, loaded = self.open_source(source, out, options)
-        with new_folder(out, options.overwrite) as tmp:
-            self.write_output(loaded, meta, source, tmp, out, options)
+        with progress_bar(2, f"export {self.name}", "stage") as bar:
+            bar.set_postfix_str(f"loading {source}")
+            meta, loaded = self.open_source(source, out, options)
+            bar.update()
+            bar.set_postfix_str(f"writing {out}")
+            with new_folder(out, options.overwrite) as tmp:
+                self.write_output(loaded, meta, source, tmp, out, options)
+            bar.update()
         return out
 
     def open_source(

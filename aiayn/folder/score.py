@@ -9,7 +9,7 @@ the decoding settings.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,9 +24,11 @@ from aiayn.data import (
 )
 from aiayn.decode.classify import evaluate_classifier
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
 from aiayn.errors import ConfigError
 from aiayn.eval import corpus_scores
 from aiayn.kinds import Kind
+from aiayn.progress import progress_bar
 from aiayn.run_config import RunConfig
 from aiayn.runtime import Backend
 
@@ -55,7 +57,12 @@ class Scored(Protocol):
     def decode_config(
         self, decode: DecodeConfig | None = None, **overrides: Any
     ) -> DecodeConfig: ...
-    def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None) -> list[str]: ...
+    def translate_hypotheses(
+        self,
+        texts: Sequence[str],
+        decode: DecodeConfig | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[tuple[str, Hypothesis]]]: ...
 
 
 def score_translations(
@@ -75,7 +82,9 @@ def score_translations(
     sources, refs = (sources[:limit], refs[:limit]) if limited else (sources, refs)
     cfg = folder.decode_config(decode, **overrides)
     start = time.perf_counter()
-    hyps = folder.translate(sources, cfg)
+    with progress_bar(len(sources), "translate", "sent") as bar:
+        results = folder.translate_hypotheses(sources, cfg, progress=bar.update)
+    hyps = [line[0][0] if line else "" for line in results]
     seconds = time.perf_counter() - start
     scores = corpus_scores(hyps, refs, _target_lang(folder) if paper_bleu else None)
     scores.update(

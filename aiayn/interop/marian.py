@@ -47,6 +47,7 @@ from aiayn.io import check_not_input, check_output_folder
 from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer
 from aiayn.model.embeddings import sinusoidal_table
+from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -559,7 +560,20 @@ def import_marian(source: str | Path, out: str | Path, overwrite: bool = False) 
     source, out = Path(source), Path(out)
     check_not_input(out, [source], "-o")
     check_output_folder(out, overwrite)  # before any work
-    model, tokenizer, settings = read_marian(source)
+    with progress_bar(2, "import", "stage") as bar:
+        bar.set_postfix_str(f"reading {source}")
+        model, tokenizer, settings = read_marian(source)
+        bar.update()
+        bar.set_postfix_str(f"writing {out}")
+        _write_imported(source, out, overwrite, model, tokenizer, settings)
+        bar.update()
+    return out
+
+
+def _write_imported(
+    source: Path, out: Path, overwrite: bool, model: Any, tokenizer: Any, settings: dict
+) -> None:
+    """The model folder of an imported Marian model: weights, tokenizer, config, card."""
     src, tgt = _languages(source)
     imported = {
         "format": "huggingface-marian",
@@ -578,4 +592,3 @@ def import_marian(source: str | Path, out: str | Path, overwrite: bool = False) 
         overwrite=overwrite,
     )
     write_model_card(out)
-    return out

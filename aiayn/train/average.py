@@ -28,6 +28,7 @@ from aiayn.io import (
     new_folder,
     recover_folder,
 )
+from aiayn.progress import progress_bar
 from aiayn.train.run_folder import RunFolder
 
 __all__ = ["average_checkpoints", "average_state_dicts"]
@@ -110,8 +111,10 @@ def average_checkpoints(
     check_output_folder(out, overwrite=overwrite)
     steps = _chosen_steps(folder, last, until)
     states: list[dict[str, torch.Tensor]] = []
-    for step in steps:
-        states.append(_load_snapshot(folder.snapshot_path(step), states[0] if states else None))
+    with progress_bar(len(steps), "average", "snapshot") as bar:
+        for step in steps:
+            states.append(_load_snapshot(folder.snapshot_path(step), states[0] if states else None))
+            bar.update()
     averaged = average_state_dicts(states)
     meta = replace(folder.read_meta(), averaged={"steps": steps, "run": str(folder.path)})
     tokenizer = folder.tokenizer.read_bytes() if folder.tokenizer.is_file() else None

@@ -2,7 +2,9 @@
 
 Stateless: the learning rate of update ``step`` depends on ``step`` alone, so resuming needs only
 the step count — except for cosine over time (``train.schedule_clock = "time"``), which also reads
-the share of the time budget used, measured by the trainer.
+the share of the time budget used, measured by the trainer. A budget ends the run and the decay
+together: cosine over time decays over max_time or max_steps, whichever runs out first, so a step
+budget given to a recipe on the clock (``--set train.max_steps=400``) still ends at ``min_lr``.
 """
 
 from __future__ import annotations
@@ -60,9 +62,20 @@ def time_cosine_lr(
     return cosine_decay(time_used, peak, floor)
 
 
+def decay_share(step: int, time_used: float, cfg: TrainConfig) -> float:
+    """How far cosine over time has decayed at update ``step``: the larger of the share of the
+    time budget used (``time_used``) and the share of the updates after the warm-up up to
+    ``cfg.max_steps`` (when set), so the rate reaches ``min_lr`` at whichever budget ends the
+    run."""
+    steps = 0.0
+    if cfg.max_steps > cfg.warmup_steps:
+        steps = (step - cfg.warmup_steps) / (cfg.max_steps - cfg.warmup_steps)
+    return max(time_used, steps)
+
+
 def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:
     """The schedule ``cfg.lr_schedule`` names, as ``(step, time_used) -> lr``; only cosine with
-    ``cfg.schedule_clock = "time"`` reads ``time_used``."""
+    ``cfg.schedule_clock = "time"`` reads ``time_used`` (:func:`decay_share`)."""
 
     def schedule(step: int, used: float = 0.0) -> float:
         if cfg.lr_schedule == "noam":
@@ -71,7 +84,12 @@ def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:
             return inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps, cfg.warmup_init_lr)
         if cfg.lr_schedule == "cosine" and cfg.schedule_clock == "time":
             return time_cosine_lr(
-                step, used, cfg.lr, cfg.warmup_steps, cfg.min_lr, cfg.warmup_init_lr
+                step,
+                decay_share(step, used, cfg),
+                cfg.lr,
+                cfg.warmup_steps,
+                cfg.min_lr,
+                cfg.warmup_init_lr,
             )
         if cfg.lr_schedule == "cosine":
             return cosine_lr(

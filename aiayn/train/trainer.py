@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from aiayn.errors import AiaynError, ConfigError
+from aiayn.progress import lines_above_bars
 from aiayn.run_config import RunConfig, TrainConfig, micro_batches_per_update
 from aiayn.train.distributed import DistContext
+from aiayn.train.report import TrainReport
 from aiayn.train.run_folder import RunFolder
 from aiayn.train.schedule import make_schedule
 from aiayn.train.setup import TrainingSetup
@@ -113,23 +114,6 @@ def _time_used(progress: Progress, train: TrainConfig, wall: float) -> float:
     return (wall - progress.warmup_wall) / max(train.max_time - progress.warmup_wall, 1e-9)
 
 
-def _progress_bar(train: TrainConfig, is_main: bool, step: int) -> Any:
-    """The bar of updates on rank 0, starting at ``step``, when stderr is a terminal and progress
-    lines are logged (not under -q); None otherwise (a log file gets the metrics lines only)."""
-    if not (is_main and log.isEnabledFor(logging.INFO)):
-        return None
-    total = train.max_steps or None
-    return tqdm(
-        total=total,
-        initial=step,
-        desc="train",
-        unit="upd",
-        dynamic_ncols=True,
-        leave=False,
-        disable=None,  # None: off when stderr is not a terminal
-    )
-
-
 class Trainer:
     """Trains ``task``'s model with ``cfg.train`` into ``folder``; see the module docstring.
 
@@ -166,7 +150,8 @@ class Trainer:
         self.last_valid: dict[str, float] = {}
         self.session_start = time.perf_counter()
         self._synced_wall = self.progress.wall  # the wall-clock all processes agree on
-        self._bar: Any = None
+        self._report: TrainReport | None = None
+        self._new_best = False  # whether the latest validation set a new best
         self._interval = _Interval()
 
     @property
@@ -178,7 +163,6 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until a limit, early stopping or divergence; returns where it stopped."""
         with self.setup:
-            self._bar = _progress_bar(self.train_cfg, self.dist.is_main, self.progress.step)
             self._interval = _Interval()
             if self.train_cfg.warm_shapes:  # each batch shape once, before the clock
                 with rng_untouched():
@@ -186,16 +170,20 @@ class Trainer:
                     warm_shapes(net, self.task, self.device, self.setup.autocast, seconds)
             self.session_start = time.perf_counter()
             self._synced_wall = self.progress.wall
+            report = TrainReport(
+                self.train_cfg, self.progress.step, self.progress.wall, self.dist.is_main
+            )
+            self._report = report
             # At the start the clock reads the saved wall-clock (the same on every process), so
             # resuming a run that used up max_time trains no more.
             reason = self._limit_reached()
-            try:
-                while reason is None:
-                    reason = self._run_epoch()
-            finally:
-                if self._bar is not None:
-                    self._bar.close()
-            self._finish(reason)
+            with lines_above_bars(report.bar):
+                try:
+                    while reason is None:
+                        reason = self._run_epoch()
+                finally:
+                    report.close()
+                self._finish(reason)
         progress = self.progress
         return TrainResult(progress.step, progress.epoch, reason, progress.best, self.last_valid)
 
@@ -271,8 +259,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.bad_steps = 0
         self._interval.add(loss, nll, n_targets, tokens, norm)
-        if self._bar is not None:
-            self._bar.update(1)
+        if self._report is not None:
+            self._report.advance()
         self.setup.governor.record(tokens, time.perf_counter() - start)
         return True
 
@@ -352,10 +340,22 @@ class Trainer:
         record = {**self._interval.record(head, lr, progress.skipped, until), **valid}
         if self.dist.is_main:
             self.folder.append_metrics(record)
-            if self._bar is not None:
-                loss, tok_s = f"{record['loss']:.3f}", f"{record['tokens_per_s']:.0f}"
-                self._bar.set_postfix(loss=loss, lr=f"{lr:.2e}", tok_s=tok_s, refresh=False)
+            if self._report is not None:
+                # the clock every process agrees on: the one max_time and the schedule read
+                line = {**record, "wall": self._synced_wall}
+                self._report.train_line(line, self._epoch_updates_left())
+                self._report.valid_line(progress.step, valid, self._new_best)
         self._interval = _Interval()
+
+    def _epoch_updates_left(self) -> float | None:
+        """Updates left until train.max_epochs (None: no such limit, or the epoch's length is
+        not known yet)."""
+        progress, epochs = self.progress, self.train_cfg.max_epochs
+        length = getattr(self, "_epoch_len", 0)
+        if not (epochs and length):
+            return None
+        batches = (epochs - progress.epoch) * length + length - progress.position
+        return max(math.ceil(batches / self.update_freq), 0)
 
     # ---- validation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -387,7 +387,10 @@ class Trainer:
                         extra = self.task.valid_metrics(self.model, self.progress.step)
                 metrics.update(self.dist.broadcast(extra))
         self.last_valid = metrics
-        return self._track_best(metrics)
+        best = self.progress.best
+        reason = self._track_best(metrics)
+        self._new_best = self.progress.best != best
+        return reason
 
     def _track_best(self, metrics: dict[str, float]) -> str | None:
         progress, train = self.progress, self.train_cfg
