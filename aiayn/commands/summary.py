@@ -12,7 +12,7 @@ import torch
 from aiayn.commands.options import add_sets, advanced, retired, section_sets
 from aiayn.config import ModelConfig, apply_overrides
 from aiayn.errors import ConfigError
-from aiayn.kinds import KINDS, TRANSLATION
+from aiayn.kinds import KINDS, PIXELS, TRANSLATION
 from aiayn.run_config import data_keys
 
 
@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
     src = torch.randint(low, cfg.src_vocab_size, (batch, src_len))
     tgt = torch.randint(low, cfg.tgt_vocab_size, (batch, tgt_len))
+    if KINDS[kind].input == PIXELS:  # an image model reads (B, C, H, W) pixels
+        return _image_summary(model, cfg, batch, args)
     # an encoder and a decoder read both sides; a decoder alone the target; an encoder the source
     forward = (
         (lambda: model(src, tgt))
@@ -136,3 +138,30 @@ def run(args: argparse.Namespace) -> int:
     rows, total = summarize(model, forward, depth=args.depth)
     print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
     return 0
+
+
+def _image_summary(
+    model: torch.nn.Module, cfg: ModelConfig, batch: int, args: argparse.Namespace
+) -> int:
+    """The table of an image model over ``batch`` random images, and its FLOPs per image."""
+    from aiayn.model.summary import format_summary, summarize
+    from aiayn.model.vision import flops_per_image, n_patches
+
+    pixels = torch.rand(batch, cfg.channels, cfg.image_size, cfg.image_size)
+    rows, total = summarize(model, lambda: model(pixels), depth=args.depth)
+    print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
+    flops = flops_per_image(cfg)
+    print(
+        f"FLOPs per image: {_si(flops)} ({flops:,}; a {cfg.image_size}x{cfg.image_size}"
+        f"x{cfg.channels} image, {n_patches(cfg)} patches of {cfg.patch_size}x{cfg.patch_size}; a multiply-add "
+        "counts 2; norms, softmax and activations left out)"
+    )
+    return 0
+
+
+def _si(n: int) -> str:
+    """12345678 -> '12.3 M'."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return str(n)

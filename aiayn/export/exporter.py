@@ -104,7 +104,7 @@ class Exporter(ABC):
             )
         loaded = load_model_folder(source)  # the one loader: its checks and messages
         # before touching the output
-        self.check(loaded.torch_module(), loaded.kind, loaded.tokenizer)
+        self.check(loaded.torch_module(), loaded.kind, loaded.text_tokenizer)
         return meta, loaded
 
 
@@ -127,9 +127,10 @@ class FolderExporter(Exporter):
         out: Path,
         options: ExportOptions,
     ) -> None:
-        kind, tokenizer = loaded.kind, loaded.tokenizer
+        kind, tokenizer = loaded.kind, loaded.text_tokenizer  # None: a model that reads no text
         extra_keys = self.write(loaded.torch_module(), kind, tokenizer, tmp, options)
-        tokenizer.save(tmp / "tokenizer.json")
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer.json")
         # the source's sections as the loader read them (renamed keys under their new names; a
         # section it did not record stays unrecorded), its provenance, what the writer says
         parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened

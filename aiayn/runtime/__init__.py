@@ -39,7 +39,12 @@ __all__ = [
 ]
 
 #: what a kind's uses need from a backend
-_NEEDS = {"translate": "translate", "classify": "classify", "generate": "generate"}
+_NEEDS = {
+    "translate": "translate",
+    "classify": "classify",
+    "generate": "generate",
+    "classify_images": "classify_images",
+}
 #: the backends of exported folders, by format
 _EXPORTED: dict[str, type[OnnxBackend] | type[Ct2Backend]] = {
     "onnx": OnnxBackend,
@@ -90,7 +95,7 @@ def open_backend(
     engine: str | None,
     device: torch.device,
     workers: int | None,
-) -> tuple[Backend, Tokenizer]:
+) -> tuple[Backend, Tokenizer | None]:
     """The backend that runs ``folders`` (one folder, or several translation folders as an
     ensemble) and the tokenizer they share; ``parsed`` their config.json, already read.
     ``workers``: batches an exported model decodes at once (default: chosen for the machine
@@ -106,7 +111,7 @@ def open_backend(
                 )
     if name == "torch":
         models = [build_model(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
-        tokenizers = [read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
+        tokenizers = [_tokenizer(f, p) for f, p in zip(folders, parsed)]
         return TorchBackend(ensemble_of(folders, models, tokenizers), device), tokenizers[0]
     if device.type != "cpu":
         raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
@@ -122,14 +127,21 @@ def open_backend(
     return runtime(ensemble_of(folders, engines, tokenizers)), tokenizers[0]
 
 
+def _tokenizer(folder: Path, parsed: FolderConfig) -> Tokenizer | None:
+    """``folder``'s tokenizer; None for a kind that reads no text (an image classifier)."""
+    if not KINDS[parsed.kind].tokenized:
+        return None
+    return read_tokenizer(folder, parsed.config.model)
+
+
 def _open_export(
     folder: Path, parsed: FolderConfig, name: str, workers: int
-) -> tuple[object, Tokenizer]:
+) -> tuple[object, Tokenizer | None]:
     """(engine model, tokenizer) of one exported folder; its parts checked first (every file the
     one written at export), its model section after the engine named what it could check."""
     verify_parts(folder, parsed)
     cfg, files = parsed.config.model, dict(parsed.files or {})
-    tokenizer = read_tokenizer(folder, cfg)
+    tokenizer = _tokenizer(folder, parsed)
     # `workers` batches run at once, each on its share of the threads (as in aiayn's own decoding)
     threads = torch.get_num_threads()
     if name == "ctranslate2":

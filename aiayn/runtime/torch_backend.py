@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -24,6 +25,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.continuous import RunningTranslation
 from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.generate import generate
+from aiayn.decode.images import image_probs
 from aiayn.decode.packed import prepacked, state_of
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
@@ -50,6 +52,7 @@ class TorchBackend:
             "compile",
             "generate",
             "classify",
+            "classify_images",
             "steps",
             "module",
         }
@@ -130,3 +133,6 @@ class TorchBackend:
 
     def generate_ids(self, prompt_ids: list[int], window: int, **options: Any) -> list[int]:
         return generate(self.model, prompt_ids, window=window, **options)  # type: ignore[arg-type]
+
+    def image_probs(self, images: np.ndarray) -> Tensor:
+        return image_probs(self.model, images, self.device)

@@ -25,7 +25,7 @@ from aiayn.env import hardware_name
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.folder import FolderConfig, read_folder_config
 from aiayn.io import check_not_input, recover_folder
-from aiayn.kinds import KINDS
+from aiayn.kinds import KINDS, get_kind
 from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
@@ -221,7 +221,7 @@ def train_run(
         start = _on_main(dist, lambda: folder.prepare(resume, overwrite))
         owned = not start.replace
         task = task or build_task(cfg)
-        if start.resume:
+        if start.resume and get_kind(cfg.data.kind).tokenized:
             saved_tok = _on_main(dist, folder.read_tokenizer)
         elif cfg.train.init_from:
             cfg, saved_tok = _fine_tune(cfg, dist, model_keys)
