@@ -138,6 +138,8 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_translate_cli": UNIT,
     "test_trust": UNIT,
     "test_viz": UNIT,
+    "test_vision": UNIT,
+    "test_vision_data": UNIT,
     "test_warmup": UNIT,
     "test_walkthrough": UNIT,
 }

@@ -310,12 +310,15 @@ def _decode_folder(
     converted: Counter[str] = Counter()
     for i, (path, _) in enumerate(items):
         pixels[i], notes = to_model_image(read_image(path), size, channels)
-        converted.update(n.split(" from ")[0] + (" " + n.split(" to ")[-1]) for n in notes)
+        converted.update(notes)
     if converted:
+        common = converted.most_common()
+        said = "; ".join(f"{n} images {what}" for what, n in common[:4])
         log.warning(
-            "%s: %s (as the model reads: model.image_size, model.channels)",
+            "%s: %s%s (as the model reads: model.image_size, model.channels)",
             root,
-            "; ".join(f"{n} images {what}" for what, n in sorted(converted.items())),
+            said,
+            f"; and {len(common) - 4} other conversions" if len(common) > 4 else "",
         )
     labels = np.array([label for _, label in items], dtype=np.int64)
     return pixels, labels, classes

@@ -147,7 +147,7 @@ def plot_image_attention(
         rolled = attention_rollout(seen.weights)  # (S, S)
         draw(axes[-1][0], patch_attention(rolled, seen.cls), "attention rollout")
         for ax in axes[-1][1:]:
-            ax.set_axis_off()
+            fig.delaxes(ax)
     fig.suptitle(
         (title + "\n" if title else "")
         + f"predicted {seen.label} ({seen.prob:.2f}); attention of the {what}",
