@@ -28,7 +28,7 @@ from aiayn.data.images import (
 )
 from aiayn.data.registry import FASHION_MNIST_SHA, download_dataset, fashion_mnist_decompress
 from aiayn.decode.images import model_images
-from aiayn.errors import DataError
+from aiayn.errors import ConfigError, DataError
 
 MIRROR = "/work/shared/data"
 needs_mirror = pytest.mark.skipif(
@@ -199,7 +199,8 @@ def test_arrays_of_each_layout_become_the_model_image(shape):
 
 def test_without_pillow_reading_an_image_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(DataError, match=r"needs Pillow: pip install 'aiayn\[image\]'"):
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(ConfigError, match=r"\(Pillow\) needs the 'image' extra: pip install"):
         model_images([str(tmp_path / "x.png")], 8, 1)
 
 

@@ -35,7 +35,7 @@ from aiayn.checksum import checksum_problem, checksums
 from aiayn.data.config import DataConfig
 from aiayn.data.registry import cache_dir, download_dataset
 from aiayn.data.store import cache_key, fingerprint
-from aiayn.errors import DataError
+from aiayn.errors import DataError, require
 from aiayn.io import new_folder, write_json
 
 __all__ = [
@@ -74,12 +74,8 @@ _UNBALANCED = 3.0
 
 
 def _pil() -> Any:
-    """The PIL.Image module; DataError saying how to install it when absent."""
-    try:
-        from PIL import Image, UnidentifiedImageError  # noqa: F401
-    except ImportError:
-        raise DataError("reading image files needs Pillow: pip install 'aiayn[image]'") from None
-    return Image
+    """The PIL.Image module; one line naming the extra to install when Pillow is absent."""
+    return require("PIL.Image", "image", "reading image files (Pillow)")
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -143,13 +139,11 @@ def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
 def read_image(path: Path) -> Any:
     """The decoded Pillow image of ``path``; DataError naming the file when it cannot be read."""
     image_module = _pil()
-    from PIL import UnidentifiedImageError
-
     try:
         with image_module.open(path) as img:
             img.load()
             return img.copy()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except (OSError, SyntaxError, ValueError) as err:  # UnidentifiedImageError is an OSError
         raise DataError(f"{path}: not an image Pillow can read ({err})") from None
 
 

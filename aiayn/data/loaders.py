@@ -28,6 +28,7 @@ from aiayn.data.build import (
 )
 from aiayn.data.clean import clean_text
 from aiayn.data.config import DataConfig
+from aiayn.data.images import scan_folder
 from aiayn.data.readers import iter_labelled, iter_parallel, iter_text, read_parallel
 from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
@@ -492,8 +493,6 @@ def _no_text(cfg: DataConfig, *_: Any) -> Any:
 
 def _image_files(cfg: DataConfig, split: str) -> list[Path]:
     """The files of an image split: its class folder's images, or the dataset's IDX files."""
-    from aiayn.data.images import scan_folder
-
     if cfg.uses_own_files:
         valid = split not in ("train", cfg.train_split) and cfg.valid_dir
         root = Path(cfg.valid_dir if valid else _own_path(cfg, "train_dir"))

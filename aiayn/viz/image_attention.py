@@ -22,10 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.decode.images import model_images, pixels_of
 from aiayn.errors import AiaynError
 from aiayn.folder import load_model_folder
 from aiayn.viz import pyplot
-from aiayn.viz.attention import _select
+from aiayn.viz.attention import select_numbers
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -74,8 +75,6 @@ def attention_rollout(weights: Tensor) -> Tensor:
 def image_attention(model_dir: str | Path, image: Any) -> ImageAttention:
     """The attention of the model in ``model_dir`` reading ``image`` (a file or an array),
     converted as the training images were."""
-    from aiayn.decode.images import model_images, pixels_of
-
     folder = load_model_folder(model_dir, engine="torch")
     if not folder.kind_info.does("classify_images"):
         raise AiaynError(
@@ -112,8 +111,8 @@ def plot_image_attention(
     """A grid: one row per layer, one panel per head, each the picture with its attention over
     the patches as a heat map; with ``rollout``, one more panel of the attention rollout."""
     n_layers, n_heads = seen.weights.shape[:2]
-    rows = _select(layers, n_layers, "layer")
-    cols = _select(heads, n_heads, "head")
+    rows = select_numbers(layers, n_layers, "layer")
+    cols = select_numbers(heads, n_heads, "head")
     maps = patch_attention(seen.weights, seen.cls)  # (L, H, N)
     picture = seen.image[0] if seen.image.shape[0] == 1 else seen.image.transpose(1, 2, 0)
     side = picture.shape[0]
