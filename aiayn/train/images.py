@@ -114,6 +114,10 @@ class ImageClassificationTask(Task):
         usable = len(batches) - len(batches) % world_size if world_size > 1 else len(batches)
         return batches[rank:usable:world_size]
 
+    def batch_shapes(self, rank: int, world_size: int) -> int | None:
+        """Every batch is ``batch_size`` images but an epoch's last: one or two shapes."""
+        return len({len(b) for b in self.epoch_batches(1, rank, world_size)})
+
     def valid_batches(self, rank: int, world_size: int) -> Sequence[list[int]]:
         return self._batches(np.arange(len(self.splits["valid"][1])))[rank::world_size]
 
