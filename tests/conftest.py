@@ -145,6 +145,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 TEST_KINDS: dict[str, tuple[str, ...]] = {
+    "test_vision::test_an_image_model_is_served_with_its_info": ("serve",),
     "test_finetune::test_a_finetuned_folder_is_served": ("serve",),
     "test_compiled_step::test_the_compiled_package_decodes_what_the_module_code_decodes": (
         "process",

@@ -209,6 +209,9 @@ def test_training_lowers_the_loss_and_learns_the_task(run):
     acc = [r["valid_acc"] for r in rows if "valid_acc" in r]
     assert acc[-1] >= 0.9  # a bright top half or bottom half: easy
     assert not (run / "run" / "best" / "tokenizer.json").exists()  # it reads pixels
+    card = (run / "run" / "best" / "README.md").read_text()
+    assert "| input | 8x8 grey images, 4 patches of 4x4, cls pooling |" in card
+    assert "| tokenizer |" not in card and "aiayn classify" in card
 
 
 def test_evaluate_and_classify_through_the_cli(run, capsys):
@@ -307,3 +310,15 @@ def test_a_text_flag_or_a_text_model_is_one_clear_error(run, capsys):
     best = str(run / "run" / "best")
     fails(capsys, ["plot", "attention", best], "give --text TEXT")
     fails(capsys, ["classify", best], "classification")
+
+
+def test_an_image_model_is_served_with_its_info(run):
+    pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not installed")
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve import Limits, create_app
+
+    with TestClient(create_app(aiayn.load(run / "run" / "best"), Limits())) as client:
+        info = client.get("/v1/model").json()
+    assert info["kind"] == IMAGE_CLASSIFICATION and info["vocab_size"] is None
+    assert info["config"]["model"]["class_names"] == ["bottom", "top"]
