@@ -111,6 +111,15 @@ def test_the_validation_share_is_seeded_and_disjoint(tmp_path, monkeypatch):
     np.testing.assert_array_equal(valid, same)  # data.seed shuffles batches, not the split
     _, other = split_images(own(images, valid_fraction=0.25, valid_seed=1), "valid", 8, 1)
     assert list(other) != list(valid)
+    with pytest.raises(
+        DataError, match="your own images have splits 'train' and 'valid', not 'test'"
+    ):
+        split_images(cfg, "test", 8, 1)
+    held = write_images(tmp_path / "held", per_class=2, seed=1)
+    store, rows = split_images(own(images, valid_dir=str(held)), "val", 8, 1)
+    assert len(rows) == 4 and store.images.shape[0] == 4  # valid_dir: all of it, none held out
+    _, rows = split_images(own(images, valid_dir=str(held)), "train", 8, 1)
+    assert len(rows) == 20
 
 
 def test_other_sizes_and_colours_are_converted_as_one_line_says(tmp_path, monkeypatch, caplog):

@@ -329,7 +329,10 @@ def split_images(
     folder: train (train_dir, less the validation share when there is no valid_dir) and
     valid (valid_dir, or that share)."""
     if cfg.uses_own_files:
-        if split in ("valid", "val", "validation", cfg.valid_split) and cfg.valid_dir:
+        is_valid = split in ("valid", "val", "validation", cfg.valid_split)
+        if not is_valid and split not in ("train", cfg.train_split):
+            raise DataError(f"your own images have splits 'train' and 'valid', not '{split}'")
+        if is_valid and cfg.valid_dir:
             store = image_store(cfg, cfg.valid_dir, size, channels)
             return store, np.arange(len(store))
         if not cfg.train_dir:
@@ -337,7 +340,6 @@ def split_images(
                 "data.train_dir is not set (data.dataset is '', so your own images are read)"
             )
         store = image_store(cfg, cfg.train_dir, size, channels)
-        is_valid = split not in ("train", cfg.train_split)
         if cfg.valid_dir:
             return store, np.arange(len(store))
         return store, _held_out(len(store), cfg, is_valid)
