@@ -65,6 +65,12 @@ def test_fashion_mnist_from_the_mirror_is_checked_and_split(tmp_path, monkeypatc
     assert len(test) == 10000 and test_store.images.shape[0] == 10000
 
 
+def test_a_text_dataset_is_refused_before_anything_is_read():
+    cfg = DataConfig(kind="image_classification", dataset="imdb")
+    with pytest.raises(DataError, match="dataset 'imdb' is for classification, not image_classif"):
+        split_images(cfg, "train", 28, 1)
+
+
 def test_a_download_whose_contents_differ_is_refused(tmp_path):
     for name in FASHION_MNIST_SHA:
         with gzip.open(tmp_path / f"{name}.gz", "wb") as f:

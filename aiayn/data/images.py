@@ -33,7 +33,7 @@ from torch import Tensor
 
 from aiayn.checksum import checksum_problem, checksums
 from aiayn.data.config import DataConfig
-from aiayn.data.registry import cache_dir, download_dataset
+from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import cache_key, fingerprint
 from aiayn.errors import DataError, require
 from aiayn.io import new_folder, write_json
@@ -268,6 +268,9 @@ def _source(cfg: DataConfig, source: str, size: int, channels: int) -> tuple[lis
         root = Path(source)
         classes, items = scan_folder(root)
         return [p for p, _ in items], lambda: _decode_folder(root, classes, items, size, channels)
+    spec = get_spec(cfg.dataset)
+    if spec.task != cfg.kind:
+        raise DataError(f"dataset '{cfg.dataset}' is for {spec.task}, not {cfg.kind} (data.kind)")
     folder = download_dataset(cfg.dataset)
     stem = "train" if source == "train" else "t10k"
     paths = [folder / f"{stem}-images-idx3-ubyte", folder / f"{stem}-labels-idx1-ubyte"]
