@@ -112,7 +112,11 @@ def _facts_table(folder: Path, meta: FolderConfig, kind: Kind) -> str:
     rows = [
         ("task", kind.title + (f" ({_langs(data)})" if kind.does("translate") else "")),
         ("data", _data(data)),
-        ("tokenizer", "" if imported else _tokenizer(data, _vocabulary(folder, meta))),
+        (
+            ("tokenizer", "" if imported else _tokenizer(data, _vocabulary(folder, meta)))
+            if kind.tokenized
+            else ("input", _image_input(meta))
+        ),
         ("architecture", _architecture(to_dict(meta.config.model))),
         ("parameters", _parameters(folder)),
         ("weights", _weights(meta)),
@@ -168,6 +172,17 @@ def _tokenizer(data: dict[str, Any], size: int) -> str:
     if isinstance(asked, int) and asked != size:  # what the run asked for, if it differs
         text += f" (data.vocab_size {asked:,})"
     return text + (", lower-cased input" if data.get("lowercase") else "")
+
+
+def _image_input(meta: FolderConfig) -> str:
+    """What an image model reads: its image size, channels and patches."""
+    m = meta.config.model
+    grid = m.image_size // m.patch_size
+    colour = "grey" if m.channels == 1 else "RGB"
+    return (
+        f"{m.image_size}x{m.image_size} {colour} images, {grid * grid} patches of "
+        f"{m.patch_size}x{m.patch_size}, {m.pooling} pooling"
+    )
 
 
 def _architecture(model: dict[str, Any]) -> str:

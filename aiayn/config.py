@@ -306,6 +306,15 @@ class ModelConfig:
     # (previous token, this token), hashed into this many rows (fastText's bag of n-grams,
     # Joulin et al. 2017), added to the scaled token embedding before positions; 0 = off.
     bigram_buckets: int = 0
+    # Image classifier (the Vision Transformer, Dosovitskiy et al. 2021): images are resized to
+    # image_size × image_size with `channels` colour channels (1 grey, 3 RGB) and cut into
+    # (image_size / patch_size)² patches of patch_size × patch_size pixels, each one token.
+    image_size: int = 28
+    patch_size: int = 4
+    channels: int = 1
+    # The names of the classes, in label order, when the data gives them (image folders,
+    # Fashion-MNIST): what `classify` prints. () = the class ids.
+    class_names: tuple[str, ...] = ()
     # Special token ids; padding is never attended to and never predicted.
     pad_id: int = 0
     bos_id: int = 1
@@ -399,6 +408,19 @@ class ModelConfig:
             raise ConfigError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
                 "unless d_k is set"
+            )
+        for name in ("image_size", "patch_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})"
+            )
+        if self.channels not in (1, 3):
+            raise ConfigError(f"channels must be 1 (grey) or 3 (RGB), got {self.channels}")
+        if self.class_names and len(self.class_names) != self.n_classes:
+            raise ConfigError(
+                f"class_names has {len(self.class_names)} names for n_classes = {self.n_classes}"
             )
         for name in ("dropout", "activation_dropout", "token_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:

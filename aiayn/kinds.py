@@ -2,7 +2,7 @@
 
 A kind is what a model folder holds (config.json ``kind``) and what a recipe trains
 (``data.kind``): translation, classification, lm (a language model) and masked_lm (BERT-style
-pre-training of an encoder). Its :class:`Kind` says everything the rest of aiayn needs: the model
+pre-training of an encoder) and image_classification (the Vision Transformer). Its :class:`Kind` says everything the rest of aiayn needs: the model
 class, the training task (a dotted path, imported only when training asks for it, so that
 loading a model for inference never imports :mod:`aiayn.train`), what a loaded model of the kind
 does (the :class:`~aiayn.folder.ModelFolder` methods it answers), the routes a server answers,
@@ -28,13 +28,22 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.model import Transformer, TransformerClassifier, TransformerLM, TransformerMaskedLM
+from aiayn.model import (
+    Transformer,
+    TransformerClassifier,
+    TransformerLM,
+    TransformerMaskedLM,
+    VisionTransformer,
+)
 
 __all__ = [
     "TRANSLATION",
     "CLASSIFICATION",
     "LM",
     "MASKED_LM",
+    "IMAGE_CLASSIFICATION",
+    "TOKENS",
+    "PIXELS",
     "OLD_NAMES",
     "DATA_SOURCES",
     "SETTINGS",
@@ -51,6 +60,10 @@ TRANSLATION = "translation"
 CLASSIFICATION = "classification"
 LM = "lm"
 MASKED_LM = "masked_lm"
+IMAGE_CLASSIFICATION = "image_classification"
+
+#: what a kind's model reads (:attr:`Kind.input`): token ids (B, S), or pixels (B, C, H, W)
+TOKENS, PIXELS = "tokens", "pixels"
 
 #: names older model folders wrote in config.json "kind" -> today's name
 OLD_NAMES: Mapping[str, str] = {"seq2seq": TRANSLATION, "classifier": CLASSIFICATION}
@@ -62,6 +75,7 @@ DATA_SOURCES: Mapping[str, tuple[str, ...]] = {
     TRANSLATION: ("src", "tgt"),  # sentence pairs
     CLASSIFICATION: ("file",),  # labelled texts
     LM: ("file",),  # one running text
+    IMAGE_CLASSIFICATION: ("dir",),  # folders of images, one subfolder per class
 }
 
 #: the settings that only some kinds take (:attr:`Kind.takes`): a config check refuses a run that
@@ -75,6 +89,7 @@ SETTINGS: Mapping[str, str] = {
     "langs": "data.src_lang, data.tgt_lang: a dataset's two languages",
     "adversarial_eps": "train.adversarial_eps: perturbed token embeddings",
     "long_examples": "data.long_examples = 'truncate': long texts cut, not dropped",
+    "augment": "data.augment: training images randomly cropped, flipped or erased",
 }
 
 
@@ -112,6 +127,9 @@ class Kind:
     takes: frozenset[str] = frozenset()  # the kind-specific SETTINGS it takes
     # exported format -> "module:Class" that runs this kind's export (ONNX: one engine per kind)
     engines: Mapping[str, str] = field(default_factory=dict)
+    input: str = TOKENS  # what its model reads: TOKENS (B, S) ids, or PIXELS (B, C, H, W)
+    # whether its folders hold a tokenizer.json (an image model has none: it reads pixels)
+    tokenized: bool = True
 
     def __post_init__(self) -> None:
         if self.reads not in DATA_SOURCES:
@@ -230,6 +248,27 @@ KINDS: dict[str, Kind] = {
             summary="predicts masked tokens (for `train.init_from`)",
             note="Start a classifier from it: `aiayn train CONFIG --set train.init_from={f} --out RUN`.",
             takes=frozenset({"long_examples"}),
+        ),
+        Kind(
+            IMAGE_CLASSIFICATION,
+            VisionTransformer,
+            "aiayn.train.images:ImageClassificationTask",
+            uses=("classify_images", "score"),
+            routes=(),
+            exporters={"onnx": "aiayn.export.onnx:export_image_classifier"},
+            reads=IMAGE_CLASSIFICATION,
+            stack={"n_decoder_layers": 0},
+            title="image classification (Vision Transformer)",
+            summary="classifies images into {n_classes} classes",
+            example=(
+                "aiayn classify {f} --image picture.png{engine}",
+                '.classify_images(["picture.png"])',
+            ),
+            own_files="aiayn evaluate {f} --src test_images/{engine}   # one subfolder per class",
+            takes=frozenset({"augment"}),
+            engines={"onnx": "aiayn.runtime.onnx_backend:OnnxImageClassifier"},
+            input=PIXELS,
+            tokenized=False,
         ),
     )
 }

@@ -331,7 +331,8 @@ def warn_run_config(cfg: RunConfig) -> None:
 def check_run_config(cfg: RunConfig) -> None:
     """Settings of different sections that contradict each other: a ConfigError naming both,
     when the config is read (before a tokenizer is trained or a folder written)."""
-    _check_lengths(cfg.model, cfg.data)
+    if get_kind(cfg.data.kind).tokenized:  # an image is (image_size / patch_size)² tokens
+        _check_lengths(cfg.model, cfg.data)
     _check_training(cfg.train)
     _check_kind_settings(cfg)
     if cfg.model.output_vocab == "targets" and cfg.data.bpe_dropout:
@@ -445,7 +446,8 @@ def _check_own_files(d: DataConfig) -> None:
     """The user's files given are those the kind's data source reads (data.train_src/train_tgt
     for sentence pairs, data.train_file for texts)."""
     reads = get_kind(d.kind).data_files
-    given = [f"{split}_{f}" for split in ("train", "valid") for f in ("src", "tgt", "file")]
+    files = ("src", "tgt", "file", "dir")
+    given = [f"{split}_{f}" for split in ("train", "valid") for f in files]
     wrong = [key for key in given if getattr(d, key) and key.split("_")[1] not in reads]
     if wrong:
         wanted = "/".join(f"train_{f}" for f in reads)

@@ -141,11 +141,14 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_translate_cli": UNIT,
     "test_trust": UNIT,
     "test_viz": UNIT,
+    "test_vision": UNIT,
+    "test_vision_data": UNIT,
     "test_warmup": UNIT,
     "test_walkthrough": UNIT,
 }
 
 TEST_KINDS: dict[str, tuple[str, ...]] = {
+    "test_vision::test_an_image_model_is_served_with_its_info": ("serve",),
     "test_finetune::test_a_finetuned_folder_is_served": ("serve",),
     "test_compiled_step::test_the_compiled_package_decodes_what_the_module_code_decodes": (
         "process",

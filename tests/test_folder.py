@@ -21,7 +21,7 @@ from trainutil import base_values, one_thread  # noqa: F401
 
 
 def test_kinds_are_the_registered_shapes():
-    assert set(KINDS) == {"translation", "classification", "lm", "masked_lm"}
+    assert set(KINDS) == {"translation", "classification", "lm", "masked_lm", "image_classification"}
 
 
 def test_aiayn_load_uses_the_folders_decoding_unless_overridden(tmp_path):

@@ -74,6 +74,12 @@ def report(scores: dict[str, Any]) -> str:
     if "limit" in scores:  # --limit: a part of the set, said as such
         test_set = f"the first {scores['limit']} of {test_set} only"
         part = f" ({test_set})"
+    if "images_per_s" in scores:
+        return (
+            f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) "
+            f"on {test_set}; {scores['seconds']:.1f} s = {scores['images_per_s']:.0f} "
+            f"images/s ({scores['device']})"
+        )
     if "accuracy" in scores:
         return (
             f"accuracy {100 * scores['accuracy']:.2f}% ({scores['correct']}/{scores['n']}) "

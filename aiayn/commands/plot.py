@@ -78,9 +78,20 @@ def _add_attention(kinds: argparse._SubParsersAction) -> None:
     )
     att.add_argument(
         "--text",
-        required=True,
         metavar="TEXT",
-        help="the source sentence, given on the command line",
+        help="the source sentence, given on the command line (a translation model)",
+    )
+    att.add_argument(
+        "--image",
+        metavar="FILE",
+        help="an image (PNG, JPEG or .npy) for an image classifier: each layer's and head's "
+        "attention of the class token (or the mean over patches) drawn over it",
+    )
+    att.add_argument(
+        "--rollout",
+        action="store_true",
+        help="with --image: one more panel, the attention rollout through all layers "
+        "(Abnar & Zuidema 2020)",
     )
     att.add_argument(
         "--layer",
@@ -178,6 +189,13 @@ def run_curves(args: argparse.Namespace) -> int:
 def run_attention(args: argparse.Namespace) -> int:
     from aiayn.viz.attention import attention_of_model_dir, plot_attention
 
+    if bool(args.text) == bool(args.image):
+        raise AiaynError(
+            "give --text TEXT (a translation model) or --image FILE (an image classifier)"
+        )
+    if args.image:
+        return run_image_attention(args)
+
     pair = attention_of_model_dir(args.model_dir, args.text, beam=args.beam)
     log.info("translation: %s", pair.translation)
     fig = plot_attention(
@@ -188,4 +206,13 @@ def run_attention(args: argparse.Namespace) -> int:
         args.head,
         title=f"{args.text}  →  {pair.translation}",
     )
+    return _save(fig, args.output)
+
+
+def run_image_attention(args: argparse.Namespace) -> int:
+    from aiayn.viz.image_attention import image_attention, plot_image_attention
+
+    seen = image_attention(args.model_dir, args.image)
+    log.info("predicted: %s (%.4f)", seen.label, seen.prob)
+    fig = plot_image_attention(seen, args.layer, args.head, args.rollout, title=args.image)
     return _save(fig, args.output)

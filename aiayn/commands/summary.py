@@ -6,10 +6,14 @@ import argparse
 import os
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiayn.commands.options import add_sets, advanced, section_sets
 from aiayn.config import ModelConfig, apply_overrides
 from aiayn.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -134,7 +138,7 @@ def vocabulary_line(cfg: ModelConfig, origin: str) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from aiayn.kinds import KINDS
+    from aiayn.kinds import KINDS, PIXELS
     from aiayn.model.summary import format_summary, summarize
 
     batch, src_len, tgt_len = example_shape(args)
@@ -150,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id) + 1
     src = torch.randint(low, cfg.src_vocab_size, (batch, src_len))
     tgt = torch.randint(low, cfg.tgt_vocab_size, (batch, tgt_len))
+    if KINDS[kind].input == PIXELS:  # an image model reads (B, C, H, W) pixels
+        return _image_summary(model, cfg, batch, args)
     # an encoder and a decoder read both sides; a decoder alone the target; an encoder the source
     forward = (
         (lambda: model(src, tgt))
@@ -162,3 +168,32 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
     print(vocabulary_line(cfg, vocabulary_origin(args.model, args.overrides, args.vocab)))
     return 0
+
+
+def _image_summary(
+    model: torch.nn.Module, cfg: ModelConfig, batch: int, args: argparse.Namespace
+) -> int:
+    """The table of an image model over ``batch`` random images, and its FLOPs per image."""
+    import torch
+
+    from aiayn.model.summary import format_summary, summarize
+    from aiayn.model.vision import flops_per_image, n_patches
+
+    pixels = torch.rand(batch, cfg.channels, cfg.image_size, cfg.image_size)
+    rows, total = summarize(model, lambda: model(pixels), depth=args.depth)
+    print(format_summary(rows, total, title=f"{type(model).__name__}: {args.model}"))
+    flops = flops_per_image(cfg)
+    print(
+        f"FLOPs per image: {_si(flops)} ({flops:,}; a {cfg.image_size}x{cfg.image_size}"
+        f"x{cfg.channels} image, {n_patches(cfg)} patches of {cfg.patch_size}x{cfg.patch_size}; a multiply-add "
+        "counts 2; norms, softmax and activations left out)"
+    )
+    return 0
+
+
+def _si(n: int) -> str:
+    """12345678 -> '12.3 M'."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return str(n)

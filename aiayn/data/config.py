@@ -15,8 +15,19 @@ from aiayn.kinds import KINDS, TRANSLATION, get_kind, kinds_taking
 
 __all__ = ["DataConfig"]
 
-# The keys that name the user's own data files.
-OWN_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "train_file", "valid_file")
+# The keys that name the user's own data files (or folders of images).
+OWN_FILE_KEYS = (
+    "train_src",
+    "train_tgt",
+    "valid_src",
+    "valid_tgt",
+    "train_file",
+    "valid_file",
+    "train_dir",
+    "valid_dir",
+)
+#: the augmentations data.augment may name (docs/vision.md#augmentation)
+AUGMENTATIONS = ("crop", "flip", "erase")
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,23 @@ class DataConfig:
     # Your own classification data (.tsv `label<TAB>text` or .jsonl {"text", "label"}) or LM text.
     train_file: str = ""
     valid_file: str = ""
+    # Your own images (image_classification): a folder with one subfolder of PNG/JPEG files per
+    # class, the subfolder's name the class's name. Without valid_dir, a seeded share
+    # (valid_fraction) of train_dir's images is held out for validation.
+    train_dir: str = ""
+    valid_dir: str = ""
+    # image_classification: the share of the training images held out as the validation split
+    # (Fashion-MNIST's "val", or train_dir's without valid_dir), drawn with valid_seed: the same
+    # images whatever data.seed, so settings chosen on them compare across runs.
+    valid_fraction: float = 0.1
+    valid_seed: int = 0
+    # image_classification, training only, off by default: "crop" (pad by crop_padding pixels
+    # of background, cut back to the image size at a random offset), "flip" (left-right, half of
+    # the images: for classes that have no handedness) and "erase" (random erasing, Zhong et al.
+    # 2020: with probability erase_prob a rectangle of 2-33% of the image filled with noise).
+    augment: tuple[str, ...] = ()
+    crop_padding: int = 4
+    erase_prob: float = 0.25
     # Subword model (one joint vocabulary for source and target, §3.4) or characters.
     tokenizer: Literal["bpe", "unigram", "char"] = "bpe"
     # Vocabulary size including the 4 special tokens (the paper: 37000 BPE for WMT En-De).
@@ -110,6 +138,24 @@ class DataConfig:
                 f"({self.max_len}), got {list(widths)}"
             )
 
+    def _check_images(self, takes: frozenset[str]) -> None:
+        unknown = [a for a in self.augment if a not in AUGMENTATIONS]
+        if unknown:
+            raise ConfigError(
+                f"data.augment: unknown augmentation '{unknown[0]}' (have: {', '.join(AUGMENTATIONS)})"
+            )
+        if self.augment and "augment" not in takes:
+            raise ConfigError(
+                f"data.augment applies to data.kind = {kinds_taking('augment')}, not '{self.kind}'"
+            )
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"data.valid_fraction must be in (0, 1), got {self.valid_fraction}")
+        if self.crop_padding < 0 or not 0.0 <= self.erase_prob <= 1.0:
+            raise ConfigError(
+                "data.crop_padding must be >= 0 and data.erase_prob in [0, 1], got "
+                f"{self.crop_padding} and {self.erase_prob}"
+            )
+
     @property
     def own_files(self) -> list[str]:
         """The user's data files the config names (``train_src``, …, ``valid_file``)."""
@@ -156,6 +202,7 @@ class DataConfig:
             raise ConfigError(
                 f"data.max_len_ratio must be 0 (off) or at least 1, got {self.max_len_ratio}"
             )
+        self._check_images(takes)
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"data.mask_prob must be in (0, 1), got {self.mask_prob}")
         if self.lowercase and self.tokenizer == "char":

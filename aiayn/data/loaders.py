@@ -28,12 +28,13 @@ from aiayn.data.build import (
 )
 from aiayn.data.clean import clean_text
 from aiayn.data.config import DataConfig
+from aiayn.data.images import scan_folder
 from aiayn.data.readers import iter_labelled, iter_parallel, iter_text, read_parallel
 from aiayn.data.registry import cache_dir, download_dataset, get_spec
 from aiayn.data.store import TokenStore, cache_key, fingerprint, open_store
 from aiayn.data.tokenizer import Tokenizer, tokenizer_digest, train_tokenizer
 from aiayn.errors import DataError
-from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION, get_kind
+from aiayn.kinds import CLASSIFICATION, IMAGE_CLASSIFICATION, LM, TRANSLATION, get_kind
 
 __all__ = [
     "DataSource",
@@ -480,8 +481,38 @@ RUNNING_TEXT = DataSource(
     example_lengths=None,
     tokenizer_format=2,  # 2: a language model's tokenizer samples lines past the bound
 )
+
+
+def _no_text(cfg: DataConfig, *_: Any) -> Any:
+    """What the image source answers when asked for text, a tokenizer or a token store."""
+    raise DataError(
+        f"data.kind = '{cfg.kind}' reads images: it has no text, tokenizer or token store "
+        "(its images are decoded once into an image store when `aiayn train` starts)"
+    )
+
+
+def _image_files(cfg: DataConfig, split: str) -> list[Path]:
+    """The files of an image split: its class folder's images, or the dataset's IDX files."""
+    if cfg.uses_own_files:
+        valid = split not in ("train", cfg.train_split) and cfg.valid_dir
+        root = Path(cfg.valid_dir if valid else _own_path(cfg, "train_dir"))
+        return [path for path, _ in scan_folder(root)[1]]
+    folder = _registered(cfg, split)
+    stem = "t10k" if split == "test" else "train"
+    return [folder / f"{stem}-images-idx3-ubyte", folder / f"{stem}-labels-idx1-ubyte"]
+
+
+IMAGES = DataSource(
+    IMAGE_CLASSIFICATION,
+    langs=False,
+    files=_image_files,
+    texts=_no_text,
+    train_tokenizer=_no_text,
+    store=_no_text,
+    example_lengths=None,
+)
 #: the data sources by name (Kind.reads)
-SOURCES: dict[str, DataSource] = {s.name: s for s in (PAIRS, LABELLED, RUNNING_TEXT)}
+SOURCES: dict[str, DataSource] = {s.name: s for s in (PAIRS, LABELLED, RUNNING_TEXT, IMAGES)}
 
 
 def data_source(cfg: DataConfig) -> DataSource:

@@ -27,7 +27,7 @@ from aiayn.data.download import SourceMissing, fetch, is_url, sha256_of
 from aiayn.data.wmt import WMT14_EN_DE, WMT14_EN_FR, WmtData
 from aiayn.errors import DataError
 from aiayn.io import atomic_path, write_json
-from aiayn.kinds import CLASSIFICATION, LM, TRANSLATION
+from aiayn.kinds import CLASSIFICATION, IMAGE_CLASSIFICATION, LM, TRANSLATION
 
 __all__ = [
     "RemoteFile",
@@ -114,6 +114,36 @@ _SHAKESPEARE = RemoteFile(
     "https://raw.githubusercontent.com/karpathy/char-rnn/"
     "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt",
 )
+
+# ---- Fashion-MNIST (Xiao et al. 2017), the four IDX files ---------------------------------------
+_FASHION_BASE = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+# sha256 of the decompressed files: a mirror may compress them again (other .gz bytes, the same
+# contents), so the .gz files are recorded on first download and their contents checked here.
+FASHION_MNIST_SHA = {
+    "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+    "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+    "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+    "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+}
+
+
+def fashion_mnist_decompress(folder: Path) -> None:
+    """Decompress the four .gz files of Fashion-MNIST beside them, each checked against the
+    sha256 of the upstream contents (DataError naming the file when it differs)."""
+    for name, sha256 in FASHION_MNIST_SHA.items():
+        with atomic_path(folder / name) as tmp:
+            try:
+                with gzip.open(folder / f"{name}.gz", "rb") as src, open(tmp, "wb") as dst:
+                    while block := src.read(1 << 20):
+                        dst.write(block)
+            except (OSError, EOFError) as err:
+                raise DataError(f"{folder / name}.gz: cannot decompress ({err})") from None
+            if sha256_of(tmp) != sha256:
+                raise DataError(
+                    f"{folder / name}.gz: its contents are not Fashion-MNIST's {name} (sha256 "
+                    f"differs from {sha256[:12]}…); delete it and download again"
+                )
+
 
 _IMDB_MEMBER = re.compile(r"^aclImdb/(train|test)/(pos|neg)/(\d+)_\d+\.txt$")
 
@@ -207,6 +237,24 @@ DATASETS: dict[str, DatasetSpec] = {
         terms="public-domain text (char-rnn repository: MIT)",
         layouts=(Layout((_SHAKESPEARE,)),),
         canonical=("input.txt",),
+    ),
+    "fashion_mnist": DatasetSpec(
+        name="fashion_mnist",
+        folder="fashion_mnist",
+        task=IMAGE_CLASSIFICATION,
+        splits=("train", "val", "train_full", "test"),
+        description="Fashion-MNIST, 28x28 grey images of clothes in 10 classes (60,000 train, "
+        "10,000 test); val: a seeded data.valid_fraction of train",
+        terms="MIT (Zalando SE 2017); cite Xiao, Rasul, Vollgraf 2017 (arXiv:1708.07747)",
+        layouts=(
+            Layout(
+                tuple(
+                    RemoteFile(f"{n}.gz", "", f"{_FASHION_BASE}{n}.gz") for n in FASHION_MNIST_SHA
+                ),
+                derive=fashion_mnist_decompress,
+            ),
+        ),
+        canonical=tuple(FASHION_MNIST_SHA),
     ),
     "wmt14": _wmt_spec(
         "wmt14",

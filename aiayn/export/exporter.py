@@ -115,7 +115,7 @@ class Exporter(ABC):
             )
         loaded = load_model_folder(source)  # the one loader: its checks and messages
         # before touching the output
-        self.check(loaded.torch_module(), loaded.kind, loaded.tokenizer)
+        self.check(loaded.torch_module(), loaded.kind, loaded.text_tokenizer)
         return meta, loaded
 
 
@@ -138,9 +138,10 @@ class FolderExporter(Exporter):
         out: Path,
         options: ExportOptions,
     ) -> None:
-        kind, tokenizer = loaded.kind, loaded.tokenizer
+        kind, tokenizer = loaded.kind, loaded.text_tokenizer  # None: a model that reads no text
         extra_keys = self.write(loaded.torch_module(), kind, tokenizer, tmp, options)
-        tokenizer.save(tmp / TOKENIZER_FILE)
+        if tokenizer is not None:
+            tokenizer.save(tmp / TOKENIZER_FILE)
         # the source's sections as the loader read them (renamed keys under their new names; a
         # section it did not record stays unrecorded), its provenance, what the writer says
         parts = record_parts(tmp, meta.config.model)  # checked whenever the folder is opened

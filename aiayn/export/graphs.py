@@ -211,6 +211,23 @@ class LMStepGraph(nn.Module):
         return (_project(m, h), *present)
 
 
+class ImageClassifierGraph(nn.Module):
+    """Vision Transformer: pixels (B, C, H, W) in [0, 1] -> logits (B, K), the model's own
+    pooling (class token or mean); no padding, so every patch may attend to every other."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        m = self.model
+        x = m.embed(pixels)  # (B, S, D)
+        everywhere = torch.ones(1, 1, 1, x.size(1), dtype=torch.bool, device=x.device)
+        h = encode(m.encoder, x, everywhere)  # (B, S, D); no padding, every key visible
+        pooled = h[:, 0] if m.cfg.pooling == "cls" else h.mean(dim=1)  # (B, D)
+        return m.head(pooled)
+
+
 class ClassifierGraph(nn.Module):
     """Classifier: ids (B, S) -> logits (B, C), the model's own pooling (mean, max or CLS)."""
 

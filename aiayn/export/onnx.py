@@ -23,7 +23,13 @@ import torch
 from torch import nn
 
 from aiayn.export.exporter import ExportOptions, FolderExporter
-from aiayn.export.graphs import ClassifierGraph, DecoderStepGraph, EncoderGraph, LMStepGraph
+from aiayn.export.graphs import (
+    ClassifierGraph,
+    DecoderStepGraph,
+    EncoderGraph,
+    ImageClassifierGraph,
+    LMStepGraph,
+)
 from aiayn.kinds import check_kind, get_kind
 from aiayn.runtime.onnx_backend import CLASSIFIER, DECODER, ENCODER, state_names
 
@@ -164,6 +170,22 @@ def export_classifier(model: Any, folder: Path) -> dict[str, str]:
         ["ids"],
         ["logits"],
         {"ids": {0: "batch", 1: "len"}, "logits": {0: "batch"}},
+    )
+    return {CLASSIFIER: CLASSIFIER_FILE}
+
+
+def export_image_classifier(model: Any, folder: Path) -> dict[str, str]:
+    """classifier.onnx of a :class:`~aiayn.model.VisionTransformer` into ``folder``: pixels
+    (B, C, H, W) float32 in [0, 1] -> logits (B, K), any batch size."""
+    cfg = model.cfg
+    pixels = torch.rand(2, cfg.channels, cfg.image_size, cfg.image_size)
+    _export(
+        ImageClassifierGraph(model),
+        (pixels,),
+        folder / CLASSIFIER_FILE,
+        ["pixels"],
+        ["logits"],
+        {"pixels": {0: "batch"}, "logits": {0: "batch"}},
     )
     return {CLASSIFIER: CLASSIFIER_FILE}
 

@@ -38,13 +38,15 @@ from aiayn.decode.align import align
 from aiayn.decode.classify import LABEL_NAMES, encode_texts
 from aiayn.decode.config import DecodeConfig, SamplingConfig, merge_decode
 from aiayn.decode.generate import TextStream
+from aiayn.decode.images import model_images
+from aiayn.decode.images import top_k as top_k_classes
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import encode_sources
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.folder.checkpoint import WEIGHTS_FILE
 from aiayn.folder.config import read_folder_config
 from aiayn.folder.open import build_model, open_backend
-from aiayn.folder.score import score_classifier, score_translations
+from aiayn.folder.score import score_classifier, score_images, score_translations
 from aiayn.kinds import KINDS, Kind, get_kind, kind_name
 from aiayn.memory import keep_freed_memory
 from aiayn.run_config import RunConfig
@@ -155,7 +157,8 @@ class ModelFolder:
     paths: list[Path]  # all folders (ensemble members)
     kind: str  # one of aiayn.kinds.KINDS
     backend: Backend  # what runs it: PyTorch, ONNX Runtime or CTranslate2 (aiayn.runtime)
-    tokenizer: Tokenizer
+    # None for a kind that reads no text (an image classifier): :attr:`tokenizer` says so
+    text_tokenizer: Tokenizer | None
     config: RunConfig  # the first folder's config.json, typed
     has_data: bool = True  # config.json records the training data (data.* are not defaults)
 
@@ -196,6 +199,13 @@ class ModelFolder:
         recorded, never beyond the model's positional table."""
         limit = self.config.model.max_len
         return min(self.config.data.max_len, limit) if self.has_data else limit
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer; CheckpointError for a model that reads no text."""
+        if self.text_tokenizer is None:
+            raise CheckpointError(f"{self.path}: holds a '{self.kind}' model, which reads no text")
+        return self.text_tokenizer
 
     @property
     def kind_info(self) -> Kind:
@@ -325,6 +335,8 @@ class ModelFolder:
     def label_names(self) -> list[str]:
         """Printable labels: the dataset's names when known, else the class ids."""
         n = self.config.model.n_classes
+        if self.config.model.class_names:
+            return list(self.config.model.class_names)
         names = LABEL_NAMES.get(self.config.data.dataset) if self.has_data else None
         return list(names) if names and len(names) == n else [str(i) for i in range(n)]
 
@@ -355,6 +367,24 @@ class ModelFolder:
             best = max(range(len(row)), key=row.__getitem__)
             out[i] = {"label": names[best], "probs": dict(zip(names, row))}
         return out[0] if one else out
+
+    # ---- image classification --------------------------------------------------------------
+    def image_probs(self, images: Sequence[Any]) -> torch.Tensor:
+        """(N, K) class probabilities of images: file paths (PNG, JPEG) or arrays ((H, W),
+        (H, W, C) or (C, H, W), uint8 or floats in [0, 1]), each converted as the training
+        images were (grey or RGB, resized; said in one line per image converted)."""
+        self._need("classify_images")
+        cfg = self.config.model
+        return self.backend.image_probs(model_images(images, cfg.image_size, cfg.channels))
+
+    def classify_images(self, images: Sequence[Any], top_k: int = 1) -> list[dict]:
+        """Per image ``{"label": name, "top": [{"label", "prob"}, …]}``, its ``top_k`` likeliest
+        classes, best first."""
+        probs = self.image_probs(images)
+        return [
+            {"label": best[0][0], "top": [{"label": n, "prob": p} for n, p in best]}
+            for best in top_k_classes(probs, self.label_names(), top_k)
+        ]
 
     # ---- generation ------------------------------------------------------------------------
     def generate(
@@ -403,6 +433,8 @@ class ModelFolder:
         says so (``"limit": N``), as a score of part of the test set, not of the set."""
         if limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {limit}")
+        if self.kind_info.does("classify_images"):
+            return score_images(self, split, src, limit)
         if self.kind_info.does("classify"):
             if paper_bleu:
                 raise ConfigError(

@@ -35,7 +35,12 @@ from aiayn.threads import default_workers
 __all__ = ["open_backend", "build_model", "engine_of"]
 
 #: what a kind's uses need from a backend
-_NEEDS = {"translate": "translate", "classify": "classify", "generate": "generate"}
+_NEEDS = {
+    "translate": "translate",
+    "classify": "classify",
+    "generate": "generate",
+    "classify_images": "classify_images",
+}
 #: the backends of exported folders, by format
 _EXPORTED: dict[str, type[OnnxBackend] | type[Ct2Backend]] = {
     "onnx": OnnxBackend,
@@ -86,7 +91,7 @@ def open_backend(
     engine: str | None,
     device: torch.device,
     workers: int | None,
-) -> tuple[Backend, Tokenizer]:
+) -> tuple[Backend, Tokenizer | None]:
     """The backend that runs ``folders`` (one folder, or several translation folders as an
     ensemble) and the tokenizer they share; ``parsed`` their config.json, already read.
     ``workers``: batches an exported model decodes at once (default: chosen for the machine
@@ -102,7 +107,7 @@ def open_backend(
                 )
     if name == "torch":
         models = [build_model(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
-        tokenizers = [read_tokenizer(f, p.config.model) for f, p in zip(folders, parsed)]
+        tokenizers = [_tokenizer(f, p) for f, p in zip(folders, parsed)]
         return TorchBackend(ensemble_of(folders, models, tokenizers), device), tokenizers[0]
     if device.type != "cpu":
         raise ConfigError(f"{folders[0]}: an exported model runs on the CPU")
@@ -118,16 +123,23 @@ def open_backend(
     return runtime(ensemble_of(folders, engines, tokenizers)), tokenizers[0]
 
 
+def _tokenizer(folder: Path, parsed: FolderConfig) -> Tokenizer | None:
+    """``folder``'s tokenizer; None for a kind that reads no text (an image classifier)."""
+    if not KINDS[parsed.kind].tokenized:
+        return None
+    return read_tokenizer(folder, parsed.config.model)
+
+
 def _open_export(
     folder: Path, parsed: FolderConfig, name: str, workers: int
-) -> tuple[object, Tokenizer]:
+) -> tuple[object, Tokenizer | None]:
     """(engine model, tokenizer) of one exported folder; its parts checked against config.json's
     record (:mod:`aiayn.folder.parts`): the tokenizer and every file first, the model section
     after the engine named, from its own shapes, what it could check."""
     record = export_record(folder, parsed.parts)
     check_files(folder, record, exported=True)
     cfg, files = parsed.config.model, dict(parsed.files or {})
-    tokenizer = read_tokenizer(folder, cfg)
+    tokenizer = _tokenizer(folder, parsed)
     # `workers` batches run at once, each on its share of the threads (as in aiayn's own decoding)
     threads = torch.get_num_threads()
     if name == "ctranslate2":

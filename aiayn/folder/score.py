@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from aiayn.data import (
@@ -22,8 +23,10 @@ from aiayn.data import (
     read_labelled,
     read_parallel,
 )
+from aiayn.data.images import scan_folder, split_images
 from aiayn.decode.classify import evaluate_classifier
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.images import evaluate_images, model_images
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import ConfigError
 from aiayn.eval import corpus_scores
@@ -32,7 +35,7 @@ from aiayn.progress import progress_bar
 from aiayn.run_config import RunConfig
 from aiayn.runtime import Backend
 
-__all__ = ["Scored", "score_translations", "score_classifier"]
+__all__ = ["Scored", "score_translations", "score_classifier", "score_images"]
 
 
 class Scored(Protocol):
@@ -42,9 +45,11 @@ class Scored(Protocol):
     path: Path
     paths: list[Path]
     backend: Backend
-    tokenizer: Tokenizer
     config: RunConfig
     has_data: bool
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
 
     @property
     def engine(self) -> str: ...
@@ -57,6 +62,7 @@ class Scored(Protocol):
     def decode_config(
         self, decode: DecodeConfig | None = None, **overrides: Any
     ) -> DecodeConfig: ...
+    def label_names(self) -> list[str]: ...
     def translate_hypotheses(
         self,
         texts: Sequence[str],
@@ -120,10 +126,50 @@ def score_classifier(
     limited = 0 < limit < len(texts)
     texts, labels = (texts[:limit], labels[:limit]) if limited else (texts, labels)
     scores = evaluate_classifier(
-        folder.backend.class_probs, folder.tokenizer, texts, labels, folder.text_limit, max_tokens
+        folder.backend.class_probs,
+        folder.tokenizer,
+        texts,
+        labels,
+        folder.text_limit,
+        max_tokens,
     )
     scores.update(test_set=name, model=_model_name(folder), device=str(folder.device))
     if limited:
+        scores["limit"] = limit
+    return scores
+
+
+def score_images(
+    folder: Scored, split: str | None, src: str | Path | None, limit: int
+) -> dict[str, Any]:
+    """The accuracy of ``folder``'s image classifier on a split of its dataset or on ``src`` (a
+    folder with one subfolder of images per class, named as the model's classes), the first
+    ``limit`` images when 0 < limit."""
+    if bool(split) == bool(src):
+        raise ConfigError("give either --split NAME or --src FOLDER (one subfolder per class)")
+    cfg = folder.config.model
+    if src:
+        classes, items = scan_folder(Path(src))
+        names = folder.label_names()
+        unknown = [c for c in classes if c not in names]
+        if unknown:
+            raise ConfigError(
+                f"{Path(src) / unknown[0]}: the model has no class '{unknown[0]}' "
+                f"(its classes: {', '.join(names)})"
+            )
+        items = items[:limit] if 0 < limit < len(items) else items
+        images = model_images([p for p, _ in items], cfg.image_size, cfg.channels)
+        labels = np.array([names.index(classes[label]) for _, label in items], dtype=np.int64)
+        name, total = Path(src).name, len(scan_folder(Path(src))[1])
+    else:
+        assert split is not None
+        store, rows = split_images(_dataset(folder), split, cfg.image_size, cfg.channels)
+        total = len(rows)
+        rows = rows[:limit] if 0 < limit < len(rows) else rows
+        images, labels, name = store.images[rows], store.labels[rows], split
+    scores = evaluate_images(folder.backend.image_probs, images, labels)
+    scores.update(test_set=name, model=_model_name(folder), device=str(folder.device))
+    if 0 < limit < total:
         scores["limit"] = limit
     return scores
 
@@ -144,7 +190,7 @@ def _model_name(folder: Scored) -> str | list[str]:
 
 def _dataset(folder: Scored) -> Any:
     if not folder.has_data:
-        what = "--src FILE" if folder.kind_info.does("classify") else "--src/--ref"
+        what = "--src/--ref" if folder.kind_info.does("translate") else "--src"
         raise ConfigError(f"{folder.path}: the model folder records no dataset; use {what}")
     return folder.config.data
 

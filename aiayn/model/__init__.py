@@ -15,6 +15,7 @@ from aiayn.model.lm import TransformerLM
 from aiayn.model.masks import causal_mask, padding_mask, target_mask
 from aiayn.model.mlm import TransformerMaskedLM
 from aiayn.model.transformer import Decoder, Encoder, Transformer
+from aiayn.model.vision import VisionTransformer
 
 __all__ = [
     "MultiHeadAttention",
@@ -37,4 +38,5 @@ __all__ = [
     "TransformerClassifier",
     "TransformerLM",
     "TransformerMaskedLM",
+    "VisionTransformer",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -49,6 +50,7 @@ CAPABILITIES = {
     "compile": "compiled decoder step (--compile)",
     "generate": "language models",
     "classify": "classifiers",
+    "classify_images": "image classifiers",
     "steps": "step-level batching (requests join a running translation between decoder steps)",
     "module": "PyTorch module (what `aiayn export` converts)",
 }
@@ -103,6 +105,10 @@ class Backend(Protocol):
         on_token: Callable[[int], Any] | None = None,
     ) -> list[int]:
         """New token ids sampled after ``prompt_ids`` (:func:`aiayn.decode.generate.generate`)."""
+        ...
+
+    def image_probs(self, images: np.ndarray) -> Tensor:
+        """Shape: uint8 images (N, C, H, W) -> (N, K) float32 class probabilities."""
         ...
 
 

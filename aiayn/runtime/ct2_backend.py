@@ -348,6 +348,9 @@ class Ct2Backend:
     ) -> list[int]:
         refuse(self, "generate")
 
+    def image_probs(self, images: Any) -> Tensor:
+        refuse(self, "classify_images")
+
 
 def computed_as(quantization: str | None) -> str | None:
     """The type an exported folder's weights are computed in on this CPU: its ``quantization``

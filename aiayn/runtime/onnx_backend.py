@@ -36,6 +36,7 @@ from aiayn.config import ModelConfig
 from aiayn.decode.classify import predict_ids
 from aiayn.decode.config import DecodeConfig, SamplingConfig
 from aiayn.decode.generate import generate
+from aiayn.decode.images import image_probs
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
 from aiayn.errors import CheckpointError, require
@@ -47,7 +48,14 @@ log = logging.getLogger(__name__)
 #: the keys of config.json "files" that name an exported folder's graphs
 ENCODER, DECODER, CLASSIFIER = "encoder", "decoder", "classifier"
 
-__all__ = ["OnnxTranslator", "OnnxLM", "OnnxClassifier", "OnnxBackend", "open_onnx"]
+__all__ = [
+    "OnnxTranslator",
+    "OnnxLM",
+    "OnnxClassifier",
+    "OnnxImageClassifier",
+    "OnnxBackend",
+    "open_onnx",
+]
 
 
 class _Engine:
@@ -251,12 +259,34 @@ class OnnxClassifier(_Engine):
         return _run(self.session, {"ids": _numpy(ids.long())})[0]
 
 
+class OnnxImageClassifier(_Engine):
+    """A Vision Transformer exported by :func:`aiayn.export.onnx.export_image_classifier`."""
+
+    def __init__(
+        self, folder: Path, cfg: ModelConfig, files: dict[str, str], threads: int | None = None
+    ) -> None:
+        super().__init__(cfg)
+        self.session = _session(folder / files[CLASSIFIER], threads)
+        side = ("image_size", cfg.image_size)
+        checks = {
+            "logits": {1: ("n_classes", cfg.n_classes)},
+            "pixels": {1: ("channels", cfg.channels), 2: side, 3: side},
+        }
+        _check_graph(self.session, folder / files[CLASSIFIER], checks)
+
+    def __call__(self, pixels: Tensor) -> Tensor:
+        """Shape: pixels (B, C, H, W) float32 in [0, 1] -> logits (B, K)."""
+        return _run(self.session, {"pixels": _numpy(pixels.float())})[0]
+
+
 class OnnxBackend:
     """An ONNX model (or an ensemble of ONNX translation models), run by ONNX Runtime on the CPU
     behind aiayn's own search."""
 
     name = "onnx"
-    capabilities = frozenset({"translate", "nbest", "ensemble", "generate", "classify"})
+    capabilities = frozenset(
+        {"translate", "nbest", "ensemble", "generate", "classify", "classify_images"}
+    )
     device = torch.device("cpu")
 
     def __init__(self, model: Any) -> None:
@@ -287,6 +317,9 @@ class OnnxBackend:
         on_token: Callable[[int], Any] | None = None,
     ) -> list[int]:
         return generate(self.model, prompt_ids, window, sampling, use_cache, on_token, self.device)
+
+    def image_probs(self, images: np.ndarray) -> Tensor:
+        return image_probs(self.model, images)
 
 
 def open_onnx(

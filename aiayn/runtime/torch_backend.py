@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -24,6 +25,7 @@ from aiayn.decode.config import DecodeConfig, SamplingConfig
 from aiayn.decode.continuous import RunningTranslation
 from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.generate import generate
+from aiayn.decode.images import image_probs
 from aiayn.decode.packed import prepacked, state_of
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translate import translate_ids
@@ -51,6 +53,7 @@ class TorchBackend:
             "compile",
             "generate",
             "classify",
+            "classify_images",
             "steps",
             "module",
         }
@@ -139,3 +142,6 @@ class TorchBackend:
     ) -> list[int]:
         model = cast(TransformerLM, self.model)
         return generate(model, prompt_ids, window, sampling, use_cache, on_token)
+
+    def image_probs(self, images: np.ndarray) -> Tensor:
+        return image_probs(self.model, images, self.device)

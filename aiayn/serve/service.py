@@ -337,7 +337,7 @@ def model_info(folder: ModelFolder, checks: RequestChecks) -> dict[str, Any]:
         "paths": [str(p) for p in folder.paths],
         "ensemble": len(folder.paths),
         "parameters": sum(params.values()) or None,  # None: an exported model's
-        "vocab_size": folder.tokenizer.vocab_size,
+        "vocab_size": tok.vocab_size if (tok := folder.text_tokenizer) else None,  # images: None
         "config": config,
         "data": config.get("data") if folder.has_data else None,  # else only defaults
         "decode": dataclasses.asdict(folder.decode),

@@ -26,7 +26,7 @@ from aiayn.errors import AiaynError, ConfigError
 from aiayn.folder.config import CONFIG_FILE, FolderConfig, read_folder_config
 from aiayn.folder.parts import TOKENIZER_FILE
 from aiayn.io import check_not_input, recover_folder
-from aiayn.kinds import KINDS
+from aiayn.kinds import KINDS, get_kind
 from aiayn.run_config import RunConfig, run_config_to_dict, run_inputs
 from aiayn.train.distributed import DistContext, init_distributed, shutdown_distributed
 from aiayn.train.run_folder import RunFolder
@@ -246,7 +246,8 @@ def train_run(
             if cfg.train.init_from and model_keys is not None:  # a recipe, as when it started
                 cfg = _fine_tune(cfg, dist, model_keys)[0]
                 task.cfg = cfg
-            saved_tok = _on_main(dist, folder.read_tokenizer)
+            tokenized = get_kind(cfg.data.kind).tokenized  # an image run has no tokenizer
+            saved_tok = _on_main(dist, folder.read_tokenizer) if tokenized else None
         elif cfg.train.init_from:
             cfg, saved_tok = _fine_tune(cfg, dist, model_keys)
             task.cfg = cfg

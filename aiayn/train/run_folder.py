@@ -200,11 +200,13 @@ class RunFolder:
                 (tmp / CHECKPOINT_DIR).mkdir()
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
-    def write_meta(self, meta: FolderConfig | dict[str, Any], tokenizer_json: str) -> None:
-        """Write the run's config.json (``meta``: typed, or the dict train builds) and tokenizer."""
+    def write_meta(self, meta: FolderConfig | dict[str, Any], tokenizer_json: str | None) -> None:
+        """Write the run's config.json (``meta``: typed, or the dict train builds) and tokenizer
+        (None: a kind without one)."""
         parsed = meta if isinstance(meta, FolderConfig) else parse_folder_config(meta, self.path)
         write_folder_config(self.path, meta)
-        write_text(self.tokenizer, tokenizer_json)
+        if tokenizer_json is not None:
+            write_text(self.tokenizer, tokenizer_json)
         self.parts = folder_parts(parsed.config.model, tokenizer_json)
 
     def read_meta(self) -> FolderConfig:

@@ -192,7 +192,7 @@ class TrainState:
             folder.save_checkpoint(self.model, state, self.cfg.train.keep_last)
 
     def save_best(
-        self, path: Path, value: float, kind: str, tokenizer_json: str, meta: dict[str, Any]
+        self, path: Path, value: float, kind: str, tokenizer_json: str | None, meta: dict[str, Any]
     ) -> None:
         """The model folder ``path`` (the run's best/) with the weights of now, a new best
         ``value`` of train.best_metric; its config.json records ``meta`` and that best."""

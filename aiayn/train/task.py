@@ -121,9 +121,10 @@ class Task(ABC):
         self.cfg = cfg
 
     @abstractmethod
-    def setup(self, tokenizer_json: str | None) -> str:
+    def setup(self, tokenizer_json: str | None) -> str | None:
         """Load the data; train the tokenizer unless ``tokenizer_json`` restores one. Returns the
-        tokenizer as JSON (saved in the run folder)."""
+        tokenizer as JSON (saved in the run folder); None for a kind that reads no text
+        (:attr:`aiayn.kinds.Kind.tokenized`)."""
 
     def load_tokenizer(self, tokenizer_json: str | None, trained_on: str) -> Tokenizer:
         """The tokenizer ``tokenizer_json`` restores, or a new one trained as ``data`` says

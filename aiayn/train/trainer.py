@@ -130,7 +130,7 @@ class Trainer:
         folder: RunFolder,
         dist: DistContext,
         meta: dict[str, Any],
-        tokenizer_json: str,
+        tokenizer_json: str | None,
         resume: bool,
     ) -> None:
         self.cfg, self.task, self.folder, self.dist = cfg, task, folder, dist

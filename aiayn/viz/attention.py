@@ -45,7 +45,7 @@ LEGEND = (
 )
 
 
-def _select(requested: Sequence[int] | None, available: int, what: str) -> list[int]:
+def select_numbers(requested: Sequence[int] | None, available: int, what: str) -> list[int]:
     """1-based numbers -> 0-based indices, checked against ``available``."""
     if requested is None or len(requested) == 0:
         return list(range(available))
@@ -58,7 +58,7 @@ def _select(requested: Sequence[int] | None, available: int, what: str) -> list[
 def _rows(maps: AttentionMaps, layers: Sequence[int] | None) -> list[tuple[str, int]]:
     """(kind, 0-based layer) for each figure row, in the order encoder, decoder, cross."""
     deepest = max(len(maps.encoder), len(maps.decoder))
-    chosen = _select(layers, deepest, "layer")
+    chosen = select_numbers(layers, deepest, "layer")
     rows = [(kind, i) for kind in KINDS for i in chosen if i < len(maps.of(kind))]
     if not rows:
         raise AiaynError("no attention to plot")
@@ -81,7 +81,7 @@ def plot_attention(
     """
     sample = (maps.encoder or maps.decoder)[0]
     n_heads = sample.size(0)
-    chosen_heads = _select(heads, n_heads, "head")
+    chosen_heads = select_numbers(heads, n_heads, "head")
     rows = _rows(maps, layers)
     tokens = {"src": list(src_tokens), "tgt": list(tgt_tokens)}
     _check_lengths(maps, tokens)

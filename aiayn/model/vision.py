@@ -1,0 +1,112 @@
+"""The Vision Transformer: the paper's encoder reading an image cut into patches.
+
+Shape legend: B batch · C channels · H = W image side · P patch side · N patches · D d_model ·
+K classes.
+
+Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", §3.1 (Eq. 1–4): "we reshape the image
+x ∈ R^{H×W×C} into a sequence of flattened 2D patches x_p ∈ R^{N×(P²·C)}, where … N = HW/P² is
+the resulting number of patches", each mapped by a trainable linear projection to D, a learnable
+class embedding prepended (or, as their Appendix D.4 and timm's ``global_pool='avg'`` allow, the
+mean over the patch states instead), learned 1-D position embeddings added, then the standard
+Transformer encoder (§3.1 of Vaswani et al., this package's :class:`~aiayn.model.Encoder`) and a
+linear head. The patch projection is a convolution with kernel and stride P (the same linear map
+on each patch, as timm's ``PatchEmbed``). Tested: patch arithmetic, batch invariance, and ONNX
+export against this module.
+
+Pixels come in as floats in [0, 1] (``uint8 / 255``) and are normalised inside the model to
+[-1, 1] ((x - 0.5) / 0.5, the ViT reference code's normalisation), so an exported graph takes
+the same input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.model.dropout import Dropout
+from aiayn.model.transformer import Encoder, init_weights
+
+__all__ = ["PatchEmbedding", "VisionTransformer", "n_patches", "flops_per_image"]
+
+
+def n_patches(cfg: ModelConfig) -> int:
+    """N = HW / P²: the tokens an image becomes (a class token adds one)."""
+    return (cfg.image_size // cfg.patch_size) ** 2
+
+
+class PatchEmbedding(nn.Module):
+    """Eq. 1: z_0 = [x_class; x_p^1 E; …; x_p^N E] + E_pos (the class token when
+    ``pooling = 'cls'``), then embedding dropout."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.pooling not in ("cls", "mean"):
+            raise ValueError(f"VisionTransformer pools with 'cls' or 'mean', not '{cfg.pooling}'")
+        self.cfg = cfg
+        p = cfg.patch_size
+        self.proj = nn.Conv2d(cfg.channels, cfg.d_model, kernel_size=p, stride=p)  # E
+        extra = int(cfg.pooling == "cls")
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if extra else None
+        self.pos = nn.Parameter(torch.empty(1, n_patches(cfg) + extra, cfg.d_model))
+        nn.init.trunc_normal_(self.pos, std=0.02)  # as the reference code and timm
+        self.dropout = Dropout(cfg.dropout)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        """Shape: pixels (B, C, H, W) in [0, 1] -> (B, N (+1), D)."""
+        x = self.proj((pixels - 0.5) / 0.5)  # (B, D, H/P, W/P)
+        x = x.flatten(2).transpose(1, 2)  # (B, N, D), patches in row-major order
+        if self.cls is not None:
+            x = torch.cat([self.cls.to(x.dtype).expand(x.size(0), -1, -1), x], dim=1)  # (B, 1+N, D)
+        return self.dropout(x + self.pos.to(x.dtype))
+
+
+class VisionTransformer(nn.Module):
+    """PatchEmbedding → Encoder → pooling (class token or mean) → dropout → Linear(D, K)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.n_encoder_layers == 0:
+            raise ValueError("VisionTransformer needs n_encoder_layers > 0")
+        self.cfg = cfg
+        self.embed = PatchEmbedding(cfg)
+        self.encoder = Encoder(cfg)
+        self.dropout = Dropout(cfg.dropout)
+        self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        init_weights(self)
+        nn.init.zeros_(self.head.weight)  # the reference code's zero-initialised head
+
+    def check_pixels(self, pixels: Tensor) -> None:
+        """ValueError unless ``pixels`` is (B, C, H, W) of the model's image size."""
+        c, s = self.cfg.channels, self.cfg.image_size
+        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (c, s, s):
+            raise ValueError(
+                f"the model reads images of shape (B, {c}, {s}, {s}), got {tuple(pixels.shape)}"
+            )
+
+    def features(self, pixels: Tensor, attn_record: list | None = None) -> Tensor:
+        """Shape: pixels (B, C, H, W) -> encoder states (B, N (+1), D); with ``attn_record`` a
+        list, each layer's attention weights (B, H, S, S) are appended as ("self", w)."""
+        self.check_pixels(pixels)
+        return self.encoder(self.embed(pixels), None, attn_record)  # no padding: no mask
+
+    def forward(self, pixels: Tensor, attn_record: list | None = None) -> Tensor:
+        """Shape: pixels (B, C, H, W) floats in [0, 1] -> logits (B, K)."""
+        h = self.features(pixels, attn_record)  # (B, S, D)
+        pooled = h[:, 0] if self.cfg.pooling == "cls" else h.mean(dim=1)  # (B, D)
+        return self.head(self.dropout(pooled))
+
+
+def flops_per_image(cfg: ModelConfig) -> int:
+    """Floating-point operations (a multiply-add counts 2) of one image's forward pass: the
+    patch projection, each layer's Q/K/V/output projections, attention scores and weighted sum,
+    feed-forward network, and the head (norms, softmax and activations left out, as is usual)."""
+    n = n_patches(cfg)
+    s = n + int(cfg.pooling == "cls")
+    d, hk, hv = cfg.d_model, cfg.n_heads * cfg.head_dim_k, cfg.n_heads * cfg.head_dim_v
+    patch = 2 * n * cfg.patch_size**2 * cfg.channels * d
+    projections = 2 * s * d * (2 * hk + hv) + 2 * s * hv * d
+    attention = 2 * s * s * hk + 2 * s * s * hv
+    ffn = 2 * 2 * s * d * cfg.d_ff
+    layer = projections + attention + ffn
+    return patch + cfg.n_encoder_layers * layer + 2 * d * cfg.n_classes

@@ -1,0 +1,392 @@
+"""The Vision Transformer kind (issue #67): its registry entry, the patch arithmetic, batch
+invariance, FLOPs, and a tiny run on synthetic images trained through the CLI, then evaluated,
+classified, summarised, plotted and exported to ONNX (the export gives the native probabilities)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from trainutil import fails, torch_threads, write_toml
+
+import aiayn
+from aiayn.cli import main
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
+from aiayn.kinds import IMAGE_CLASSIFICATION, KINDS, PIXELS, get_kind
+from aiayn.model import VisionTransformer
+from aiayn.model.vision import flops_per_image, n_patches
+from aiayn.run_config import build_run_config
+from aiayn.train.task import task_class
+
+SIDE = 8
+
+
+def tiny_vit(pooling: str = "cls", **kw) -> ModelConfig:
+    return ModelConfig(
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=2,
+        n_decoder_layers=0,
+        dropout=0.0,
+        image_size=SIDE,
+        patch_size=4,
+        pooling=pooling,
+        n_classes=3,
+        **kw,
+    )
+
+
+def write_images(root: Path, per_class: int = 30, seed: int = 0) -> Path:
+    """Two classes of 8x8 grey PNGs: bright top half ("top") or bright bottom half ("bottom")."""
+    rng = np.random.default_rng(seed)
+    for label, name in enumerate(("bottom", "top")):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            a = rng.integers(0, 60, (SIDE, SIDE)).astype(np.uint8)
+            rows = slice(0, SIDE // 2) if label else slice(SIDE // 2, SIDE)
+            a[rows] += 150
+            Image.fromarray(a).save(root / name / f"{i}.png")
+    return root
+
+
+def run_values(images: Path, **more) -> dict:
+    values = {
+        "model.d_model": 16,
+        "model.n_heads": 2,
+        "model.d_ff": 32,
+        "model.n_encoder_layers": 1,
+        "model.n_decoder_layers": 0,
+        "model.dropout": 0.0,
+        "model.image_size": SIDE,
+        "model.patch_size": 4,
+        "model.pooling": "cls",
+        "data.kind": IMAGE_CLASSIFICATION,
+        "data.dataset": "",
+        "data.train_dir": str(images),
+        "data.max_tokens": 100,
+        "data.valid_fraction": 0.25,
+        "train.precision": "fp32",
+        "train.device": "cpu",
+        "train.lr_schedule": "inverse_sqrt",
+        "train.lr": 1e-2,
+        "train.warmup_steps": 4,
+        "train.max_steps": 60,
+        "train.valid_every": 30,
+        "train.save_every": 30,
+        "train.metrics_every": 30,
+        "train.log_every": 10,
+    }
+    return {**values, **more}
+
+
+# ---- the registry entry and the model -------------------------------------------------------
+
+
+def test_the_kind_is_one_registry_entry():
+    kind = get_kind(IMAGE_CLASSIFICATION)
+    assert kind.model_class is VisionTransformer and kind.input == PIXELS
+    assert not kind.tokenized and kind.does("classify_images") and "onnx" in kind.exporters
+    assert task_class(IMAGE_CLASSIFICATION).kind == IMAGE_CLASSIFICATION
+    assert KINDS[IMAGE_CLASSIFICATION].takes == frozenset({"augment"})
+
+
+@pytest.mark.parametrize("pooling, tokens", [("cls", 1 + 49), ("mean", 49)])
+def test_patch_arithmetic(pooling, tokens):
+    """N = HW/P²: a 28x28 image in 4x4 patches is 49 tokens (a class token adds one)."""
+    cfg = ModelConfig(
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=1,
+        n_decoder_layers=0,
+        image_size=28,
+        patch_size=4,
+        pooling=pooling,
+    )
+    assert n_patches(cfg) == 49
+    model = VisionTransformer(cfg).eval()
+    x = model.embed(torch.rand(3, 1, 28, 28))
+    assert x.shape == (3, tokens, 16)
+    assert model(torch.rand(3, 1, 28, 28)).shape == (3, cfg.n_classes)
+
+
+def test_the_patch_projection_is_a_linear_map_of_each_flattened_patch():
+    """Eq. 1: x_p^i E, patches in row-major order: the convolution equals unfold + linear."""
+    cfg = tiny_vit("mean", channels=3)
+    model = VisionTransformer(cfg).eval()
+    pixels = torch.rand(2, 3, SIDE, SIDE)
+    proj = model.embed.proj
+    patches = torch.nn.functional.unfold((pixels - 0.5) / 0.5, 4, stride=4).transpose(1, 2)
+    expected = patches @ proj.weight.flatten(1).T + proj.bias  # (B, N, D)
+    got = proj((pixels - 0.5) / 0.5).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_an_images_logits_do_not_depend_on_its_batch(pooling):
+    torch.manual_seed(0)
+    model = VisionTransformer(tiny_vit(pooling)).eval()
+    torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would hide differences
+    pixels = torch.rand(5, 1, SIDE, SIDE)
+    with torch.no_grad():
+        together = model(pixels)
+        alone = torch.cat([model(pixels[i : i + 1]) for i in range(5)])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_the_model_refuses_images_of_another_shape():
+    model = VisionTransformer(tiny_vit())
+    with pytest.raises(ValueError, match=r"images of shape \(B, 1, 8, 8\), got \(2, 3, 8, 8\)"):
+        model(torch.rand(2, 3, SIDE, SIDE))
+
+
+def test_flops_per_image_match_torchs_count_of_the_matmuls():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=0,
+        image_size=28,
+        patch_size=7,
+        pooling="cls",
+        n_classes=10,
+    )
+    model = VisionTransformer(cfg).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.rand(1, 1, 28, 28))
+    assert flops_per_image(cfg) == counter.get_total_flops()
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("model.patch_size", 3, r"patch_size \(3\) must divide image_size \(8\)"),
+        ("model.channels", 2, "channels must be 1 .grey. or 3 .RGB., got 2"),
+        ("data.augment", ["rotate"], "unknown augmentation 'rotate'"),
+        ("data.train_file", "x.tsv", "reads data.train_dir, not data.train_file"),
+    ],
+)
+def test_bad_settings_are_one_clear_error(tmp_path, key, value, message):
+    values = run_values(tmp_path)
+    build_run_config(values)
+    with pytest.raises(ConfigError, match=message):
+        build_run_config({**values, key: value})
+
+
+def test_augment_is_refused_for_a_text_kind():
+    from aiayn.data import DataConfig
+
+    with pytest.raises(ConfigError, match="data.augment applies to data.kind = 'image_classif"):
+        DataConfig(kind="classification", augment=("flip",))
+
+
+# ---- a run through the CLI ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vit")
+    images = write_images(tmp / "images")
+    cfg = write_toml(tmp / "vit.toml", run_values(images))
+    with torch_threads(1):
+        assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
+    return tmp
+
+
+def test_training_lowers_the_loss_and_learns_the_task(run):
+    rows = [json.loads(x) for x in (run / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses[-1] < losses[0]
+    acc = [r["valid_acc"] for r in rows if "valid_acc" in r]
+    assert acc[-1] >= 0.9  # a bright top half or bottom half: easy
+    assert not (run / "run" / "best" / "tokenizer.json").exists()  # it reads pixels
+    card = (run / "run" / "best" / "README.md").read_text()
+    assert "| input | 8x8 grey images, 4 patches of 4x4, cls pooling |" in card
+    assert "| tokenizer |" not in card and "aiayn classify" in card
+
+
+def test_evaluate_and_classify_through_the_cli(run, capsys):
+    best = run / "run" / "best"
+    with torch_threads(1):
+        assert (
+            main(
+                ["evaluate", str(best), "--src", str(run / "images"), "-o", str(run / "eval.json")]
+            )
+            == 0
+        )
+    scores = json.loads((run / "eval.json").read_text())
+    assert scores["n"] == 60 and scores["accuracy"] >= 0.9
+    assert "accuracy" in capsys.readouterr().out
+    top = run / "images" / "top" / "0.png"
+    assert main(["classify", str(best), "--image", str(top), "--top-k", "2"]) == 0
+    line = capsys.readouterr().out.splitlines()
+    assert len(line) == 1
+    path, first, p1, second, p2 = line[0].split("\t")
+    assert (path, first, second) == (str(top), "top", "bottom")
+    assert float(p1) > 0.5 and abs(float(p1) + float(p2) - 1) < 1e-3
+
+
+def test_average_gives_a_loadable_folder(run):
+    out = run / "avg"
+    assert main(["average", str(run / "run"), "--last", "2", "-o", str(out)]) == 0
+    probs = aiayn.load(out).image_probs([str(run / "images" / "top" / "1.png")])
+    assert probs.shape == (1, 2)
+
+
+def test_a_raw_array_classifies_as_its_picture_does(run):
+    model = aiayn.load(run / "run" / "best")
+    path = run / "images" / "bottom" / "3.png"
+    array = np.asarray(Image.open(path))
+    from_file, from_array, from_floats = model.image_probs([str(path), array, array / 255.0])
+    torch.testing.assert_close(from_file, from_array)
+    torch.testing.assert_close(from_file, from_floats)
+    assert model.classify_images([array])[0]["label"] == "bottom"
+
+
+def test_onnx_export_gives_the_native_probabilities(run):
+    pytest.importorskip("onnxruntime")
+    out = run / "onnx"
+    assert main(["export", str(run / "run" / "best"), "--format", "onnx", "-o", str(out)]) == 0
+    files = [str(p) for p in sorted((run / "images").rglob("*.png"))[:12]]
+    native = aiayn.load(run / "run" / "best").image_probs(files)
+    exported = aiayn.load(out)
+    assert exported.engine == "onnx" and not (out / "tokenizer.json").exists()
+    torch.testing.assert_close(exported.image_probs(files), native, atol=1e-5, rtol=1e-4)
+
+
+def test_summary_prints_parameters_and_flops_per_image(run, capsys):
+    assert main(["summary", str(run / "run" / "best")]) == 0
+    out = capsys.readouterr().out
+    cfg = aiayn.load(run / "run" / "best").config.model
+    assert "Total params" in out and f"({flops_per_image(cfg):,}; a 8x8x1 image" in out
+
+
+def test_plot_attention_over_an_image_with_rollout(run):
+    pytest.importorskip("matplotlib")
+    out = run / "att.png"
+    image = str(run / "images" / "top" / "2.png")
+    assert (
+        main(
+            [
+                "plot",
+                "attention",
+                str(run / "run" / "best"),
+                "--image",
+                image,
+                "--rollout",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    titles = Image.open(out).text["Description"].splitlines()
+    assert titles == ["layer 1 head 1", "layer 1 head 2", "attention rollout"]
+
+
+def test_attention_rollout_follows_the_residual_and_the_heads():
+    from aiayn.viz.image_attention import attention_rollout, patch_attention
+
+    s = 3
+    uniform = torch.full((2, 2, s, s), 1 / s)  # (L, H, S, S)
+    rolled = attention_rollout(uniform)
+    assert torch.allclose(rolled.sum(-1), torch.ones(s))
+    a = 0.5 * torch.full((s, s), 1 / s) + 0.5 * torch.eye(s)
+    torch.testing.assert_close(rolled, a @ a)
+    assert patch_attention(rolled, cls=True).shape == (s - 1,)
+    assert patch_attention(rolled, cls=False).shape == (s,)
+
+
+def test_a_text_flag_or_a_text_model_is_one_clear_error(run, capsys):
+    best = str(run / "run" / "best")
+    fails(capsys, ["plot", "attention", best], "give --text TEXT")
+    fails(capsys, ["classify", best], "classification")
+
+
+def test_an_image_model_is_served_with_its_info(run):
+    pytest.importorskip("httpx", reason="httpx (FastAPI's TestClient) is not installed")
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve import Limits, create_app
+
+    with TestClient(create_app(aiayn.load(run / "run" / "best"), Limits())) as client:
+        info = client.get("/v1/model").json()
+    assert info["kind"] == IMAGE_CLASSIFICATION and info["vocab_size"] is None
+    assert info["config"]["model"]["class_names"] == ["bottom", "top"]
+
+
+class PlainViT(torch.nn.Module):
+    """The same ViT from PyTorch's own nn.TransformerEncoder: the reference of the parity test."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.proj = torch.nn.Conv2d(cfg.channels, cfg.d_model, cfg.patch_size, cfg.patch_size)
+        self.cls = torch.nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+        self.pos = torch.nn.Parameter(torch.zeros(1, n_patches(cfg) + 1, cfg.d_model))
+        layer = torch.nn.TransformerEncoderLayer(
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.d_ff,
+            dropout=0.0,
+            activation=cfg.activation,
+            batch_first=True,
+            norm_first=cfg.norm_first,
+        )
+        norm = torch.nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+        self.encoder = torch.nn.TransformerEncoder(
+            layer, cfg.n_encoder_layers, norm=norm, enable_nested_tensor=False
+        )
+        self.head = torch.nn.Linear(cfg.d_model, cfg.n_classes)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.proj((pixels - 0.5) / 0.5).flatten(2).transpose(1, 2)  # (B, N, D)
+        x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1) + self.pos
+        return self.head(self.encoder(x)[:, 0])
+
+
+def copy_plain_to_ours(plain: PlainViT, ours: VisionTransformer) -> None:
+    from test_model_parity import copy_layer_weights
+
+    with torch.no_grad():
+        ours.embed.proj.load_state_dict(plain.proj.state_dict())
+        ours.embed.cls.copy_(plain.cls)
+        ours.embed.pos.copy_(plain.pos)
+        ours.head.load_state_dict(plain.head.state_dict())
+        for mine, ref in zip(ours.encoder.layers, plain.encoder.layers):
+            copy_layer_weights(mine, ref, decoder=False)
+        if plain.encoder.norm is not None:
+            ours.encoder.norm.load_state_dict(plain.encoder.norm.state_dict())
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_vit_equals_one_built_from_nn_transformer_encoder(norm_first):
+    """Same weights, same logits, loss and gradients as PyTorch's own encoder stack."""
+    torch.manual_seed(0)
+    cfg = tiny_vit("cls", norm_first=norm_first, activation="gelu")
+    plain = PlainViT(cfg)
+    torch.nn.init.normal_(plain.cls)
+    torch.nn.init.normal_(plain.pos, std=0.02)
+    ours = VisionTransformer(cfg)
+    copy_plain_to_ours(plain, ours)
+    pixels, labels = torch.rand(4, 1, SIDE, SIDE), torch.tensor([0, 1, 2, 1])
+    logits, expected = ours(pixels), plain(pixels)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    ref_loss = torch.nn.functional.cross_entropy(expected, labels)
+    torch.testing.assert_close(loss, ref_loss)
+    loss.backward()
+    ref_loss.backward()
+    torch.testing.assert_close(
+        ours.embed.proj.weight.grad, plain.proj.weight.grad, atol=1e-5, rtol=1e-4
+    )
+    torch.testing.assert_close(ours.embed.pos.grad, plain.pos.grad, atol=1e-5, rtol=1e-4)
