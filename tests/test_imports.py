@@ -309,6 +309,9 @@ OPTIONAL = optional_dependencies()
 
 # (file under aiayn/, the module it imports inside a function) -> why it is not at module level.
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
+    ("checks.py", "torch"):
+        "check_device: the checks of numbers import without torch (`aiayn --help`, issue 66); "
+        "only a device name needs it",
     ("__init__.py", "aiayn.folder"):
         "aiayn.load (PEP 562): the package's __init__ runs before every aiayn module, the CLI's "
         "included; importing the model folder from it would pull the data, decoding and runtime "

@@ -81,9 +81,11 @@ def check_data_files(cfg: RunConfig, resume: bool) -> None:
     data = cfg.data
     for key in OWN_FILE_KEYS:
         path = getattr(data, key)
-        if path and not Path(path).is_file():
+        folder = key.endswith("_dir")  # a folder of images, one subfolder per class
+        if path and not (Path(path).is_dir() if folder else Path(path).is_file()):
             hint = f"; --set data.{key}=PATH gives its place now" if resume else ""
-            raise ConfigError(f"{path}: no such file (data.{key}{hint})")
+            what = "folder" if folder else "file"
+            raise ConfigError(f"{path}: no such {what} (data.{key}{hint})")
 
 
 def _check_resume(folder: RunFolder, new: dict[str, Any]) -> None:
