@@ -54,7 +54,7 @@ def test_the_server_merges_the_same_way_under_its_own_settings(folder):
 
     service = ModelService(folder, Limits(), worker_thread=False)
     try:
-        got = service.decode_config(None, 1.5, None, no_repeat_ngram_size=2)
+        got = service.checks.decode_config(None, 1.5, None, no_repeat_ngram_size=2)
     finally:
         service.close()
     assert (got.beam, got.min_len, got.max_len_b) == (3, 1, 40)  # the folder's (its recipe's)

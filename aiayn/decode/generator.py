@@ -168,10 +168,16 @@ class SequenceGenerator:
         log_probs = self.settings.rules.apply(log_probs, rows)
         cands = self.search.step(log_probs, state.scores)
         room = [len(self.finished[s]) < self.search.beam for s in active.ids]  # before endings
-        self._finish(state, cands, active)
-        state, moved = self._advance(state, cands)
+        k, b = self.search.beam, state.scores.size(0)
+        top = cands.scores[:, :k]
+        is_eos = (cands.tokens[:, :k] == self.settings.eos_id) & (top > float("-inf"))  # (b, k)
+        before = state
+        state, moved = self._advance(before, cands)
+        dead = (state.scores == float("-inf")).all(1)  # (b,): no live beam left
+        flags = torch.cat([dead, is_eos.view(-1)]).tolist()  # the step's one host-device sync
+        self._finish(before, cands, active, flags[b:])
         self.steps += 1
-        done = self._done(state, active, room)
+        done = self._done(state, active, room, flags[:b])
         keep = [i for i, d in enumerate(done) if not d]
         for i in (i for i, d in enumerate(done) if d):
             self._end(active.ids[i])
@@ -189,22 +195,25 @@ class SequenceGenerator:
         self.state = state
         return self._follow(cache, moved)
 
-    def _finish(self, state: _Beams, cands: Candidates, active: _Active) -> None:
-        """Move EOS candidates ranked among the first k of their sentence into ``finished``.
+    def _finish(
+        self, state: _Beams, cands: Candidates, active: _Active, is_eos: list[bool]
+    ) -> None:
+        """Move EOS candidates ranked among the first k of their sentence (``is_eos``: per
+        sentence and rank, flattened, on the host) into ``finished``.
 
-        Host-device syncs: one per step, three more on a step with EOS candidates, whatever their
-        number (their sentences, scores and tokens are each copied at once).
+        Host-device syncs: none on a step without EOS candidates, two on one with them, whatever
+        their number (their scores and tokens are each copied at once).
         """
-        k, eos = self.search.beam, self.settings.eos_id
-        top = cands.scores[:, :k]
-        is_eos = (cands.tokens[:, :k] == eos) & (top > float("-inf"))  # (b, k)
-        where = is_eos.nonzero()  # (m, 2): sentence i, rank j
-        if where.size(0) == 0:
+        k = self.search.beam
+        where = [p for p, e in enumerate(is_eos) if e]
+        if not where:
             return
-        i, j = where[:, 0], where[:, 1]
+        device = cands.scores.device
+        i = torch.tensor([p // k for p in where]).to(device, non_blocking=True)
+        j = torch.tensor([p % k for p in where]).to(device, non_blocking=True)
         scores = cands.scores[i, j].tolist()
         rows = state.tokens[cands.rows[i, j]].tolist()  # (m, t)
-        for at, log_prob, row in zip(i.tolist(), scores, rows):
+        for at, log_prob, row in zip((p // k for p in where), scores, rows):
             n = active.generated[at]
             rank = self.search.rank(log_prob, n + 1)  # its tokens and this EOS
             self.finished[active.ids[at]].append(
@@ -232,15 +241,17 @@ class SequenceGenerator:
         tokens = torch.cat([kept, new.view(-1, 1)], dim=1)  # (b·k, t + 1)
         return _Beams(tokens, scores, state.sentence), rows
 
-    def _done(self, state: _Beams, active: _Active, room: list[bool]) -> list[bool]:
+    def _done(
+        self, state: _Beams, active: _Active, room: list[bool], dead: list[bool]
+    ) -> list[bool]:
         """Which active sentences are done: k finished hypotheses (and, without early
         stopping, no live beam that could beat them), no live beam left, or max_len reached
         (their live beams are then kept, cut, where the sentence had fewer than k finished
-        hypotheses before this step, ``room``: they compete with this step's EOS endings)."""
+        hypotheses before this step, ``room``: they compete with this step's EOS endings);
+        ``dead``: per sentence, no live beam left (read in the step's one sync)."""
         k, early = self.search.beam, self.search.early_stopping
         generated = [g + 1 for g in active.generated]  # this step's token included
         at_cap = [c <= g for c, g in zip(active.caps, generated)]
-        dead = (state.scores == float("-inf")).all(1).tolist()  # one sync per step
         cut = [i for i, cap in enumerate(at_cap) if cap and (room[i] or not early)]
         for i, hyps in zip(cut, self._cut(state, cut, generated)):
             self.finished[active.ids[i]].extend(hyps)
