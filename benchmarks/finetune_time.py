@@ -52,7 +52,7 @@ def build_folder(folder: Path, vocab: int, sizes: dict, lines: int, bpe: int) ->
     vocabulary); its parameter count."""
     import torch
 
-    from aiayn.checkpoint import save_model_dir
+    from aiayn.folder import save_model_dir
     from aiayn.config import ModelConfig
     from aiayn.data.tokenizer import train_tokenizer
     from aiayn.model import Transformer
