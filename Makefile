@@ -26,9 +26,9 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch first, pinned, by pip (which finds the machine's local wheel), so that nothing resolves a
-# bare `torch` (several GB of CUDA wheels); then the rest by uv, which keeps that torch and took
-# 11 s of CPU where pip took 82 with its bytecode (a fresh venv, AMD EPYC, 2026-11-26), or by pip
-# where uv can't be had.
+# bare `torch` (several GB of CUDA wheels); then the rest by uv, which keeps that torch and takes
+# a fraction of pip's CPU time (docs/experiments/code_notes.md#make-install-uv-against-pip), or by
+# pip where uv can't be had.
 # Neither compiles bytecode ahead: the first import writes it, for the modules used (see test).
 PIP     := $(BIN)/pip install -q --disable-pip-version-check --no-compile
 INSTALL  = $(BIN)/uv pip install -q --python $(BIN)/python $(1) || $(PIP) $(1)
@@ -104,7 +104,7 @@ smoke: install
 	$(BIN)/python -m pytest -q tests/test_scripts_smoke.py tests/test_gpu_check.py
 
 # The benchmarks: decoding, training, same convergence as nn.Transformer, then cost vs length and
-# batch (measured on the idle 2-core machine, 2026-11-22: ~3, ~13, ~4 and ~4 minutes).
+# batch (minutes each: docs/experiments/code_notes.md#make-bench-how-long-each-part-takes).
 bench: bench-decode bench-train bench-convergence bench-scaling
 
 $(VENV)/.bench: $(VENV)/.installed
@@ -143,7 +143,8 @@ bench-scaling: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_scaling.py $(SCALING_ARGS)
 
 # One GPU slot, one command (docs/gpu.md): the CUDA tests, bench-train on cuda (SMALL, BASE, bf16),
-# decoding speed, 3 minutes of the headline model + test2016 BLEU, in ~8 minutes -> gpu_check/ (or
+# decoding speed, 3 minutes of the headline model + test2016 BLEU (minutes in all:
+# docs/experiments/gpu_2026-11-26.md#the-whole-check-second-slot-all-four-stages) -> gpu_check/ (or
 # $OUT) with gpu_check.json. Reads Multi30k from AIAYN_DATA_MIRROR (default ../shared/data, or
 # shared/data / .gpu_data in this checkout); downloads nothing. Without a GPU it says so and fails.
 # GPU_PY=python3: use a Python that already has CUDA torch (a machine without network) instead

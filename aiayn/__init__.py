@@ -6,7 +6,8 @@
     aiayn.load("runs/demo/avg5").translate(["A man rides a bike."])
 
 On the CPU, ``aiayn.load`` also tunes glibc malloc for the whole process to keep freed memory
-(faster decoding, peak memory kept until exit); ``AIAYN_MALLOC=default`` leaves it alone.
+(faster decoding, docs/performance.md#in-short; peak memory kept until exit);
+``AIAYN_MALLOC=default`` leaves it alone.
 
 ``import aiayn`` does not import torch: ``aiayn.Transformer`` and ``aiayn.load`` bring it in on
 first use, so that ``aiayn --help`` (whose module, aiayn.cli, runs this file first) answers at once.

@@ -6,14 +6,11 @@ written when it is built. Opening it checks both: a file whose bytes changed sin
 with random bytes or with other valid ids of the same size, swapped with another cache entry's,
 cut short) is found and the thing is rebuilt, never read.
 
-Cost: CRC-32 (zlib, read 4 MiB at a time) took 0.46 s per GiB of a file in the page cache on
-the shared 2-core development machine while it was nearly idle (the median of 3 runs over 256
-MiB; blake2b took 1.79 s per GiB, sha256 0.81 s), and 3.3 s per GiB while ~8 other jobs shared its
-cores (median of 3 over 512 MiB). So a file is checked in full once per process: the first open
-reads it whole, later opens of the same file (same inode, size and mtime) in that process trust
-the first check. The 5 M-pair WMT14 store (src.bin + tgt.bin, ~699 MiB) thus costs ~0.3 s at a
-process's first open on an idle machine (~2.2 s on the busy one; both extrapolated from those
-rates, not measured on the store; from a cold disk, the disk's read rate bounds it instead).
+Cost: CRC-32 (zlib, read 4 MiB at a time), the cheapest of the checksums timed, still reads the
+whole file (docs/experiments/code_notes.md#cache-checksums-crc-32-against-blake2b-and-sha256).
+So a file is checked in full once per process: the first open reads it whole, later opens of the
+same file (same inode, size and mtime) in that process trust the first check. From a cold disk,
+the disk's read rate bounds that first check instead.
 
 Single-file entries (a cached tokenizer, a compiled package) carry their record beside them, in
 ``NAME.sum.json`` (:func:`seal`, :func:`seal_problem`); a folder entry (a token store) keeps its

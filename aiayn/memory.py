@@ -4,24 +4,24 @@ A training step allocates and frees the same few hundred MiB of activations, gra
 logits every step, in sizes that change with the batch's shape. glibc serves blocks above its
 mmap threshold (128 KiB, rising to at most 32 MiB) with a fresh ``mmap`` and gives them back to
 the kernel on ``free``, so a step page-faults much of its memory in again: on this project's
-2-core VM up to ~220,000 minor faults and 1.6 s of kernel time in a ~5 s BASE step
-(docs/experiments/performance.md, "What was tried"). With ``M_MMAP_MAX = 0`` every block comes from the heap, and
-with a large ``M_TRIM_THRESHOLD`` freed heap memory stays in the process, so once the steps have
-reached their peak they fault almost nothing. The price: the process keeps its peak memory until
-it exits, which is what a training process does anyway. With ``M_ARENA_MAX = 1`` every thread
-allocates from the one main arena: glibc otherwise gives each thread (decoding workers,
-``--workers 2``) an arena of its own, each then keeping its own peak, and the two workers'
-freed blocks could not serve each other. Demo model, test2016, beam 5, 2 workers, 4,096 tokens
-per batch: peak RSS 1,279 MB with an arena per thread, 965 MB with one (two runs each), no
-slower (AMD EPYC, 2026-11-26).
+2-core VM a large share of a BASE step went to minor faults and kernel time
+(docs/experiments/training_speed.md#what-was-tried-and-what-it-gave). With ``M_MMAP_MAX = 0``
+every block comes from the heap, and with a large ``M_TRIM_THRESHOLD`` freed heap memory stays
+in the process, so once the steps have reached their peak they fault almost nothing. The price:
+the process keeps its peak memory until it exits, which is what a training process does anyway.
+With ``M_ARENA_MAX = 1`` every thread allocates from the one main arena: glibc otherwise gives each
+thread (decoding workers, ``--workers 2``) an arena of its own, each then keeping its own peak, and
+the two workers' freed blocks could not serve each other: one arena lowers the peak of a 2-worker
+decoding, no slower
+(docs/experiments/decoding_speed.md#native-decoding-against-ctranslate2-where-the-time-and-the-memory-went-2026-11-26).
 
 Applied once per process on CPU: by the trainer, by the inference commands (translate, evaluate,
 classify, generate, serve) and by :func:`aiayn.load` (each beam-search step allocates and frees
-~10 MB of logits and the self-attention caches; ~35,000 minor faults per batch of 64 sentences
-without it, 0 with it; `aiayn.load(...).translate` on 300 test2016 sentences, 1 thread, ran
-1.2-1.3x faster with it, 2026-11-26, AMD EPYC). Skipped off glibc, when the user tuned malloc
-themselves (any ``MALLOC_*`` variable, ``glibc.malloc`` in ``GLIBC_TUNABLES``) or preloads
-jemalloc / tcmalloc / mimalloc, and with ``AIAYN_MALLOC=default``.
+its logits and the self-attention caches: page faults at every batch without it, none with it,
+docs/experiments/decoding_speed.md#the-same-benchmark-on-a-cpu-without-avx-512-2026-11-23; and
+faster decoding through `aiayn.load`, docs/performance.md#in-short). Skipped off glibc, when the
+user tuned malloc themselves (any ``MALLOC_*`` variable, ``glibc.malloc`` in ``GLIBC_TUNABLES``)
+or preloads jemalloc / tcmalloc / mimalloc, and with ``AIAYN_MALLOC=default``.
 """
 
 from __future__ import annotations

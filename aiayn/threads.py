@@ -2,13 +2,14 @@
 
 On a small CPU shared with another busy process, torch's default (one intra-op thread per core)
 loses most of its speed: every parallel op waits at a barrier for the thread that shares a core
-with the other process. On the 2-core machine of docs/reliability.md, training with one other
-busy process ran at 6.3k tokens/s with 2 threads and 12.9k with 1.
+with the other process. On the 2-core machine of docs/reliability.md, training beside one other
+busy process lost most of its speed with 2 threads (docs/experiments/thread_load.md).
 
 - :func:`threads_for_load` (translate, evaluate, the start of training, the server): the cores
   that other processes do not keep busy at normal priority (/proc/stat's busy time over 0.1 s,
   niced work left out), then a probe of ~0.04 s that times a small matrix product with N threads
-  and with 1 (a share of time misses load that comes in bursts).
+  and with 1 (a share of time misses load that comes in bursts;
+  docs/experiments/thread_load.md#the-probe).
 - :class:`LoadFollower` (`aiayn serve`): :func:`threads_for_load` again, when idle and between
   batches under steady traffic, at most once per interval.
 - :class:`ThreadGovernor` (training): now and then runs a few updates with the other setting (1
@@ -215,8 +216,9 @@ class ThreadGovernor:
     Call :meth:`record` after each update with its work (tokens) and its duration. The rate of
     the current setting is measured over the updates since the last trial; a trial runs up to
     ``window`` updates with the other setting, and stops after the first one when that one is
-    far slower (under 0.6 of the current rate: on a loaded 2-core machine, 2 threads ran 10
-    times slower than 1, so a trial must be short). The faster setting is kept until the next
+    far slower (under 0.6 of the current rate: on a loaded 2-core machine, 2 threads ran far
+    slower than 1, docs/design/reliability.md#8-speed-under-load, so a trial must be short). The
+    faster setting is kept until the next
     trial, ``every`` updates later; each trial that keeps the setting doubles the spacing (up to
     ``max_every``), one that changes it resets the spacing.
     """

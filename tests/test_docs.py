@@ -86,6 +86,24 @@ def test_named_repository_paths_exist(page):
     assert not missing, f"{rel(page)} names paths that do not exist: {missing}"
 
 
+# A page of docs/ named in the code, with its heading when it has one: where a comment's
+# measurement lives (issue 64: the comment names the figure's record).
+DOCS_POINTER = re.compile(r"(?<![\w./-])(docs/[\w./-]*\.md)(?:#([\w-]+))?")
+
+
+def test_docs_pointers_in_the_code_resolve():
+    sources = [*sorted((ROOT / "aiayn").rglob("*.py")), ROOT / "Makefile"]
+    broken = []
+    for source in sources:
+        for path, anchor in DOCS_POINTER.findall(source.read_text(encoding="utf-8")):
+            dest = ROOT / path
+            if not dest.exists():
+                broken.append(f"{rel(source)}: {path}")
+            elif anchor and anchor not in anchors(dest):
+                broken.append(f"{rel(source)}: {path}#{anchor} (no such heading)")
+    assert not broken, f"pointers to docs that do not resolve: {broken}"
+
+
 def command_lines(text: str) -> list[str]:
     """Every `aiayn …` invocation in the code blocks of a page, continuation lines joined."""
     found = []

@@ -98,8 +98,8 @@ def fit_bucket_widths(widths: Sequence[int] | np.ndarray, n: int, largest: int) 
 class Batches(Sequence[list[int]]):
     """An epoch's batches in iteration order: batch ``i`` is ``order[bounds[j]:bounds[j + 1]]``
     for ``j = pick[i]``, handed out as a list of ints. One int64 array instead of a list of lists
-    of Python ints, which took ~36 bytes per example (180 MB at 5 M pairs). Slices are Batches
-    too; a Batches equals any sequence of the same lists."""
+    of Python ints, which took several times the memory (docs/experiments/log.md#data-at-scale).
+    Slices are Batches too; a Batches equals any sequence of the same lists."""
 
     def __init__(self, order: np.ndarray, bounds: np.ndarray, pick: np.ndarray) -> None:
         self._order, self._bounds, self._pick = order, bounds, pick
@@ -156,7 +156,7 @@ class TokenBatchSampler:
         pad_to_multiple: int = 1,
         bucket_widths: Sequence[int] = (),
     ) -> None:
-        # int32: a length fits, and 5 M examples' arrays take 20 MB each instead of 40
+        # int32: a length fits, in half the memory of int64
         src = np.asarray(src_lengths, dtype=np.int32)
         tgt = src if tgt_lengths is None else np.asarray(tgt_lengths, dtype=np.int32)
         if src.ndim != 1 or tgt.shape != src.shape:

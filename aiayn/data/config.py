@@ -91,9 +91,8 @@ class DataConfig:
     max_tokens: int = 4096
     # Translation: pad each batch's source and target widths up to a multiple of this (1: off),
     # within the token budget, as Hugging Face's pad_to_multiple_of; the padding is masked, so the
-    # loss is unchanged. Fewer distinct batch shapes (a GPU paid ~0.27 s for each new one) for more
-    # batches per epoch: 8 gave 103 shapes instead of 2,825 and 11% more batches on a 5 M-pair
-    # corpus at 12,500 tokens (docs/data.md#batching).
+    # loss is unchanged. Fewer distinct batch shapes (a GPU pays for each new one) for more
+    # batches per epoch (docs/design/data.md#batching).
     pad_to_multiple: int = 1
     # Translation: pad each batch's source and target widths up to the smallest of these widths
     # (ascending; the largest at least max_len) that holds them, and cut each bucket's examples
@@ -112,8 +111,9 @@ class DataConfig:
     dedup: bool = False
     # The subword (or char) tokenizer learns from at most this many training examples (pairs,
     # texts, lines of an LM's text; an LM's characters are all counted): a uniform sample with a
-    # fixed seed when there are more, so its time and memory stop growing with the corpus (~1 GB
-    # of RAM at 1 M WMT-length pairs). A split with fewer gives the tokenizer of the whole split.
+    # fixed seed when there are more, so its time and memory stop growing with the corpus
+    # (docs/experiments/code_notes.md#the-tokenizers-sample-memory). A split with fewer gives the
+    # tokenizer of the whole split.
     tokenizer_sample: int = 1_000_000
     # masked_lm: the share of each text's tokens the model must predict (BERT: 0.15).
     mask_prob: float = 0.15

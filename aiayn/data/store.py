@@ -7,8 +7,8 @@ opens the same files instead of encoding again. Only the per-example lengths and
 into RAM (what batching needs); a batch's ids are read from the file by offset (``pread``) when it
 is collated, so they pass through the page cache, which the kernel shares between processes and
 can drop, and never count in a process's RSS. (A memory mapping did: on Linux 6.x a fault maps the
-whole page-cache folio, up to 2 MB of a freshly written file, so random batches mapped nearly all
-of a 700 MB store into each rank's RSS; see docs/data.md.)
+whole page-cache folio of a freshly written file, so random batches mapped nearly all of a store
+into each rank's RSS; docs/design/data.md#the-token-store.)
 
 A store is a folder in the data cache, ``$AIAYN_CACHE/stores/NAME-DIGEST/``::
 
@@ -27,7 +27,7 @@ DIGEST is a hash of what the store holds (the settings above, the source paths).
 the manifest against the files as they are now: a store whose sources changed, whose arrays do
 not match its manifest, or whose files' content is not what was written (a ``src.bin``
 overwritten with other bytes of the same size; :mod:`aiayn.checksum`, checked in full at a
-process's first open: ~0.3 s for the 5 M-pair WMT14 store, extrapolated) is rebuilt (one log line says why),
+process's first open) is rebuilt (one log line says why),
 never read; a store built before checksums were recorded is rebuilt once. Building takes a lock
 beside the folder (one process builds, the others wait, then read) and writes through
 :func:`aiayn.io.new_folder`, so a kill mid-build leaves no folder that looks complete.
@@ -366,7 +366,8 @@ def pair_store(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TokenSto
 def _map(path: Path, dtype: np.dtype) -> np.ndarray:
     if path.stat().st_size == 0:
         return np.zeros(0, dtype)  # np.memmap cannot map an empty file
-    # a plain ndarray view of the mapping: slicing an np.memmap is ~3x slower (subclass hooks)
+    # a plain ndarray view of the mapping: slicing an np.memmap is slower (subclass hooks;
+    # docs/experiments/code_notes.md#slicing-an-npmemmap)
     return np.asarray(np.memmap(path, dtype=dtype, mode="r"))
 
 

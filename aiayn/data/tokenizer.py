@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # A run of characters without a space longer than this is no word: tokenizer training leaves its
 # text out (counted in the log). The trainers' time grows with the square of a word's length
-# (a 300,000-character line without spaces took 34 s, a megabyte minutes); no vocabulary needs it.
+# (docs/experiments/code_notes.md#tokenizer-training-on-a-long-word); no vocabulary needs it.
 MAX_WORD_CHARS = 1000
 
 # In id order: pad 0, bos 1, eos 2, unk 3 (ModelConfig's defaults).

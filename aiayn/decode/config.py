@@ -74,8 +74,7 @@ class DecodeConfig:
     # nor serve.batch_tokens, source tokens merged across requests). With beam 5 the
     # decoder then holds ~5 × batch_tokens / source length rows; past ~1,000 tokens a batch decoded
     # no faster on a 2-core CPU and only held more memory (demo model, test2016, 2 workers:
-    # 0.73x CTranslate2 float32 at 1,024 tokens and 680 MB peak RSS, 0.67x at 4,096 and
-    # 1,305 MB; docs/decoding.md).
+    # docs/experiments/decoding_speed.md#native-decoding-against-ctranslate2-where-the-time-and-the-memory-went-2026-11-26).
     batch_tokens: int = 1024
     # Batches decoded at once, each on its share of torch's intra-op threads (CTranslate2's
     # inter_threads). 0: chosen for the machine and the engine when the model runs

@@ -6,9 +6,10 @@ torch runs an fp32 ``F.linear`` on the CPU through MKL's sgemm, which on non-Int
 generic code path; oneDNN picks its kernels by instruction set (CTranslate2 makes the same choice
 on such CPUs: "SGEMM backend: DNNL"). oneDNN is fastest with the weight reordered once into its
 blocked layout, which is what :func:`pack` does. The decoder's output projection, (N, D) × (D, V)
-at every step with V = 8000 and N = 5 (one sentence, beam 5), took 0.38 ms packed against 1.37 ms
-through MKL on a 2-core AMD EPYC (AVX-512), and 67 ms against 97 ms at N = 1000; the outputs were
-identical (docs/decoding.md). Under bf16 autocast the packed weight is bf16, which also saves
+at every step, ran faster packed than through MKL on a 2-core AMD EPYC (several times at one
+sentence, less at a thousand rows), with identical outputs
+(docs/experiments/decoding_speed.md#native-decoding-against-ctranslate2-where-the-time-and-the-memory-went-2026-11-26).
+Under bf16 autocast the packed weight is bf16, which also saves
 autocast's cast of the whole (V, D) weight at every step.
 
 The model knows nothing of this: a decoding gives its cache the packed copy
@@ -16,9 +17,9 @@ The model knows nothing of this: a decoding gives its cache the packed copy
 members), and the model uses the cache's ``output`` in place of its own layer. A packed weight is
 a copy, made for one decoding call, that never outlives the weights it was made from. The torch
 backend (:mod:`aiayn.runtime.torch_backend`) keeps its models' packed copies across decodings
-instead (``keep``, :func:`pack_kept`): packing the demo model's (8000, 128) weight takes ~3 ms,
-and one-sentence translations ran 1.045× as fast with 1 thread, 1.012× with 2
-(docs/experiments/decoding_speed.md).
+instead (``keep``, :func:`pack_kept`): packing takes milliseconds, and one-sentence
+translations ran a little faster with the same output
+(docs/experiments/decoding_speed.md#the-decoder-step-compiled-2026-11-26).
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def load_model_folder(
 
     On the CPU under glibc this sets the allocator of the whole Python process, once, to keep
     freed memory instead of returning it to the kernel (:func:`aiayn.memory.keep_freed_memory`:
-    no page faults for what each decoding step frees, measured in docs/performance.md; the
+    no page faults for what each decoding step frees, docs/performance.md#in-short; the
     process keeps its peak memory until it exits). Set
     ``AIAYN_MALLOC=default`` (or any ``MALLOC_*`` variable) before the call to keep glibc's own
     settings."""

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 # On CPU the explicit math beats the fused kernel for short key sequences (Multi30k sentences are
-# ~15 tokens): measured 3-4x faster forward+backward at 16 keys, break-even near 64
-# (docs/performance.md). Longer sequences, and every CUDA call, take the fused kernel.
+# ~15 tokens): faster forward+backward up to 64 keys, slower at 256
+# (docs/experiments/training_speed.md#what-was-tried-and-what-it-gave). Longer sequences, and
+# every CUDA call, take the fused kernel.
 EXPLICIT_MAX_KEYS_CPU = 64
 
 

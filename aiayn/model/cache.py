@@ -39,7 +39,8 @@ class LayerCache:
     room for exactly one more position (the next step's), and drops the old ones: the cache holds
     what it has decoded and no more, and a reorder's transient is one layer's keys or values.
     (Keeping the old buffers for the next reorder to write into, and doubling the room, had held
-    up to 4x that: 1.3 GB of a 2-worker decoding's peak RSS at 4,096 tokens per batch.)
+    up to 4x that, a large share of a 2-worker decoding's peak RSS:
+    docs/experiments/decoding_speed.md#native-decoding-against-ctranslate2-where-the-time-and-the-memory-went-2026-11-26.)
     Appends that outgrow the room (greedy search, several tokens at once) double it.
     Two caches must not share a buffer (a shallow copy that both append to would write the same
     positions).

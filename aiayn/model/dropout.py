@@ -2,12 +2,13 @@
 
 Same distribution as ``nn.Dropout`` — each element kept with probability 1 - p and scaled by
 1 / (1 - p) — but with a cheaper mask on the CPU. torch's CPU generator is sequential (one
-Mersenne-Twister draw per element for ``torch.rand``), and drawing the masks was ~7% of a SMALL
-training step on 2 threads. Here one 64-bit draw (``random_`` on int64) gives the masks of 4
-elements: its four 16-bit pieces are compared with p on a 1/65536 grid (the top piece has 15
-random bits, ``random_`` leaving the sign bit 0, and is compared on a 1/32768 grid), so p is
-rounded to a multiple of 2^-15 at worst — 0.1 becomes 0.100006. Measured 3.2× faster to draw
-than ``torch.rand`` (docs/performance.md). On other devices (and big-endian CPUs, where the
+Mersenne-Twister draw per element for ``torch.rand``), and drawing the masks was a visible
+share of a SMALL training step on 2 threads. Here one 64-bit draw (``random_`` on int64) gives
+the masks of 4 elements: its four 16-bit pieces are compared with p on a 1/65536 grid (the top piece
+has 15 random bits, ``random_`` leaving the sign bit 0, and is compared on a 1/32768 grid), so p is
+rounded to a multiple of 2^-15 at worst — 0.1 becomes 0.100006. Faster to draw than
+``torch.rand`` (docs/experiments/training_speed.md#what-was-tried-and-what-it-gave). On other
+devices (and big-endian CPUs, where the
 pieces lie the other way round): ``uniform >= p``.
 """
 

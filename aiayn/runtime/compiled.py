@@ -6,11 +6,12 @@ len · K head dim · D d_model · L decoder layers.
 
 A cached decoder step of the module code makes ~230 torch calls from Python (1,000 aten ops
 counting nested ones: the demo model, beam 5); at one sentence at a time that dispatch is most of
-the time. :class:`DecoderStep` is the same step written as a function of tensors, the cache's
-keys and values going in and the step's new ones coming out, so that ``torch.export`` takes it whole and AOTInductor compiles it into one
-shared library: a step is then one C++ call (fused element-wise kernels around the linear
-layers' GEMMs). What stays in Python is the cache write (:meth:`LayerCache.append_self`), the
-prepacked output projection and the log-softmax (:meth:`CompiledDecoding.log_probs`).
+the time (docs/experiments/decoding_speed.md#the-decoder-step-compiled-2026-11-26).
+:class:`DecoderStep` is the same step written as a function of tensors, the cache's keys and values
+going in and the step's new ones coming out, so that ``torch.export`` takes it whole and AOTInductor
+compiles it into one shared library: a step is then one C++ call (fused element-wise kernels around
+the linear layers' GEMMs). What stays in Python is the cache write (:meth:`LayerCache.append_self`),
+the prepacked output projection and the log-softmax (:meth:`CompiledDecoding.log_probs`).
 
 The self-attention of the one new query runs over the past keys and the new key without joining
 them (two score blocks, one softmax): the cache is read in place, never copied. Cross-attention
@@ -227,8 +228,9 @@ def _build(model: Transformer, path: Path) -> None:
 
 def _load(path: Path, runners: int) -> Any:
     """The package's C++ runner, ``runners`` calls at once (one per decoding worker). The loader
-    of ``torch._C._aoti`` directly: ``aoti_load_package`` imports all of inductor first (~3 s)
-    and parses the call's tree spec again at every call."""
+    of ``torch._C._aoti`` directly: ``aoti_load_package`` imports all of inductor first (seconds:
+    docs/experiments/decoding_speed.md#the-decoder-step-compiled-2026-11-26) and parses the
+    call's tree spec again at every call."""
     return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, runners, -1)
 
 
@@ -360,8 +362,9 @@ class CompiledDecoding:
         self.model = model
         self.step = step
         self.cfg = model.cfg
-        # The output projection packed once, not once per decoding (1.7 ms, a sentence's 2% at
-        # batch 1): like the package, it holds the weights as they were when it was made.
+        # The output projection packed once, not once per decoding (a small share of a sentence at
+        # batch 1: docs/experiments/decoding_speed.md#the-decoder-step-compiled-2026-11-26):
+        # like the package, it holds the weights as they were when it was made.
         with torch.no_grad():
             self.output = pack(model.generator.weight, model.generator.bias)
 

@@ -128,11 +128,12 @@ def int8_computed_in_float32(cpuinfo: str = "/proc/cpuinfo") -> bool:
     weights widened once at load): where CTranslate2's own choice of int8 kernels is oneDNN's
     without VNNI (an x86 CPU with AVX2, not from Intel, with neither AVX512-VNNI nor AVX-VNNI),
     and the user has not chosen them with ``CT2_USE_MKL`` (empty: not chosen). There oneDNN's u8·s8 products
-    saturate, and MKL's int8 (``CT2_USE_MKL=1``) is slow. Measured on a 2-core AMD EPYC with AVX2
-    only (docs/runtime.md), the demo model's int8 export took 1.03x the float32 export's time in
-    float32 with 93 % of its sentences unchanged; on oneDNN 0.98x with 69 % (0.3 BLEU lost on
-    test2016); on MKL 2.00x with 90 %. A model of d_model 32 reversed 15 of 24 training
-    sentences on oneDNN's int8, 22 in float32 (tests/test_export.py)."""
+    saturate, and MKL's int8 (``CT2_USE_MKL=1``) is slow. On a 2-core AMD EPYC with AVX2 only,
+    the demo model's int8 export computed in float32 kept the float32 export's speed and most of
+    its sentences; oneDNN's int8 changed more of them and lost BLEU, MKL's took twice the time
+    (docs/runtime.md#which-backend-when). A tiny model decodes fewer of its training sentences
+    right on oneDNN's int8 than in float32 (tests/test_export.py;
+    docs/experiments/fast_defaults_2026-11-29.md#third-run-int8-on-a-cpu-without-vnni)."""
     info = cpu_info(cpuinfo)
     if env_value("CT2_USE_MKL") is not None or info is None:  # CT2_USE_MKL="": not chosen
         return False

@@ -147,8 +147,7 @@ class DynamicBatcher:
         """Run rounds until :meth:`close` and the queue is drained: on the batcher's own thread,
         or, made with ``thread=False``, on the caller's. `aiayn serve` runs it on the process's
         main thread: torch's OpenMP threads start a parallel region there several times faster
-        than from any other thread (2 threads, a 64 × 256 by 256 × 256 product: 28 µs on the
-        main thread, 88 µs on another, 50 µs with 1 thread; docs/design/serving.md)."""
+        than from any other thread (docs/design/serving.md#step-level-batching-pytorch)."""
         self._run_hook(self.hooks.on_start)
         while True:
             work = self._next_round()

@@ -125,8 +125,8 @@ def serve_forever(app: Any, host: str, port: int, sock: socket.socket) -> int:
         uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
     )
     # What is loaded now lives as long as the server: gc.freeze() takes it out of the collector's
-    # sight, so that a full collection no longer walks it (75-85 ms with the demo model, a pause
-    # of the HTTP layer that split batches; docs/serving.md).
+    # sight, so that a full collection no longer walks it (a pause of the HTTP layer that split
+    # batches; docs/design/serving.md#step-level-batching-pytorch).
     gc.collect()
     gc.freeze()
     return run_on_main_thread(server, app.state.service.batcher, sock)
@@ -229,9 +229,8 @@ def watch_parent(alive: Any) -> None:
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
 # model's worker now runs step after step while the HTTP thread reads requests and writes
 # answers between them; at 5 ms that thread waited on the worker's Python and fewer requests
-# were in the running batch. 64 / 128 one-sentence clients, 1 thread, a shared 2-core Xeon:
-# 0.72 and 0.69 / 0.75 of `aiayn translate` at 0.5 and 0.2 ms, 0.64 / 0.68 and 0.44 / 0.58 at
-# 5 ms, 0.52 at 50 ms (docs/serving.md).
+# were in the running batch (64 / 128 one-sentence clients:
+# docs/design/serving.md#step-level-batching-pytorch).
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -239,7 +238,8 @@ def run_on_main_thread(
     server: Any, batcher: DynamicBatcher, sock: socket.socket | None = None
 ) -> int:
     """uvicorn on a thread of its own, the model on the main thread (``batcher.work()``: torch
-    starts its parallel regions several times faster there, docs/serving.md) until Ctrl+C or
+    starts its parallel regions several times faster there,
+    docs/design/serving.md#step-level-batching-pytorch) until Ctrl+C or
     SIGTERM, or until uvicorn stops; 1 when uvicorn could not start. ``sock``: the listening
     socket to serve on (a lane's, :func:`listening_socket`; default: uvicorn binds its own). ``server`` is a
     ``uvicorn.Server`` (its ``run()``, ``started`` and ``should_exit``)."""

@@ -42,8 +42,9 @@ A window opens at the later of its first request's arrival and the end of the pr
 The clients that batch answered come back over the next tens of milliseconds: the HTTP layer
 writes their answers one after the other, then reads their next requests one after the other.
 A window that had already passed while the batch ran, or that ended at the first pause in
-arrivals, split closed-loop clients into groups that never merged again (64 clients: batches of
-about 46 and 18 in turn with a fixed 5 ms window; docs/serving.md); with these rules they make
+arrivals, split closed-loop clients into groups that never merged again (64 clients: two uneven
+batches in turn with a fixed 5 ms window; docs/design/serving.md#step-level-batching-pytorch);
+with these rules they make
 one batch of 64. Requests that waited through the last batch are not counted as "back", or two
 groups of clients could take turns for ever, each in half-size batches.
 

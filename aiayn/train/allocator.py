@@ -9,19 +9,18 @@ import os
 __all__ = ["cache_cpu_kernels", "kernel_cache_capacity"]
 
 # oneDNN, which runs torch's bf16 (and many fp32) matrix multiplies on x86 CPUs, JIT-compiles a
-# kernel ("primitive") for every new shape: a (1000, 8000) x (8000, 128) bf16 product took ~15 ms
-# the first time and ~2.5-3.4 ms once cached (one thread, AMX). Translation batches change shape
-# every step (rows, lengths), and the default caches keep 1,024 kernels (torch's ideep layer:
-# ``LRU_CACHE_CAPACITY``; oneDNN: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), fewer than a training
+# kernel ("primitive") for every new shape, several times the cost of running it once cached
+# (docs/experiments/training_speed.md#what-was-tried-and-what-it-gave). Translation batches
+# change shape every step (rows, lengths), and the default caches keep 1,024 kernels (torch's ideep
+# layer: ``LRU_CACHE_CAPACITY``; oneDNN: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), fewer than a training
 # run's distinct shapes, so kernels were compiled again all run long. Both caches read their size
 # once, when first used.
 #
-# A cached kernel holds memory (~0.75 MB each here: fp32, AMD EPYC), so keeping them all pays only
-# while an epoch's batch shapes are few and come back: Multi30k's 117 batches per epoch have 88
-# shapes. A corpus of 5 M WMT-like pairs has 4,069 shapes in 38,682 batches: with room for 65,536
-# kernels the process grew by ~18 MB per update without end (3,888 MiB anonymous by update 146), and the
-# first 60 updates took 55.8 s; with room for 256 (each update's own kernels reused within it)
-# it held 1,358 MiB and took 51.3 s (one run each, 2026-11-26, demo model, 1 thread, AMD EPYC).
+# A cached kernel holds memory, so keeping them all pays only while an epoch's batch shapes are
+# few and come back: Multi30k's 117 batches per epoch have 88 shapes. A corpus of 5 M WMT-like
+# pairs has 4,069 shapes in 38,682 batches: with room for 65,536 kernels the process grew without
+# end; with room for 256 (each update's own kernels reused within it) it levelled off, no slower
+# (docs/experiments/log.md#data-at-scale).
 # So a run whose epoch has more than SHAPES_CACHED_WHOLE shapes keeps MANY_SHAPES_CAPACITY.
 KERNEL_CACHE_CAPACITY = 65536
 SHAPES_CACHED_WHOLE = 1024

@@ -26,8 +26,9 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 # Rows of logits handled at a time on the CPU: about 2 MiB of float32, so that every pass over a
 # chunk runs in cache and the full (N, V) logits are read from memory once forward and once
 # backward. On a GPU a pass is a few kernel launches whatever its size, and 2 MiB is 14 rows at
-# V = 37,000: the loss of 3,000 rows took 57.5 ms there against 4.1 ms in one pass (H100,
-# docs/scaling.md), so a GPU takes passes of up to DEVICE_CHUNK_BYTES.
+# V = 37,000: passes that small took many times one pass's time on an H100
+# (docs/experiments/gpu_2026-11-26.md#the-losss-pass-sizes-on-a-gpu), so a GPU takes passes of
+# up to DEVICE_CHUNK_BYTES.
 CHUNK_BYTES = 2 << 20
 DEVICE_CHUNK_BYTES = 256 << 20
 
@@ -185,8 +186,8 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         project_rows = rows_per_projection(h.device)
         buffer = h.new_empty(min(N, project_rows), V, dtype=dtype)
         # dW of one chunk, and the same in dW's dtype: reused, so that summing the chunks'
-        # contributions allocates nothing (a fresh (V, D) temporary per chunk cost ~0.1 s per
-        # BASE step here, in page faults and a mixed-dtype add).
+        # contributions allocates nothing (a fresh (V, D) temporary per chunk cost page faults and
+        # a mixed-dtype add: docs/experiments/code_notes.md#the-projected-losss-weight-gradient).
         dw_part = dw_wide = None
         if dw is not None:
             dw_part = w.new_empty(w.shape)

@@ -56,8 +56,8 @@ class TrainingSetup:
             keep_freed_memory()  # no page faults for memory freed by the previous step
             cache_kernels_for(task, dist.rank, dist.world_size)
         self.autocast_dtype = resolve_precision(train.precision, self.device)
-        # The fused kernel: one pass over each parameter instead of ~10 foreach passes (BASE,
-        # 60 M parameters, 2 threads here: 37 ms against 160 ms a step); the same update.
+        # The fused kernel: one pass over each parameter instead of ~10 foreach passes (faster:
+        # docs/experiments/training_speed.md#what-was-tried-and-what-it-gave); the same update.
         self.fused_optimizer = self.device.type in ("cpu", "cuda")
         self.governor = ThreadGovernor(active=False)  # entering the set-up starts the real one
 

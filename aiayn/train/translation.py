@@ -144,8 +144,8 @@ class TranslationTask(TokenBatchedTask):
         """Training pairs ``indices`` freshly encoded with BPE-dropout, cut to data.max_len (a
         noisier segmentation is longer; the cut is rare at Multi30k's lengths)."""
         n, encode = self.cfg.data.max_len, self.noisy_tokenizer.encode
-        # One text at a time on this thread (~20-50 ms per batch here), so that no tokenizer
-        # threads run beside the training threads.
+        # One text at a time on this thread (docs/experiments/code_notes.md#bpe-dropouts-encoding),
+        # so that no tokenizer threads run beside the training threads.
         return [
             (encode(x)[:n], encode(y)[: n - 1]) for x, y in (self.train_texts[i] for i in indices)
         ]

@@ -1,8 +1,9 @@
 """Each batch shape once before training starts (``train.warm_shapes``).
 
 A GPU pays for the first sight of each tensor shape (kernel choice and plans, first allocations of
-the caching allocator): ~0.27 s per micro-batch of the base model on an H100, so the WMT base
-recipe's first epoch, where every shape is new, ran 5.5x slower than the later ones (docs/gpu.md).
+the caching allocator), so the WMT base recipe's first epoch on an H100, where every shape is new,
+ran several times slower than the later ones
+(docs/experiments/gpu_2026-11-26.md#the-whole-check-third-slot-and-six-minutes-of-wmt-shaped-training).
 With a few bucket widths (``data.bucket_widths``) an epoch has a few dozen shapes, the same every
 epoch; running one batch of each here, forward and backward without an optimizer step, pays for
 them before the training clock starts, within a time bound, in one log line.
