@@ -233,7 +233,7 @@ def test_cli_process_exit_code_without_traceback(tmp_path):
                           capture_output=True, text=True, env={"AIAYN_CACHE": str(tmp_path), "PATH": ""})
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("aiayn: error: unknown dataset 'nosuch'; "
-                                   "known: multi30k, imdb, tiny_shakespeare, wmt14, wmt14_en_fr")
+                                   "known: multi30k, imdb, tiny_shakespeare, fashion_mnist, wmt14, wmt14_en_fr")
     assert files_in(tmp_path) == []
 
 
