@@ -4,6 +4,7 @@ test_data_tokenizer.py."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -202,3 +203,21 @@ def test_ema_run_validates_and_writes_the_average(tmp_path, monkeypatch):
         assert torch.equal(trained[name], seen[4][name].to(trained[name].dtype))
     name = "encoder.layers.0.self_attn.q_proj.weight"
     assert not torch.allclose(folder[name], trained[name])
+
+
+def test_ema_changes_validation_not_training(tmp_path):
+    """The average is what validation sees; the trained weights, and so the training losses, are
+    those of a run without it."""
+    runs = {}
+    for decay in (0.0, 0.99):
+        values = base_values(tmp_path / "data", max_steps=4, valid_every=2, log_every=1,
+                             ema_decay=decay)
+        train_run(build_run_config(values), tmp_path / str(decay))
+        lines = [json.loads(line) for line in (tmp_path / str(decay) / "metrics.jsonl").read_text().splitlines()]
+        weights = load_file(str(tmp_path / str(decay) / "checkpoints/step_00000004.safetensors"))
+        runs[decay] = lines, weights
+    (plain, w_plain), (averaged, w_averaged) = runs[0.0], runs[0.99]
+    assert [r["loss"] for r in plain] == [r["loss"] for r in averaged]
+    assert all(torch.equal(w_plain[k], w_averaged[k]) for k in w_plain)
+    valid = [(r["valid_loss"], s["valid_loss"]) for r, s in zip(plain, averaged) if "valid_loss" in r]
+    assert len(valid) == 2 and all(a != b for a, b in valid)

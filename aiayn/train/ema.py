@@ -7,7 +7,7 @@ initial weights and w_k those after update k,
 
     ema_N = decay^N · w_0 + (1 - decay) · Σ_k decay^(N-k) · w_k
 
-(``tests/test_train_ema.py`` checks this closed form). The average is a second copy of the
+(``tests/test_train_regularisation.py`` checks this closed form). The average is a second copy of the
 model, in eval mode and without gradients; the trainer validates it, writes it as the run
 folder's and best/'s weights, and saves it in ``trainer_state.pt`` next to the trained weights,
 so that a resumed run continues it exactly.
@@ -16,12 +16,9 @@ so that a resumed run continues it exactly.
 from __future__ import annotations
 
 import copy
-import logging
 
 import torch
 from torch import nn
-
-log = logging.getLogger(__name__)
 
 __all__ = ["WeightAverage"]
 

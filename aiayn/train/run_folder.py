@@ -244,8 +244,9 @@ class RunFolder:
         """The weight snapshot, then the state that commits it, then ``model.safetensors`` (until
         that is written the folder loads the previous checkpoint's weights); prune old
         snapshots. ``model.safetensors`` holds ``folder_model``'s weights when given (the moving
-        average of train.ema_decay), the snapshot always ``model``'s. A failed write (a full disk) removes the uncommitted snapshot: the folder is
-        left as the last checkpoint left it."""
+        average of train.ema_decay), the snapshot always ``model``'s. A failed write (a full
+        disk) removes the uncommitted snapshot: the folder is left as the last checkpoint left
+        it."""
         step = state["step"]
         parts = getattr(self, "parts", None)
         snapshot = self.snapshot_path(step)
