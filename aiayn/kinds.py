@@ -88,6 +88,7 @@ SETTINGS: Mapping[str, str] = {
     "bpe_dropout": "data.bpe_dropout: training pairs re-segmented",
     "langs": "data.src_lang, data.tgt_lang: a dataset's two languages",
     "adversarial_eps": "train.adversarial_eps: perturbed token embeddings",
+    "rdrop": "train.rdrop_alpha: R-Drop, two dropout passes kept consistent",
     "long_examples": "data.long_examples = 'truncate': long texts cut, not dropped",
     "augment": "data.augment: training images randomly cropped, flipped or erased",
 }
@@ -192,7 +193,15 @@ KINDS: dict[str, Kind] = {
             ),
             own_files="aiayn evaluate {f} --src test.{src} --ref test.{tgt}{engine}   # your own test files",
             takes=frozenset(
-                {"bleu", "output_vocab", "pad_to_multiple", "bucket_widths", "bpe_dropout", "langs"}
+                {
+                    "bleu",
+                    "output_vocab",
+                    "pad_to_multiple",
+                    "bucket_widths",
+                    "bpe_dropout",
+                    "langs",
+                    "rdrop",
+                }
             ),
             engines={"onnx": "aiayn.runtime.onnx_backend:OnnxTranslator"},
         ),
@@ -212,7 +221,7 @@ KINDS: dict[str, Kind] = {
                 '.classify(["A wonderful, moving film."])',
             ),
             own_files="aiayn evaluate {f} --src test.tsv{engine}   # label<TAB>text lines, or .jsonl",
-            takes=frozenset({"adversarial_eps", "long_examples"}),
+            takes=frozenset({"adversarial_eps", "long_examples", "rdrop"}),
             engines={"onnx": "aiayn.runtime.onnx_backend:OnnxClassifier"},
         ),
         Kind(

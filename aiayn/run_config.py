@@ -51,6 +51,17 @@ class TrainConfig:
     # Classification only: adversarial training (Miyato et al. 2017), the L2 norm of the
     # perturbation of each text's token embeddings, added along the loss gradient; 0 = off.
     adversarial_eps: float = 0.0
+    # R-Drop (Liang et al. 2021), translation and classification: each batch runs through the
+    # model twice (other dropout masks) and the loss adds alpha times the symmetric KL divergence
+    # of the two predictions (their Eq. 3, halved: the logged loss stays one cross-entropy, and
+    # alpha means what it means there and in fairseq's rdrop_alpha); doubles the compute of a
+    # step. 0 = off.
+    rdrop_alpha: float = 0.0
+    # An exponential moving average of the weights, updated after every update with this decay
+    # (timm's ModelEmaV2: ema = decay * ema + (1 - decay) * weights, from the initial weights);
+    # validation, best/ and the run folder's model.safetensors then hold the average, the
+    # checkpoint both. 0 = off; typical values 0.999-0.9999.
+    ema_decay: float = 0.0
     # Adam's β1, β2 and ε (§5.3: 0.9, 0.98, 1e-9).
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
@@ -174,6 +185,12 @@ class TrainConfig:
             raise ConfigError(f"train.bleu_beam must be >= 1, got {self.bleu_beam}")
         if self.best_metric == "valid_bleu" and self.metrics_every == 0:
             raise ConfigError("train.best_metric = 'valid_bleu' needs train.metrics_every > 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.rdrop_alpha and self.adversarial_eps:
+            raise ConfigError(
+                "train.rdrop_alpha and train.adversarial_eps each change the loss; set one of them"
+            )
         if len(set(self.freeze)) != len(self.freeze):
             raise ConfigError(f"train.freeze names a part twice: {list(self.freeze)}")
 
@@ -212,6 +229,7 @@ _NOT_NEGATIVE = (
     "save_every",
     "tokens_per_update",
     "adversarial_eps",
+    "rdrop_alpha",
     "lr",
     "lr_scale",
     "adam_eps",
@@ -417,6 +435,11 @@ _KIND_SETTINGS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
         "adversarial_eps",
         lambda c: c.train.adversarial_eps > 0,
         "train.adversarial_eps applies to data.kind = {able} only, not '{kind}'",
+    ),
+    (
+        "rdrop",
+        lambda c: c.train.rdrop_alpha > 0,
+        "train.rdrop_alpha applies to data.kind = {able} only, not '{kind}'",
     ),
     (
         "output_vocab",

@@ -137,6 +137,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_train_loop": UNIT,
     "test_train_progress": UNIT,
     "test_train_recipe": UNIT,
+    "test_train_regularisation": UNIT,
     "test_train_resume": UNIT,
     "test_translate_cli": UNIT,
     "test_trust": UNIT,

@@ -83,6 +83,26 @@ def test_training_is_deterministic():
     assert a.to_str() == b.to_str()
 
 
+def test_bpe_dropout_zero_is_the_plain_segmentation_and_more_varies_it():
+    """BPE-dropout (Provilkov et al. 2020, data.bpe_dropout): p = 0 segments as the tokenizer
+    does; p > 0 segments some word otherwise on some draw, into pieces that decode back to the
+    same text, and leaves the tokenizer it was made from (validation, decoding) unchanged."""
+    tok = train_tokenizer(CORPUS, "bpe", vocab_size=300)
+    words = sorted({w for line in CORPUS for w in line.split()})
+    plain = [tok.encode(w) for w in words]
+    assert [tok.with_dropout(0.0).encode(w) for w in words] == plain
+    noisy = tok.with_dropout(0.3)
+    draws = [[noisy.encode(w) for w in words] for _ in range(5)]
+    assert any(draw != plain for draw in draws)
+    assert any(a != b for a, b in zip(draws, draws[1:]))  # a new segmentation at each encode
+    for draw in draws:
+        assert [tok.decode(ids) for ids in draw] == [tok.decode(ids) for ids in plain]
+        assert sum(map(len, draw)) >= sum(map(len, plain))  # skipped merges: more pieces
+    assert [tok.encode(w) for w in words] == plain
+    with pytest.raises(DataError, match="BPE-dropout needs a BPE tokenizer"):
+        train_tokenizer(CORPUS, "unigram", vocab_size=300).with_dropout(0.1)
+
+
 def test_bad_tokenizer_files(tmp_path):
     with pytest.raises(DataError, match=r"missing\.json: no such file"):
         Tokenizer.from_file(tmp_path / "missing.json")

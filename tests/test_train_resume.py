@@ -99,6 +99,31 @@ def test_resume_continues_to_a_larger_max_steps(finished_run, tmp_path, capsys):
     assert json.loads((copy / "config.json").read_text())["train"]["max_steps"] == 6
 
 
+def test_resume_continues_the_moving_average_of_the_weights_exactly(tmp_path):
+    """train.ema_decay: the average is saved with the checkpoint, so a run stopped at update 3 and
+    resumed to 6 ends with the same average (the run folder's weights) and trained weights as
+    one run of 6 updates."""
+    values = base_values(tmp_path / "data", max_steps=6, save_every=3, valid_every=3,
+                         ema_decay=0.9)
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    with torch_threads(1):
+        assert main(["train", str(write_toml(tmp_path / "a.toml", values)), "--out", str(whole)]) == 0
+        values["train.max_steps"] = 3
+        assert main(["train", str(write_toml(tmp_path / "b.toml", values)), "--out", str(halves)]) == 0
+        assert "ema" in torch.load(halves / "trainer_state.pt", weights_only=True)
+        assert main(["train", "--resume", "--out", str(halves), "--set", "train.max_steps=6"]) == 0
+    a, b = (torch.load(run / "trainer_state.pt", weights_only=True) for run in (whole, halves))
+    assert a["step"] == b["step"] == 6
+    assert a["ema"].keys() == b["ema"].keys()
+    for name in a["ema"]:
+        assert torch.equal(a["ema"][name], b["ema"][name]), name
+    for file in ("model.safetensors", "checkpoints/step_00000006.safetensors"):
+        x, y = load_file(str(whole / file)), load_file(str(halves / file))
+        assert all(torch.equal(x[k], y[k]) for k in x), file
+    averaged, trained = (load_file(str(whole / f)) for f in ("model.safetensors", "checkpoints/step_00000006.safetensors"))
+    assert any(not torch.equal(averaged[k], trained[k]) for k in averaged)
+
+
 def test_resume_of_a_state_saved_before_the_fused_optimizer_uses_the_fused_kernel(finished_run, tmp_path):
     cfg, run = finished_run
     copy = tmp_path / "copy"

@@ -6,7 +6,8 @@ characters) and tokenised once into a token store (:func:`aiayn.data.classificat
 texts longer than ``data.max_len`` tokens are cut (``long_examples = "truncate"``, both splits)
 or dropped from training (``"filter"``); the loss is the
 (label-smoothed) cross-entropy per text (with ``train.adversarial_eps``, plus the same loss on
-adversarially perturbed embeddings), and validation also reports accuracy.
+adversarially perturbed embeddings; with ``train.rdrop_alpha``, R-Drop's), and validation also
+reports accuracy.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from aiayn.decode.classify import predict_ids
 from aiayn.errors import ConfigError, DataError
 from aiayn.kinds import CLASSIFICATION
 from aiayn.model import TransformerClassifier
-from aiayn.train.loss import label_smoothed_nll_loss
+from aiayn.train.loss import label_smoothed_nll_loss, rdrop_loss
 from aiayn.train.task import Lengths, StepStats, TokenBatchedTask
 
 __all__ = ["ClassificationTask"]
@@ -75,10 +76,13 @@ class ClassificationTask(TokenBatchedTask):
         eps = self.cfg.train.adversarial_eps
         if eps and torch.is_grad_enabled():
             return self._adversarial_loss(model, batch, eps)
-        logits = model(batch.tokens)  # (B, C)
-        loss, nll = label_smoothed_nll_loss(
-            logits, batch.labels, self.cfg.train.label_smoothing, ignore_index=-1
-        )
+        alpha, ls = self.cfg.train.rdrop_alpha, self.cfg.train.label_smoothing
+        if alpha and torch.is_grad_enabled():  # R-Drop: the batch twice in one forward pass
+            logits = model(torch.cat([batch.tokens, batch.tokens]))  # (2B, C)
+            loss, nll = rdrop_loss(logits, batch.labels, ls, -1, alpha)
+        else:
+            logits = model(batch.tokens)  # (B, C)
+            loss, nll = label_smoothed_nll_loss(logits, batch.labels, ls, ignore_index=-1)
         return StepStats(loss, nll, len(batch), batch.n_tokens)
 
     def _adversarial_loss(self, model: nn.Module, batch: Any, eps: float) -> StepStats:

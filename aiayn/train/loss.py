@@ -10,13 +10,15 @@ divides by the number of target tokens in the whole (accumulated, all-process) u
 
 Two entry points: :func:`label_smoothed_nll_loss` takes logits; :func:`projected_label_smoothed_nll_loss`
 takes the decoder's last hidden states and the output projection's weight and never builds the
-(N, V) logits (what the trainer uses).
+(N, V) logits (what the trainer uses). :func:`rdrop_loss` adds R-Drop's consistency term
+(``train.rdrop_alpha``) to the first.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -265,3 +267,34 @@ def projected_label_smoothed_nll_loss(
             None if bias is None else bias.detach(),
         )
     return loss, nll
+
+
+def rdrop_loss(
+    logits: Tensor, target: Tensor, epsilon: float, ignore_index: int, alpha: float
+) -> tuple[Tensor, Tensor]:
+    """R-Drop (Liang et al. 2021, Eq. 3), halved: summed loss and summed NLL of two passes.
+
+    ``logits`` (2N, V) are two forward passes of the same N targets (rows :N the first, N: the
+    second), which saw other dropout masks. Per non-padding target, with P1, P2 the two passes'
+    distributions and CE the label-smoothed cross-entropy::
+
+        loss = ½ [CE(P1) + CE(P2) + α · ½ (KL(P1 ‖ P2) + KL(P2 ‖ P1))]
+
+    the paper's loss over two (as fairseq's ``label_smoothed_cross_entropy_with_rdrop``, whose
+    cross-entropy sums both passes, and whose KL term sums the targets), so that the loss stays
+    on the scale of one cross-entropy and α keeps the paper's meaning. Gradients flow through
+    both distributions of each KL term, as in fairseq. The NLL returned is the two passes' mean.
+
+    Shape: logits (2N, V), target (N,) -> two scalars.
+    """
+    n = target.numel()
+    both = torch.cat([target, target])  # (2N,)
+    ce, nll = label_smoothed_nll_loss(logits, both, epsilon, ignore_index)
+    keep = target != ignore_index  # (N,)
+    log_probs = torch.log_softmax(logits.to(_wide(logits.dtype)), dim=-1)  # (2N, V)
+    p1, p2 = log_probs[:n][keep], log_probs[n:][keep]  # (K, V) each
+    # kl_div(input=log q, target=log p, log_target) = Σ p (log p - log q) = KL(p ‖ q)
+    kl = F.kl_div(p2, p1, reduction="sum", log_target=True) + F.kl_div(
+        p1, p2, reduction="sum", log_target=True
+    )
+    return 0.5 * ce + 0.5 * alpha * (0.5 * kl), 0.5 * nll

@@ -5,9 +5,11 @@ Layout::
     RUN/config.json          fully resolved config: kind, model, data, train (+ task, preset)
     RUN/tokenizer.json       the joint subword vocabulary
     RUN/model.safetensors    weights at the latest checkpoint   -> RUN is a model folder
+                             (their moving average with train.ema_decay)
     RUN/best/                model folder of the best validation checkpoint (best.json says which)
     RUN/checkpoints/step_00001000.safetensors   the last `train.keep_last` weight snapshots
-    RUN/trainer_state.pt     optimizer, step, epoch, data position, RNG states, best metric, …
+    RUN/trainer_state.pt     optimizer, step, epoch, data position, RNG states, best metric,
+                             the moving average of the weights (train.ema_decay), …
     RUN/metrics.jsonl        one JSON object per logged update
 
 Every file is written atomically (temporary file, fsync, rename). A checkpoint is committed by
@@ -232,11 +234,19 @@ class RunFolder:
         """Steps of the weight snapshots present, oldest first."""
         return snapshot_steps(self.path)
 
-    def save_checkpoint(self, model: nn.Module, state: dict[str, Any], keep_last: int) -> None:
+    def save_checkpoint(
+        self,
+        model: nn.Module,
+        state: dict[str, Any],
+        keep_last: int,
+        folder_model: nn.Module | None = None,
+    ) -> None:
         """The weight snapshot, then the state that commits it, then ``model.safetensors`` (until
         that is written the folder loads the previous checkpoint's weights); prune old
-        snapshots. A failed write (a full disk) removes the uncommitted snapshot: the folder is
-        left as the last checkpoint left it."""
+        snapshots. ``model.safetensors`` holds ``folder_model``'s weights when given (the moving
+        average of train.ema_decay), the snapshot always ``model``'s. A failed write (a full
+        disk) removes the uncommitted snapshot: the folder is left as the last checkpoint left
+        it."""
         step = state["step"]
         parts = getattr(self, "parts", None)
         snapshot = self.snapshot_path(step)
@@ -250,7 +260,7 @@ class RunFolder:
             if not committed:  # the state may name it: never remove a committed snapshot
                 snapshot.unlink(missing_ok=True)
             raise
-        save_weights(model, self.weights, parts)
+        save_weights(model if folder_model is None else folder_model, self.weights, parts)
         for old in self.snapshot_steps()[:-keep_last]:
             self.snapshot_path(old).unlink(missing_ok=True)
 

@@ -26,6 +26,7 @@ from aiayn.errors import CheckpointError
 from aiayn.folder.checkpoint import init_from_model_dir, load_weights, save_model_dir
 from aiayn.run_config import RunConfig, TrainConfig
 from aiayn.train.distributed import DistContext
+from aiayn.train.ema import WeightAverage
 from aiayn.train.run_folder import RunFolder
 
 if TYPE_CHECKING:  # annotations only: the state never imports the kinds' tasks nor the set-up
@@ -145,6 +146,15 @@ class TrainState:
     ) -> None:
         self.model, self.optimizer, self.dist, self.cfg = model, optimizer, dist, cfg
         self.progress = Progress()
+        decay = cfg.train.ema_decay
+        # train.ema_decay: the moving average of the weights, from the weights of now
+        self.ema = WeightAverage(model, decay) if decay else None
+
+    @property
+    def folder_model(self) -> nn.Module:
+        """The weights a model folder gets (the run folder's, best/'s) and validation uses: the
+        moving average with train.ema_decay, else the trained model."""
+        return self.model if self.ema is None else self.ema.model
 
     @classmethod
     def start(
@@ -182,6 +192,7 @@ class TrainState:
             "rng": self.dist.gather(rng_state()),
             "progress": progress_state,
             "world_size": self.dist.world_size,
+            **({} if self.ema is None else {"ema": self.ema.state_dict()}),
         }
 
     def save(self, folder: RunFolder, wall: float) -> None:
@@ -189,7 +200,8 @@ class TrainState:
         rank 0; every rank calls it)."""
         state = self.state_dict(wall)
         if self.dist.is_main:
-            folder.save_checkpoint(self.model, state, self.cfg.train.keep_last)
+            keep = self.cfg.train.keep_last
+            folder.save_checkpoint(self.model, state, keep, folder_model=self.folder_model)
 
     def save_best(
         self, path: Path, value: float, kind: str, tokenizer_json: str | None, meta: dict[str, Any]
@@ -199,7 +211,7 @@ class TrainState:
         extra = {k: v for k, v in meta.items() if k not in ("kind", "model")}
         save_model_dir(
             path,
-            self.model,
+            self.folder_model,
             self.cfg.model,
             kind=kind,
             tokenizer_json=tokenizer_json,
@@ -224,6 +236,7 @@ class TrainState:
                 f"{folder.state}: optimizer state does not fit the model ({err})"
             ) from None
         self._fuse_optimizer_groups()
+        self._load_ema(state.get("ema"), folder)
         try:
             self.progress = Progress(**state["progress"])
             rngs = state["rng"]
@@ -240,6 +253,26 @@ class TrainState:
         if self.dist.is_main:
             folder.discard_after(self.progress.step)
         log.info("resumed %s at step %d (epoch %d)", folder.path, state["step"], state["epoch"])
+
+    def _load_ema(self, saved: dict[str, Any] | None, folder: RunFolder) -> None:
+        """The saved moving average of the weights; a checkpoint without one (saved with
+        train.ema_decay = 0) starts it from the restored weights."""
+        if self.ema is None:
+            return
+        if saved is None:
+            log.warning(
+                "%s holds no moving average of the weights (train.ema_decay was 0): it starts "
+                "from the resumed weights",
+                folder.state,
+            )
+            self.ema.reset(self.model)
+            return
+        try:
+            self.ema.load_state_dict(saved)
+        except (RuntimeError, KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{folder.state}: the moving average of the weights does not fit the model ({err})"
+            ) from None
 
     def _fuse_optimizer_groups(self) -> None:
         """A state saved before the fused optimizer kernel brings back its groups' ``fused`` flag

@@ -257,6 +257,8 @@ class Trainer:
             group_["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.state.ema is not None:
+            self.state.ema.update(self.model)
         self.progress.bad_steps = 0
         self._interval.add(loss, nll, n_targets, tokens, norm)
         if self._report is not None:
@@ -360,12 +362,13 @@ class Trainer:
     # ---- validation --------------------------------------------------------------------------
     @torch.no_grad()
     def _valid_loss(self) -> dict[str, float]:
-        self.model.eval()
+        model = self.state.folder_model  # the moving average of the weights, when kept
+        model.eval()
         sums = [0.0, 0.0]
         for indices in self.task.valid_batches(self.dist.rank, self.dist.world_size):
             batch = self.task.collate("valid", indices)
             with self.setup.autocast():
-                stats = self.task.loss(self.model, batch, self.device)
+                stats = self.task.loss(model, batch, self.device)
             sums[0] += stats.nll.item()
             sums[1] += stats.n_targets
         nll, n = self.dist.all_reduce(sums)
@@ -382,9 +385,10 @@ class Trainer:
             if self._due(every) or (final and every > 0):
                 extra = None
                 if self.dist.is_main:
-                    self.model.eval()
+                    model = self.state.folder_model
+                    model.eval()
                     with torch.no_grad(), self.setup.autocast():
-                        extra = self.task.valid_metrics(self.model, self.progress.step)
+                        extra = self.task.valid_metrics(model, self.progress.step)
                 metrics.update(self.dist.broadcast(extra))
         self.last_valid = metrics
         best = self.progress.best

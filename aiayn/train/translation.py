@@ -22,7 +22,7 @@ from aiayn.errors import ConfigError
 from aiayn.eval.bleu import corpus_scores
 from aiayn.kinds import TRANSLATION
 from aiayn.model import Transformer
-from aiayn.train.loss import projected_label_smoothed_nll_loss
+from aiayn.train.loss import projected_label_smoothed_nll_loss, rdrop_loss
 from aiayn.train.task import (
     Lengths,
     StepStats,
@@ -155,16 +155,43 @@ class TranslationTask(TokenBatchedTask):
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> StepStats:
         batch = batch.to(device, non_blocking=True)
-        hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, T, D)
         weight, bias, target, ignore = kept_outputs(model, batch.tgt_out, self.cfg.model.pad_id)
-        loss, nll = projected_label_smoothed_nll_loss(
-            hidden, weight, target, self.cfg.train.label_smoothing, ignore, bias
-        )
+        alpha = self.cfg.train.rdrop_alpha
+        if alpha and torch.is_grad_enabled():  # R-Drop in training; validation: the plain loss
+            loss, nll = self._rdrop_loss(model, batch, weight, bias, target, ignore, alpha)
+        else:
+            hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, T, D)
+            loss, nll = projected_label_smoothed_nll_loss(
+                hidden, weight, target, self.cfg.train.label_smoothing, ignore, bias
+            )
         # with an output mask, a reference token outside it is skipped: not counted either
         n_targets = (
             batch.n_tgt_tokens if ignore == self.cfg.model.pad_id else int((target != ignore).sum())
         )
         return StepStats(loss, nll, n_targets, batch.n_src_tokens + batch.n_tgt_tokens)
+
+    def _rdrop_loss(
+        self,
+        model: nn.Module,
+        batch: Any,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        ignore: int,
+        alpha: float,
+    ) -> tuple[Tensor, Tensor]:
+        """R-Drop (:func:`~aiayn.train.loss.rdrop_loss`): the batch twice in one forward pass
+        (fairseq's ``duplicate_input``, so a DDP model sees one forward per backward), each copy
+        with its own dropout masks; the logits of the non-padding targets are built (K, V) per
+        copy, which the projected loss avoids."""
+        B = batch.src.size(0)
+        src, tgt_in = torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in, batch.tgt_in])
+        hidden = model(src, tgt_in, features_only=True)  # (2B, T, D)
+        keep = (target.reshape(-1) != ignore).nonzero().squeeze(1)  # (K,)
+        rows = [h.reshape(-1, h.size(-1)).index_select(0, keep) for h in (hidden[:B], hidden[B:])]
+        logits = nn.functional.linear(torch.cat(rows), weight, bias)  # (2K, V)
+        gold = target.reshape(-1).index_select(0, keep)  # (K,)
+        return rdrop_loss(logits, gold, self.cfg.train.label_smoothing, ignore, alpha)
 
     def valid_metrics(self, model: nn.Module, step: int) -> dict[str, float]:
         """Corpus BLEU (sacreBLEU) of the model's translations of the validation sources."""
