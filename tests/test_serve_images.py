@@ -121,6 +121,14 @@ def test_bad_images_are_one_line(client, body, status, message):
     assert message in error and "\n" not in error
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_nan_or_infinity_in_an_array_is_one_line(client, value):
+    raw = '{"arrays": [[[0.5, 0.5], [0.5, %s]]]}' % value  # Python's JSON parser reads them
+    r = client.post("/v1/classify", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["error"] == "arrays[0]: holds a value that is not a finite number"
+
+
 def test_a_huge_picture_is_refused_from_its_header(client):
     buf = io.BytesIO()
     Image.new("L", (100, 100)).save(buf, format="PNG")  # 10,000 pixels in a few hundred bytes

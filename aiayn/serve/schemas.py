@@ -89,7 +89,7 @@ class ClassifyBody(Body):
         None
     )
     images: Annotated[
-        list[str] | None,
+        list[Text] | None,
         Field(min_length=1, description="base64 PNG or JPEG files (an image classifier's)"),
     ] = None
     arrays: Annotated[
