@@ -276,8 +276,11 @@ def test_page_classifies_an_uploaded_image_and_draws_its_attention(tmp_path, one
     from PIL import Image
     from serve_helpers import make_image_folder
 
-    png = tmp_path / "shirt.png"
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (56, 56), dtype=np.uint8)).save(png)
+    png, big = tmp_path / "shirt.png", tmp_path / "big.png"
+    noise = np.random.default_rng(0).integers(0, 256, (300, 300), dtype=np.uint8)
+    Image.fromarray(noise[:56, :56]).save(png)
+    Image.fromarray(noise).save(big)
+    assert big.stat().st_size > 65536  # more than the body limit, as base64 all the more
     # the canvas's pixels: their mean over the colour channels (0: nothing drawn)
     painted = """c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let sum = 0; for (let i = 0; i < d.length; i += 4) sum += d[i] + d[i + 1] + d[i + 2];
@@ -310,6 +313,13 @@ def test_page_classifies_an_uploaded_image_and_draws_its_attention(tmp_path, one
             head_mean = page.eval_on_selector("#img-canvas", painted)
             card = page.text_content("#card-facts")
             page.screenshot(path=str(tmp_path / "image_page.png"), full_page=True)
+            # a picture whose base64 is over serve.max_body_bytes (64 KiB): scaled down first
+            page.set_input_files("#image-file", str(big))
+            page.click("#run")
+            page.wait_for_function("document.getElementById('img-for').textContent"
+                                   ".includes('big.png')", timeout=60_000)
+            big_timing = page.text_content("#timing")
+            big_status = page.text_content("#status")
         finally:
             browser.close()
         api = httpx.post(url + "v1/classify", timeout=60, json={
@@ -325,3 +335,6 @@ def test_page_classifies_an_uploaded_image_and_draws_its_attention(tmp_path, one
     assert options == 1 + 2 * 2  # the rollout, then 2 layers x 2 heads
     assert rollout_mean > 0 and head_mean > 0 and rollout_mean != head_mean
     assert "patches of 7×7 (4×4)" in card and "vocabulary" not in card
+    assert big_status == ""  # no error
+    assert big_timing.startswith("scaled down in the browser from 300x300 to 112x112, then "
+                                 "converted from RGB to grey, resized from 112x112 to 28x28 · ")

@@ -234,8 +234,25 @@ function loadPicture(url) {
   });
 }
 
+// A picture whose base64 would not fit the server's body limit (a phone's photo) is scaled down
+// here first, to a JPEG of at most 4 times the model's side: the server resizes it to its side anyway.
+async function fitted(url) {
+  const limit = state.model.limits.max_body_bytes - 1024;
+  if (url.length <= limit) return { url, note: "" };
+  const picture = await loadPicture(url);
+  const most = 4 * state.model.config.model.image_size;
+  const scale = Math.min(1, most / Math.max(picture.naturalWidth, picture.naturalHeight));
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(1, Math.round(picture.naturalWidth * scale));
+  canvas.height = Math.max(1, Math.round(picture.naturalHeight * scale));
+  canvas.getContext("2d").drawImage(picture, 0, 0, canvas.width, canvas.height);
+  const small = canvas.toDataURL("image/jpeg", 0.92);
+  if (small.length > limit) throw new Error(`the picture does not fit the server's body limit (${limit} bytes) even scaled down`);
+  return { url: small, note: `scaled down in the browser from ${picture.naturalWidth}x${picture.naturalHeight} to ${canvas.width}x${canvas.height}` };
+}
+
 async function classifyImage(file) {
-  const url = await readAsDataURL(file);
+  const { url, note } = await fitted(await readAsDataURL(file));
   // The heat maps need the model's attention weights: an exported model (ONNX) has none.
   const attention = state.model.engine === "torch";
   const body = { images: [url], top_k: intOf("image-top-k") || 5, attention };
@@ -255,7 +272,8 @@ async function classifyImage(file) {
     return li;
   });
   $("nbest").replaceChildren(...items);
-  $("timing").textContent = (r.converted ? `${r.converted} · ` : "") + timingLine(data.timing, "image");
+  const converted = [note, r.converted].filter(Boolean).join(", then ");
+  $("timing").textContent = (converted ? `${converted} · ` : "") + timingLine(data.timing, "image");
   $("image-attention").hidden = !r.attention;
   if (!r.attention) return;
   state.image = { att: r.attention, picture: await loadPicture(url), name: file.name };
