@@ -2,8 +2,9 @@
 :class:`~aiayn.serve.checks.RequestChecks` checks a request against the limits (one-line 4xx
 before anything is queued); :class:`ModelService` queues it on the
 :class:`~aiayn.serve.batching.DynamicBatcher`, under a typed batch key (:class:`TranslateBatch`,
-:class:`ClassifyBatch`, :class:`ImageBatch`: what must be equal for requests to share a batch); the batcher's worker
-thread runs :class:`BatchWork`; :func:`model_info` answers ``GET /v1/model``.
+:class:`ClassifyBatch`, :class:`ClassifyImagesBatch`: what must be equal for requests to share a
+batch); the batcher's worker thread runs :class:`BatchWork`; :func:`model_info` answers
+``GET /v1/model``.
 
 The limits choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
 translations where the backend can step and ``Limits.step_batching`` is on, whole batches for
@@ -54,7 +55,7 @@ __all__ = [
     "ModelService",
     "TranslateBatch",
     "ClassifyBatch",
-    "ImageBatch",
+    "ClassifyImagesBatch",
     "BatchWork",
     "model_info",
 ]
@@ -77,7 +78,7 @@ class ClassifyBatch:
 
 
 @dataclass(frozen=True)
-class ImageBatch:
+class ClassifyImagesBatch:
     """Images classified: any requests share a batch (each input an :class:`ImageInput`)."""
 
 
@@ -93,7 +94,7 @@ class BatchWork:
             return self.translations(inputs, key.decode)
         if isinstance(key, ClassifyBatch):
             return list(self.folder.classify(inputs))
-        if isinstance(key, ImageBatch):
+        if isinstance(key, ClassifyImagesBatch):
             probs = self.folder.backend.image_probs(np.stack([i.pixels for i in inputs]))
             return [self.image_result(item, row) for item, row in zip(inputs, probs)]
         raise ValueError(f"unknown batch key {key!r}")
@@ -348,7 +349,7 @@ class ModelService:
             arrived = time.monotonic()
             return self.batcher.call(lambda: self.work.image_attention(items, arrived))
         cost = len(items) * (n_patches(self.folder.config.model) + 1)
-        return self.batcher.submit(ImageBatch(), items, cost)
+        return self.batcher.submit(ClassifyImagesBatch(), items, cost)
 
     def attention(
         self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None
