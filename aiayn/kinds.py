@@ -263,7 +263,7 @@ KINDS: dict[str, Kind] = {
             VisionTransformer,
             "aiayn.train.images:ImageClassificationTask",
             uses=("classify_images", "score"),
-            routes=(),
+            routes=("classify",),  # images (base64 files or arrays), not texts
             exporters={"onnx": "aiayn.export.onnx:export_image_classifier"},
             reads=IMAGE_CLASSIFICATION,
             stack={"n_decoder_layers": 0},

@@ -21,6 +21,20 @@ start-up settings); the parent hands the workers one batch at a time, round-robi
 other jobs on the machine hits all systems alike. Warm-up steps are excluded; every number is the
 median over the timed steps. tokens/s counts source + target tokens without padding.
 
+Image presets (``vit``, and ``dry-vit`` for the smoke tests): the Vision Transformer of
+configs/fashion_mnist_vit.toml (issue 67), two systems:
+
+* ``aiayn`` — the trainer's own update on an ``ImageClassificationTask`` (collate from the image
+  store, loss, backward, gradient norm, optimizer step);
+* ``torch`` — :class:`PlainViT`: a ``Conv2d`` patch projection, a class token, learned positions,
+  ``nn.TransformerEncoder`` (batch-first, pre-LN, GELU) and a linear head, trained with
+  ``F.cross_entropy(label_smoothing=0.1)`` and ``torch.optim.AdamW``.
+
+The batches are the recipe's 128 Fashion-MNIST training images each (``vit``: from aiayn's image
+store, read from ``AIAYN_DATA_MIRROR`` or downloaded; ``dry-vit``: random pixels), the same images
+to both systems; tokens/s counts 50 tokens per image (49 patches and the class token). The same
+math: PlainViT's weights copied into aiayn's model give the same fp32 loss on the first batch.
+
 MFU = model FLOPs per step / step time / the matmul peak (bf16 or fp32, as the run) measured by this
 script on the same cores (or GPU) in the same run; the FLOP count is :func:`train_flops` (see
 docs/performance.md).
@@ -62,9 +76,11 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parent.parent
 CLEAN_ENV = dict(os.environ)  # the environment before anything of aiayn is imported
 SYSTEMS = ("aiayn", "torch", "marian")
+IMAGE_SYSTEMS = ("aiayn", "torch")  # no Marian for images
 BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
 # Steps per preset (warm-up, timed): a BASE step costs ~8x a SMALL one (train_flops).
-STEPS = {"small": (2, 6), "base": (1, 6), "dry": (1, 1), "dry-base": (1, 1)}
+STEPS = {"small": (2, 6), "base": (1, 6), "dry": (1, 1), "dry-base": (1, 1), "vit": (2, 10),
+         "dry-vit": (1, 2)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,6 +113,44 @@ PRESETS = {  # aiayn's presets "small" and "base" with the vocabulary of issue 7
     "dry": Shape(500, 32, 2, 64, 1, 1),
     "dry-base": Shape(500, 48, 4, 96, 2, 2),
 }
+
+
+@dataclass(frozen=True)
+class VitShape:
+    """An image preset: a Vision Transformer (fields named as in aiayn's ModelConfig, so that
+    :class:`PlainViT` takes either) and the images per batch."""
+
+    d_model: int
+    n_heads: int
+    d_ff: int
+    n_encoder_layers: int
+    image_size: int = 28
+    patch_size: int = 4
+    channels: int = 1
+    n_classes: int = 10
+    norm_first: bool = True
+    activation: str = "gelu"
+    dropout: float = 0.1
+    images: int = 128  # per batch: the recipe's data.max_tokens 6400 / 50 tokens per image
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per image: the patches and the class token."""
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+
+VIT_PRESETS = {  # configs/fashion_mnist_vit.toml's model; its tiny stand-in for the smoke test
+    "vit": VitShape(128, 4, 256, 4),
+    "dry-vit": VitShape(16, 2, 32, 2, images=8),
+}
+
+
+@dataclass
+class ImageSteps:
+    """One image step's data: rows of the shipped images (the same for both systems)."""
+
+    indices: list[int]
+    n_tokens: int  # images × tokens per image
 
 
 @dataclass
@@ -373,6 +427,149 @@ def on_device(batch: Batch, device: torch.device) -> Batch:
                  batch.n_src, batch.n_tgt)
 
 
+class PlainViT(nn.Module):
+    """How one writes the ViT with PyTorch's own modules (Dosovitskiy et al. 2021, §3.1): a
+    ``Conv2d`` patch projection (kernel = stride = P) of the pixels normalised to [-1, 1], a
+    class token, learned positions, embedding dropout, ``nn.TransformerEncoder`` (its final
+    LayerNorm when pre-LN), dropout and a linear head on the class token. ``cfg``: a
+    :class:`VitShape` or an aiayn ModelConfig (the same field names). nn.TransformerEncoderLayer's
+    one ``dropout`` also drops attention weights and the FFN's inner activation; those two are off,
+    as in aiayn's model (residual and embedding dropout only). tests/test_vision.py checks aiayn's
+    VisionTransformer against it (logits, loss, gradients)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.cfg = cfg
+        n = (cfg.image_size // cfg.patch_size) ** 2
+        self.proj = nn.Conv2d(cfg.channels, cfg.d_model, cfg.patch_size, cfg.patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+        self.pos = nn.Parameter(torch.zeros(1, n + 1, cfg.d_model))
+        nn.init.trunc_normal_(self.pos, std=0.02)
+        layer = nn.TransformerEncoderLayer(
+            cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout, activation=cfg.activation,
+            batch_first=True, norm_first=cfg.norm_first)
+        layer.dropout = nn.Identity()  # FFN inner activation
+        layer.self_attn.dropout = 0.0  # attention weights
+        norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+        self.encoder = nn.TransformerEncoder(layer, cfg.n_encoder_layers, norm=norm,
+                                             enable_nested_tensor=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        """Shape: pixels (B, C, H, W) in [0, 1] -> logits (B, K)."""
+        x = self.proj((pixels - 0.5) / 0.5).flatten(2).transpose(1, 2)  # (B, N, D)
+        x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1) + self.pos  # (B, 1+N, D)
+        h = self.encoder(self.dropout(x))  # (B, 1+N, D)
+        return self.head(self.dropout(h[:, 0]))  # (B, K)
+
+
+def vit_model_config(v: VitShape) -> Any:
+    """aiayn's ModelConfig of the preset (dropout on residuals and embeddings only, as PlainViT)."""
+    from aiayn.config import ModelConfig
+
+    return ModelConfig(
+        d_model=v.d_model, n_heads=v.n_heads, d_ff=v.d_ff, n_encoder_layers=v.n_encoder_layers,
+        n_decoder_layers=0, dropout=v.dropout, attention_dropout=0.0, activation_dropout=0.0,
+        norm_first=v.norm_first, activation=v.activation, image_size=v.image_size,
+        patch_size=v.patch_size, channels=v.channels, pooling="cls", n_classes=v.n_classes,
+        class_names=tuple(str(i) for i in range(v.n_classes)))
+
+
+class AiaynVitSystem:
+    """aiayn's Trainer on an ImageClassificationTask whose training images are the benchmark's."""
+
+    def __init__(self, v: VitShape, precision: str, images: Tensor, labels: Tensor, folder: str,
+                 seed: int = 1, device: str = "cpu") -> None:
+        import numpy as np
+
+        from aiayn.data import DataConfig
+        from aiayn.data.images import ImageSet
+        from aiayn.kinds import IMAGE_CLASSIFICATION
+        from aiayn.run_config import RunConfig, TrainConfig
+        from aiayn.train.distributed import DistContext
+        from aiayn.train.images import ImageClassificationTask
+        from aiayn.train.run_folder import RunFolder
+        from aiayn.train.trainer import Trainer
+
+        model = vit_model_config(v)
+        data = DataConfig(kind=IMAGE_CLASSIFICATION, dataset="fashion_mnist",
+                          max_tokens=v.images * v.tokens)
+        train = TrainConfig(precision=precision, weight_decay=0.05, label_smoothing=0.1,
+                            seed=seed, device=device)
+        cfg = RunConfig(model=model, data=data, train=train)
+        self.task = ImageClassificationTask(cfg)
+        store = ImageSet(images.numpy(), labels.numpy(), list(model.class_names))
+        self.task.classes = list(model.class_names)
+        self.task.splits = {"train": (store, np.arange(len(store))),
+                            "valid": (store, np.arange(0))}
+        run = RunFolder(folder)
+        run.prepare(resume=False)
+        dist = DistContext(device=torch.device(device))
+        self.trainer = Trainer(cfg, self.task, run, dist, {}, "", resume=False)
+        self.model = self.trainer.model
+
+    def step(self, batch: ImageSteps) -> float:
+        before = self.trainer._interval.loss  # summed loss of the applied updates so far
+        if not self.trainer.update([batch.indices]):
+            return math.nan
+        return (self.trainer._interval.loss - before) / len(batch.indices)
+
+    @torch.no_grad()
+    def eval_loss(self, batch: ImageSteps) -> float:
+        """Label-smoothed loss per image, dropout off, through the task's own loss."""
+        self.model.eval()
+        images = self.task.collate("train", batch.indices)
+        return float(self.task.loss(self.model, images, torch.device("cpu")).loss) / len(images)
+
+
+class PeerVitSystem:
+    """:class:`PlainViT` trained the usual way: uint8 images to floats, autocast forward,
+    F.cross_entropy with label smoothing, backward of the per-image mean, AdamW."""
+
+    def __init__(self, v: VitShape, precision: str, images: Tensor, labels: Tensor,
+                 seed: int = 1, device: str = "cpu") -> None:
+        torch.manual_seed(seed)
+        self.device, self.images, self.labels = torch.device(device), images, labels
+        self.model = PlainViT(v).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.999),
+                                           eps=1e-8, weight_decay=0.05)
+        self.dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def loss(self, batch: ImageSteps) -> Tensor:
+        """Summed label-smoothed loss over the batch's images (rows in ascending order, as
+        aiayn's collate reads them)."""
+        rows = torch.tensor(sorted(batch.indices))
+        pixels = self.images[rows].to(self.device).float().div_(255.0)  # (B, C, H, W)
+        with torch.autocast(self.device.type, dtype=self.dtype or torch.bfloat16,
+                            enabled=self.dtype is not None):
+            logits = self.model(pixels)  # (B, K)
+            return F.cross_entropy(logits.float(), self.labels[rows].to(self.device),
+                                   label_smoothing=0.1, reduction="sum")
+
+    def step(self, batch: ImageSteps) -> float:
+        self.model.train()
+        loss = self.loss(batch)
+        (loss / len(batch.indices)).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item() / len(batch.indices)
+
+    @torch.no_grad()
+    def eval_loss(self, batch: ImageSteps) -> float:
+        self.model.eval()
+        return self.loss(batch).item() / len(batch.indices)
+
+
+def build_vit_system(name: str, v: VitShape, precision: str, images: Tensor, labels: Tensor,
+                     folder: str, seed: int = 1, device: str = "cpu"):
+    if name == "aiayn":
+        return AiaynVitSystem(v, precision, images, labels, folder, seed, device=device)
+    if name == "torch":
+        return PeerVitSystem(v, precision, images, labels, seed, device=device)
+    raise ValueError(f"no system {name!r} for images (have: {', '.join(IMAGE_SYSTEMS)})")
+
+
 def build_system(name: str, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1,
                  device: str = "cpu"):
     if name == "aiayn":
@@ -441,6 +638,30 @@ def same_math(s: Shape, batch: Batch, pairs: list, folder: str) -> dict[str, flo
             "sentences": len(batch.indices)}
 
 
+@torch.no_grad()
+def copy_plain_vit_to_aiayn(plain: PlainViT, model: nn.Module) -> None:
+    """Load PlainViT's weights into an aiayn VisionTransformer of the same shape."""
+    model.embed.proj.load_state_dict(plain.proj.state_dict())
+    model.embed.cls.copy_(plain.cls)
+    model.embed.pos.copy_(plain.pos)
+    model.head.load_state_dict(plain.head.state_dict())
+    for ours, ref in zip(model.encoder.layers, plain.encoder.layers):
+        _copy_layer(ours, ref, decoder=False)
+    if plain.encoder.norm is not None:
+        model.encoder.norm.load_state_dict(plain.encoder.norm.state_dict())
+
+
+def same_math_vit(v: VitShape, batch: ImageSteps, images: Tensor, labels: Tensor,
+                  folder: str) -> dict[str, float]:
+    """fp32 eval loss of PlainViT and of aiayn's ViT with PlainViT's weights copied in."""
+    plain = PeerVitSystem(v, "fp32", images, labels)
+    ours = AiaynVitSystem(v, "fp32", images, labels, folder)
+    copy_plain_vit_to_aiayn(plain.model, ours.model)
+    ref, got = plain.eval_loss(batch), ours.eval_loss(batch)
+    return {"torch_loss": ref, "aiayn_loss": got, "abs_diff": abs(ref - got),
+            "images": len(batch.indices)}
+
+
 # --------------------------------------------------------------------------------------------
 # Matmul peak
 # --------------------------------------------------------------------------------------------
@@ -490,13 +711,18 @@ def worker_main() -> None:
     spec = pickle.load(inp)
     torch.set_num_threads(spec["threads"])
     data = torch.load(spec["data"], weights_only=True)  # lists, ints and tensors only
-    batches = [Batch(**b) for b in data["batches"]]
+    image = "images" in data  # an image preset
+    batches = [(ImageSteps if image else Batch)(**b) for b in data["batches"]]
     device = spec.get("device", "cpu")
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with tempfile.TemporaryDirectory() as folder:
-        system = build_system(spec["system"], Shape(**spec["shape"]), spec["precision"],
-                              data["pairs"], folder, device=device)
+        if image:
+            system = build_vit_system(spec["system"], VitShape(**spec["shape"]), spec["precision"],
+                                      data["images"], data["labels"], folder, device=device)
+        else:
+            system = build_system(spec["system"], Shape(**spec["shape"]), spec["precision"],
+                                  data["pairs"], folder, device=device)
         _send(out, {"params": trainable_params(system.model)})
         while True:
             req = pickle.load(inp)
@@ -652,10 +878,20 @@ def markdown(report: dict[str, Any]) -> str:
                       "batch's shape: " + "; ".join(seen) + "."]
         lines += ["", *targets(run), ""]
         for preset, sm in run["same_math"].items():
+            if "images" in sm:  # an image preset
+                lines.append(f"Same math ({preset}, fp32, dropout off, {sm['images']} images): "
+                             f"nn.TransformerEncoder ViT loss {sm['torch_loss']:.6f}, aiayn with "
+                             f"its weights {sm['aiayn_loss']:.6f} (|Δ| {sm['abs_diff']:.1e}).  ")
+                continue
             lines.append(f"Same math ({preset}, fp32, dropout off, {sm['sentences']} sentences): "
                          f"nn.Transformer loss {sm['torch_loss']:.6f}, aiayn with its weights "
                          f"{sm['aiayn_loss']:.6f} (|Δ| {sm['abs_diff']:.1e}).  ")
         for preset, d in run["data"].items():
+            if "images_per_step" in d:
+                lines.append(f"Batches ({preset}): {d['steps']} batches ({d['warmup']} warm-up) "
+                             f"of {d['images_per_step']} images, {d['tokens_per_image']} tokens "
+                             f"each; {d['dataset']}.  ")
+                continue
             lines.append(f"Batches ({preset}): {d['steps']} real Multi30k batches "
                          f"({d['warmup']} warm-up), {d['src_tokens']:.0f} source + "
                          f"{d['tgt_tokens']:.0f} target tokens per step on average, "
@@ -667,7 +903,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def targets(run: dict[str, Any]) -> list[str]:
     """Issue 7's targets, as measured in ``run``: bf16 speed-up ≥ 2.0×, BASE bf16 MFU ≥ 25 %,
-    SMALL peak RSS ≤ 2 GiB."""
+    SMALL peak RSS ≤ 2 GiB; issue 67's: the ViT ≥ 1.5× the nn.TransformerEncoder ViT."""
     got = {(g["preset"], g["precision"]): g["systems"].get("aiayn") for g in run["groups"]}
     lines = []
     for preset in ("small", "base"):
@@ -679,6 +915,11 @@ def targets(run: dict[str, Any]) -> list[str]:
     if a:
         lines.append(f"Target: base bf16 MFU ≥ 25 % — measured {100 * a['mfu']:.1f}% "
                      f"({'met' if a['mfu'] >= 0.25 else 'not met'}).  ")
+    for precision in ("fp32", "bf16"):  # issue 67
+        a = got.get(("vit", precision))
+        if a and "speedup" in a:
+            lines.append(f"Target: vit {precision} ≥ 1.5× the nn.TransformerEncoder ViT — measured "
+                         f"{a['speedup']:.2f}× ({'met' if a['speedup'] >= 1.5 else 'not met'}).  ")
     rss = [a["max_rss_mib"] for (p, _), a in got.items() if p == "small" and a]
     if rss:
         lines.append(f"Target: small peak RSS ≤ 2 GiB — measured {max(rss):.0f} MiB "
@@ -724,7 +965,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads per worker")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:N): every system on the GPU")
-    p.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(PRESETS))
+    p.add_argument("--presets", nargs="+", default=["small", "base"],
+                   choices=[*PRESETS, *VIT_PRESETS],
+                   help="translation presets, or vit (the Fashion-MNIST ViT recipe's model)")
     p.add_argument("--precisions", nargs="+", default=None, choices=["fp32", "bf16"],
                    help="default: fp32 and bf16, or fp32 alone on a CPU without AVX512-BF16/AMX; "
                    "bf16 alone on a GPU")
@@ -766,7 +1009,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def vit_batches(v: VitShape, preset: str, n: int) -> tuple[Tensor, Tensor, list[ImageSteps], dict]:
+    """``n`` batches of ``v.images`` training images: the images (uint8 (N, C, H, W)) and labels
+    shipped to the workers, the batches' rows in them, and what the data is. ``vit``: the first
+    images of a seeded shuffle of Fashion-MNIST's training split (aiayn's image store); ``dry-vit``:
+    random pixels and labels."""
+    import numpy as np
+
+    count = n * v.images
+    if preset.startswith("dry"):
+        rng = np.random.default_rng(1)
+        images = rng.integers(0, 256, (count, v.channels, v.image_size, v.image_size), dtype=np.uint8)
+        labels = rng.integers(0, v.n_classes, count)
+        info = {"dataset": "random pixels and labels (seed 1)"}
+    else:
+        from aiayn.data import DataConfig
+        from aiayn.data.images import split_images
+        from aiayn.kinds import IMAGE_CLASSIFICATION
+
+        cfg = DataConfig(kind=IMAGE_CLASSIFICATION, dataset="fashion_mnist")
+        store, rows = split_images(cfg, "train", v.image_size, v.channels)
+        picked = np.random.default_rng(1).permutation(rows)[:count]
+        images, labels = store.images[picked], store.labels[picked]
+        info = {"dataset": "fashion_mnist train split: the first images of a shuffle (seed 1)"}
+    batches = [ImageSteps(list(range(i, i + v.images)), v.images * v.tokens)
+               for i in range(0, count, v.images)]
+    return (torch.from_numpy(np.ascontiguousarray(images)),
+            torch.from_numpy(labels.astype(np.int64)), batches, info)
+
+
+def bench_vit_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict]:
+    """An image preset: aiayn's ViT against PlainViT (and the same-math check)."""
+    from aiayn.model.vision import flops_per_image
+
+    v = VIT_PRESETS[preset]
+    warmup, timed = tuple(args.steps[-1]) if args.steps else STEPS[preset]
+    images, labels, batches, info = vit_batches(v, preset, warmup + timed)
+    n = len(batches)
+    data_file = os.path.join(folder, f"{preset}.pt")
+    torch.save({"images": images, "labels": labels, "batches": [vars(b) for b in batches]},
+               data_file)
+    flops = [3.0 * flops_per_image(vit_model_config(v)) * len(b.indices) for b in batches]
+    check = same_math_vit(v, batches[0], images, labels, os.path.join(folder, f"same_math_{preset}"))
+    data = {**info, "steps": n, "warmup": warmup, "images_per_step": v.images,
+            "tokens_per_image": v.tokens, "flops_per_step": flops}
+    systems = [name for name in args.systems if name in IMAGE_SYSTEMS]
+    groups = []
+    for precision in args.precisions:
+        print(f"{preset} {precision}: {n} steps ({warmup} warm-up) x {len(systems)} systems, "
+              f"{args.threads} threads", flush=True)
+        spec = {"shape": vars(v), "precision": precision, "threads": args.threads,
+                "data": data_file, "device": args.device}
+        raw = run_group(systems, spec, n, warmup, args.warm_pass)
+        groups.append({"preset": preset, "precision": precision, "raw": raw, "batches": batches,
+                       "flops": flops, "warmup": warmup})
+    return groups, check, data
+
+
 def bench_preset(preset: str, args, folder: str) -> tuple[list[dict], dict, dict]:
+    if preset in VIT_PRESETS:
+        return bench_vit_preset(preset, args, folder)
     s = PRESETS[preset]
     warmup, timed = tuple(args.steps[-1]) if args.steps else STEPS[preset]
     pairs, batches, info = multi30k_batches(s, args.max_tokens, warmup + timed)

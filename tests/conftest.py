@@ -124,6 +124,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_serve": ("serve",),
     "test_serve_controls": ("serve",),
     "test_serve_input": ("serve",),
+    "test_serve_images": ("serve",),
     "test_serve_lanes": ("serve", "process"),
     "test_serve_steps": UNIT,
     "test_serve_page": ("browser", "serve", "process"),

@@ -84,3 +84,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+IMAGE_CLASSES = ["dark", "light", "striped"]
+
+
+def make_image_folder(path: Path, pooling: str = "cls") -> Path:
+    """A random tiny Vision Transformer of 28x28 grey images (patches of 7: a 4x4 grid), 3
+    classes with names."""
+    from aiayn.model import VisionTransformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=0, dropout=0.0,
+        image_size=28, patch_size=7, pooling=pooling, n_classes=3, class_names=IMAGE_CLASSES,
+    )
+    model = VisionTransformer(cfg)
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # zero-initialised: all classes equal
+    return save_model_dir(path, model.eval(), cfg, kind="image_classification")

@@ -442,6 +442,25 @@ def smoke_bench_finetune(tmp: Path) -> None:
     assert all(v > 0 for v in record["peak_rss_mib"].values())
 
 
+def test_bench_train_image_preset(tmp_path):
+    """bench_train's image preset at its tiny size (issue 67): aiayn's ViT and the
+    nn.TransformerEncoder ViT train in the same run, each with its tokens/s, and the loss is the
+    same at the same weights. (Its translation presets run in gpu_check's dry run, below.)"""
+    out = tmp_path / "perf"
+    run_main("benchmarks/bench_train.py", "--presets", "dry-vit", "--precisions", "fp32",
+             "--threads", "1", "--peak-sizes", "64", "--out", out)
+    run = read_json(out.with_suffix(".json"))["runs"]["threads=1"]
+    [group] = run["groups"]
+    systems = group["systems"]
+    assert set(systems) == {"aiayn", "torch"} and systems["aiayn"]["speedup_vs"] == "torch"
+    assert all(r["tokens_per_s"] > 0 for r in systems.values())
+    assert systems["aiayn"]["params"] == systems["torch"]["params"]  # the same size
+    same = run["same_math"]["dry-vit"]
+    assert same["abs_diff"] < 1e-5 and same["images"] == 8
+    table = out.with_suffix(".md").read_text(encoding="utf-8")
+    assert "| dry-vit | fp32 | aiayn |" in table and "nn.TransformerEncoder ViT loss" in table
+
+
 # gpu_check's smoke run is its whole dry run, with its own assertions, in tests/test_gpu_check.py;
 # it runs bench_train.py and profile_step.py with the arguments of the GPU run made tiny, and
 # checks their output there.

@@ -58,6 +58,7 @@ TEXT_FIELDS = [
     ("seq2seq", "/v1/attention", "text", '{"text": "a TEXT"}'),
     ("seq2seq", "/v1/attention", "prefix", '{"text": "a cat", "prefix": "TEXT"}'),
     ("classifier", "/v1/classify", "texts[0]", '{"texts": ["TEXT dog"]}'),
+    ("classifier", "/v1/classify", "images[0]", '{"images": ["iVBORw0KGgo=TEXT"]}'),
     ("lm", "/v1/generate", "prompt", '{"prompt": "the TEXT"}'),
 ]
 
@@ -112,6 +113,8 @@ NUMBERS = [
     ("seq2seq", "/v1/attention", {"text": "a cat"}, f)
     for f in ("beam", "alpha", "rank", "repetition_penalty", "no_repeat_ngram_size")
 ] + [
+    ("classifier", "/v1/classify", {"texts": ["the cat"]}, "top_k"),
+] + [
     ("lm", "/v1/generate", {"prompt": "the cat"}, f)
     for f in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
               "no_repeat_ngram_size")
@@ -145,7 +148,7 @@ def test_every_numeric_field_of_the_api_is_tested():
         if any(t in str(f.annotation) for t in ("int", "float"))
     }  # fmt: skip
     routes = {"/v1/translate": "TranslateBody", "/v1/attention": "AttentionBody",
-              "/v1/generate": "GenerateBody"}  # fmt: skip
+              "/v1/generate": "GenerateBody", "/v1/classify": "ClassifyBody"}  # fmt: skip
     assert numeric == {(routes[route], field) for _, route, _, field in NUMBERS}
 
 

@@ -258,3 +258,83 @@ def test_page_shows_whole_characters_offers_the_controls_and_api_docs_offline(tm
     assert not any("\ufffd" in text for text, _ in heads)
     assert sum(span for _, span in heads[1:]) == cols  # every piece under its character
     assert "/v1/translate" in swagger
+
+
+def test_page_classifies_an_uploaded_image_and_draws_its_attention(tmp_path, one_thread):
+    """An image classifier: the page takes an uploaded PNG instead of a text, shows the top-k
+    classes the API answers, and draws the attention over the picture, the rollout first, then
+    the map of the layer and head chosen (issue #67)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium): the page was not tested")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is missing: the page was not tested"
+    )
+    import base64
+
+    import httpx
+    import numpy as np
+    from PIL import Image
+    from serve_helpers import make_image_folder
+
+    png, big = tmp_path / "shirt.png", tmp_path / "big.png"
+    noise = np.random.default_rng(0).integers(0, 256, (300, 300), dtype=np.uint8)
+    Image.fromarray(noise[:56, :56]).save(png)
+    Image.fromarray(noise).save(big)
+    assert big.stat().st_size > 65536  # more than the body limit, as base64 all the more
+    # the canvas's pixels: their mean over the colour channels (0: nothing drawn)
+    painted = """c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let sum = 0; for (let i = 0; i < d.length; i += 4) sum += d[i] + d[i + 1] + d[i + 2];
+        return sum / (3 * d.length / 4); }"""
+    with serving([make_image_folder(tmp_path / "vit")]) as url, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.goto(url)
+            page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+            text_box = page.is_visible("#input")
+            button = page.text_content("#run")
+            page.click("#run")  # no file yet
+            no_file = page.text_content("#status")
+            page.set_input_files("#image-file", str(png))
+            page.fill("#image-top-k", "2")
+            page.click("#run")
+            page.wait_for_selector("#img-canvas[data-map]", timeout=60_000)
+            shown = page.text_content("#output")
+            top = page.locator("#nbest li").all_text_contents()
+            timing = page.text_content("#timing")
+            first = (page.get_attribute("#img-canvas", "data-map"),
+                     page.get_attribute("#img-canvas", "data-cells"))
+            options = page.locator("#img-map option").count()
+            rollout_mean = page.eval_on_selector("#img-canvas", painted)
+            page.select_option("#img-map", "1.1")  # layer 2, head 2
+            second = page.get_attribute("#img-canvas", "data-map")
+            head_mean = page.eval_on_selector("#img-canvas", painted)
+            card = page.text_content("#card-facts")
+            page.screenshot(path=str(tmp_path / "image_page.png"), full_page=True)
+            # a picture whose base64 is over serve.max_body_bytes (64 KiB): scaled down first
+            page.set_input_files("#image-file", str(big))
+            page.click("#run")
+            page.wait_for_function("document.getElementById('img-for').textContent"
+                                   ".includes('big.png')", timeout=60_000)
+            big_timing = page.text_content("#timing")
+            big_status = page.text_content("#status")
+        finally:
+            browser.close()
+        api = httpx.post(url + "v1/classify", timeout=60, json={
+            "images": [base64.b64encode(png.read_bytes()).decode()], "top_k": 2}).json()
+    assert errors == []
+    assert not text_box and button == "Classify" and no_file == "choose an image first"
+    best = api["results"][0]["top"]
+    assert shown == best[0]["label"]
+    assert [t.split()[-1] for t in top] == [b["label"] for b in best]  # names are one word
+    assert [t.split()[0] for t in top] == [f"{b['prob']:.3f}" for b in best]
+    assert timing.startswith("resized from 56x56 to 28x28 · ")
+    assert first == ("rollout", "16") and second == "1.1"  # 4x4 patches of 7
+    assert options == 1 + 2 * 2  # the rollout, then 2 layers x 2 heads
+    assert rollout_mean > 0 and head_mean > 0 and rollout_mean != head_mean
+    assert "patches of 7×7 (4×4)" in card and "vocabulary" not in card
+    assert big_status == ""  # no error
+    assert big_timing.startswith("scaled down in the browser from 300x300 to 112x112, then "
+                                 "converted from RGB to grey, resized from 112x112 to 28x28 · ")

@@ -324,48 +324,19 @@ def test_an_image_model_is_served_with_its_info(run):
     assert info["config"]["model"]["class_names"] == ["bottom", "top"]
 
 
-class PlainViT(torch.nn.Module):
-    """The same ViT from PyTorch's own nn.TransformerEncoder: the reference of the parity test."""
+def bench_train():
+    """benchmarks/bench_train.py, whose PlainViT (nn.TransformerEncoder) is the reference here and
+    the baseline of its image preset."""
+    import importlib.util
+    import sys
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.proj = torch.nn.Conv2d(cfg.channels, cfg.d_model, cfg.patch_size, cfg.patch_size)
-        self.cls = torch.nn.Parameter(torch.zeros(1, 1, cfg.d_model))
-        self.pos = torch.nn.Parameter(torch.zeros(1, n_patches(cfg) + 1, cfg.d_model))
-        layer = torch.nn.TransformerEncoderLayer(
-            cfg.d_model,
-            cfg.n_heads,
-            cfg.d_ff,
-            dropout=0.0,
-            activation=cfg.activation,
-            batch_first=True,
-            norm_first=cfg.norm_first,
-        )
-        norm = torch.nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
-        self.encoder = torch.nn.TransformerEncoder(
-            layer, cfg.n_encoder_layers, norm=norm, enable_nested_tensor=False
-        )
-        self.head = torch.nn.Linear(cfg.d_model, cfg.n_classes)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self.proj((pixels - 0.5) / 0.5).flatten(2).transpose(1, 2)  # (B, N, D)
-        x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1) + self.pos
-        return self.head(self.encoder(x)[:, 0])
-
-
-def copy_plain_to_ours(plain: PlainViT, ours: VisionTransformer) -> None:
-    from test_model_parity import copy_layer_weights
-
-    with torch.no_grad():
-        ours.embed.proj.load_state_dict(plain.proj.state_dict())
-        ours.embed.cls.copy_(plain.cls)
-        ours.embed.pos.copy_(plain.pos)
-        ours.head.load_state_dict(plain.head.state_dict())
-        for mine, ref in zip(ours.encoder.layers, plain.encoder.layers):
-            copy_layer_weights(mine, ref, decoder=False)
-        if plain.encoder.norm is not None:
-            ours.encoder.norm.load_state_dict(plain.encoder.norm.state_dict())
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_train.py"
+    if "bench_train" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_train", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_train"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["bench_train"]
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -373,11 +344,12 @@ def test_the_vit_equals_one_built_from_nn_transformer_encoder(norm_first):
     """Same weights, same logits, loss and gradients as PyTorch's own encoder stack."""
     torch.manual_seed(0)
     cfg = tiny_vit("cls", norm_first=norm_first, activation="gelu")
-    plain = PlainViT(cfg)
+    bench = bench_train()
+    plain = bench.PlainViT(cfg)
     torch.nn.init.normal_(plain.cls)
     torch.nn.init.normal_(plain.pos, std=0.02)
     ours = VisionTransformer(cfg)
-    copy_plain_to_ours(plain, ours)
+    bench.copy_plain_vit_to_aiayn(plain, ours)
     pixels, labels = torch.rand(4, 1, SIDE, SIDE), torch.tensor([0, 1, 2, 1])
     logits, expected = ours(pixels), plain(pixels)
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)

@@ -9,7 +9,10 @@ Routes (all but ``/health`` need the API key when one is set):
     POST /v1/translate     {"texts": [...], "beam", "alpha", "nbest", "repetition_penalty",
                            "no_repeat_ngram_size", "prefixes", "alignments"} -> n-best lists
                            (alignments: token index pairs), timing
-    POST /v1/classify      {"texts": [...]} -> label and probabilities per text
+    POST /v1/classify      {"texts": [...]} -> label and probabilities per text; an image
+                           model: {"images": [base64 PNG/JPEG] or "arrays": [pixel rows],
+                           "top_k", "attention"} -> per image its top-k classes (and the heat
+                           maps of its attention over the patches)
     POST /v1/generate      {"prompt", ...} -> tokens as server-sent events
     POST /v1/attention     {"text", "beam", "alpha", "rank", the controls, "prefix"} -> tokens
                            (and their spans of whole characters) and every layer's and head's

@@ -13,6 +13,7 @@ from aiayn.errors import ConfigError
 from aiayn.folder.load import ModelFolder
 from aiayn.kinds import KINDS
 from aiayn.runtime import Unsupported, require
+from aiayn.serve.images import ImageInput, read_arrays, read_images
 from aiayn.serve.limits import Limits
 from aiayn.serve.queue import RequestError
 
@@ -99,6 +100,26 @@ class RequestChecks:
                     422, f"texts[{i}] has {n} tokens; the limit is {self.max_text_tokens}"
                 )
         return sum(min(n, self.max_text_tokens) for n in lengths)
+
+    def images(
+        self, images: Sequence[str] | None, arrays: Sequence[Any] | None, top_k: int
+    ) -> list[ImageInput]:
+        """The images of a /v1/classify request (files or arrays, aiayn/serve/images.py) as the
+        model reads them; 422 for a model that reads texts, more than serve.max_texts images,
+        or an image that cannot be read."""
+        if not self.folder.kind_info.does("classify_images"):
+            raise RequestError(
+                422, f"this server holds a {self.kind} model, which classifies texts: send 'texts'"
+            )
+        field, given = ("images", images) if images is not None else ("arrays", arrays or [])
+        if len(given) > self.limits.max_texts:
+            raise RequestError(
+                422, f"{field}: at most {self.limits.max_texts} per request, got {len(given)}"
+            )
+        cfg, most = self.folder.config.model, self.limits.max_image_pixels
+        read = read_images if field == "images" else read_arrays
+        pixels, notes = read(given, cfg.image_size, cfg.channels, most)
+        return [ImageInput(p, top_k, note) for p, note in zip(pixels, notes)]
 
     def check_prefixes(self, texts: Sequence[str], prefixes: Sequence[str | None] | None) -> None:
         """422 for prefixes that are not one per text, or one past the token limit."""

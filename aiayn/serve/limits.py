@@ -17,8 +17,12 @@ class Limits:
 
     # Request body in bytes; larger is 413. 64 KiB holds 32 texts of a few hundred words.
     max_body_bytes: int = 65536
-    # Texts in one /v1/translate or /v1/classify request (at most max_queue: one must fit).
+    # Texts (or images) in one /v1/translate or /v1/classify request (at most max_queue: one must fit).
     max_texts: int = 32
+    # Pixels (width × height) of one image sent to an image classifier's /v1/classify: a larger
+    # picture is 422, refused from its header before it is decoded (a small PNG may unpack to
+    # gigabytes). 4 Mpx: a 2048 × 2048 photo.
+    max_image_pixels: int = 4_194_304
     # Tokens in one text (never more than the model's positional table): a longer text is 422.
     max_text_tokens: int = 256
     # Beam size and n-best ranges (the folder's own decoding settings are always allowed).

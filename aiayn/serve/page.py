@@ -1,5 +1,5 @@
 """The web page of `aiayn serve` (GET /): translate, classify or generate, the n-best list, an
-attention explorer and the model card, from aiayn/serve/static/ (no CDN, no build step). It
+attention explorer (over an uploaded picture for an image classifier) and the model card, from aiayn/serve/static/ (no CDN, no build step). It
 calls the same API as any client (tests/test_serve_page.py drives it in a real browser)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The routes of the HTTP API, per kind of model: /v1/translate and /v1/attention
-(translation), /v1/classify, /v1/generate (tokens streamed as server-sent events), and /v1/model
+(translation), /v1/classify (texts, or images: top-k classes and attention heat maps), /v1/generate (tokens streamed as server-sent events), and /v1/model
 and /health for every kind. Each checks its body (aiayn/serve/schemas.py), hands it to the
 :class:`~aiayn.serve.service.ModelService` and awaits the answer within the time limit."""
 
@@ -100,10 +100,24 @@ def translation_routes(app: FastAPI, service: ModelService, limits: Limits) -> N
 
 
 def classification_routes(app: FastAPI, service: ModelService, limits: Limits) -> None:
-    @app.post("/v1/classify", summary="Label texts (probabilities per label)")
+    @app.post(
+        "/v1/classify",
+        summary="Label texts (probabilities per label), or images (the top-k classes, and with "
+        "attention the heat maps)",
+    )
     async def classify(body: ClassifyBody) -> dict[str, Any]:
         start = time.monotonic()
-        result = await answer(service, service.classify(body.texts), start, limits)
+        given = [f for f in ("texts", "images", "arrays") if getattr(body, f) is not None]
+        if len(given) != 1:
+            got = " and ".join(given) or "none"
+            raise RequestError(422, f"send one of 'texts', 'images' or 'arrays', got {got}")
+        if body.texts is not None:
+            if body.attention:
+                raise RequestError(422, "attention: only for images (an image classifier's)")
+            queued = service.classify(body.texts)
+        else:
+            queued = service.classify_images(body.images, body.arrays, body.top_k, body.attention)
+        result = await answer(service, queued, start, limits)
         return {"results": result.outputs, "timing": timing(result, start)}
 
 

@@ -17,7 +17,7 @@ serve.max_new_tokens, serve.max_texts; :class:`~aiayn.serve.limits.Limits`) are 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -79,9 +79,36 @@ class TranslateBody(Body):
 
 
 class ClassifyBody(Body):
-    """Texts to label; a long text is cut as in training."""
+    """Texts to label (a text classifier; a long text is cut as in training), or images to
+    classify (an image classifier): ``images`` base64 PNG/JPEG files (a ``data:`` URL's prefix
+    allowed), or ``arrays`` of pixel rows ((H, W) grey or (H, W, C), integers 0-255 or floats
+    in [0, 1]). Exactly one of the three; checked by :class:`~aiayn.serve.checks.RequestChecks`
+    (aiayn/serve/images.py for images)."""
 
-    texts: Texts
+    texts: Annotated[list[Text] | None, Field(min_length=1, description="a text classifier's")] = (
+        None
+    )
+    images: Annotated[
+        list[Text] | None,
+        Field(min_length=1, description="base64 PNG or JPEG files (an image classifier's)"),
+    ] = None
+    arrays: Annotated[
+        list[Any] | None,
+        Field(
+            min_length=1,
+            description="pixel arrays: (H, W) or (H, W, C) nested lists, 0-255 or floats in [0, 1]",
+        ),
+    ] = None
+    top_k: Annotated[
+        int, Field(ge=1, description="images: the likeliest classes per image (at most all)")
+    ] = 5
+    attention: Annotated[
+        bool,
+        Field(
+            description="images: per image each layer's and head's attention over the patches "
+            "(from the class token, or the mean over patches) and the attention rollout"
+        ),
+    ] = False
 
 
 class AttentionBody(Body):

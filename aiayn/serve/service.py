@@ -2,8 +2,9 @@
 :class:`~aiayn.serve.checks.RequestChecks` checks a request against the limits (one-line 4xx
 before anything is queued); :class:`ModelService` queues it on the
 :class:`~aiayn.serve.batching.DynamicBatcher`, under a typed batch key (:class:`TranslateBatch`,
-:class:`ClassifyBatch`: what must be equal for requests to share a batch); the batcher's worker
-thread runs :class:`BatchWork`; :func:`model_info` answers ``GET /v1/model``.
+:class:`ClassifyBatch`, :class:`ClassifyImagesBatch`: what must be equal for requests to share a
+batch); the batcher's worker thread runs :class:`BatchWork`; :func:`model_info` answers
+``GET /v1/model``.
 
 The limits choose the batcher's scheduler (aiayn/serve/schedulers.py): step-level batching for
 translations where the backend can step and ``Limits.step_batching`` is on, whole batches for
@@ -27,20 +28,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from aiayn.config import to_dict
 from aiayn.decode import DecodeConfig, Hypothesis, SamplingConfig
+from aiayn.decode.images import top_k as top_k_classes
 from aiayn.decode.translate import encode_sources
 from aiayn.folder.load import ModelFolder, precision
-from aiayn.runtime.backend import Steps
+from aiayn.model.vision import n_patches
+from aiayn.runtime.backend import Steps, Unsupported, require
 from aiayn.serve.batching import BatchResult, DynamicBatcher, WorkerHooks
 from aiayn.serve.checks import RequestChecks
+from aiayn.serve.images import ImageInput
 from aiayn.serve.limits import Limits
 from aiayn.serve.queue import RequestError
 from aiayn.serve.stepping import Stepper
 from aiayn.threads import DEFAULT_THREADS, LoadFollower, user_threads
 from aiayn.viz.attention import attention_of_translation, token_labels
+from aiayn.viz.image_attention import attention_maps, attention_of_pixels
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ __all__ = [
     "ModelService",
     "TranslateBatch",
     "ClassifyBatch",
+    "ClassifyImagesBatch",
     "BatchWork",
     "model_info",
 ]
@@ -70,6 +77,11 @@ class ClassifyBatch:
     """Classifications: any requests share a batch."""
 
 
+@dataclass(frozen=True)
+class ClassifyImagesBatch:
+    """Images classified: any requests share a batch (each input an :class:`ImageInput`)."""
+
+
 class BatchWork:
     """The batches of one model folder, run on the worker thread: ``run(key, inputs)`` for a
     whole batch, ``stepper(key)`` for translations that requests join between steps."""
@@ -82,7 +94,31 @@ class BatchWork:
             return self.translations(inputs, key.decode)
         if isinstance(key, ClassifyBatch):
             return list(self.folder.classify(inputs))
+        if isinstance(key, ClassifyImagesBatch):
+            probs = self.folder.backend.image_probs(np.stack([i.pixels for i in inputs]))
+            return [self.image_result(item, row) for item, row in zip(inputs, probs)]
         raise ValueError(f"unknown batch key {key!r}")
+
+    def image_result(self, item: ImageInput, probs: torch.Tensor) -> dict[str, Any]:
+        """``{"label", "top": [{"label", "prob"}, …]}`` of one image's probabilities (K,), best
+        first, and ``"converted"`` when its picture was converted."""
+        best = top_k_classes(probs[None], self.folder.label_names(), item.top_k)[0]
+        out: dict[str, Any] = {"label": best[0][0]}
+        out["top"] = [{"label": name, "prob": p} for name, p in best]
+        if item.converted:
+            out["converted"] = item.converted
+        return out
+
+    def image_attention(self, inputs: Sequence[ImageInput], arrived: float) -> BatchResult:
+        """The images' results, each with ``"attention"`` (its heat maps:
+        :func:`~aiayn.viz.image_attention.attention_maps`), from one pass of the PyTorch module."""
+        start = time.monotonic()
+        seen, probs = attention_of_pixels(self.folder, np.stack([i.pixels for i in inputs]))
+        outputs = [
+            {**self.image_result(item, row), "attention": attention_maps(one)}
+            for item, row, one in zip(inputs, probs, seen)
+        ]
+        return BatchResult(outputs, start - arrived, time.monotonic() - start, 1, len(inputs))
 
     def stepper(self, key: Hashable) -> Stepper | None:
         """Translations run step by step (their requests join between decoder steps); None
@@ -279,12 +315,41 @@ class ModelService:
         text's ``{"label": "", "probs": {}}``, as `aiayn classify` answers a blank line). A long
         text is cut to the run's ``data.max_len``, as in training and `aiayn classify`."""
         self.checks.require("classify")
+        if self.folder.kind_info.does("classify_images"):
+            raise RequestError(
+                422,
+                f"this server holds an {self.kind} model: send 'images' (base64 PNG or JPEG) or "
+                "'arrays' (pixel rows), not texts",
+            )
 
         def queue(filled: list[str], at: list[int]) -> Future:
             cost = self.checks.check_texts(filled, cut=True)
             return self.batcher.submit(ClassifyBatch(), filled, cost)
 
         return blanks_kept(texts, lambda: {"label": "", "probs": {}}, queue)
+
+    def classify_images(
+        self,
+        images: Sequence[str] | None,
+        arrays: Sequence[Any] | None,
+        top_k: int,
+        attention: bool = False,
+    ) -> Future:
+        """Queue images (base64 PNG/JPEG files) or arrays (pixel rows) for an image classifier,
+        each converted as the training images were; outputs per image ``{"label", "top"}`` (its
+        ``top_k`` likeliest classes), ``"converted"`` when its picture was, and with
+        ``attention`` its heat maps (a request of its own: the PyTorch module's weights)."""
+        self.checks.require("classify")
+        items = self.checks.images(images, arrays, top_k)
+        if attention:
+            try:
+                require(self.folder.backend, "attention", "serve it with --engine torch")
+            except Unsupported as err:
+                raise RequestError(422, f"attention: {err}") from None
+            arrived = time.monotonic()
+            return self.batcher.call(lambda: self.work.image_attention(items, arrived))
+        cost = len(items) * (n_patches(self.folder.config.model) + 1)
+        return self.batcher.submit(ClassifyImagesBatch(), items, cost)
 
     def attention(
         self, text: str, decode: DecodeConfig, rank: int, prefix: str | None = None

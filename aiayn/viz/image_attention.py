@@ -25,6 +25,7 @@ from torch import Tensor
 from aiayn.decode.images import model_images, pixels_of
 from aiayn.errors import AiaynError
 from aiayn.folder import load_model_folder
+from aiayn.folder.load import ModelFolder
 from aiayn.viz import pyplot
 from aiayn.viz.attention import select_numbers
 
@@ -36,6 +37,8 @@ __all__ = [
     "patch_attention",
     "attention_rollout",
     "image_attention",
+    "attention_of_pixels",
+    "attention_maps",
     "plot_image_attention",
 ]
 
@@ -82,15 +85,45 @@ def image_attention(model_dir: str | Path, image: Any) -> ImageAttention:
         )
     cfg = folder.config.model
     pixels = model_images([image], cfg.image_size, cfg.channels)  # (1, C, H, W) uint8
+    seen, _ = attention_of_pixels(folder, pixels)
+    return seen[0]
+
+
+def attention_of_pixels(
+    folder: ModelFolder, pixels: np.ndarray
+) -> tuple[list[ImageAttention], Tensor]:
+    """Per image of ``pixels`` (N, C, H, W) uint8, as the model reads them, its
+    :class:`ImageAttention`; and the class probabilities (N, K). One forward pass of the
+    folder's PyTorch module (`aiayn plot attention --image` and the server's /v1/classify)."""
     model = folder.torch_module()
+    model.eval()
     record: list = []
     with torch.no_grad():
-        probs = model(pixels_of(pixels), attn_record=record).float().softmax(-1)[0]
-    weights = torch.stack([w[0].float() for _, w in record])  # (L, H, S, S)
-    best = int(probs.argmax())
-    return ImageAttention(
-        pixels[0], weights, cfg.pooling == "cls", folder.label_names()[best], float(probs[best])
-    )
+        probs = model(pixels_of(pixels).to(folder.device), attn_record=record).float().softmax(-1)
+    probs = probs.cpu()
+    weights = torch.stack([w.float().cpu() for _, w in record], dim=1)  # (N, L, H, S, S)
+    names, cls = folder.label_names(), folder.config.model.pooling == "cls"
+    best = probs.argmax(-1).tolist()
+    seen = [
+        ImageAttention(pixels[i], weights[i], cls, names[b], float(probs[i, b]))
+        for i, b in enumerate(best)
+    ]
+    return seen, probs
+
+
+def attention_maps(seen: ImageAttention, digits: int = 4) -> dict[str, Any]:
+    """The heat maps of one image as JSON: ``maps`` (L × H lists of the g × g grid's N values,
+    row-major: the class token's attention to each patch, or the mean attention each patch
+    receives), ``rollout`` (N values: the same row of the attention rollout), ``grid`` (g),
+    ``source`` ("class token" or "mean over patches"). Raw weights, rounded to ``digits``."""
+    maps = patch_attention(seen.weights, seen.cls)  # (L, H, N)
+    rollout = patch_attention(attention_rollout(seen.weights), seen.cls)  # (N,)
+    return {
+        "grid": int(round(maps.size(-1) ** 0.5)),
+        "source": "class token" if seen.cls else "mean over patches",
+        "maps": maps.round(decimals=digits).tolist(),
+        "rollout": rollout.round(decimals=digits).tolist(),
+    }
 
 
 def _grid(values: Tensor) -> np.ndarray:

@@ -2,8 +2,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { model: null, attention: null, lastText: "" };
-const ACTION = { translation: "Translate", classification: "Classify", lm: "Generate" };
+const state = { model: null, attention: null, lastText: "", image: null };
+const ACTION = { translation: "Translate", classification: "Classify", lm: "Generate", image_classification: "Classify" };
 
 // ---- calls to the API -------------------------------------------------------------------------
 
@@ -43,10 +43,15 @@ function showCard(info) {
   fact("kind", info.kind + (info.ensemble > 1 ? ` (ensemble of ${info.ensemble})` : ""));
   fact("folder", info.paths.join(", "));
   fact("parameters", info.parameters ? info.parameters.toLocaleString("en") : "not known (exported)");
-  fact("vocabulary", info.vocab_size.toLocaleString("en"));
+  if (info.vocab_size != null) fact("vocabulary", info.vocab_size.toLocaleString("en"));
   if (m.d_model) {
     fact("shape", `d_model ${m.d_model}, ${m.n_heads} heads, d_ff ${m.d_ff}, ` +
       `${m.n_encoder_layers}+${m.n_decoder_layers} layers, ${m.norm_first ? "pre" : "post"}-LN`);
+  }
+  if (isImageModel(info)) {
+    const grid = Math.floor(m.image_size / m.patch_size);
+    fact("image", `${m.image_size}×${m.image_size}, ${m.channels === 1 ? "grey" : "RGB"}, ` +
+      `patches of ${m.patch_size}×${m.patch_size} (${grid}×${grid}), ${m.pooling === "cls" ? "class token" : "mean pooling"}`);
   }
   if (data.dataset) {
     const pair = data.src_lang && data.tgt_lang ? ` ${data.src_lang}→${data.tgt_lang}` : "";
@@ -87,9 +92,12 @@ function setUp(info) {
   $("model-line").textContent = `${kind} model · ${info.paths[0]}`;
   $("run").textContent = ACTION[kind] || "—";
   $("run").disabled = !ACTION[kind];
-  $("input-label").textContent = { translation: "Sentence to translate", classification: "Text to classify", lm: "Prompt" }[kind] || "Text";
+  $("input-label").textContent = { translation: "Sentence to translate", classification: "Text to classify", lm: "Prompt", image_classification: "Image to classify (PNG or JPEG)" }[kind] || "Text";
+  $("input-label").htmlFor = isImageModel(info) ? "image-file" : "input";
   for (const el of document.querySelectorAll(".for-translation")) el.hidden = kind !== "translation";
   for (const el of document.querySelectorAll(".for-lm")) el.hidden = kind !== "lm";
+  for (const el of document.querySelectorAll(".for-image")) el.hidden = !isImageModel(info);
+  $("input").hidden = isImageModel(info);
   if (kind === "translation") {
     $("beam").value = info.decode.beam;
     $("alpha").value = info.decode.alpha;
@@ -102,14 +110,21 @@ function setUp(info) {
 function intOf(id) { return parseInt($(id).value, 10); }
 function numOf(id) { return parseFloat($(id).value); }
 
+// An image classifier: a classifier that reads no text (no vocabulary) but pixels; the page sends
+// it an uploaded file.
+function isImageModel(info) { return info.vocab_size == null && info.routes.includes("/v1/classify"); }
+
 async function run() {
   const text = $("input").value;
-  if (!text.trim()) { status("type something first", true); return; }
+  const image = isImageModel(state.model);
+  if (image && !$("image-file").files.length) { status("choose an image first", true); return; }
+  if (!image && !text.trim()) { status("type something first", true); return; }
   $("run").disabled = true;
   status("working…");
   try {
     const kind = state.model.kind;
-    if (kind === "translation") await translate(text);
+    if (image) await classifyImage($("image-file").files[0]);
+    else if (kind === "translation") await translate(text);
     else if (kind === "classification") await classify(text);
     else if (kind === "lm") await generate(text);
     status("");
@@ -120,9 +135,9 @@ async function run() {
   }
 }
 
-function timingLine(t) {
+function timingLine(t, noun = "text") {
   return `${fmt(t.total_ms, 0)} ms (waited ${fmt(t.queue_ms, 0)}, computed ${fmt(t.compute_ms, 0)}` +
-    ` in a batch of ${t.batch_texts} text${t.batch_texts > 1 ? "s" : ""} from ${t.batch_requests} request${t.batch_requests > 1 ? "s" : ""})`;
+    ` in a batch of ${t.batch_texts} ${noun}${t.batch_texts > 1 ? "s" : ""} from ${t.batch_requests} request${t.batch_requests > 1 ? "s" : ""})`;
 }
 
 // The decoding controls set on the page (left out when off: the server's defaults apply).
@@ -197,6 +212,106 @@ async function classify(text) {
   });
   $("nbest").replaceChildren(...items);
   $("timing").textContent = timingLine(data.timing);
+}
+
+// ---- an image: its classes and where the model looked ---------------------------------------
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(new Error(`cannot read ${file.name}`));
+    reader.readAsDataURL(file);
+  });
+}
+
+function loadPicture(url) {
+  return new Promise((resolve, reject) => {
+    const img = new Image();
+    img.onload = () => resolve(img);
+    img.onerror = () => reject(new Error("the browser cannot show this image"));
+    img.src = url;
+  });
+}
+
+// A picture whose base64 would not fit the server's body limit (a phone's photo) is scaled down
+// here first, to a JPEG of at most 4 times the model's side: the server resizes it to its side anyway.
+async function fitted(url) {
+  const limit = state.model.limits.max_body_bytes - 1024;
+  if (url.length <= limit) return { url, note: "" };
+  const picture = await loadPicture(url);
+  const most = 4 * state.model.config.model.image_size;
+  const scale = Math.min(1, most / Math.max(picture.naturalWidth, picture.naturalHeight));
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(1, Math.round(picture.naturalWidth * scale));
+  canvas.height = Math.max(1, Math.round(picture.naturalHeight * scale));
+  canvas.getContext("2d").drawImage(picture, 0, 0, canvas.width, canvas.height);
+  const small = canvas.toDataURL("image/jpeg", 0.92);
+  if (small.length > limit) throw new Error(`the picture does not fit the server's body limit (${limit} bytes) even scaled down`);
+  return { url: small, note: `scaled down in the browser from ${picture.naturalWidth}x${picture.naturalHeight} to ${canvas.width}x${canvas.height}` };
+}
+
+async function classifyImage(file) {
+  const { url, note } = await fitted(await readAsDataURL(file));
+  // The heat maps need the model's attention weights: an exported model (ONNX) has none.
+  const attention = state.model.engine === "torch";
+  const body = { images: [url], top_k: intOf("image-top-k") || 5, attention };
+  const data = await api("v1/classify", body);
+  const r = data.results[0];
+  $("result").hidden = false;
+  $("output").textContent = r.label;
+  const items = r.top.map(({ label, prob }) => {
+    const li = document.createElement("li");
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    bar.style.width = `${Math.round(120 * prob)}px`;
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = fmt(prob);
+    li.append(bar, score, " ", document.createTextNode(label));
+    return li;
+  });
+  $("nbest").replaceChildren(...items);
+  const converted = [note, r.converted].filter(Boolean).join(", then ");
+  $("timing").textContent = (converted ? `${converted} · ` : "") + timingLine(data.timing, "image");
+  $("image-attention").hidden = !r.attention;
+  if (!r.attention) return;
+  state.image = { att: r.attention, picture: await loadPicture(url), name: file.name };
+  const a = r.attention;
+  const options = [new Option("attention rollout", "rollout")];
+  a.maps.forEach((heads, l) => heads.forEach((_, h) => options.push(new Option(`layer ${l + 1} head ${h + 1}`, `${l}.${h}`))));
+  const keep = $("img-map").value;
+  $("img-map").replaceChildren(...options);
+  if (options.some((o) => o.value === keep)) $("img-map").value = keep;
+  $("img-for").textContent = `over ${file.name}: predicted ${r.label} (${fmt(r.top[0].prob, 2)})`;
+  $("img-hint").textContent = `The attention of the ${a.source} to each of the ${a.grid}×${a.grid} patches, ` +
+    "drawn over the picture (each map scaled to its own range: dark, least; yellow, most). " +
+    "Rollout: the attention followed through every layer, residual included (Abnar & Zuidema 2020).";
+  drawImageAttention();
+}
+
+// The picture (as a square, as the model reads it) with the chosen map over its patches.
+function drawImageAttention() {
+  const { att, picture } = state.image;
+  const which = $("img-map").value;
+  const values = which === "rollout" ? att.rollout : att.maps[+which.split(".")[0]][+which.split(".")[1]];
+  const canvas = $("img-canvas");
+  const ctx = canvas.getContext("2d");
+  const side = canvas.width;
+  const cell = side / att.grid;
+  ctx.imageSmoothingEnabled = false;
+  ctx.globalAlpha = 1;
+  ctx.drawImage(picture, 0, 0, side, side);
+  const lo = Math.min(...values);
+  const span = Math.max(...values) - lo;
+  ctx.globalAlpha = 0.55;
+  values.forEach((v, i) => {
+    ctx.fillStyle = colour(span > 0 ? (v - lo) / span : 0);
+    ctx.fillRect((i % att.grid) * cell, Math.floor(i / att.grid) * cell, cell, cell);
+  });
+  ctx.globalAlpha = 1;
+  canvas.dataset.map = which;
+  canvas.dataset.cells = values.length;
 }
 
 async function generate(prompt) {
@@ -342,6 +457,7 @@ function hover(event) {
 $("run").addEventListener("click", run);
 $("input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) run(); });
 for (const id of ["att-kind", "att-layer", "att-head"]) $(id).addEventListener("change", drawHeatmap);
+$("img-map").addEventListener("change", () => { if (state.image) drawImageAttention(); });
 $("heatmap").addEventListener("mouseover", hover);
 
 api("v1/model").then(setUp).catch((err) => {
