@@ -244,17 +244,9 @@ def train_run(
         start = _on_main(dist, lambda: folder.prepare(resume, overwrite))
         owned = not start.replace
         task = task or build_task(cfg)
-        if start.resume:
-            if cfg.train.init_from and model_keys is not None:  # a recipe, as when it started
-                cfg = _fine_tune(cfg, dist, model_keys)[0]
-                task.cfg = cfg
-            tokenized = get_kind(cfg.data.kind).tokenized  # an image run has no tokenizer
-            saved_tok = _on_main(dist, folder.read_tokenizer) if tokenized else None
-        elif cfg.train.init_from:
-            cfg, saved_tok = _fine_tune(cfg, dist, model_keys)
-            task.cfg = cfg
-        else:
-            saved_tok = None
+        started, saved_tok = _starting_point(cfg, dist, folder, start.resume, model_keys)
+        if started is not cfg:  # a fine-tune: the starting model's sections
+            cfg = task.cfg = started
         tokenizer_json = _on_main(dist, lambda: task.setup(saved_tok))
         if not dist.is_main:
             task.setup(tokenizer_json)
@@ -284,6 +276,27 @@ def train_run(
         # shutdown_distributed, after the last collective, not by the interpreter's exit.
         trainer = None
         shutdown_distributed()
+
+
+def _starting_point(
+    cfg: RunConfig,
+    dist: DistContext,
+    folder: RunFolder,
+    resuming: bool,
+    model_keys: Collection[str] | None,
+) -> tuple[RunConfig, str | None]:
+    """The config and the saved tokenizer a run starts from: on resume, its own tokenizer (none
+    for a kind that reads no text) and, for a fine-tune given its recipe again, the starting
+    model's sections as when it started; for a new fine-tune, the starting model's
+    (:func:`_fine_tune`); for a new run, ``cfg`` and no tokenizer."""
+    if resuming:
+        if cfg.train.init_from and model_keys is not None:  # a recipe, as when it started
+            cfg = _fine_tune(cfg, dist, model_keys)[0]
+        tokenized = get_kind(cfg.data.kind).tokenized  # an image run has no tokenizer
+        return cfg, _on_main(dist, folder.read_tokenizer) if tokenized else None
+    if cfg.train.init_from:
+        return _fine_tune(cfg, dist, model_keys)
+    return cfg, None
 
 
 def _check_init_given(cfg: RunConfig) -> None:
