@@ -194,12 +194,9 @@ function showAlignment(h) {
 // An exported model (ONNX, CTranslate2) has no attention to show.
 function hasAttention() { return state.model.routes.includes("/v1/attention"); }
 
-async function classify(text) {
-  const data = await api("v1/classify", { texts: [text] });
-  const r = data.results[0];
-  $("result").hidden = false;
-  $("output").textContent = r.label;
-  const items = Object.entries(r.probs).sort((a, b) => b[1] - a[1]).map(([label, p]) => {
+// The classes as bars, likeliest first: [label, probability] pairs.
+function showClasses(pairs) {
+  const items = pairs.map(([label, p]) => {
     const li = document.createElement("li");
     const bar = document.createElement("span");
     bar.className = "bar";
@@ -211,6 +208,14 @@ async function classify(text) {
     return li;
   });
   $("nbest").replaceChildren(...items);
+}
+
+async function classify(text) {
+  const data = await api("v1/classify", { texts: [text] });
+  const r = data.results[0];
+  $("result").hidden = false;
+  $("output").textContent = r.label;
+  showClasses(Object.entries(r.probs).sort((a, b) => b[1] - a[1]));
   $("timing").textContent = timingLine(data.timing);
 }
 
@@ -260,18 +265,7 @@ async function classifyImage(file) {
   const r = data.results[0];
   $("result").hidden = false;
   $("output").textContent = r.label;
-  const items = r.top.map(({ label, prob }) => {
-    const li = document.createElement("li");
-    const bar = document.createElement("span");
-    bar.className = "bar";
-    bar.style.width = `${Math.round(120 * prob)}px`;
-    const score = document.createElement("span");
-    score.className = "score";
-    score.textContent = fmt(prob);
-    li.append(bar, score, " ", document.createTextNode(label));
-    return li;
-  });
-  $("nbest").replaceChildren(...items);
+  showClasses(r.top.map(({ label, prob }) => [label, prob]));
   const converted = [note, r.converted].filter(Boolean).join(", then ");
   $("timing").textContent = (converted ? `${converted} · ` : "") + timingLine(data.timing, "image");
   $("image-attention").hidden = !r.attention;
