@@ -312,6 +312,11 @@ class ModelConfig:
     image_size: int = 28
     patch_size: int = 4
     channels: int = 1
+    # How an image becomes its patch tokens: "patch", the ViT's linear map of each P × P patch;
+    # or "conv", the paper's hybrid (§3.1) in the form of Xiao et al. (2021), "Early
+    # Convolutions Help Transformers See Better": a 3 × 3 convolution, log2(P) more of stride 2
+    # (each with GroupNorm, GELU), a 1 × 1 convolution to d_model: the same (H/P)² tokens.
+    stem: Literal["patch", "conv"] = "patch"
     # The names of the classes, in label order, when the data gives them (image folders,
     # Fashion-MNIST): what `classify` prints. () = the class ids.
     class_names: tuple[str, ...] = ()
@@ -418,6 +423,11 @@ class ModelConfig:
             )
         if self.channels not in (1, 3):
             raise ConfigError(f"channels must be 1 (grey) or 3 (RGB), got {self.channels}")
+        if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
+            raise ConfigError(
+                f"stem = 'conv' halves the image log2(patch_size) times: patch_size must be a "
+                f"power of 2 (2, 4, 8, …), got {self.patch_size}"
+            )
         if self.class_names and len(self.class_names) != self.n_classes:
             raise ConfigError(
                 f"class_names has {len(self.class_names)} names for n_classes = {self.n_classes}"

@@ -5,6 +5,7 @@ classified, summarised, plotted and exported to ONNX (the export gives the nativ
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -146,24 +147,43 @@ def test_the_model_refuses_images_of_another_shape():
         model(torch.rand(2, 3, SIDE, SIDE))
 
 
-def test_flops_per_image_match_torchs_count_of_the_matmuls():
+@pytest.mark.parametrize("stem, patch", [("patch", 7), ("conv", 4), ("conv", 8)])
+def test_flops_per_image_match_torchs_count_of_the_matmuls(stem, patch):
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = ModelConfig(
+        stem=stem,
         d_model=32,
         n_heads=4,
         d_ff=64,
         n_encoder_layers=2,
         n_decoder_layers=0,
-        image_size=28,
-        patch_size=7,
+        image_size=32 if patch == 8 else 28,
+        patch_size=patch,
         pooling="cls",
         n_classes=10,
     )
     model = VisionTransformer(cfg).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(torch.rand(1, 1, 28, 28))
+        model(torch.rand(1, 1, cfg.image_size, cfg.image_size))
     assert flops_per_image(cfg) == counter.get_total_flops()
+
+
+def test_the_conv_stem_gives_the_patch_grid_and_keeps_images_apart():
+    """stem = 'conv': log2(P) stride-2 convolutions give the same (H/P)² tokens as the patch
+    projection, and GroupNorm (not BatchNorm) keeps an image's logits independent of its batch."""
+    torch.manual_seed(0)
+    cfg = replace(tiny_vit("cls"), stem="conv")
+    model = VisionTransformer(cfg).eval()
+    strides = [m.stride for m in model.embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert strides == [(1, 1), (2, 2), (2, 2), (1, 1)]  # P = 4: two halvings, then the 1x1
+    torch.nn.init.normal_(model.head.weight)
+    pixels = torch.rand(4, 1, SIDE, SIDE)
+    assert model.embed(pixels).shape == (4, 1 + n_patches(cfg), cfg.d_model)
+    with torch.no_grad():
+        together = model(pixels)
+        alone = torch.cat([model(pixels[i : i + 1]) for i in range(4)])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -180,6 +200,13 @@ def test_bad_settings_are_one_clear_error(tmp_path, key, value, message):
     build_run_config(values)
     with pytest.raises(ConfigError, match=message):
         build_run_config({**values, key: value})
+
+
+def test_the_conv_stem_needs_a_power_of_2_patch(tmp_path):
+    values = {**run_values(tmp_path), "model.stem": "conv"}
+    build_run_config(values)
+    with pytest.raises(ConfigError, match=r"patch_size must be a power of 2 \(2, 4, 8, …\), got 1"):
+        build_run_config({**values, "model.patch_size": 1})
 
 
 def test_augment_is_refused_for_a_text_kind():
@@ -252,12 +279,27 @@ def test_a_raw_array_classifies_as_its_picture_does(run):
     assert model.classify_images([array])[0]["label"] == "bottom"
 
 
-def test_onnx_export_gives_the_native_probabilities(run):
+@pytest.fixture(scope="module")
+def conv_run(tmp_path_factory):
+    """A few updates of the hybrid (stem = 'conv'): enough to export and compare."""
+    tmp = tmp_path_factory.mktemp("vit_conv")
+    images = write_images(tmp / "images", per_class=8)
+    values = run_values(images, **{"model.stem": "conv", "train.max_steps": 6})
+    cfg = write_toml(tmp / "vit.toml", values)
+    with torch_threads(1):
+        assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0
+    return tmp
+
+
+@pytest.mark.parametrize("stem", ["patch", "conv"])
+def test_onnx_export_gives_the_native_probabilities(stem, request):
     pytest.importorskip("onnxruntime")
+    run = request.getfixturevalue("run" if stem == "patch" else "conv_run")
     out = run / "onnx"
     assert main(["export", str(run / "run" / "best"), "--format", "onnx", "-o", str(out)]) == 0
     files = [str(p) for p in sorted((run / "images").rglob("*.png"))[:12]]
     native = aiayn.load(run / "run" / "best").image_probs(files)
+    assert float(native.max() - native.min()) > 1e-3  # trained: not the zero head's uniform
     exported = aiayn.load(out)
     assert exported.engine == "onnx" and not (out / "tokenizer.json").exists()
     torch.testing.assert_close(exported.image_probs(files), native, atol=1e-5, rtol=1e-4)

@@ -10,7 +10,12 @@ class embedding prepended (or, as their Appendix D.4 and timm's ``global_pool='a
 mean over the patch states instead), learned 1-D position embeddings added, then the standard
 Transformer encoder (§3.1 of Vaswani et al., this package's :class:`~aiayn.model.Encoder`) and a
 linear head. The patch projection is a convolution with kernel and stride P (the same linear map
-on each patch, as timm's ``PatchEmbed``). Tested: patch arithmetic, batch invariance, and ONNX
+on each patch, as timm's ``PatchEmbed``). With ``model.stem = "conv"`` the tokens come from a
+small convolutional stem instead, the paper's hybrid (§3.1: "the input sequence can be formed
+from feature maps of a CNN") in the form of Xiao et al. 2021, "Early Convolutions Help
+Transformers See Better": a 3×3 convolution, then 3×3 convolutions of stride 2 that halve the
+image log2(P) times, each normalised and followed by GELU, then a 1×1 convolution to D: the same
+(H/P)² tokens. Tested: patch arithmetic, batch invariance, and ONNX
 export against this module.
 
 Pixels come in as floats in [0, 1] (``uint8 / 255``) and are normalised inside the model to
@@ -20,6 +25,8 @@ the same input.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -27,12 +34,45 @@ from aiayn.config import ModelConfig
 from aiayn.model.dropout import Dropout
 from aiayn.model.transformer import Encoder, init_weights
 
-__all__ = ["PatchEmbedding", "VisionTransformer", "n_patches", "flops_per_image"]
+__all__ = ["ConvStem", "PatchEmbedding", "VisionTransformer", "n_patches", "flops_per_image"]
 
 
 def n_patches(cfg: ModelConfig) -> int:
     """N = HW / P²: the tokens an image becomes (a class token adds one)."""
     return (cfg.image_size // cfg.patch_size) ** 2
+
+
+def stem_channels(cfg: ModelConfig) -> list[int]:
+    """The conv stem's widths, C → D/2^k → … → D/2 → D with k = log2(P): a stride-1 convolution
+    to D/2^k, then k stride-2 convolutions that double the width up to D."""
+    k = cfg.patch_size.bit_length() - 1
+    return [cfg.channels] + [max(cfg.d_model >> (k - i), 1) for i in range(k + 1)]
+
+
+class ConvStem(nn.Module):
+    """Shape: (B, C, H, W) -> (B, D, H/P, W/P). A 3×3 convolution at full resolution, then
+    log2(P) 3×3 convolutions of stride 2 (Xiao et al.'s stem; the first, stride-1 layer keeps a
+    small image's detail, as the convolutional tokenizer of Hassani et al. 2021 does), each
+    followed by a GroupNorm of up to 32 groups (batch-independent, as the BiT ResNet of the
+    paper's hybrid) and GELU, and a 1×1 convolution to D with its bias (Xiao et al. §3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        widths = stem_channels(cfg)
+        layers: list[nn.Module] = []
+        for i, (c_in, c_out) in enumerate(zip(widths, widths[1:])):
+            layers += [
+                nn.Conv2d(
+                    c_in, c_out, kernel_size=3, stride=1 if i == 0 else 2, padding=1, bias=False
+                ),
+                nn.GroupNorm(math.gcd(32, c_out), c_out),
+                nn.GELU(),
+            ]
+        layers.append(nn.Conv2d(widths[-1], cfg.d_model, kernel_size=1))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(x)
 
 
 class PatchEmbedding(nn.Module):
@@ -45,7 +85,10 @@ class PatchEmbedding(nn.Module):
             raise ValueError(f"VisionTransformer pools with 'cls' or 'mean', not '{cfg.pooling}'")
         self.cfg = cfg
         p = cfg.patch_size
-        self.proj = nn.Conv2d(cfg.channels, cfg.d_model, kernel_size=p, stride=p)  # E
+        if cfg.stem == "conv":
+            self.proj: nn.Module = ConvStem(cfg)
+        else:
+            self.proj = nn.Conv2d(cfg.channels, cfg.d_model, kernel_size=p, stride=p)  # E
         extra = int(cfg.pooling == "cls")
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if extra else None
         self.pos = nn.Parameter(torch.empty(1, n_patches(cfg) + extra, cfg.d_model))
@@ -105,6 +148,12 @@ def flops_per_image(cfg: ModelConfig) -> int:
     s = n + int(cfg.pooling == "cls")
     d, hk, hv = cfg.d_model, cfg.n_heads * cfg.head_dim_k, cfg.n_heads * cfg.head_dim_v
     patch = 2 * n * cfg.patch_size**2 * cfg.channels * d
+    if cfg.stem == "conv":
+        widths, side, patch = stem_channels(cfg), cfg.image_size, 0
+        for i, (c_in, c_out) in enumerate(zip(widths, widths[1:])):
+            side = side if i == 0 else (side + 1) // 2  # 3×3, padding 1, stride 1 then 2
+            patch += 2 * side * side * 9 * c_in * c_out
+        patch += 2 * n * widths[-1] * d
     projections = 2 * s * d * (2 * hk + hv) + 2 * s * hv * d
     attention = 2 * s * s * hk + 2 * s * s * hv
     ffn = 2 * 2 * s * d * cfg.d_ff
