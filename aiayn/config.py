@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import tomllib
 import types
 import typing
 from dataclasses import dataclass
@@ -78,9 +79,17 @@ def _coerce_union(key: str, raw: Any, args: tuple[Any, ...]) -> Any:
 
 
 def _coerce_sequence(key: str, raw: Any, origin: type, args: tuple[Any, ...]) -> Any:
-    """A tuple or list: a TOML array, or "a,b,c" (brackets optional) from the command line."""
+    """A tuple or list: a TOML array, or from the command line the same array as TOML writes it
+    (``["crop", "flip"]``, ``[0.9, 0.98]``) or bare "a,b,c" (brackets optional)."""
     if isinstance(raw, str):
-        raw = [p for p in raw.strip("()[] ").split(",") if p.strip()]
+        try:  # the recipe's own spelling, quotes and all
+            array = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            array = None
+        if isinstance(array, list):
+            raw = array
+        else:
+            raw = [p.strip() for p in raw.strip("()[] ").split(",") if p.strip()]
     if not isinstance(raw, (list, tuple)):
         raise ConfigError(f"{key}: expected a list, got {raw!r}")
     item_t = args[0] if args else str

@@ -62,6 +62,17 @@ def test_overrides_from_strings_and_round_trip():
     assert from_dict(ModelConfig, to_dict(cfg)) == cfg
 
 
+@pytest.mark.parametrize(
+    "given", ['["crop", "flip"]', "['crop','flip']", "crop,flip", "[crop, flip]", "(crop,flip)"]
+)
+def test_a_list_from_the_command_line_in_the_recipes_spelling_or_bare(given):
+    from aiayn.data.config import DataConfig
+
+    cfg = apply_overrides(DataConfig(kind="image_classification"), {"augment": given})
+    assert cfg.augment == ("crop", "flip")
+    assert apply_overrides(DataConfig(kind="image_classification"), {"augment": "[]"}).augment == ()
+
+
 def test_keras_imdb_encoder_block_has_10656_parameters():
     """Chollet's IMDB TransformerEncoder: embed 32, 2 heads with key_dim 32, dense 32; Keras
     reports 10,656 parameters for it."""
