@@ -21,8 +21,10 @@ start-up settings); the parent hands the workers one batch at a time, round-robi
 other jobs on the machine hits all systems alike. Warm-up steps are excluded; every number is the
 median over the timed steps. tokens/s counts source + target tokens without padding.
 
-Image presets (``vit``, and ``dry-vit`` for the smoke tests): the Vision Transformer of
-configs/fashion_mnist_vit.toml (issue 67), two systems:
+Image presets (``vit``, and ``dry-vit`` for the smoke tests): the patch Vision Transformer at the
+width and depth of configs/fashion_mnist_vit.toml (issue 67): 28x28 images in 4x4 patches, as
+the recipe was when this preset was written (the recipe now makes its tokens with a conv stem,
+``model.stem = "conv"``, which PlainViT does not have); two systems:
 
 * ``aiayn`` — the trainer's own update on an ``ImageClassificationTask`` (collate from the image
   store, loss, backward, gradient norm, optimizer step);
@@ -139,7 +141,7 @@ class VitShape:
         return (self.image_size // self.patch_size) ** 2 + 1
 
 
-VIT_PRESETS = {  # configs/fashion_mnist_vit.toml's model; its tiny stand-in for the smoke test
+VIT_PRESETS = {  # the patch ViT at the recipe's width and depth; a tiny stand-in for the smoke test
     "vit": VitShape(128, 4, 256, 4),
     "dry-vit": VitShape(16, 2, 32, 2, images=8),
 }
