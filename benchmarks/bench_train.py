@@ -253,7 +253,30 @@ def multi30k_batches(s: Shape, max_tokens: int, n: int) -> tuple[list, list[Batc
 # --------------------------------------------------------------------------------------------
 
 
-class AiaynSystem:
+class TrainerSystem:
+    """What aiayn's two systems share: the Trainer on a task whose data is the benchmark's, and
+    one update of it, its loss per counted unit (target token or image)."""
+
+    def start(self, cfg: Any, task: Any, folder: str, device: str) -> None:
+        from aiayn.train.distributed import DistContext
+        from aiayn.train.run_folder import RunFolder
+        from aiayn.train.trainer import Trainer
+
+        self.task = task
+        run = RunFolder(folder)
+        run.prepare(resume=False)
+        dist = DistContext(device=torch.device(device))
+        self.trainer = Trainer(cfg, task, run, dist, {}, "", resume=False)
+        self.model = self.trainer.model
+
+    def update(self, indices: list[int], count: int) -> float:
+        before = self.trainer._interval.loss  # summed loss of the applied updates so far
+        if not self.trainer.update([indices]):
+            return math.nan
+        return (self.trainer._interval.loss - before) / count
+
+
+class AiaynSystem(TrainerSystem):
     """aiayn's Trainer on a TranslationTask whose training pairs are the benchmark's pairs."""
 
     def __init__(self, s: Shape, precision: str, pairs: list, folder: str, seed: int = 1,
@@ -261,10 +284,7 @@ class AiaynSystem:
         from aiayn.config import ModelConfig
         from aiayn.data import DataConfig, pair_store
         from aiayn.run_config import RunConfig, TrainConfig
-        from aiayn.train.distributed import DistContext
-        from aiayn.train.run_folder import RunFolder
         from aiayn.train.translation import TranslationTask
-        from aiayn.train.trainer import Trainer
 
         model = ModelConfig(
             src_vocab_size=s.vocab_size, tgt_vocab_size=s.vocab_size, d_model=s.d_model,
@@ -277,20 +297,13 @@ class AiaynSystem:
                                "seed": seed, "device": device,
                                **train_settings})
         cfg = RunConfig(model=model, data=DataConfig(), train=train)
-        self.task = TranslationTask(cfg)
+        task = TranslationTask(cfg)
         self.pairs = pairs
-        self.task.stores = {"train": pair_store(pairs), "valid": pair_store([])}
-        run = RunFolder(folder)
-        run.prepare(resume=False)
-        dist = DistContext(device=torch.device(device))
-        self.trainer = Trainer(cfg, self.task, run, dist, {}, "", resume=False)
-        self.model = self.trainer.model
+        task.stores = {"train": pair_store(pairs), "valid": pair_store([])}
+        self.start(cfg, task, folder, device)
 
     def step(self, batch: Batch) -> float:
-        before = self.trainer._interval.loss  # summed loss of the applied updates so far
-        if not self.trainer.update([batch.indices]):
-            return math.nan
-        return (self.trainer._interval.loss - before) / batch.n_tgt
+        return self.update(batch.indices, batch.n_tgt)
 
     @torch.no_grad()
     def eval_loss(self, batch: Batch) -> float:
@@ -478,7 +491,7 @@ def vit_model_config(v: VitShape) -> Any:
         class_names=tuple(str(i) for i in range(v.n_classes)))
 
 
-class AiaynVitSystem:
+class AiaynVitSystem(TrainerSystem):
     """aiayn's Trainer on an ImageClassificationTask whose training images are the benchmark's."""
 
     def __init__(self, v: VitShape, precision: str, images: Tensor, labels: Tensor, folder: str,
@@ -489,10 +502,7 @@ class AiaynVitSystem:
         from aiayn.data.images import ImageSet
         from aiayn.kinds import IMAGE_CLASSIFICATION
         from aiayn.run_config import RunConfig, TrainConfig
-        from aiayn.train.distributed import DistContext
         from aiayn.train.images import ImageClassificationTask
-        from aiayn.train.run_folder import RunFolder
-        from aiayn.train.trainer import Trainer
 
         model = vit_model_config(v)
         data = DataConfig(kind=IMAGE_CLASSIFICATION, dataset="fashion_mnist",
@@ -500,22 +510,14 @@ class AiaynVitSystem:
         train = TrainConfig(precision=precision, weight_decay=0.05, label_smoothing=0.1,
                             seed=seed, device=device)
         cfg = RunConfig(model=model, data=data, train=train)
-        self.task = ImageClassificationTask(cfg)
+        task = ImageClassificationTask(cfg)
         store = ImageSet(images.numpy(), labels.numpy(), list(model.class_names))
-        self.task.classes = list(model.class_names)
-        self.task.splits = {"train": (store, np.arange(len(store))),
-                            "valid": (store, np.arange(0))}
-        run = RunFolder(folder)
-        run.prepare(resume=False)
-        dist = DistContext(device=torch.device(device))
-        self.trainer = Trainer(cfg, self.task, run, dist, {}, "", resume=False)
-        self.model = self.trainer.model
+        task.classes = list(model.class_names)
+        task.splits = {"train": (store, np.arange(len(store))), "valid": (store, np.arange(0))}
+        self.start(cfg, task, folder, device)
 
     def step(self, batch: ImageSteps) -> float:
-        before = self.trainer._interval.loss  # summed loss of the applied updates so far
-        if not self.trainer.update([batch.indices]):
-            return math.nan
-        return (self.trainer._interval.loss - before) / len(batch.indices)
+        return self.update(batch.indices, len(batch.indices))
 
     @torch.no_grad()
     def eval_loss(self, batch: ImageSteps) -> float:
