@@ -56,41 +56,50 @@ def serving(model_dirs: list[Path]):
         thread.join(10)
 
 
+@contextmanager
+def ready_page(p, url: str, before=None):
+    """A Chromium page at ``url`` once its run button is enabled, and the list its script errors
+    go to; ``before(page)`` runs first (e.g. to route requests). The browser closes after."""
+    browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        if before is not None:
+            before(page)
+        page.goto(url)
+        page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+        yield page, errors
+    finally:
+        browser.close()
+
+
 def drive_page(url: str, sentence: str, screenshot: Path) -> dict:
     """Load the page, translate ``sentence`` by typing and clicking, open the attention view of
     the cross-attention of the last layer; returns what the page showed (and saves a PNG)."""
     import httpx
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            page.goto(url)
-            page.wait_for_selector("#run:not([disabled])", timeout=20_000)
-            page.fill("#input", sentence)
-            page.click("#run")
-            page.wait_for_selector("#heatmap tbody tr", timeout=60_000)
-            shown = page.text_content("#output")
-            nbest = page.locator("#nbest li").count()
-            assert page.is_visible("#nbest li")
-            page.select_option("#att-kind", "cross")
-            layers = page.locator("#att-layer option").count()
-            page.select_option("#att-layer", str(layers))
-            rows = page.locator("#heatmap tbody tr").count()
-            cols = page.locator("#heatmap tbody tr").first.locator("td").count()
-            page.hover("#heatmap tbody tr:nth-child(2) td:nth-child(2)")
-            hover = page.text_content("#att-value")
-            card = page.text_content("#card-facts")
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
-            page.click("#nbest li:nth-child(2) button")  # the attention of hypothesis 2
-            page.wait_for_function("document.getElementById('att-for').textContent.includes('2')")
-            second_for = page.text_content("#att-for")
-        finally:
-            browser.close()
+    with sync_playwright() as p, ready_page(p, url) as (page, errors):
+        page.fill("#input", sentence)
+        page.click("#run")
+        page.wait_for_selector("#heatmap tbody tr", timeout=60_000)
+        shown = page.text_content("#output")
+        nbest = page.locator("#nbest li").count()
+        assert page.is_visible("#nbest li")
+        page.select_option("#att-kind", "cross")
+        layers = page.locator("#att-layer option").count()
+        page.select_option("#att-layer", str(layers))
+        rows = page.locator("#heatmap tbody tr").count()
+        cols = page.locator("#heatmap tbody tr").first.locator("td").count()
+        page.hover("#heatmap tbody tr:nth-child(2) td:nth-child(2)")
+        hover = page.text_content("#att-value")
+        card = page.text_content("#card-facts")
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=True)
+        page.click("#nbest li:nth-child(2) button")  # the attention of hypothesis 2
+        page.wait_for_function("document.getElementById('att-for').textContent.includes('2')")
+        second_for = page.text_content("#att-for")
     api = httpx.post(
         url + "v1/translate", json={"texts": [sentence], "nbest": 3}, timeout=60
     ).json()
@@ -216,17 +225,14 @@ def test_page_shows_whole_characters_offers_the_controls_and_api_docs_offline(tm
 
     sentence, prefix = "a cat 北京 🙂 sits", "eine katze"
     folder = make_trained_folder(tmp_path / "model")
+    outside: list[str] = []
+
+    def keep_inside(page):
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
+                   else (outside.append(route.request.url), route.abort()))
+
     with serving([folder]) as url, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            outside: list[str] = []
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
-                       else (outside.append(route.request.url), route.abort()))
-            page.goto(url)
-            page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+        with ready_page(p, url, keep_inside) as (page, errors):
             page.fill("#input", sentence)
             page.fill("#no-repeat", "3")
             page.fill("#rep-penalty", "1.2")
@@ -243,8 +249,6 @@ def test_page_shows_whole_characters_offers_the_controls_and_api_docs_offline(tm
             page.goto(url + "docs")
             page.wait_for_selector(".opblock-summary-path", timeout=30_000)
             swagger = page.locator(".opblock-summary-path").all_text_contents()
-        finally:
-            browser.close()
         body = {"texts": [sentence], "beam": 4, "alpha": 0.6, "nbest": 3, "prefixes": [prefix],
                 "no_repeat_ngram_size": 3, "repetition_penalty": 1.2, "alignments": True}
         api = httpx.post(url + "v1/translate", json=body, timeout=60).json()
@@ -286,13 +290,7 @@ def test_page_classifies_an_uploaded_image_and_draws_its_attention(tmp_path, one
         let sum = 0; for (let i = 0; i < d.length; i += 4) sum += d[i] + d[i + 1] + d[i + 2];
         return sum / (3 * d.length / 4); }"""
     with serving([make_image_folder(tmp_path / "vit")]) as url, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            page.goto(url)
-            page.wait_for_selector("#run:not([disabled])", timeout=20_000)
+        with ready_page(p, url) as (page, errors):
             text_box = page.is_visible("#input")
             button = page.text_content("#run")
             page.click("#run")  # no file yet
@@ -320,8 +318,6 @@ def test_page_classifies_an_uploaded_image_and_draws_its_attention(tmp_path, one
                                    ".includes('big.png')", timeout=60_000)
             big_timing = page.text_content("#timing")
             big_status = page.text_content("#status")
-        finally:
-            browser.close()
         api = httpx.post(url + "v1/classify", timeout=60, json={
             "images": [base64.b64encode(png.read_bytes()).decode()], "top_k": 2}).json()
     assert errors == []
