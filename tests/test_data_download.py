@@ -94,8 +94,7 @@ def test_fetch_without_a_validator_or_from_another_source_starts_over(server, tm
     assert (tmp_path / "f.txt").read_bytes() == GOOD and "/f.txt" not in server.ranges
 
 
-def test_fetch_checks_an_md5_and_refuses_a_second_concurrent_download(server, tmp_path):
-    import fcntl
+def test_fetch_checks_an_md5(server, tmp_path):
     import hashlib
 
     server.routes["/good.txt"] = GOOD
@@ -104,10 +103,44 @@ def test_fetch_checks_an_md5_and_refuses_a_second_concurrent_download(server, tm
     assert files_in(tmp_path) == []
     fetch(f"{server.url}/good.txt", tmp_path / "good.txt", None,
           md5=hashlib.md5(GOOD).hexdigest(), progress=False)
-    with open(tmp_path / ".other.txt.part", "ab") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
-        with pytest.raises(DataError, match="another process is downloading this file"):
-            fetch(f"{server.url}/good.txt", tmp_path / "other.txt", None, progress=False)
+    assert (tmp_path / "good.txt").read_bytes() == GOOD
+
+
+@pytest.mark.parametrize("other_succeeds", [True, False])
+def test_fetch_waits_for_another_process_downloading_the_same_file(
+    server, tmp_path, caplog, other_succeeds
+):
+    """Two runs started at once on a fresh machine (the headline's two seeds): the second waits
+    for the first's download and uses its file, or downloads it itself when the first failed."""
+    import fcntl
+    import threading
+    import time
+
+    dest, part = tmp_path / "good.txt", tmp_path / ".good.txt.part"
+    if not other_succeeds:
+        server.routes["/good.txt"] = GOOD  # with the file in place no request may be made
+    got: dict = {}
+    waiter = threading.Thread(
+        target=lambda: got.update(path=fetch(f"{server.url}/good.txt", dest, sha256(GOOD),
+                                             progress=False)))
+    with open(part, "ab") as other:  # the other process, mid-download
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        caplog.set_level("WARNING", logger="aiayn.data.download")
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while "waiting for it" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "another process is downloading this file; waiting for it" in caplog.text
+        assert waiter.is_alive()
+        if other_succeeds:
+            other.write(GOOD)
+            other.flush()
+            part.replace(dest)
+        else:
+            part.unlink()  # a checksum mismatch: the other process removed its download
+    waiter.join(10)
+    assert got["path"] == dest and dest.read_bytes() == GOOD
+    assert files_in(tmp_path) == ["good.txt"]
 
 
 def test_fetch_unreachable_host(tmp_path, server):

@@ -120,15 +120,30 @@ def _http_source(response: Any, offset: int) -> _Source:
 
 
 @contextlib.contextmanager
-def _claimed(part: Path) -> Iterator[None]:
-    """Hold ``part`` for this process: a second download of the same file is refused."""
+def _claimed(part: Path) -> Iterator[bool]:
+    """Hold ``part`` for this process; while another process downloads the same file, wait for
+    it. Yields whether it waited (the other process may have put the file in place)."""
     part.parent.mkdir(parents=True, exist_ok=True)
-    with open(part, "ab") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise DataError(f"{part}: another process is downloading this file") from None
-        yield
+    waited = False
+    while True:
+        with open(part, "ab") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                log.warning("%s: another process is downloading this file; waiting for it", part)
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                waited = True
+                if not _same_file(handle, part):  # renamed into place or removed: claim anew
+                    continue
+            yield waited
+            return
+
+
+def _same_file(handle: BinaryIO, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), path.stat())
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -184,7 +199,9 @@ def fetch(
     """
     dest, part = Path(dest), part_path(dest)
     try:
-        with _claimed(part), _drop_if_empty(part):
+        with _claimed(part) as waited, _drop_if_empty(part):
+            if waited and dest.is_file() and (sha256 is None or sha256_of(dest) == sha256):
+                return dest  # the process waited for fetched it
             src = _start(source, part, timeout)
             digests = _digests(part, src.offset)
             with src.stream, open(part, "r+b") as out:
