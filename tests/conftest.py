@@ -108,6 +108,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_io_hosts": UNIT,
     "test_kinds": UNIT,
     "test_kinds_registry": UNIT,
+    "test_make_demo": ("process",),  # runs make with a fake aiayn
     "test_make_results": UNIT,
     "test_mlm": UNIT,
     "test_model": UNIT,
