@@ -133,7 +133,7 @@ bench-decode: $(VENV)/.bench
 # One trained model run by native PyTorch fp32 / bf16, ONNX Runtime and CTranslate2 float32 / int8:
 # sentences/s, BLEU, peak RSS, size on disk -> docs/experiments/engines.json and the table in docs/experiments/engines.md.
 # Needs a trained model folder (default: the demo's, `make demo`). ENGINES_ARGS="--limit 200" etc.
-ENGINES_MODEL ?= $(DEMO_RUN)/avg5
+ENGINES_MODEL ?= $(DEMO_RUN)/m1/avg5
 bench-engines: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_engines.py --model $(ENGINES_MODEL) $(ENGINES_ARGS)
 

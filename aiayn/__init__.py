@@ -3,7 +3,7 @@
 ``aiayn.load(path)`` opens a trained model folder (:func:`aiayn.folder.load_model_folder`)::
 
     import aiayn
-    aiayn.load("runs/demo/avg5").translate(["A man rides a bike."])
+    aiayn.load("runs/demo/m1/avg5").translate(["A man rides a bike."])
 
 On the CPU, ``aiayn.load`` also tunes glibc malloc for the whole process to keep freed memory
 (faster decoding, docs/performance.md#in-short; peak memory kept until exit);

@@ -43,16 +43,16 @@ COMMANDS: dict[str, str] = {
 # One example per command, the last line of its --help (a command's own epilog= wins).
 EXAMPLES: dict[str, str] = {
     "data": "aiayn data prepare multi30k",
-    "plot": "aiayn plot curves runs/demo -o curves.png",
+    "plot": "aiayn plot curves runs/demo/m1 -o curves.png",
     "summary": "aiayn summary base --set model.src_vocab_size=37000 --set model.d_model=256",
-    "train": "aiayn train configs/multi30k_demo.toml --out runs/demo",
-    "average": "aiayn average runs/demo --last 5 -o runs/demo/avg5",
-    "translate": 'echo "A dog is running through the snow." | aiayn translate runs/demo/avg5',
-    "evaluate": "aiayn evaluate runs/demo/avg5 --split test_2016_flickr",
+    "train": "aiayn train configs/multi30k_demo.toml --out runs/demo/m1",
+    "average": "aiayn average runs/demo/m1 --last 5 -o runs/demo/m1/avg5",
+    "translate": 'echo "A dog is running through the snow." | aiayn translate runs/demo/m1/avg5',
+    "evaluate": "aiayn evaluate runs/demo/m1/avg5 --split test_2016_flickr",
     "classify": 'echo "A wonderful, moving film." | aiayn classify runs/imdb/avg5',
     "generate": 'aiayn generate runs/shakespeare_char/best --prompt "ROMEO:" --seed 1',
-    "serve": "aiayn serve runs/demo/avg5",
-    "export": "aiayn export runs/demo/avg5 --format onnx -o runs/demo/onnx",
+    "serve": "aiayn serve runs/demo/m1/avg5",
+    "export": "aiayn export runs/demo/m1/avg5 --format onnx -o runs/demo/onnx",
     "import": "aiayn import hf opus-mt-en-de -o models/opus-mt-en-de",
 }
 FIRST_STEPS = """first steps:

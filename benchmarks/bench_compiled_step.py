@@ -8,7 +8,7 @@ they alternate round by round over the first ``--limit`` sentences (the per-roun
 shared machine only these same-run ratios mean anything. Both must give the same n-best lists;
 the script counts the sentences where they do not.
 
-    python benchmarks/bench_compiled_step.py --model runs/demo/avg5 --sentences 60 --limit 200
+    python benchmarks/bench_compiled_step.py --model runs/demo/m1/avg5 --sentences 60 --limit 200
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(ROOT / "runs" / "demo" / "avg5"))
+    p.add_argument("--model", default=str(ROOT / "runs" / "demo" / "m1" / "avg5"))
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--sentences", type=int, default=60, help="decoded one at a time")

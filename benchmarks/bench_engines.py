@@ -26,7 +26,7 @@ default to the best; a WARNING line when the default runs more than 10% slower t
 Settings alternate within each round, like the engines. OMP_WAIT_POLICY is left unset (as a
 user's is) unless ``--omp-wait-policy`` says otherwise.
 
-    make bench-engines                      # runs/demo/avg5, test_2016_flickr, beam 5, 5 rounds
+    make bench-engines                      # runs/demo/m1/avg5, test_2016_flickr, beam 5, 5 rounds
     python benchmarks/bench_engines.py --model RUN/avg5 --limit 200 --repeats 3
     make bench-sweep                        # --sweep: the defaults against the grid, 3 rounds
 
@@ -74,7 +74,7 @@ WARN_BELOW = 0.9  # a default under 0.9× the best setting measured is a regress
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(ROOT / "runs" / "demo" / "avg5"))
+    p.add_argument("--model", default=str(ROOT / "runs" / "demo" / "m1" / "avg5"))
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--length-penalty", default="average", choices=("average", "gnmt", "none"))

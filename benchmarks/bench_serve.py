@@ -38,7 +38,7 @@ N`` pins both to N intra-op threads (AIAYN_THREADS and OMP_NUM_THREADS) with
 OMP_WAIT_POLICY=PASSIVE: on a machine shared with other busy processes, OpenMP's default spinning
 makes 2 threads many times slower than 1.
 
-    python benchmarks/bench_serve.py --model runs/demo/avg5 --clients 8 64 128 --seconds 20 \
+    python benchmarks/bench_serve.py --model runs/demo/m1/avg5 --clients 8 64 128 --seconds 20 \
         --out docs/experiments/serving.json
     python benchmarks/bench_serve.py --model /tmp/demo_ct2 --clients 8 64 128 --seconds 20 \
         --out serving_ct2.json                  # a CTranslate2 export, at its defaults
@@ -666,7 +666,7 @@ def write_table(files: list[str], pages: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/avg5")])
+    p.add_argument("--model", nargs="+", default=[str(ROOT / "runs/demo/m1/avg5")])
     p.add_argument(
         "--clients", type=int, nargs="+", default=[8, 64, 128], help="default: 8 64 128 (and 1)"
     )

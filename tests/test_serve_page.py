@@ -4,7 +4,7 @@ driven by playwright, against a server on a free 127.0.0.1 port.
 Skipped, with the reason, when /usr/bin/chromium or the playwright package is missing
 (`.ci/run` installs Chromium). Also a script, for the README screenshot of a real model:
 
-    python tests/test_serve_page.py runs/demo/avg5 docs/figures/serve_page.png
+    python tests/test_serve_page.py runs/demo/m1/avg5 docs/figures/serve_page.png
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the backend that runs it (:func:`aiayn.folder.open.open_backend`: the parts chec
 the recorded shape built, the weights and tokenizer loaded) and returns a :class:`ModelFolder`::
 
     import aiayn
-    model = aiayn.load("runs/demo/avg5")
+    model = aiayn.load("runs/demo/m1/avg5")
     model.translate(["A man rides a bike."])          # with the folder's decoding settings
     model.score(split="test_2016_flickr")              # BLEU/chrF (accuracy for a classifier)
 
