@@ -152,7 +152,10 @@ def aiayn(*args: str) -> list[str]:
 def config_values(keys: dict[str, str], smoke: bool, steps: int) -> list[str]:
     sets = {**keys, "data.dataset": "", "train.max_steps": steps, "train.valid_every": 10**6,
             "train.save_every": 10**6, "train.log_every": 1,
-            "train.max_time": 0, "train.warmup_steps": 1}
+            "train.max_time": 0, "train.warmup_steps": 1,
+            # the demo recipe as the records were made with (2026-11-26): a cosine over updates,
+            # 4,096-token batches, the full softmax
+            "train.schedule_clock": "updates", "data.max_tokens": 4096, "model.output_vocab": "all"}
     if smoke:
         sets.update({"data.vocab_size": 300, "model.d_model": 32,
                      "model.n_heads": 2, "model.d_ff": 64, "model.n_encoder_layers": 1,
