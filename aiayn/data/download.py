@@ -133,8 +133,8 @@ def _claimed(part: Path) -> Iterator[bool]:
                 log.warning("%s: another process is downloading this file; waiting for it", part)
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
                 waited = True
-                if not _same_file(handle, part):  # renamed into place or removed: claim anew
-                    continue
+            if not _same_file(handle, part):  # renamed into place or removed: claim anew
+                continue
             yield waited
             return
 
