@@ -326,6 +326,10 @@ class ModelConfig:
     # Convolutions Help Transformers See Better": a 3 × 3 convolution, log2(P) more of stride 2
     # (each with GroupNorm, GELU), a 1 × 1 convolution to d_model: the same (H/P)² tokens.
     stem: Literal["patch", "conv"] = "patch"
+    # stem = "conv": the 3 × 3 convolutions at each of its log2(P) + 1 resolutions, the full one
+    # first (each stage as a ResNet's: its first convolution changes the width, and the stride
+    # after the first stage, the others keep both); () = one at each, Xiao et al.'s stem.
+    stem_depths: tuple[int, ...] = ()
     # The names of the classes, in label order, when the data gives them (image folders,
     # Fashion-MNIST): what `classify` prints. () = the class ids.
     class_names: tuple[str, ...] = ()
@@ -436,6 +440,15 @@ class ModelConfig:
             raise ConfigError(
                 f"stem = 'conv' halves the image log2(patch_size) times: patch_size must be a "
                 f"power of 2 (2, 4, 8, …), got {self.patch_size}"
+            )
+        stages = self.patch_size.bit_length()  # log2(P) + 1 for a power of 2
+        if self.stem_depths and (
+            self.stem != "conv" or len(self.stem_depths) != stages or min(self.stem_depths) < 1
+        ):
+            raise ConfigError(
+                f"stem_depths gives the convolutions at each of the conv stem's log2(patch_size) "
+                f"+ 1 = {stages} resolutions (stem = 'conv'), each at least 1: got "
+                f"{list(self.stem_depths)} with stem = '{self.stem}'"
             )
         if self.class_names and len(self.class_names) != self.n_classes:
             raise ConfigError(

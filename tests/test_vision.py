@@ -147,12 +147,16 @@ def test_the_model_refuses_images_of_another_shape():
         model(torch.rand(2, 3, SIDE, SIDE))
 
 
-@pytest.mark.parametrize("stem, patch", [("patch", 7), ("conv", 4), ("conv", 8)])
-def test_flops_per_image_match_torchs_count_of_the_matmuls(stem, patch):
+@pytest.mark.parametrize(
+    "stem, patch, depths",
+    [("patch", 7, ()), ("conv", 4, ()), ("conv", 8, ()), ("conv", 8, (1, 1, 2, 3))],
+)
+def test_flops_per_image_match_torchs_count_of_the_matmuls(stem, patch, depths):
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = ModelConfig(
         stem=stem,
+        stem_depths=depths,
         d_model=32,
         n_heads=4,
         d_ff=64,
@@ -186,6 +190,25 @@ def test_the_conv_stem_gives_the_patch_grid_and_keeps_images_apart():
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
 
 
+def test_stem_depths_stack_convolutions_at_each_resolution():
+    """model.stem_depths (1, 2, 3) at P = 4: one convolution at full resolution, two at half
+    (the first of stride 2), three at a quarter; the same tokens, one image's logits still
+    independent of its batch."""
+    torch.manual_seed(0)
+    cfg = replace(tiny_vit("cls"), stem="conv", stem_depths=(1, 2, 3))
+    model = VisionTransformer(cfg).eval()
+    convs = [m for m in model.embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [m.stride[0] for m in convs] == [1, 2, 1, 2, 1, 1, 1]  # the last: the 1x1 to D
+    assert [m.out_channels for m in convs[:-1]] == [4, 8, 8, 16, 16, 16]  # D = 16: D/4, D/2, D
+    assert [m.kernel_size for m in convs] == [(3, 3)] * 6 + [(1, 1)]
+    pixels = torch.rand(3, 1, SIDE, SIDE)
+    assert model.embed(pixels).shape == (3, 1 + n_patches(cfg), cfg.d_model)
+    torch.nn.init.normal_(model.head.weight)
+    with torch.no_grad():
+        together, alone = model(pixels), torch.cat([model(pixels[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "key, value, message",
     [
@@ -207,6 +230,17 @@ def test_the_conv_stem_needs_a_power_of_2_patch(tmp_path):
     build_run_config(values)
     with pytest.raises(ConfigError, match=r"patch_size must be a power of 2 \(2, 4, 8, …\), got 1"):
         build_run_config({**values, "model.patch_size": 1})
+
+
+@pytest.mark.parametrize(
+    "stem, depths",
+    [("conv", [1, 2]), ("conv", [1, 0, 1]), ("patch", [1, 1, 1])],
+)
+def test_stem_depths_name_each_resolution_of_the_conv_stem(tmp_path, stem, depths):
+    values = {**run_values(tmp_path), "model.stem": "conv", "model.patch_size": 4}
+    build_run_config({**values, "model.stem_depths": [1, 2, 2]})
+    with pytest.raises(ConfigError, match=r"stem_depths gives the convolutions at each of .* = 3 "):
+        build_run_config({**values, "model.stem": stem, "model.stem_depths": depths})
 
 
 def test_augment_is_refused_for_a_text_kind():
@@ -281,10 +315,12 @@ def test_a_raw_array_classifies_as_its_picture_does(run):
 
 @pytest.fixture(scope="module")
 def conv_run(tmp_path_factory):
-    """A few updates of the hybrid (stem = 'conv'): enough to export and compare."""
+    """A few updates of the hybrid (stem = 'conv', two convolutions at the lower resolutions, as
+    the recipe): enough to export and compare, and its config.json reloads the same stem."""
     tmp = tmp_path_factory.mktemp("vit_conv")
     images = write_images(tmp / "images", per_class=8)
-    values = run_values(images, **{"model.stem": "conv", "train.max_steps": 6})
+    more = {"model.stem": "conv", "model.stem_depths": [1, 2, 2], "train.max_steps": 6}
+    values = run_values(images, **more)
     cfg = write_toml(tmp / "vit.toml", values)
     with torch_threads(1):
         assert main(["train", str(cfg), "--out", str(tmp / "run")]) == 0

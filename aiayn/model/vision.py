@@ -15,8 +15,8 @@ small convolutional stem instead, the paper's hybrid (§3.1: "the input sequence
 from feature maps of a CNN") in the form of Xiao et al. 2021, "Early Convolutions Help
 Transformers See Better": a 3×3 convolution, then 3×3 convolutions of stride 2 that halve the
 image log2(P) times, each normalised and followed by GELU, then a 1×1 convolution to D: the same
-(H/P)² tokens. Tested: patch arithmetic, batch invariance, and ONNX
-export against this module.
+(H/P)² tokens. ``model.stem_depths`` stacks more 3×3 convolutions at a resolution, as a ResNet
+stage does. Tested: patch arithmetic, batch invariance, and ONNX export against this module.
 
 Pixels come in as floats in [0, 1] (``uint8 / 255``) and are normalised inside the model to
 [-1, 1] ((x - 0.5) / 0.5, the ViT reference code's normalisation), so an exported graph takes
@@ -49,26 +49,37 @@ def stem_channels(cfg: ModelConfig) -> list[int]:
     return [cfg.channels] + [max(cfg.d_model >> (k - i), 1) for i in range(k + 1)]
 
 
+def stem_convs(cfg: ModelConfig) -> list[tuple[int, int, int]]:
+    """The conv stem's 3×3 convolutions in order, (in channels, out channels, stride): at each
+    resolution (``stem_channels``) the first changes the width (stride 2 after the full
+    resolution) and ``model.stem_depths`` - 1 more keep it."""
+    widths = stem_channels(cfg)
+    depths = cfg.stem_depths or (1,) * (len(widths) - 1)
+    convs = []
+    for i, (c_in, c_out) in enumerate(zip(widths, widths[1:])):
+        convs.append((c_in, c_out, 1 if i == 0 else 2))
+        convs += [(c_out, c_out, 1)] * (depths[i] - 1)
+    return convs
+
+
 class ConvStem(nn.Module):
     """Shape: (B, C, H, W) -> (B, D, H/P, W/P). A 3×3 convolution at full resolution, then
     log2(P) 3×3 convolutions of stride 2 (Xiao et al.'s stem; the first, stride-1 layer keeps a
     small image's detail, as the convolutional tokenizer of Hassani et al. 2021 does), each
     followed by a GroupNorm of up to 32 groups (batch-independent, as the BiT ResNet of the
-    paper's hybrid) and GELU, and a 1×1 convolution to D with its bias (Xiao et al. §3)."""
+    paper's hybrid) and GELU, and a 1×1 convolution to D with its bias (Xiao et al. §3). With
+    ``model.stem_depths`` a resolution has more 3×3 convolutions, of stride 1 (``stem_convs``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        widths = stem_channels(cfg)
         layers: list[nn.Module] = []
-        for i, (c_in, c_out) in enumerate(zip(widths, widths[1:])):
+        for c_in, c_out, stride in stem_convs(cfg):
             layers += [
-                nn.Conv2d(
-                    c_in, c_out, kernel_size=3, stride=1 if i == 0 else 2, padding=1, bias=False
-                ),
+                nn.Conv2d(c_in, c_out, kernel_size=3, stride=stride, padding=1, bias=False),
                 nn.GroupNorm(math.gcd(32, c_out), c_out),
                 nn.GELU(),
             ]
-        layers.append(nn.Conv2d(widths[-1], cfg.d_model, kernel_size=1))
+        layers.append(nn.Conv2d(stem_channels(cfg)[-1], cfg.d_model, kernel_size=1))
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -149,11 +160,11 @@ def flops_per_image(cfg: ModelConfig) -> int:
     d, hk, hv = cfg.d_model, cfg.n_heads * cfg.head_dim_k, cfg.n_heads * cfg.head_dim_v
     patch = 2 * n * cfg.patch_size**2 * cfg.channels * d
     if cfg.stem == "conv":
-        widths, side, patch = stem_channels(cfg), cfg.image_size, 0
-        for i, (c_in, c_out) in enumerate(zip(widths, widths[1:])):
-            side = side if i == 0 else (side + 1) // 2  # 3×3, padding 1, stride 1 then 2
+        side, patch = cfg.image_size, 0
+        for c_in, c_out, stride in stem_convs(cfg):
+            side = (side + stride - 1) // stride  # 3×3, padding 1
             patch += 2 * side * side * 9 * c_in * c_out
-        patch += 2 * n * widths[-1] * d
+        patch += 2 * n * stem_channels(cfg)[-1] * d
     projections = 2 * s * d * (2 * hk + hv) + 2 * s * hv * d
     attention = 2 * s * s * hk + 2 * s * s * hv
     ffn = 2 * 2 * s * d * cfg.d_ff
