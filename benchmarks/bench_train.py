@@ -21,10 +21,10 @@ start-up settings); the parent hands the workers one batch at a time, round-robi
 other jobs on the machine hits all systems alike. Warm-up steps are excluded; every number is the
 median over the timed steps. tokens/s counts source + target tokens without padding.
 
-Image presets (``vit``, and ``dry-vit`` for the smoke tests): the patch Vision Transformer at the
-width and depth of configs/fashion_mnist_vit.toml (issue 67): 28x28 images in 4x4 patches, as
-the recipe was when this preset was written (the recipe now makes its tokens with a conv stem,
-``model.stem = "conv"``, which PlainViT does not have); two systems:
+Image presets (``vit``, and ``dry-vit`` for the smoke tests): the patch Vision Transformer of
+configs/fashion_mnist_vit.toml as it was when this preset was written (issue 67): width 128,
+4 layers, 28x28 images in 4x4 patches (the recipe now makes its tokens with a conv stem,
+``model.stem = "conv"``, which PlainViT does not have, and has 3 layers); two systems:
 
 * ``aiayn`` — the trainer's own update on an ``ImageClassificationTask`` (collate from the image
   store, loss, backward, gradient norm, optimizer step);
@@ -141,7 +141,7 @@ class VitShape:
         return (self.image_size // self.patch_size) ** 2 + 1
 
 
-VIT_PRESETS = {  # the patch ViT at the recipe's width and depth; a tiny stand-in for the smoke test
+VIT_PRESETS = {  # the recipe's first patch ViT (width 128, 4 layers); a tiny stand-in for smoke tests
     "vit": VitShape(128, 4, 256, 4),
     "dry-vit": VitShape(16, 2, 32, 2, images=8),
 }
