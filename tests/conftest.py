@@ -115,6 +115,7 @@ MODULE_KINDS: dict[str, tuple[str, ...]] = {
     "test_model_options": UNIT,
     "test_model_parity": UNIT,
     "test_model_shapes": UNIT,
+    "test_naive_bayes": UNIT,
     "test_output_vocab": UNIT,
     "test_paper_bleu": UNIT,
     "test_recase": UNIT,

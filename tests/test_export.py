@@ -191,15 +191,20 @@ def test_onnx_search_tokens_equal_torch_greedy_beam_nbest_ensemble(tmp_path):
             ]
 
 
-@pytest.mark.parametrize("pooling,buckets", [("mean", 0), ("max", 0), ("cls", 0), ("mean", 16)])
-def test_onnx_classifier_logits_equal_torch(tmp_path, pooling, buckets):
+@pytest.mark.parametrize(
+    "pooling,buckets,nb", [("mean", 0, 0), ("max", 0, 0), ("cls", 0, 0), ("mean", 16, 0), ("max", 0, 3)]
+)
+def test_onnx_classifier_logits_equal_torch(tmp_path, pooling, buckets, nb):
     needs("onnxruntime", "export")
     torch.manual_seed(4)
     model = TransformerClassifier(
-        small_cfg(n_decoder_layers=0, n_classes=3, pooling=pooling, bigram_buckets=buckets)
+        small_cfg(n_decoder_layers=0, n_classes=3, pooling=pooling, bigram_buckets=buckets,
+                  nb_ngrams=nb, nb_buckets=64, nb_scale=1.0)  # its term as large as the net's
     ).eval()
     if model.bigrams is not None:
         torch.nn.init.normal_(model.bigrams.weight)  # not the zeros of initialisation
+    if model.nb is not None:  # counted texts, not the zeros of initialisation
+        model.nb.count(torch.randint(1, 30, (8, 6)), torch.arange(8) % 3)
     engine, meta = exported(tmp_path, model, "classifier")
     assert meta["kind"] == "classification"
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 13, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]])

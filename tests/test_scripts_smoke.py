@@ -492,6 +492,7 @@ SMOKE: dict[str, Callable[..., None] | str] = {
     "scripts/make_reference.py": "tests/test_reference.py::test_the_check_mode_says_whether_the_page_is_current",
     "scripts/api_docs.py": "tests/test_api_docs.py::test_pdoc_renders_the_api_reference",
     "scripts/seed_pairs.py": smoke_seed_pairs,
+    "scripts/nb_scale.py": "tests/test_naive_bayes.py::test_nb_scale_script_scores_scales_and_writes_the_best",
 }
 
 

@@ -246,4 +246,5 @@ class ClassifierGraph(nn.Module):
             x = torch.cat([m.cls.to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)  # (B, 1+S, D)
             keep = torch.cat([keep.new_ones(keep.size(0), 1), keep], dim=1)
         h = encode(m.encoder, x, keep[:, None, None, :])
-        return m.head(m.pool(h, keep))
+        logits = m.head(m.pool(h, keep))
+        return logits if m.nb is None else logits + m.nb(ids)

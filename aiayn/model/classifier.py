@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.model.dropout import Dropout
 from aiayn.model.embeddings import Embeddings, token_embedding
+from aiayn.model.ngrams import NaiveBayesNgrams
 from aiayn.model.transformer import Encoder, init_weights, positional_encoding
 
 
@@ -55,12 +56,20 @@ class TransformerClassifier(nn.Module):
         self.dropout = Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         init_weights(self)
+        # naive Bayes over the text's n-grams (cfg.nb_ngrams; not in the paper), fused into the
+        # logits outside training: its counts are filled from the training split by the task
+        self.nb: NaiveBayesNgrams | None = (
+            NaiveBayesNgrams(cfg.nb_ngrams, cfg.nb_buckets, cfg.n_classes, cfg.pad_id, cfg.nb_scale)
+            if cfg.nb_ngrams
+            else None
+        )
 
     def forward(
         self, ids: Tensor, attn_record: list | None = None, delta: Tensor | None = None
     ) -> Tensor:
         """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C). ``delta`` (B, S, D) is
-        added to the scaled token embeddings (the perturbation of adversarial training)."""
+        added to the scaled token embeddings (the perturbation of adversarial training). Outside
+        training, with ``cfg.nb_ngrams``, naive Bayes's scores join the logits (shallow fusion)."""
         keep = ids != self.cfg.pad_id  # (B, S)
         if self.training and self.cfg.token_dropout > 0.0:
             kept = keep & (torch.rand(keep.shape, device=ids.device) >= self.cfg.token_dropout)
@@ -74,7 +83,8 @@ class TransformerClassifier(nn.Module):
             x = torch.cat([self.cls.to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)  # (B, 1+S, D)
             keep = torch.cat([keep.new_ones(keep.size(0), 1), keep], dim=1)
         h = self.encoder(x, keep[:, None, None, :], attn_record)  # (B, S', D)
-        return self.head(self.dropout(self.pool(h, keep)))
+        logits = self.head(self.dropout(self.pool(h, keep)))
+        return logits if self.nb is None or self.training else logits + self.nb(ids)
 
     def pool(self, h: Tensor, keep: Tensor) -> Tensor:
         """(B, S, D), keep (B, S) -> (B, D). Padding never contributes; an all-padding row gives 0."""

@@ -12,6 +12,7 @@ reports accuracy.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +30,8 @@ from aiayn.train.loss import label_smoothed_nll_loss, rdrop_loss
 from aiayn.train.task import Lengths, StepStats, TokenBatchedTask
 
 __all__ = ["ClassificationTask"]
+
+log = logging.getLogger(__name__)
 
 
 class ClassificationTask(TokenBatchedTask):
@@ -58,6 +61,23 @@ class ClassificationTask(TokenBatchedTask):
             )
         v = self.tokenizer.vocab_size
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
+
+    def build_model(self, model: ModelConfig) -> nn.Module:
+        """The classifier; with ``model.nb_ngrams`` its naive Bayes tables counted on the training
+        split (a run that resumes or starts from a folder loads the folder's over them)."""
+        net = super().build_model(model)
+        if isinstance(net, TransformerClassifier) and net.nb is not None:  # (not the masked LM)
+            store = self.stores["train"]
+            for start in range(0, len(store), 256):
+                batch = self.collate("train", list(range(start, min(start + 256, len(store)))))
+                net.nb.count(batch.tokens, batch.labels)
+            log.info(
+                "naive Bayes: n-grams of %d training texts counted (%d of %d buckets used)",
+                len(store),
+                int((net.nb.counts.sum(1) > 0).sum()),
+                model.nb_buckets,
+            )
+        return net
 
     def example_lengths(self, split: str) -> tuple[Lengths, Lengths | None]:
         extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends

@@ -77,7 +77,8 @@ class MaskedLMTask(ClassificationTask):
                 "data.kind = 'masked_lm' pre-trains for mean or max pooling; "
                 "model.pooling = 'cls' has no CLS token to pre-train"
             )
-        for name in ("bigram_buckets", "token_dropout"):  # the masked-LM model has neither
+        # the masked-LM model has none of them
+        for name in ("bigram_buckets", "nb_ngrams", "token_dropout"):
             if getattr(model, name):
                 raise ConfigError(
                     f"data.kind = 'masked_lm' pre-trains the embeddings and encoder "
