@@ -1,4 +1,5 @@
-"""Ensembles: several models decoding as one, through the same search and CLI as one model.
+"""Ensembles: several models decoding as one, through the same search and CLI as one model; several
+text classifiers whose class probabilities are averaged.
 
 Random small models stand in for trained ones: what is checked is the arithmetic (the mean of
 the models' distributions, step by step with each model's cache), that an ensemble of one model
@@ -15,9 +16,11 @@ import torch
 from trainutil import fails, tiny_model_config
 
 from aiayn.decode import DecodeConfig, Ensemble, translate_ids
+from aiayn.decode.classify import predict_ids
+from aiayn.decode.ensemble import ClassifierEnsemble
 from aiayn.folder import load_model_folder
 from aiayn.errors import CheckpointError
-from aiayn.model import Transformer
+from aiayn.model import Transformer, TransformerClassifier
 from test_translate_cli import cli, make_model_dir, sentences, write_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,3 +168,50 @@ def test_ensemble_folder_errors(two_model_dirs, tmp_path, capsys):
     (classifier / "config.json").write_text(json.dumps({**meta, "kind": "classifier"}))
     fails(capsys, ["evaluate", classifier, first, "--src", src, "--ref", src],
           "other models are used one folder at a time", unchanged=[tmp_path])
+
+
+# ---- text classifiers: the mean of their class probabilities ------------------------------------
+
+
+def classifier(seed: int, **overrides) -> TransformerClassifier:
+    torch.manual_seed(seed)
+    cfg = tiny_model_config(V, **{"max_len": 40, "n_decoder_layers": 0, "n_classes": 3, **overrides})
+    return TransformerClassifier(cfg).eval()
+
+
+def test_classifier_ensemble_is_the_mean_of_the_class_probabilities():
+    a, b = classifier(1), classifier(2)
+    texts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    mean = (predict_ids(a, texts) + predict_ids(b, texts)) / 2
+    torch.testing.assert_close(predict_ids(ClassifierEnsemble([a, b]), texts), mean)
+    torch.testing.assert_close(predict_ids(ClassifierEnsemble([a]), texts), predict_ids(a, texts))
+    assert not torch.allclose(mean, predict_ids(a, texts))
+    with pytest.raises(ValueError, match="n_classes=2, model 1 3"):
+        ClassifierEnsemble([a, classifier(3, n_classes=2)])
+
+
+def test_evaluate_a_classifier_ensemble(tmp_path, capsys):
+    from aiayn.run_config import build_run_config
+    from aiayn.train.run import train_run
+    from trainutil import SHAPE_TRAIN, reviews, write_tsv
+
+    valid = write_tsv(tmp_path / "valid.tsv", reviews(8, 1))
+    values = {
+        "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 32, "model.n_encoder_layers": 1,
+        "model.n_decoder_layers": 0, "model.max_len": 100, "data.kind": "classification",
+        "data.dataset": "", "data.train_file": write_tsv(tmp_path / "train.tsv", reviews(16, 0)),
+        "data.valid_file": valid, "data.tokenizer": "char", "data.vocab_size": 60,
+        "data.max_len": 90, "data.max_tokens": 1200, **SHAPE_TRAIN, "train.max_steps": 3,
+    }
+    runs = [tmp_path / "r1", tmp_path / "r2"]
+    for seed, run in enumerate(runs, 1):
+        train_run(build_run_config({**values, "train.seed": seed}), run)
+    assert cli("evaluate", *runs, "--src", valid) == 0
+    (saved,) = runs[0].glob("eval_*.json")
+    scores = json.loads(saved.read_text())
+    assert scores["model"] == [str(r) for r in runs] and scores["n"] == 8
+    ensemble = load_model_folder(runs).torch_module()
+    assert isinstance(ensemble, ClassifierEnsemble) and len(ensemble.models) == 2
+    texts = [row.split("\t", 1)[1] for row in (tmp_path / "valid.tsv").read_text().splitlines()]
+    one, two = (load_model_folder([r]).class_probs(texts) for r in runs)
+    torch.testing.assert_close(load_model_folder(runs).class_probs(texts), (one + two) / 2)

@@ -49,7 +49,8 @@ def add_model_dirs(p: argparse.ArgumentParser) -> None:
         nargs="+",
         help="a model folder (config.json, model.safetensors, tokenizer.json), e.g. a "
         "run folder or RUN/best; several folders decode as an ensemble (their "
-        "next-token probabilities averaged; one shared tokenizer)",
+        "next-token probabilities averaged, or a text classifier's class "
+        "probabilities; one shared tokenizer)",
     )
 
 

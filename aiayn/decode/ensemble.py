@@ -1,4 +1,5 @@
-"""An ensemble: several translation models decoding as one (fairseq's ``--path a.pt:b.pt``).
+"""An ensemble: several translation models decoding as one (fairseq's ``--path a.pt:b.pt``), or
+several text classifiers whose class probabilities are averaged (:class:`ClassifierEnsemble`).
 
 Shape legend: B sentences · N decoder rows (B, or B·k with a beam of k) · T new tokens · V vocab.
 
@@ -24,9 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.errors import CheckpointError
-from aiayn.model import Transformer
+from aiayn.model import Transformer, TransformerClassifier
 
-__all__ = ["Ensemble", "EnsembleCache", "ensemble_of"]
+__all__ = ["ClassifierEnsemble", "Ensemble", "EnsembleCache", "ensemble_of"]
 
 
 class EnsembleCache:
@@ -116,10 +117,43 @@ class Ensemble(nn.Module):
         return total - math.log(len(self.members))
 
 
+class ClassifierEnsemble(nn.Module):
+    """Text classifiers whose class probabilities are averaged: ``forward`` gives the log of the
+    mean, p(c) = 1/n Σᵢ pᵢ(c), so its softmax is the mean (what :func:`predict_ids` takes).
+
+    ``cfg`` is the first model's with ``max_len`` the smallest of all; the number of classes and
+    the padding id are the same in all (checked)."""
+
+    def __init__(self, models: Sequence[TransformerClassifier]) -> None:
+        super().__init__()
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        first = models[0].cfg
+        for n, model in enumerate(models[1:], 2):
+            for name in ("n_classes", "pad_id"):
+                if getattr(model.cfg, name) != getattr(first, name):
+                    raise ValueError(
+                        f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
+                        f"{getattr(first, name)}: ensembled classifiers must share them"
+                    )
+        self.models = nn.ModuleList(models)
+        self.cfg = dataclasses.replace(first, max_len=min(m.cfg.max_len for m in models))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Shape: ids (B, S) -> (B, C) float32 log-probabilities of the mean distribution."""
+        total: Tensor | None = None
+        for model in self.models:
+            log_probs = model(ids).float().log_softmax(-1)
+            total = log_probs if total is None else torch.logaddexp(total, log_probs)
+        assert total is not None  # at least one model (checked in __init__)
+        return total - math.log(len(self.models))
+
+
 def ensemble_of(folders: Sequence[Any], models: Sequence[Any], tokenizers: Sequence[Any]) -> Any:
-    """The models read from translation ``folders`` as one model: the only one, or an
-    :class:`Ensemble` (PyTorch or ONNX models alike). CheckpointError naming the folder when a
-    tokenizer differs from the first folder's, or when the models cannot be averaged."""
+    """The models read from ``folders`` as one model: the only one, or an :class:`Ensemble` of
+    translation models (PyTorch or ONNX alike) or a :class:`ClassifierEnsemble` of PyTorch text
+    classifiers. CheckpointError naming the folder when a tokenizer differs from the first
+    folder's, or when the models cannot be averaged."""
     if len(models) == 1:
         return models[0]
     for folder, other in zip(folders[1:], tokenizers[1:]):
@@ -129,6 +163,8 @@ def ensemble_of(folders: Sequence[Any], models: Sequence[Any], tokenizers: Seque
                 "must share one vocabulary"
             )
     try:
+        if isinstance(models[0], TransformerClassifier):
+            return ClassifierEnsemble(models)
         return Ensemble(models)
     except ValueError as err:
         raise CheckpointError(str(err)) from None

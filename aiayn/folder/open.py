@@ -99,12 +99,16 @@ def open_backend(
     name = engine_of(folders, parsed, engine)
     kind = KINDS[parsed[0].kind]
     if len(folders) > 1:
+        ensembles = ("translate", "classify")  # what several folders can do as one
         for folder, p in zip(folders, parsed):
-            if not KINDS[p.kind].does("translate"):
+            if p.kind != parsed[0].kind or not any(KINDS[p.kind].does(u) for u in ensembles):
                 raise CheckpointError(
-                    f"{folder}: holds a '{p.kind}' model; several model folders make a "
-                    "translation ensemble, other models are used one folder at a time"
+                    f"{folder}: holds a '{p.kind}' model, {folders[0]} a '{parsed[0].kind}' "
+                    "one; several model folders make a translation or a text classifier "
+                    "ensemble of one kind, other models are used one folder at a time"
                 )
+        if kind.does("classify") and name != "torch":
+            raise ConfigError(f"{folders[0]}: a classifier ensemble runs on PyTorch models")
     if name == "torch":
         models = [build_model(f, p, device, WEIGHTS_FILE) for f, p in zip(folders, parsed)]
         tokenizers = [_tokenizer(f, p) for f, p in zip(folders, parsed)]
