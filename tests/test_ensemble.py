@@ -214,4 +214,10 @@ def test_evaluate_a_classifier_ensemble(tmp_path, capsys):
     assert isinstance(ensemble, ClassifierEnsemble) and len(ensemble.models) == 2
     texts = [row.split("\t", 1)[1] for row in (tmp_path / "valid.tsv").read_text().splitlines()]
     one, two = (load_model_folder([r]).class_probs(texts) for r in runs)
-    torch.testing.assert_close(load_model_folder(runs).class_probs(texts), (one + two) / 2)
+    both = (one + two) / 2
+    torch.testing.assert_close(load_model_folder(runs).class_probs(texts), both)
+    lines = write_lines(tmp_path / "texts.txt", texts)
+    capsys.readouterr()
+    assert cli("classify", *runs, "-i", lines) == 0
+    printed = [float(line.split("\t")[1]) for line in capsys.readouterr().out.splitlines()]
+    assert printed == pytest.approx(both.max(-1).values.tolist(), abs=1e-4)

@@ -33,7 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Classify one text per line; print LABEL<TAB>PROBABILITY per "
         "line (blank lines stay blank).",
     )
-    p.add_argument("model", metavar="MODEL_DIR", help="a classifier model folder, e.g. RUN/best")
+    p.add_argument(
+        "model",
+        metavar="MODEL_DIR",
+        nargs="+",
+        help="a classifier model folder, e.g. RUN/best; several text classifier folders "
+        "classify as an ensemble (their class probabilities averaged)",
+    )
     add_input_file(p, "one text")
     add_device(p)
     add_batch_tokens(advanced(p), MAX_TOKENS, "texts × longest padded length")
