@@ -82,7 +82,8 @@ def load_model_folder(
     workers: int | None = None,
 ) -> ModelFolder:
     """Open one model folder, or several translation folders as an ensemble (their next-token
-    probabilities averaged; one shared tokenizer). Every folder's config.json is checked (kind
+    probabilities averaged; one shared tokenizer), or several text classifier folders (their class
+    probabilities averaged; PyTorch models). Every folder's config.json is checked (kind
     included) before any weights are read. CheckpointError names the folder and what is wrong;
     ``paths`` that are not a path or a list of paths (None, say) are a TypeError that says so.
 

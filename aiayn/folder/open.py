@@ -92,8 +92,8 @@ def open_backend(
     device: torch.device,
     workers: int | None,
 ) -> tuple[Backend, Tokenizer | None]:
-    """The backend that runs ``folders`` (one folder, or several translation folders as an
-    ensemble) and the tokenizer they share; ``parsed`` their config.json, already read.
+    """The backend that runs ``folders`` (one folder, or several translation or text classifier
+    folders as an ensemble) and the tokenizer they share; ``parsed`` their config.json, already read.
     ``workers``: batches an exported model decodes at once (default: chosen for the machine
     and the engine, :func:`aiayn.threads.default_workers`), each on its share of the threads."""
     name = engine_of(folders, parsed, engine)
