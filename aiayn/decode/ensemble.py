@@ -30,6 +30,22 @@ from aiayn.model import Transformer, TransformerClassifier
 __all__ = ["ClassifierEnsemble", "Ensemble", "EnsembleCache", "ensemble_of"]
 
 
+def _shared(models: Sequence[Any], names: Sequence[str], what: str) -> Any:
+    """The first model's config, once every model has the same ``names`` in its config
+    (ValueError naming the first that differs, and ``what`` ensembled models must share)."""
+    if not models:
+        raise ValueError("an ensemble needs at least one model")
+    first = models[0].cfg
+    for n, model in enumerate(models[1:], 2):
+        for name in names:
+            if getattr(model.cfg, name) != getattr(first, name):
+                raise ValueError(
+                    f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
+                    f"{getattr(first, name)}: ensembled models must share {what}"
+                )
+    return first
+
+
 class EnsembleCache:
     """One decoder cache per model, moved together (``reorder``, ``with_beam``)."""
 
@@ -72,17 +88,9 @@ class Ensemble(nn.Module):
 
     def __init__(self, models: Sequence[Transformer]) -> None:
         super().__init__()
-        if not models:
-            raise ValueError("an ensemble needs at least one model")
-        first = models[0].cfg
-        for n, model in enumerate(models[1:], 2):
-            for name in ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
-                if getattr(model.cfg, name) != getattr(first, name):
-                    raise ValueError(
-                        f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
-                        f"{getattr(first, name)}: ensembled models must share "
-                        "their vocabulary"
-                    )
+        first = _shared(
+            models, ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"), "their vocabulary"
+        )
         # the torch models registered (.to(), .eval() and parameters reach them); an ONNX model
         # has no weights to register
         self.models = nn.ModuleList(m for m in models if isinstance(m, nn.Module))
@@ -126,16 +134,7 @@ class ClassifierEnsemble(nn.Module):
 
     def __init__(self, models: Sequence[TransformerClassifier]) -> None:
         super().__init__()
-        if not models:
-            raise ValueError("an ensemble needs at least one model")
-        first = models[0].cfg
-        for n, model in enumerate(models[1:], 2):
-            for name in ("n_classes", "pad_id"):
-                if getattr(model.cfg, name) != getattr(first, name):
-                    raise ValueError(
-                        f"model {n} has {name}={getattr(model.cfg, name)}, model 1 "
-                        f"{getattr(first, name)}: ensembled classifiers must share them"
-                    )
+        first = _shared(models, ("n_classes", "pad_id"), "their classes and padding id")
         self.models = nn.ModuleList(models)
         self.cfg = dataclasses.replace(first, max_len=min(m.cfg.max_len for m in models))
 
