@@ -315,14 +315,14 @@ class ModelConfig:
     # (previous token, this token), hashed into this many rows (fastText's bag of n-grams,
     # Joulin et al. 2017), added to the scaled token embedding before positions; 0 = off.
     bigram_buckets: int = 0
-    # Classifier only, not in the paper: naive Bayes over each text's distinct token n-grams of
-    # orders 1 … nb_ngrams (Wang & Manning 2012), hashed into nb_buckets rows, counted on the
-    # training split before the first update; outside training its class log-likelihoods
+    # Classifier only, not in the paper: NBSVM (Wang & Manning 2012, with the logistic loss) over
+    # each text's distinct word n-grams of orders 1 … nb_ngrams, hashed into nb_buckets rows,
+    # fitted on the training split before the first update; outside training its class scores
     # (centred) times nb_scale join the logits (shallow fusion; the scale chosen on validation
-    # data, e.g. with scripts/nb_scale.py). 0 = off.
+    # data with scripts/nb_scale.py). 0 = off.
     nb_ngrams: int = 0
-    nb_buckets: int = 4_194_304
-    nb_scale: float = 0.03
+    nb_buckets: int = 8_388_608
+    nb_scale: float = 1.0
     # Image classifier (the Vision Transformer, Dosovitskiy et al. 2021): images are resized to
     # image_size × image_size with `channels` colour channels (1 grey, 3 RGB) and cut into
     # (image_size / patch_size)² patches of patch_size × patch_size pixels, each one token.

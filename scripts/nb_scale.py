@@ -1,13 +1,13 @@
-"""Choose a classifier's naive Bayes scale (``model.nb_scale``) on a validation split.
+"""Choose a classifier's NBSVM scale (``model.nb_scale``) on a validation split.
 
     .venv/bin/python scripts/nb_scale.py runs/imdb/avg5 --split val_tail
     .venv/bin/python scripts/nb_scale.py runs/imdb/avg5 --split val_tail --write
 
-The folder's classifier must have been trained with ``model.nb_ngrams`` (its naive Bayes counts are
-in its weights). Its network's logits and naive Bayes's scores are computed once for the split's
-texts; each scale of ``--scales`` is then scored (accuracy and mean negative log-likelihood, the
-logits being ``network + scale × naive Bayes``), as a translation's length penalty is chosen on
-val. ``--write`` puts the most accurate scale (the smallest among ties) into the folder's
+The folder's classifier must have been trained with ``model.nb_ngrams`` (its fitted NBSVM is in its
+weights). Its network's logits and NBSVM's scores are computed once for the split's texts; each
+scale of ``--scales`` is then scored (accuracy and mean negative log-likelihood, the logits being
+``network + scale × NBSVM``), as a translation's length penalty is chosen on val; the accuracy of
+NBSVM alone is printed with them. ``--write`` puts the most accurate scale (the smallest among ties) into the folder's
 config.json, which every later ``evaluate``, ``classify``, ``serve`` and ``export`` then uses. The
 split should be held out from training: a split the model was trained on favours the network.
 """
@@ -28,12 +28,12 @@ from aiayn.errors import AiaynError
 from aiayn.folder.load import load_model_folder
 from aiayn.io import write_json
 
-SCALES = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12)
+SCALES = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0)
 
 
 @torch.no_grad()
 def network_and_nb(model: torch.nn.Module, ids: list[list[int]]) -> tuple[torch.Tensor, ...]:
-    """(network logits, naive Bayes scores) of token-id lists, in input order: (N, C) each."""
+    """(network logits, NBSVM scores) of token-id lists, in input order: (N, C) each."""
     c = model.cfg.n_classes  # type: ignore[union-attr]
     net, nb = torch.empty(len(ids), c), torch.empty(len(ids), c)
     sampler = TokenBatchSampler([max(len(x), 1) for x in ids], max_tokens=MAX_TOKENS, shuffle=False)
@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         nll = float(-logp[torch.arange(len(gold)), gold].mean())
         rows.append((s, acc, nll))
         print(f"nb_scale {s:<6g} accuracy {100 * acc:.2f}%  nll {nll:.4f}")
+    alone = float((nb.argmax(-1) == gold).float().mean())
+    print(f"NBSVM alone    accuracy {100 * alone:.2f}%")
     best = max(rows, key=lambda r: (r[1], -r[0]))[0]
     print(f"best on {args.split}: {best:g} (the folder's: {model.nb.scale:g})")
     if args.write:

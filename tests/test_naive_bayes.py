@@ -1,4 +1,4 @@
-"""Naive Bayes over hashed n-grams as a term of the classifier's logits (model.nb_ngrams)."""
+"""NBSVM over hashed word n-grams as a term of the classifier's logits (model.nb_ngrams)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from aiayn.errors import ConfigError
 from aiayn.model import TransformerClassifier
-from aiayn.model.ngrams import NaiveBayesNgrams, ngram_buckets
+from aiayn.model.ngrams import C_REG, NaiveBayesNgrams, _text_hash, ngram_buckets
 from aiayn.run_config import build_run_config
 from aiayn.train.classification import ClassificationTask
 from aiayn.train.run import train_run
@@ -49,15 +49,87 @@ def test_each_distinct_ngram_is_kept_once():
     assert set(unigrams[0][ku[0]].tolist()) < set(row)  # the same unigrams at every order
 
 
-def test_scores_are_binarized_naive_bayes_with_add_one_smoothing():
+def test_words_are_rebuilt_from_pieces_lower_cased_whatever_their_split():
+    pieces = [
+        "",
+        "",
+        "",
+        "",
+        " The",
+        " mo",
+        "vie",
+        "!",
+        "!!",
+        " 10",
+        "/",
+        "10",
+        " THE",
+        "Mo",
+        "VIE",
+    ]
+    nb = NaiveBayesNgrams(2, 97, 2, PAD, 1.0, len(pieces))
+    nb.set_pieces(pieces)
+    ids = torch.tensor(
+        [[4, 5, 6, 7, 8, 9, 10, 11, 2, PAD], [12, 5, 13, 14, 1, 7, PAD, PAD, PAD, PAD]]
+    )
+    words = ["the", "movie", "!", "!!", "10", "/", "10"]  # specials (1, 2) are in no word
+    assert nb.words(ids).tolist() == [
+        [_text_hash(w) for w in words] + [-1] * 3,
+        [_text_hash(w) for w in ["the", "momovie", "!"]] + [-1] * 7,
+    ]
+    plain = NaiveBayesNgrams(2, 97, 2, PAD, 1.0, len(pieces))  # tables unset: token n-grams
+    assert plain.words(ids)[0].tolist() == ids[0, :9].tolist() + [-1]
+
+
+def test_fit_is_logistic_regression_on_naive_bayes_scaled_features():
+    ids, labels = _texts()
+    labels = (labels > 0).long()  # two classes: one model, class 1 against class 0
+    buckets = 1_000_003  # no collisions among these few tokens: the features by hand below
+    nb = NaiveBayesNgrams(1, buckets, 2, PAD, 1.0, 12)  # unigrams of tokens (tables unset)
+    found = nb.fit([(ids[:4], labels[:4]), (ids[4:], labels[4:])])
+    vocab = sorted({t for t in ids.flatten().tolist() if t != PAD})
+    assert found["texts"] == 7 and found["buckets_used"] == len(vocab)
+    n1, n0 = Counter(), Counter()  # texts of each class holding each token
+    for row, y in zip(ids.tolist(), labels.tolist()):
+        (n1 if y else n0).update(set(row) - {PAD})
+    r = torch.tensor(
+        [
+            math.log((n1[t] + 1) / (n1.total() + buckets))
+            - math.log((n0[t] + 1) / (n0.total() + buckets))
+            for t in vocab
+        ]
+    )
+    x = torch.tensor([[float(t in row) for t in vocab] for row in ids.tolist()])  # binarized
+    bucket = torch.stack(
+        [ngram_buckets(torch.tensor([[t]]), PAD, 1, buckets)[0][0, 0] for t in vocab]
+    )
+    rw = nb.weight[bucket, 1] - nb.weight[bucket, 0]  # the margin's weight of each token: r × w
+    z = x @ rw + nb.bias[1] - nb.bias[0]
+    torch.testing.assert_close(nb.scores(ids)[:, 1] - nb.scores(ids)[:, 0], z)
+    # the minimum of ½|w|² + C Σ loss(z) over w and an unpenalised bias: the gradient is zero
+    d = C_REG * (torch.sigmoid(z) - labels.float())
+    assert abs(d.sum().item()) < 1e-4
+    torch.testing.assert_close(rw, -r * (d @ (x * r)), atol=1e-4, rtol=1e-3)  # w = -C Σ d x r
+    assert rw.abs().max() > 0.01 and 0.0 < found["train_accuracy"] <= 1.0
+
+
+def test_weights_files_of_naive_bayes_counts_load_as_what_they_were():
     ids, labels = _texts()
     buckets = 1_000_003  # no collisions among these few n-grams: the tables by hand below
-    nb = NaiveBayesNgrams(3, buckets, 3, PAD, 1.0)
-    nb.count(ids, labels)
     counts = [Counter() for _ in range(3)]
     for row, y in zip(ids.tolist(), labels.tolist()):
         counts[y].update(_grams(row, 3))  # each n-gram once per text
     texts = Counter(labels.tolist())
+    table = torch.zeros(buckets, 3)
+    b, kept = ngram_buckets(ids, PAD, 3, buckets)
+    table.index_put_(
+        (b[kept], labels[:, None].expand_as(b)[kept]), torch.ones(int(kept.sum())), True
+    )
+    nb = NaiveBayesNgrams(3, buckets, 3, PAD, 1.0, 12)
+    nb.set_pieces([""] * 4 + [f" w{i}" for i in range(8)])  # a word vocabulary: replaced below
+    state = {"nb.counts": table, "nb.texts": torch.bincount(labels, minlength=3).float()}
+    nb.upgrade_state_dict_named(state, "nb")  # as load_weights calls it
+    nb.load_state_dict({k.removeprefix("nb."): v for k, v in state.items()})
     query = [3, 4, 3, 4, 11, PAD]
     grams = _grams(query, 3)
     by_hand = [
@@ -73,12 +145,21 @@ def test_scores_are_binarized_naive_bayes_with_add_one_smoothing():
 def test_classifier_adds_the_scaled_scores_outside_training_only():
     cfg = tiny_model_config(vocab=30, max_len=64, n_decoder_layers=0, n_classes=3, dropout=0.0)
     plain = TransformerClassifier(cfg).eval()
-    model = TransformerClassifier(tiny_model_config(
-        vocab=30, max_len=64, n_decoder_layers=0, n_classes=3, dropout=0.0, nb_ngrams=2,
-        nb_buckets=97, nb_scale=0.3)).eval()
+    model = TransformerClassifier(
+        tiny_model_config(
+            vocab=30,
+            max_len=64,
+            n_decoder_layers=0,
+            n_classes=3,
+            dropout=0.0,
+            nb_ngrams=2,
+            nb_buckets=97,
+            nb_scale=0.3,
+        )
+    ).eval()
     model.load_state_dict({**model.state_dict(), **plain.state_dict()})
     ids, labels = _texts()
-    model.nb.count(ids, labels)
+    model.nb.fit([(ids, labels)])
     out = model(ids)
     torch.testing.assert_close(out, plain(ids) + 0.3 * model.nb.scores(ids))
     assert not torch.allclose(out, plain(ids))
@@ -91,26 +172,41 @@ def test_classifier_adds_the_scaled_scores_outside_training_only():
 
 def _values(tmp_path):
     return {
-        "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 32, "model.n_encoder_layers": 1,
-        "model.n_decoder_layers": 0, "model.max_len": 100, "model.dropout": 0.0,
-        "model.nb_ngrams": 2, "model.nb_buckets": 4096,
-        "data.kind": "classification", "data.dataset": "",
+        "model.d_model": 16,
+        "model.n_heads": 2,
+        "model.d_ff": 32,
+        "model.n_encoder_layers": 1,
+        "model.n_decoder_layers": 0,
+        "model.max_len": 100,
+        "model.dropout": 0.0,
+        "model.nb_ngrams": 2,
+        "model.nb_buckets": 4096,
+        "data.kind": "classification",
+        "data.dataset": "",
         "data.train_file": write_tsv(tmp_path / "train.tsv", reviews(16, 0)),
         "data.valid_file": write_tsv(tmp_path / "valid.tsv", reviews(8, 1)),
-        "data.tokenizer": "char", "data.vocab_size": 60, "data.max_len": 90,
-        "data.max_tokens": 1200, **SHAPE_TRAIN,
+        "data.tokenizer": "char",
+        "data.vocab_size": 60,
+        "data.max_len": 90,
+        "data.max_tokens": 1200,
+        **SHAPE_TRAIN,
     }
 
 
-def test_the_task_counts_the_training_split_and_trains_the_network_alone(tmp_path):
+def test_the_task_fits_on_the_training_split_and_trains_the_network_alone(tmp_path):
     cfg = build_run_config(_values(tmp_path))
     task = ClassificationTask(cfg)
     task.setup(None)
     model = task.build_model(task.model_config(cfg.model)).train()
     everything = task.collate("train", list(range(16)))
-    assert model.nb.texts.tolist() == torch.bincount(everything.labels, minlength=2).tolist()
-    _, kept = ngram_buckets(everything.tokens, PAD, 2, 4096)
-    assert model.nb.counts.sum() == kept.sum()  # each text's distinct buckets, once
+    vocab = task.tokenizer.vocab_size
+    again = NaiveBayesNgrams(2, 4096, 2, PAD, 1.0, vocab)
+    again.set_pieces([task.tokenizer.decode([i]) for i in range(vocab)])  # words of characters
+    again.fit([(everything.tokens, everything.labels)])
+    torch.testing.assert_close(model.nb.weight, again.weight)
+    torch.testing.assert_close(model.nb.bias, again.bias)
+    spaces = (everything.tokens == task.tokenizer.encode(" ")[0]).sum(1)
+    assert ((model.nb.words(everything.tokens) >= 0).sum(1) > spaces).all()  # words, not chars
     model.nb.scale = 0.5
     batch = task.collate("train", list(range(6)))
     stats = task.loss(model, batch, CPU)
@@ -130,8 +226,9 @@ def test_nb_scale_script_scores_scales_and_writes_the_best(tmp_path, capsys):
     train_run(build_run_config({**_values(tmp_path), "train.max_steps": 3}), run)
     assert nb_scale.main([str(run), "--split", "valid", "--scales", "0", "5"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines[:2]] == ["0", "5"] and "best on valid" in lines[2]
-    best = float(lines[2].split()[3])
+    assert [line.split()[1] for line in lines[:2]] == ["0", "5"] and "NBSVM alone" in lines[2]
+    assert "best on valid" in lines[3]
+    best = float(lines[3].split()[3])
     assert nb_scale.main([str(run), "--split", "valid", "--scales", str(best), "--write"]) == 0
     assert json.loads((run / "config.json").read_text())["model"]["nb_scale"] == best
     assert nb_scale.main([str(tmp_path / "nothing"), "--split", "valid"]) == 2

@@ -83,6 +83,10 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    for name, module in model.named_modules():  # older files' tensors, in today's form
+        upgrade = getattr(module, "upgrade_state_dict_named", None)
+        if upgrade is not None:
+            upgrade(state, name)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state and not _is_tied(model, k, state)]
     unexpected = [k for k in state if k not in expected]

@@ -56,10 +56,17 @@ class TransformerClassifier(nn.Module):
         self.dropout = Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         init_weights(self)
-        # naive Bayes over the text's n-grams (cfg.nb_ngrams; not in the paper), fused into the
-        # logits outside training: its counts are filled from the training split by the task
+        # NBSVM over the text's word n-grams (cfg.nb_ngrams; not in the paper), fused into the
+        # logits outside training: the task fits it on the training split
         self.nb: NaiveBayesNgrams | None = (
-            NaiveBayesNgrams(cfg.nb_ngrams, cfg.nb_buckets, cfg.n_classes, cfg.pad_id, cfg.nb_scale)
+            NaiveBayesNgrams(
+                cfg.nb_ngrams,
+                cfg.nb_buckets,
+                cfg.n_classes,
+                cfg.pad_id,
+                cfg.nb_scale,
+                cfg.src_vocab_size,
+            )
             if cfg.nb_ngrams
             else None
         )
@@ -69,7 +76,7 @@ class TransformerClassifier(nn.Module):
     ) -> Tensor:
         """Shape: ids (B, S) padded with ``cfg.pad_id`` -> logits (B, C). ``delta`` (B, S, D) is
         added to the scaled token embeddings (the perturbation of adversarial training). Outside
-        training, with ``cfg.nb_ngrams``, naive Bayes's scores join the logits (shallow fusion)."""
+        training, with ``cfg.nb_ngrams``, NBSVM's scores join the logits (shallow fusion)."""
         keep = ids != self.cfg.pad_id  # (B, S)
         if self.training and self.cfg.token_dropout > 0.0:
             kept = keep & (torch.rand(keep.shape, device=ids.device) >= self.cfg.token_dropout)

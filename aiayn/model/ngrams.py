@@ -1,30 +1,51 @@
-"""Naive Bayes over a text's hashed n-grams, fused into the classifier's logits (not in the paper).
+"""NBSVM over a text's hashed word n-grams, fused into the classifier's logits (not in the paper).
 
-Shape legend: B batch · S sequence len · N n-gram slots (n · S) · C classes · H buckets.
+Shape legend: B batch · S sequence len · N n-gram slots (n · S) · C classes · H buckets · V vocab.
 
-Wang and Manning (2012), "Baselines and Bigrams", §2: multinomial naive Bayes over a text's
-*binarized* n-grams (each counted once per text) is a strong sentiment baseline, and what it
-knows (which n-grams go with which class, counted over the whole training set) is what a network
-fitted by gradient descent in a few epochs learns slowest; Mesnil et al. (2015) combine it with
-neural models. :class:`NaiveBayesNgrams` holds the counts (taken once from the training split
-before the first update, kept in the weights file) and gives their class log-likelihoods, centred
-over the classes. The classifier adds them, times ``model.nb_scale``, to its logits **outside
-training** only (validation, evaluation, classification, export): shallow fusion, as an external
-language model's scores join a translation model's at decoding (Gulcehre et al. 2015), with the
-weight chosen on validation data. Trained together (the term in the training loss, with each text's
-own counts left out, the scale learned or fixed) it gained nothing: the network memorises its
-training texts in the second epoch and learns to ignore the term (docs/experiments/imdb.md, item
-21); added to the network trained alone it gained 0.9 points there.
+Wang and Manning (2012), "Baselines and Bigrams", §2: a linear model over a text's *binarized*
+word n-grams (each counted once per text), each n-gram's feature scaled by its naive Bayes
+log-count ratio r (how much likelier it is in one class than in the others, counted over the
+training set), is a strong sentiment baseline (NBSVM; here with the logistic loss, as in Mesnil et
+al. 2015, who combine it with neural models). What it knows, which of millions of n-grams go with
+which class, is what a network fitted by gradient descent in a few epochs learns slowest.
+
+:class:`NaiveBayesNgrams` holds the fitted model as one table of weights per bucket and class (the
+products r × w) and a bias, kept in the weights file. The task fits it once, on the training split,
+before the network's first update (:meth:`NaiveBayesNgrams.fit`: a few tens of seconds). The
+classifier adds its scores, centred over the classes and times ``model.nb_scale``, to its logits
+**outside training** only (validation, evaluation, classification, export): shallow fusion, as an
+external language model's scores join a translation model's at decoding (Gulcehre et al. 2015), with
+the weight chosen on validation data. The network is trained alone: trained together, the term
+gained nothing (docs/experiments/imdb.md, item 21).
+
+Words are rebuilt from the subword ids: a piece that begins with a space, or whose first character
+is not of the class (letter, digit, other) that ends the piece before it, begins a word; every
+punctuation piece is a word of its own; words are lower-cased and hashed by their characters, so a
+word's hash does not depend on how it was split. The tables that say this per piece (``piece_*``)
+come from the tokenizer (:meth:`NaiveBayesNgrams.set_pieces`). Weights files written before words
+(multinomial naive Bayes counts over token n-grams) load as what they were.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import torch
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
 
 _PRIME = 1_000_003
 _MODULUS = 2_147_483_647  # 2**31 - 1: the running hash stays far below int64's range
 _MIX = 2_654_435_761  # Knuth's multiplicative hash: a permutation mod _MODULUS, before the buckets
+_LETTER, _DIGIT, _OTHER = 0, 1, 2
+_LONGEST_WORD = 4096  # characters; a longer "word" hashes as if cut there
+C_REG = 0.1  # the inverse L2 strength of the logistic regression (liblinear's C), as in NBSVM
+LBFGS_STEPS = 100
 
 
 def ngram_buckets(ids: Tensor, pad_id: int, n: int, buckets: int) -> tuple[Tensor, Tensor]:
@@ -51,42 +72,200 @@ def ngram_buckets(ids: Tensor, pad_id: int, n: int, buckets: int) -> tuple[Tenso
     return b.clamp(min=0), kept
 
 
+def _token_tables(vocab_size: int) -> dict[str, Tensor]:
+    """The piece tables under which each token is a word of its own, its id its hash."""
+    v = vocab_size
+    return {
+        "piece_hash": torch.arange(v, dtype=torch.long),
+        "piece_len": torch.zeros(v, dtype=torch.long),
+        "piece_space": torch.ones(v, dtype=torch.bool),
+        "piece_first": torch.full((v,), _OTHER, dtype=torch.long),
+        "piece_last": torch.full((v,), _OTHER, dtype=torch.long),
+        "piece_skip": torch.zeros(v, dtype=torch.bool),
+    }
+
+
+def _char_class(ch: str) -> int:
+    return _LETTER if ch.isalpha() else _DIGIT if ch.isdigit() else _OTHER
+
+
+def _text_hash(text: str) -> int:
+    h = 0
+    for ch in text:
+        h = (h * _PRIME + ord(ch) + 1) % _MODULUS
+    return h
+
+
 class NaiveBayesNgrams(nn.Module):
-    """Binarized multinomial naive Bayes over hashed n-grams (add-one smoothing), as a logit term.
+    """NBSVM (logistic loss) over hashed binarized word n-grams, as a logit term.
 
-    Buffers: ``counts`` (H, C), the training texts of each class that hold each bucket; ``texts``
-    (C,), the training texts of each class. ``scale``: the weight of the scores in the logits."""
+    Buffers: ``weight`` (H, C) and ``bias`` (C,), the fitted model; ``piece_hash``,
+    ``piece_len``, ``piece_space``, ``piece_first``, ``piece_last`` and ``piece_skip`` (V,), what
+    each vocabulary piece adds to a word (:meth:`set_pieces`). Until those are set every piece is a
+    word of its own (token n-grams). ``scale``: the weight of the scores in the logits."""
 
-    counts: Tensor
-    texts: Tensor
+    weight: Tensor
+    bias: Tensor
+    powers: Tensor
+    piece_hash: Tensor
+    piece_len: Tensor
+    piece_space: Tensor
+    piece_first: Tensor
+    piece_last: Tensor
+    piece_skip: Tensor
 
-    def __init__(self, n: int, buckets: int, n_classes: int, pad_id: int, scale: float) -> None:
+    def __init__(
+        self, n: int, buckets: int, n_classes: int, pad_id: int, scale: float, vocab_size: int
+    ) -> None:
         super().__init__()
         self.n, self.buckets, self.pad_id, self.scale = n, buckets, pad_id, scale
-        self.register_buffer("counts", torch.zeros(buckets, n_classes))
-        self.register_buffer("texts", torch.zeros(n_classes))
+        self.register_buffer("weight", torch.zeros(buckets, n_classes))
+        self.register_buffer("bias", torch.zeros(n_classes))
+        for name, table in _token_tables(vocab_size).items():
+            self.register_buffer(name, table)
+        powers = [1]
+        for _ in range(_LONGEST_WORD - 1):
+            powers.append(powers[-1] * _PRIME % _MODULUS)
+        self.register_buffer("powers", torch.tensor(powers), persistent=False)
 
-    @torch.no_grad()
-    def count(self, ids: Tensor, labels: Tensor) -> None:
-        """Add a batch of training texts to the tables. Shape: ids (B, S), labels (B,)."""
-        b, kept = ngram_buckets(ids, self.pad_id, self.n, self.buckets)
-        rows = labels[:, None].expand_as(b)[kept]  # the class of each kept n-gram
-        self.counts.index_put_(
-            (b[kept], rows), torch.ones_like(rows, dtype=self.counts.dtype), True
+    def set_pieces(self, texts: Sequence[str]) -> None:
+        """Read the vocabulary: ``texts[i]`` is piece i's text as decoded alone (a leading space
+        if it begins a spaced word; "" for special tokens, which are left out of words)."""
+        if len(texts) != self.piece_hash.numel():
+            raise ValueError(
+                f"{len(texts)} piece texts for a vocabulary of {self.piece_hash.numel()}"
+            )
+        stripped = [t.lstrip().lower() for t in texts]
+        self.piece_hash.copy_(torch.tensor([_text_hash(s) for s in stripped]))
+        self.piece_len.copy_(torch.tensor([len(s) for s in stripped]))
+        self.piece_space.copy_(torch.tensor([t[:1].isspace() for t in texts]))
+        self.piece_first.copy_(torch.tensor([_char_class(s[0]) if s else _OTHER for s in stripped]))
+        self.piece_last.copy_(torch.tensor([_char_class(s[-1]) if s else _OTHER for s in stripped]))
+        self.piece_skip.copy_(torch.tensor([not s for s in stripped]))
+
+    def words(self, ids: Tensor) -> Tensor:
+        """The hashed words of each row, left-aligned, -1 after the last.
+        Shape: ids (B, S) -> (B, S)."""
+        real = (ids != self.pad_id) & ~self.piece_skip[ids]  # (B, S): pieces inside words
+        first, last = self.piece_first[ids], self.piece_last[ids]
+        before = torch.cat([last.new_full((ids.size(0), 1), -1), last[:, :-1]], 1)
+        before = before.masked_fill(
+            ~torch.cat([real.new_zeros((ids.size(0), 1)), real[:, :-1]], 1), -1
         )
-        self.texts.index_add_(0, labels, torch.ones_like(labels, dtype=self.texts.dtype))
+        new = real & (self.piece_space[ids] | (first == _OTHER) | (first != before))
+        at = (new.long().cumsum(1) - 1).clamp(min=0)  # (B, S): the word each piece is in
+        length = self.piece_len[ids] * real
+        through = length.cumsum(1)  # characters up to and including each piece
+        zeros = torch.zeros_like(ids)
+        total = zeros.scatter_add(1, at, length)  # (B, S): characters of each word
+        start = zeros.scatter_add(1, at, (through - length) * new)  # characters before each word
+        after = total.gather(1, at) - (through - start.gather(1, at))  # in the word, after a piece
+        power = self.powers[after.clamp(max=_LONGEST_WORD - 1)]
+        part = (self.piece_hash[ids] * power % _MODULUS) * real  # the piece's share of the hash
+        words = zeros.scatter_add(1, at, part) % _MODULUS
+        count = new.sum(1, keepdim=True)
+        slot = torch.arange(ids.size(1), device=ids.device)[None]
+        return words.masked_fill(slot >= count, -1)
+
+    def buckets_of(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Each distinct hashed word n-gram of each row once: see :func:`ngram_buckets`."""
+        return ngram_buckets(self.words(ids), -1, self.n, self.buckets)
 
     def scores(self, ids: Tensor) -> Tensor:
-        """Naive Bayes log-likelihood of each class, centred over the classes.
+        """The linear model's score of each class, centred over the classes.
         Shape: ids (B, S) -> (B, C)."""
-        b, kept = ngram_buckets(ids, self.pad_id, self.n, self.buckets)
-        k = kept[..., None].to(self.counts.dtype)  # (B, N, 1)
-        loglik = ((self.counts[b] + 1.0).log() * k).sum(1)  # (B, C)
-        totals = self.counts.sum(0)  # (C,)
-        loglik = loglik - kept.sum(1, keepdim=True) * (totals + self.buckets).log()
-        loglik = loglik + (self.texts + 1.0).log()  # the class prior, smoothed
-        return loglik - loglik.mean(dim=1, keepdim=True)
+        b, kept = self.buckets_of(ids)
+        s = (self.weight[b] * kept[..., None].to(self.weight.dtype)).sum(1) + self.bias  # (B, C)
+        return s - s.mean(dim=1, keepdim=True)
 
     def forward(self, ids: Tensor) -> Tensor:
         """The logit term: ``scale`` × :meth:`scores`. Shape: (B, S) -> (B, C)."""
         return self.scale * self.scores(ids)
+
+    @torch.no_grad()
+    def fit(self, batches: Iterable[tuple[Tensor, Tensor]]) -> dict[str, Any]:
+        """Fit the model on training texts: ``batches`` of (ids (B, S), labels (B,)).
+
+        Per class c (once for two classes): r = log((1 + n_c) / |1 + n_c|) - log((1 + n_¬c) /
+        |1 + n_¬c|) with n the texts of c (of the other classes) that hold each bucket; then L2
+        logistic regression of "is c" on the binarized features scaled by r, minimising
+        ½|w|² + C_REG × the summed loss (full batch, L-BFGS). Returns what it found, to log."""
+        t0 = time.perf_counter()
+        cols, ys = [], []
+        for ids, labels in batches:
+            b, kept = self.buckets_of(ids)
+            cols += [r[k].int() for r, k in zip(b, kept)]
+            ys.append(labels)
+        y = torch.cat(ys)
+        c = self.weight.size(1)
+        lengths = torch.tensor([len(x) for x in cols])
+        col = torch.cat(cols)
+        crow = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).int()
+        texts_of = y.repeat_interleave(lengths)
+        counts = torch.zeros(self.buckets, c)
+        counts.index_put_((col.long(), texts_of), torch.ones(len(col)), accumulate=True)
+        weight, bias, correct = torch.zeros_like(counts), torch.zeros(c), 0.0
+        for k in [1] if c == 2 else range(c):
+            p = counts[:, k] + 1.0
+            q = counts.sum(1) - counts[:, k] + 1.0
+            r = (p / p.sum()).log() - (q / q.sum()).log()  # (H,)
+            w, b0, z = _logistic(crow, col, r, (y == k).float(), self.buckets)
+            weight[:, k], bias[k] = r * w, b0
+            correct += float(((z > 0) == (y == k)).float().mean())
+        if c == 2:  # one model: class 1 against 0, centred
+            weight[:, 0], weight[:, 1] = -weight[:, 1] / 2, weight[:, 1] / 2
+            bias[0], bias[1] = -bias[1] / 2, bias[1] / 2
+        self.weight.copy_(weight)
+        self.bias.copy_(bias)
+        return {
+            "texts": len(y),
+            "buckets_used": int((counts.sum(1) > 0).sum()),
+            "train_accuracy": correct / (1 if c == 2 else c),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def upgrade_state_dict_named(self, state: dict[str, Tensor], name: str) -> None:
+        """Weights files from before NBSVM (``counts`` and ``texts``: multinomial naive Bayes
+        over token n-grams) become the same model: their log-likelihoods as weights, each token a
+        word of its own. Called with the whole file's ``state`` before loading (fairseq's hook)."""
+        prefix = f"{name}." if name else ""
+        if prefix + "counts" in state and prefix + "weight" not in state:
+            counts, texts = state.pop(prefix + "counts"), state.pop(prefix + "texts")
+            state[prefix + "weight"] = (counts + 1.0).log() - (counts.sum(0) + len(counts)).log()
+            state[prefix + "bias"] = (texts + 1.0).log()
+            tables = _token_tables(self.piece_hash.numel())
+            state.update({prefix + key: table for key, table in tables.items()})
+
+
+def _logistic(
+    crow: Tensor, col: Tensor, r: Tensor, y: Tensor, buckets: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """L2 logistic regression on the sparse rows x̂ ⊙ r: (w (H,), bias, training scores (T,))."""
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": matrix products only here
+        warnings.simplefilter("ignore", UserWarning)
+        shape = (len(y), buckets)
+        x = torch.sparse_csr_tensor(crow, col, r[col.long()], shape, check_invariants=False)
+        xt = x.to_sparse_coo().t().coalesce().to_sparse_csr()
+    w = torch.zeros(buckets + 1, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [w],
+        max_iter=LBFGS_STEPS,
+        history_size=10,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-7,
+        tolerance_change=1e-12,
+    )
+
+    def loss() -> Tensor:
+        with torch.no_grad():
+            z = (x @ w[:buckets, None])[:, 0] + w[buckets]
+            value = nn.functional.binary_cross_entropy_with_logits(z, y, reduction="sum")
+            value = C_REG * value + 0.5 * (w[:buckets] ** 2).sum()
+            d = C_REG * (torch.sigmoid(z) - y)
+            w.grad = torch.cat([(xt @ d[:, None])[:, 0] + w[:buckets], d.sum()[None]])
+        return value
+
+    opt.step(loss)
+    w = w.detach()
+    z = (x @ w[:buckets, None])[:, 0] + w[buckets]
+    return w[:buckets], w[buckets], z

@@ -63,19 +63,26 @@ class ClassificationTask(TokenBatchedTask):
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
 
     def build_model(self, model: ModelConfig) -> nn.Module:
-        """The classifier; with ``model.nb_ngrams`` its naive Bayes tables counted on the training
-        split (a run that resumes or starts from a folder loads the folder's over them)."""
+        """The classifier; with ``model.nb_ngrams`` its NBSVM term fitted on the training split
+        (a run that resumes or starts from a folder loads the folder's over it)."""
         net = super().build_model(model)
         if isinstance(net, TransformerClassifier) and net.nb is not None:  # (not the masked LM)
+            net.nb.set_pieces([self.tokenizer.decode([i]) for i in range(model.src_vocab_size)])
             store = self.stores["train"]
-            for start in range(0, len(store), 256):
-                batch = self.collate("train", list(range(start, min(start + 256, len(store)))))
-                net.nb.count(batch.tokens, batch.labels)
+            starts = range(0, len(store), 256)
+            batches = (
+                self.collate("train", list(range(s, min(s + 256, len(store))))) for s in starts
+            )
+            found = net.nb.fit((b.tokens, b.labels) for b in batches)
             log.info(
-                "naive Bayes: n-grams of %d training texts counted (%d of %d buckets used)",
-                len(store),
-                int((net.nb.counts.sum(1) > 0).sum()),
+                "NBSVM over word 1-%d-grams: fitted on %d training texts in %.0f s (%d of %d "
+                "buckets used, training accuracy %.2f%%)",
+                model.nb_ngrams,
+                found["texts"],
+                found["seconds"],
+                found["buckets_used"],
                 model.nb_buckets,
+                100 * found["train_accuracy"],
             )
         return net
 
