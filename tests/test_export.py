@@ -192,30 +192,20 @@ def test_onnx_search_tokens_equal_torch_greedy_beam_nbest_ensemble(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "pooling,buckets,nb",
-    [("mean", 0, 0), ("max", 0, 0), ("cls", 0, 0), ("mean", 16, 0), ("max", 0, 3)],
+    "pooling,buckets,nb", [("mean", 0, 0), ("max", 0, 0), ("cls", 0, 0), ("mean", 16, 0), ("max", 0, 3)]
 )
 def test_onnx_classifier_logits_equal_torch(tmp_path, pooling, buckets, nb):
     needs("onnxruntime", "export")
     torch.manual_seed(4)
     model = TransformerClassifier(
-        small_cfg(
-            n_decoder_layers=0,
-            n_classes=3,
-            pooling=pooling,
-            bigram_buckets=buckets,
-            nb_ngrams=nb,
-            nb_buckets=64,
-            nb_scale=1.0,
-        )  # its term as large as the net's
+        small_cfg(n_decoder_layers=0, n_classes=3, pooling=pooling, bigram_buckets=buckets,
+                  nb_ngrams=nb, nb_buckets=64, nb_scale=1.0)  # its term as large as the net's
     ).eval()
     if model.bigrams is not None:
         torch.nn.init.normal_(model.bigrams.weight)  # not the zeros of initialisation
     if model.nb is not None:  # words of several pieces, a fitted model (not initial zeros)
         v = model.nb.piece_hash.numel()
-        model.nb.set_pieces(
-            ["", "", "", ""] + [(" w", "a", "!", "9")[i % 4] + str(i) for i in range(4, v)]
-        )
+        model.nb.set_pieces(["", "", "", ""] + [(" w", "a", "!", "9")[i % 4] + str(i) for i in range(4, v)])
         model.nb.fit([(torch.randint(1, 30, (8, 6)), torch.arange(8) % 3)])
     engine, meta = exported(tmp_path, model, "classifier")
     assert meta["kind"] == "classification"
@@ -654,9 +644,7 @@ def test_an_export_records_its_parts(model_dir, tmp_path):
     out = export_model(model_dir, "onnx", tmp_path / "onnx")
     parts = json.loads((out / "config.json").read_text())["parts"]
     assert sorted(parts) == sorted([MODEL, TOKENIZER, "decoder.onnx", "encoder.onnx"])
-    assert {k: parts[k] for k in (MODEL, TOKENIZER)} == weights_record(
-        model_dir / "model.safetensors"
-    )
+    assert {k: parts[k] for k in (MODEL, TOKENIZER)} == weights_record(model_dir / "model.safetensors")
     assert json.loads(parts[MODEL])["n_heads"] == 4
     assert all(len(parts[k]) == 64 for k in parts if k != MODEL)
 
@@ -676,9 +664,7 @@ def test_an_export_written_before_the_shared_record_is_still_checked(model_dir, 
     default = json.loads(json.dumps(to_dict(ModelConfig())))  # as config.json holds it
     section = {k: v for k, v in meta["model"].items() if default.get(k) != v}
     parts = {k: v for k, v in meta["parts"].items() if k not in (MODEL, TOKENIZER)}
-    parts["config.json:model"] = hashlib.sha256(
-        json.dumps(section, sort_keys=True).encode()
-    ).hexdigest()
+    parts["config.json:model"] = hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
     parts["tokenizer.json"] = hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()
     meta["parts"] = parts
     (out / "config.json").write_text(json.dumps(meta))
@@ -686,9 +672,7 @@ def test_an_export_written_before_the_shared_record_is_still_checked(model_dir, 
     dropout = meta["model"]["dropout"]
     meta["model"]["dropout"] = 0.5 if dropout != 0.5 else 0.25  # no graph shape shows it
     (out / "config.json").write_text(json.dumps(meta))
-    refused_everywhere(
-        capsys, out, tmp_path, "config.json's model section was changed after export"
-    )
+    refused_everywhere(capsys, out, tmp_path, "config.json's model section was changed after export")
     meta["model"]["dropout"] = dropout
     (out / "config.json").write_text(json.dumps(meta))
     tok = json.loads((out / "tokenizer.json").read_text())
@@ -900,16 +884,12 @@ def test_the_documented_plain_ctranslate2_code_translates_as_aiayn(tmp_path, mon
     needs("ctranslate2", "ctranslate2")
     from aiayn.data.tokenizer import train_tokenizer
 
-    code = doc_block(
-        Path(__file__).resolve().parent.parent / "docs" / "export.md", "ctranslate2.Translator"
-    )
+    code = doc_block(Path(__file__).resolve().parent.parent / "docs" / "export.md",
+                     "ctranslate2.Translator")
     tree = ast.parse(code)
-    imported = {
-        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-    }
-    imported |= {
-        str(n.module).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-    }
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {str(n.module).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"ctranslate2", "tokenizers"}, imported
     tokenizer = train_tokenizer(["a dog runs", "two men play chess", "the snow"] * 20, "bpe", 60)
     cfg = tiny_model_config(tokenizer.vocab_size, 300)  # random: every output runs to the cap
@@ -923,6 +903,5 @@ def test_the_documented_plain_ctranslate2_code_translates_as_aiayn(tmp_path, mon
     printed = capsys.readouterr().out.splitlines()
     texts = namespace["texts"]
     ours = load_model_folder(tmp_path / "runs" / "demo" / "ct2").translate(
-        texts, beam=5, length_penalty="average", max_len_a=0, max_len_b=256
-    )
+        texts, beam=5, length_penalty="average", max_len_a=0, max_len_b=256)
     assert printed == ours and len(printed) == len(texts) and all(printed)
