@@ -83,10 +83,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
-    for name, module in model.named_modules():  # older files' tensors, in today's form
-        upgrade = getattr(module, "upgrade_state_dict_named", None)
-        if upgrade is not None:
-            upgrade(state, name)
+    upgrade_state(model, state)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state and not _is_tied(model, k, state)]
     unexpected = [k for k in state if k not in expected]
@@ -103,6 +100,15 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
             )
     check_finite_tensors(state, path)  # NaN weights would make every output blank
     model.load_state_dict(state, strict=False)
+
+
+def upgrade_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Bring an older file's tensors into today's form, in place: each module that changed its
+    tensors says how (``upgrade_state_dict_named``, as in fairseq)."""
+    for name, module in model.named_modules():
+        upgrade = getattr(module, "upgrade_state_dict_named", None)
+        if upgrade is not None:
+            upgrade(state, name)
 
 
 def _is_tied(model: nn.Module, name: str, state: dict) -> bool:

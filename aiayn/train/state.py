@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from aiayn.errors import CheckpointError
-from aiayn.folder.checkpoint import init_from_model_dir, load_weights, save_model_dir
+from aiayn.folder.checkpoint import init_from_model_dir, load_weights, save_model_dir, upgrade_state
 from aiayn.run_config import RunConfig, TrainConfig
 from aiayn.train.distributed import DistContext
 from aiayn.train.ema import WeightAverage
@@ -268,6 +268,7 @@ class TrainState:
             self.ema.reset(self.model)
             return
         try:
+            upgrade_state(self.ema.model, saved)  # saved before a module changed its tensors
             self.ema.load_state_dict(saved)
         except (RuntimeError, KeyError, TypeError) as err:
             raise CheckpointError(
