@@ -7,8 +7,9 @@ The folder's classifier must have been trained with ``model.nb_ngrams`` (its fit
 weights). Its network's logits and NBSVM's scores are computed once for the split's texts; each
 scale of ``--scales`` is then scored (accuracy and mean negative log-likelihood, the logits being
 ``network + scale × NBSVM``), as a translation's length penalty is chosen on val; the accuracy of
-NBSVM alone is printed with them. ``--write`` puts the most accurate scale (the smallest among ties) into the folder's
-config.json, which every later ``evaluate``, ``classify``, ``serve`` and ``export`` then uses. The
+NBSVM alone is printed with them. ``--write`` puts the most accurate scale (the smallest among
+ties) into the folder's config.json, which every later ``evaluate``, ``classify``, ``serve`` and
+``export`` then uses. The
 split should be held out from training: a split the model was trained on favours the network.
 """
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch.nn import functional as F
 
 from aiayn.errors import ConfigError
+from aiayn.folder.checkpoint import load_weights
 from aiayn.model import TransformerClassifier
-from aiayn.model.ngrams import C_REG, NaiveBayesNgrams, _text_hash, ngram_buckets
+from aiayn.model.ngrams import C_REG, NBSVM, ngram_buckets, word_hash
 from aiayn.run_config import build_run_config
 from aiayn.train.classification import ClassificationTask
 from aiayn.train.run import train_run
@@ -67,79 +70,94 @@ def test_words_are_rebuilt_from_pieces_lower_cased_whatever_their_split():
         "Mo",
         "VIE",
     ]
-    nb = NaiveBayesNgrams(2, 97, 2, PAD, 1.0, len(pieces))
+    nb = NBSVM(2, 97, 2, PAD, 1.0, len(pieces))
     nb.set_pieces(pieces)
     ids = torch.tensor(
         [[4, 5, 6, 7, 8, 9, 10, 11, 2, PAD], [12, 5, 13, 14, 1, 7, PAD, PAD, PAD, PAD]]
     )
     words = ["the", "movie", "!", "!!", "10", "/", "10"]  # specials (1, 2) are in no word
     assert nb.words(ids).tolist() == [
-        [_text_hash(w) for w in words] + [-1] * 3,
-        [_text_hash(w) for w in ["the", "momovie", "!"]] + [-1] * 7,
+        [word_hash(w) for w in words] + [-1] * 3,
+        [word_hash(w) for w in ["the", "momovie", "!"]] + [-1] * 7,
     ]
-    plain = NaiveBayesNgrams(2, 97, 2, PAD, 1.0, len(pieces))  # tables unset: token n-grams
+    plain = NBSVM(2, 97, 2, PAD, 1.0, len(pieces))  # tables unset: token n-grams
     assert plain.words(ids)[0].tolist() == ids[0, :9].tolist() + [-1]
 
 
-def test_fit_is_logistic_regression_on_naive_bayes_scaled_features():
+def _log_count_ratio(ids, target, vocab, buckets):
+    """r of each token in ``vocab`` by hand: texts holding it in the class and out (add-one)."""
+    inside, outside = Counter(), Counter()
+    for row, t in zip(ids.tolist(), target.tolist()):
+        (inside if t else outside).update(set(row) - {PAD})
+    return torch.tensor([
+        math.log((inside[t] + 1) / (inside.total() + buckets))
+        - math.log((outside[t] + 1) / (outside.total() + buckets))
+        for t in vocab
+    ])
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_fit_is_logistic_regression_on_naive_bayes_scaled_features(n_classes):
     ids, labels = _texts()
-    labels = (labels > 0).long()  # two classes: one model, class 1 against class 0
+    labels = labels if n_classes == 3 else (labels > 0).long()
     buckets = 1_000_003  # no collisions among these few tokens: the features by hand below
-    nb = NaiveBayesNgrams(1, buckets, 2, PAD, 1.0, 12)  # unigrams of tokens (tables unset)
+    nb = NBSVM(1, buckets, n_classes, PAD, 1.0, 12)  # unigrams of tokens (tables unset)
     found = nb.fit([(ids[:4], labels[:4]), (ids[4:], labels[4:])])
     vocab = sorted({t for t in ids.flatten().tolist() if t != PAD})
     assert found["texts"] == 7 and found["buckets_used"] == len(vocab)
-    n1, n0 = Counter(), Counter()  # texts of each class holding each token
-    for row, y in zip(ids.tolist(), labels.tolist()):
-        (n1 if y else n0).update(set(row) - {PAD})
-    r = torch.tensor(
-        [
-            math.log((n1[t] + 1) / (n1.total() + buckets))
-            - math.log((n0[t] + 1) / (n0.total() + buckets))
-            for t in vocab
-        ]
-    )
     x = torch.tensor([[float(t in row) for t in vocab] for row in ids.tolist()])  # binarized
-    bucket = torch.stack(
-        [ngram_buckets(torch.tensor([[t]]), PAD, 1, buckets)[0][0, 0] for t in vocab]
-    )
-    rw = nb.weight[bucket, 1] - nb.weight[bucket, 0]  # the margin's weight of each token: r × w
-    z = x @ rw + nb.bias[1] - nb.bias[0]
-    torch.testing.assert_close(nb.scores(ids)[:, 1] - nb.scores(ids)[:, 0], z)
-    # the minimum of ½|w|² + C Σ loss(z) over w and an unpenalised bias: the gradient is zero
-    d = C_REG * (torch.sigmoid(z) - labels.float())
-    assert abs(d.sum().item()) < 1e-4
-    torch.testing.assert_close(rw, -r * (d @ (x * r)), atol=1e-4, rtol=1e-3)  # w = -C Σ d x r
-    assert rw.abs().max() > 0.01 and 0.0 < found["train_accuracy"] <= 1.0
+    bucket = torch.stack([ngram_buckets(torch.tensor([[t]]), PAD, 1, buckets)[0][0, 0] for t in vocab])
+    # two classes: one model of class 1 against 0 (its margin the columns' difference);
+    # more: one model per class against the others (each column)
+    models = [(1, nb.weight[bucket, 1] - nb.weight[bucket, 0], nb.bias[1] - nb.bias[0])] if (
+        n_classes == 2) else [(k, nb.weight[bucket, k], nb.bias[k]) for k in range(n_classes)]
+    margins = []
+    for k, rw, bias in models:  # rw: each token's weight in the margin, r × w
+        r = _log_count_ratio(ids, labels == k, vocab, buckets)
+        z = x @ rw + bias
+        # the minimum of ½|w|² + C Σ loss(z) over w and an unpenalised bias: the gradient is zero
+        d = C_REG * (torch.sigmoid(z) - (labels == k).float())
+        assert abs(d.sum().item()) < 1e-4
+        torch.testing.assert_close(rw, -r * (d @ (x * r)), atol=1e-4, rtol=1e-3)  # w = -C Σ d x r
+        assert rw.abs().max() > 0.01
+        margins.append(z)
+    z = torch.stack(margins, 1)
+    predicted = (z[:, 0] > 0).long() if n_classes == 2 else z.argmax(1)
+    assert found["train_accuracy"] == pytest.approx((predicted == labels).float().mean().item())
+    scores = nb.scores(ids)
+    if n_classes == 2:
+        torch.testing.assert_close(scores[:, 1] - scores[:, 0], z[:, 0])
+    else:
+        torch.testing.assert_close(scores, z - z.mean(1, keepdim=True))
 
 
-def test_weights_files_of_naive_bayes_counts_load_as_what_they_were():
+def test_fit_refuses_what_it_cannot_fit():
+    nb = NBSVM(1, 97, 2, PAD, 1.0, 12)
+    with pytest.raises(ValueError, match="no training text"):
+        nb.fit([])
+    with pytest.raises(ValueError, match="labels must lie in 0 … 1"):
+        nb.fit([(torch.tensor([[4, 5]]), torch.tensor([2]))])
+
+
+def test_weights_files_of_naive_bayes_counts_load_as_what_they_were(tmp_path):
     ids, labels = _texts()
-    buckets = 1_000_003  # no collisions among these few n-grams: the tables by hand below
-    counts = [Counter() for _ in range(3)]
-    for row, y in zip(ids.tolist(), labels.tolist()):
-        counts[y].update(_grams(row, 3))  # each n-gram once per text
-    texts = Counter(labels.tolist())
-    table = torch.zeros(buckets, 3)
+    buckets = 4099  # few enough for a small file; the tables by hand below use the same buckets
+    counts = torch.zeros(buckets, 3)
     b, kept = ngram_buckets(ids, PAD, 3, buckets)
-    table.index_put_(
-        (b[kept], labels[:, None].expand_as(b)[kept]), torch.ones(int(kept.sum())), True
-    )
-    nb = NaiveBayesNgrams(3, buckets, 3, PAD, 1.0, 12)
-    nb.set_pieces([""] * 4 + [f" w{i}" for i in range(8)])  # a word vocabulary: replaced below
-    state = {"nb.counts": table, "nb.texts": torch.bincount(labels, minlength=3).float()}
-    nb.upgrade_state_dict_named(state, "nb")  # as load_weights calls it
-    nb.load_state_dict({k.removeprefix("nb."): v for k, v in state.items()})
-    query = [3, 4, 3, 4, 11, PAD]
-    grams = _grams(query, 3)
-    by_hand = [
-        sum(math.log((counts[c][g] + 1) / (sum(counts[c].values()) + buckets)) for g in grams)
-        + math.log(texts[c] + 1)
-        for c in range(3)
-    ]
-    mean = sum(by_hand) / 3
-    got = nb.scores(torch.tensor([query]))[0].tolist()
-    assert got == pytest.approx([v - mean for v in by_hand], abs=1e-3)
+    counts.index_put_((b[kept], labels[:, None].expand_as(b)[kept]), torch.ones(int(kept.sum())), True)
+    texts = torch.bincount(labels, minlength=3).float()
+    cfg = dict(vocab=12, max_len=64, n_decoder_layers=0, n_classes=3, nb_ngrams=3, nb_buckets=buckets)
+    model = TransformerClassifier(tiny_model_config(**cfg)).eval()
+    old = {k: v for k, v in model.state_dict().items() if not k.startswith("nb.")}
+    save_file({**old, "nb.counts": counts, "nb.texts": texts}, str(tmp_path / "model.safetensors"))
+    loaded = TransformerClassifier(tiny_model_config(**cfg)).eval()
+    loaded.nb.set_pieces([""] * 4 + [f" w{i}" for i in range(8)])  # a word vocabulary: replaced
+    load_weights(loaded, tmp_path / "model.safetensors")
+    query = torch.tensor([[3, 4, 3, 4, 11, PAD]])
+    qb, qk = ngram_buckets(query, PAD, 3, buckets)
+    grams = qb[0][qk[0]]  # the query's distinct buckets: multinomial naive Bayes written out
+    loglik = ((counts[grams] + 1).log() - (counts.sum(0) + buckets).log()).sum(0) + (texts + 1).log()
+    torch.testing.assert_close(loaded.nb.scores(query)[0], loglik - loglik.mean(), atol=1e-4, rtol=1e-5)
 
 
 def test_classifier_adds_the_scaled_scores_outside_training_only():
@@ -200,13 +218,15 @@ def test_the_task_fits_on_the_training_split_and_trains_the_network_alone(tmp_pa
     model = task.build_model(task.model_config(cfg.model)).train()
     everything = task.collate("train", list(range(16)))
     vocab = task.tokenizer.vocab_size
-    again = NaiveBayesNgrams(2, 4096, 2, PAD, 1.0, vocab)
+    again = NBSVM(2, 4096, 2, PAD, 1.0, vocab)
     again.set_pieces([task.tokenizer.decode([i]) for i in range(vocab)])  # words of characters
     again.fit([(everything.tokens, everything.labels)])
     torch.testing.assert_close(model.nb.weight, again.weight)
     torch.testing.assert_close(model.nb.bias, again.bias)
-    spaces = (everything.tokens == task.tokenizer.encode(" ")[0]).sum(1)
-    assert ((model.nb.words(everything.tokens) >= 0).sum(1) > spaces).all()  # words, not chars
+    texts = [task.tokenizer.decode(row) for row in everything.tokens]
+    words = [len(re.findall(r"[^\W\d_]+|\d+|\S", t)) for t in texts]  # runs of letters, of digits
+    assert (model.nb.words(everything.tokens) >= 0).sum(1).tolist() == words
+    assert sum(words) < sum(len(t.replace(" ", "")) for t in texts)  # words, not characters
     model.nb.scale = 0.5
     batch = task.collate("train", list(range(6)))
     stats = task.loss(model, batch, CPU)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.model.dropout import Dropout
 from aiayn.model.embeddings import Embeddings, token_embedding
-from aiayn.model.ngrams import NaiveBayesNgrams
+from aiayn.model.ngrams import NBSVM
 from aiayn.model.transformer import Encoder, init_weights, positional_encoding
 
 
@@ -58,8 +58,8 @@ class TransformerClassifier(nn.Module):
         init_weights(self)
         # NBSVM over the text's word n-grams (cfg.nb_ngrams; not in the paper), fused into the
         # logits outside training: the task fits it on the training split
-        self.nb: NaiveBayesNgrams | None = (
-            NaiveBayesNgrams(
+        self.nb: NBSVM | None = (
+            NBSVM(
                 cfg.nb_ngrams,
                 cfg.nb_buckets,
                 cfg.n_classes,

@@ -9,9 +9,9 @@ training set), is a strong sentiment baseline (NBSVM; here with the logistic los
 al. 2015, who combine it with neural models). What it knows, which of millions of n-grams go with
 which class, is what a network fitted by gradient descent in a few epochs learns slowest.
 
-:class:`NaiveBayesNgrams` holds the fitted model as one table of weights per bucket and class (the
+:class:`NBSVM` holds the fitted model as one table of weights per bucket and class (the
 products r × w) and a bias, kept in the weights file. The task fits it once, on the training split,
-before the network's first update (:meth:`NaiveBayesNgrams.fit`: a few tens of seconds). The
+before the network's first update (:meth:`NBSVM.fit`). The
 classifier adds its scores, centred over the classes and times ``model.nb_scale``, to its logits
 **outside training** only (validation, evaluation, classification, export): shallow fusion, as an
 external language model's scores join a translation model's at decoding (Gulcehre et al. 2015), with
@@ -21,8 +21,10 @@ gained nothing (docs/experiments/imdb.md, item 21).
 Words are rebuilt from the subword ids: a piece that begins with a space, or whose first character
 is not of the class (letter, digit, other) that ends the piece before it, begins a word; every
 punctuation piece is a word of its own; words are lower-cased and hashed by their characters, so a
-word's hash does not depend on how it was split. The tables that say this per piece (``piece_*``)
-come from the tokenizer (:meth:`NaiveBayesNgrams.set_pieces`). Weights files written before words
+word of letters (or of digits) hashes the same however it was split. The tables that say this per
+piece (``piece_*``) come from the tokenizer (:meth:`NBSVM.set_pieces`). With more than two
+classes there is one model per class against the others (their scores are not calibrated
+against each other). Weights files written before words
 (multinomial naive Bayes counts over token n-grams) load as what they were.
 """
 
@@ -43,7 +45,7 @@ _PRIME = 1_000_003
 _MODULUS = 2_147_483_647  # 2**31 - 1: the running hash stays far below int64's range
 _MIX = 2_654_435_761  # Knuth's multiplicative hash: a permutation mod _MODULUS, before the buckets
 _LETTER, _DIGIT, _OTHER = 0, 1, 2
-_LONGEST_WORD = 4096  # characters; a longer "word" hashes as if cut there
+_LONGEST_WORD = 4096  # characters with a power of their own: beyond, the first ones share one
 C_REG = 0.1  # the inverse L2 strength of the logistic regression (liblinear's C), as in NBSVM
 LBFGS_STEPS = 100
 
@@ -89,6 +91,11 @@ def _char_class(ch: str) -> int:
     return _LETTER if ch.isalpha() else _DIGIT if ch.isdigit() else _OTHER
 
 
+def word_hash(word: str) -> int:
+    """The hash :meth:`NBSVM.words` gives a word: of its lower-cased characters."""
+    return _text_hash(word.lower())
+
+
 def _text_hash(text: str) -> int:
     h = 0
     for ch in text:
@@ -96,7 +103,7 @@ def _text_hash(text: str) -> int:
     return h
 
 
-class NaiveBayesNgrams(nn.Module):
+class NBSVM(nn.Module):
     """NBSVM (logistic loss) over hashed binarized word n-grams, as a logit term.
 
     Buffers: ``weight`` (H, C) and ``bias`` (C,), the fitted model; ``piece_hash``,
@@ -194,32 +201,44 @@ class NaiveBayesNgrams(nn.Module):
         cols, ys = [], []
         for ids, labels in batches:
             b, kept = self.buckets_of(ids)
-            cols += [r[k].int() for r, k in zip(b, kept)]
+            cols += [r[k] for r, k in zip(b, kept)]
             ys.append(labels)
-        y = torch.cat(ys)
         c = self.weight.size(1)
+        if not ys or not sum(len(labels) for labels in ys):
+            raise ValueError("NBSVM has no training text to fit on")
+        y = torch.cat(ys)
+        if int(y.min()) < 0 or int(y.max()) >= c:
+            raise ValueError(
+                f"NBSVM: labels must lie in 0 … {c - 1}, got {int(y.min())} … {int(y.max())}"
+            )
         lengths = torch.tensor([len(x) for x in cols])
-        col = torch.cat(cols)
-        crow = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).int()
-        texts_of = y.repeat_interleave(lengths)
-        counts = torch.zeros(self.buckets, c)
-        counts.index_put_((col.long(), texts_of), torch.ones(len(col)), accumulate=True)
+        # the buckets some text holds, numbered 0 … U - 1: the others keep weight 0
+        used, col = torch.unique(torch.cat(cols), return_inverse=True)
+        index = torch.int32 if len(col) < 2**31 else torch.int64  # CSR indices
+        crow = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(index)
+        counts = torch.zeros(len(used), c)
+        counts.index_put_(
+            (col, y.repeat_interleave(lengths)), torch.ones(len(col)), accumulate=True
+        )
+        col = col.to(index)
+        unused = self.buckets - len(used)  # buckets no text holds: a count of 0 (+1) each
         weight, bias, margins = torch.zeros_like(counts), torch.zeros(c), torch.zeros(len(y), c)
         for k in [1] if c == 2 else range(c):
             p = counts[:, k] + 1.0
             q = counts.sum(1) - counts[:, k] + 1.0
-            r = (p / p.sum()).log() - (q / q.sum()).log()  # (H,)
-            w, b0, z = _logistic(crow, col, r, (y == k).float(), self.buckets)
+            r = (p / (p.sum() + unused)).log() - (q / (q.sum() + unused)).log()  # (U,)
+            w, b0, z = _logistic(crow, col, r, (y == k).float())
             weight[:, k], bias[k] = r * w, b0
             margins[:, k] = z
         if c == 2:  # one model: class 1 against 0, centred
             weight[:, 0], weight[:, 1] = -weight[:, 1] / 2, weight[:, 1] / 2
             bias[0], bias[1] = -bias[1] / 2, bias[1] / 2
-        self.weight.copy_(weight)
+        self.weight.zero_()
+        self.weight[used] = weight
         self.bias.copy_(bias)
         return {
             "texts": len(y),
-            "buckets_used": int((counts.sum(1) > 0).sum()),
+            "buckets_used": len(used),
             "train_accuracy": float((margins.argmax(1) == y).float().mean()),
             "seconds": time.perf_counter() - t0,
         }
@@ -237,10 +256,9 @@ class NaiveBayesNgrams(nn.Module):
             state.update({prefix + key: table for key, table in tables.items()})
 
 
-def _logistic(
-    crow: Tensor, col: Tensor, r: Tensor, y: Tensor, buckets: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """L2 logistic regression on the sparse rows x̂ ⊙ r: (w (H,), bias, training scores (T,))."""
+def _logistic(crow: Tensor, col: Tensor, r: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """L2 logistic regression on the sparse rows x̂ ⊙ r: (w (U,), bias, training scores (T,))."""
+    buckets = len(r)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": matrix products only here
         warnings.simplefilter("ignore", UserWarning)
         shape = (len(y), buckets)
