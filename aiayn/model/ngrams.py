@@ -11,9 +11,8 @@ which class, is what a network fitted by gradient descent in a few epochs learns
 
 :class:`NBSVM` holds the fitted model as one table of weights per bucket and class (the
 products r × w) and a bias, kept in the weights file. The task fits it once, on the training split,
-before the network's first update (:meth:`NBSVM.fit`). The
-classifier adds its scores, centred over the classes and times ``model.nb_scale``, to its logits
-**outside training** only (validation, evaluation, classification, export): shallow fusion, as an
+before the network's first update (:meth:`NBSVM.fit`). The classifier adds its scores, centred
+over the classes and times ``model.nb_scale``, to its logits **outside training** only (validation, evaluation, classification, export): shallow fusion, as an
 external language model's scores join a translation model's at decoding (Gulcehre et al. 2015), with
 the weight chosen on validation data. The network is trained alone: trained together, the term
 gained nothing (docs/experiments/imdb.md, item 21).
@@ -24,13 +23,12 @@ punctuation piece is a word of its own; words are lower-cased and hashed by thei
 word of letters (or of digits) hashes the same however it was split. The tables that say this per
 piece (``piece_*``) come from the tokenizer (:meth:`NBSVM.set_pieces`). With more than two
 classes there is one model per class against the others (their scores are not calibrated
-against each other). Weights files written before words
-(multinomial naive Bayes counts over token n-grams) load as what they were.
+against each other). Weights files written before NBSVM (multinomial naive Bayes counts over
+token n-grams) load as what they were (:meth:`NBSVM.upgrade_state_dict_named`).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -38,8 +36,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-
-log = logging.getLogger(__name__)
 
 _PRIME = 1_000_003
 _MODULUS = 2_147_483_647  # 2**31 - 1: the running hash stays far below int64's range
