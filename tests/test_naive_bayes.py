@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 
 from aiayn.errors import ConfigError
@@ -216,6 +216,7 @@ def test_the_task_fits_on_the_training_split_and_trains_the_network_alone(tmp_pa
     task = ClassificationTask(cfg)
     task.setup(None)
     model = task.build_model(task.model_config(cfg.model)).train()
+    task.fit_before_training(model, [])
     everything = task.collate("train", list(range(16)))
     vocab = task.tokenizer.vocab_size
     again = NBSVM(2, 4096, 2, PAD, 1.0, vocab)
@@ -236,6 +237,26 @@ def test_the_task_fits_on_the_training_split_and_trains_the_network_alone(tmp_pa
     by_hand = F.cross_entropy(model(batch.tokens), batch.labels, reduction="sum")
     assert torch.allclose(stats.loss, alone) and torch.allclose(fused.loss, by_hand)
     assert not torch.allclose(fused.loss, stats.loss)
+
+
+def test_resume_and_init_from_keep_the_fitted_term_without_fitting_again(tmp_path, monkeypatch):
+    run, short = tmp_path / "run", {"train.max_steps": 2}
+    train_run(build_run_config({**_values(tmp_path), **short}), run)
+    fitted = load_file(run / "model.safetensors")["nb.weight"]
+    assert fitted.abs().sum() > 0
+
+    def refuse(self, batches):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(NBSVM, "fit", refuse)
+    longer = build_run_config({**_values(tmp_path), "train.max_steps": 4})
+    train_run(longer, run, resume=True)
+    tuned = tmp_path / "tuned"
+    train_run(build_run_config({**_values(tmp_path), **short, "train.init_from": str(run)}), tuned)
+    for folder in run, tuned:
+        torch.testing.assert_close(load_file(folder / "model.safetensors")["nb.weight"], fitted)
+    with pytest.raises(AssertionError, match="fitted again"):  # a new run does fit
+        train_run(build_run_config({**_values(tmp_path), **short}), tmp_path / "new")
 
 
 def test_nb_scale_script_scores_scales_and_writes_the_best(tmp_path, capsys):

@@ -13,6 +13,7 @@ reports accuracy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
@@ -63,28 +64,33 @@ class ClassificationTask(TokenBatchedTask):
         return replace(model, src_vocab_size=v, tgt_vocab_size=v, n_decoder_layers=0)
 
     def build_model(self, model: ModelConfig) -> nn.Module:
-        """The classifier; with ``model.nb_ngrams`` its NBSVM term fitted on the training split
-        (a run that resumes or starts from a folder loads the folder's over it)."""
+        """The classifier; with ``model.nb_ngrams`` its NBSVM term reads words through the
+        tokenizer's pieces (fitted by :meth:`fit_before_training`)."""
         net = super().build_model(model)
         if isinstance(net, TransformerClassifier) and net.nb is not None:  # (not the masked LM)
             net.nb.set_pieces([self.tokenizer.decode([i]) for i in range(model.src_vocab_size)])
-            store = self.stores["train"]
-            starts = range(0, len(store), 256)
-            batches = (
-                self.collate("train", list(range(s, min(s + 256, len(store))))) for s in starts
-            )
-            found = net.nb.fit((b.tokens, b.labels) for b in batches)
-            log.info(
-                "NBSVM over word 1-%d-grams: fitted on %d training texts in %.0f s (%d of %d "
-                "buckets used, training accuracy %.2f%%)",
-                model.nb_ngrams,
-                found["texts"],
-                found["seconds"],
-                found["buckets_used"],
-                model.nb_buckets,
-                100 * found["train_accuracy"],
-            )
         return net
+
+    def fit_before_training(self, model: nn.Module, loaded: Collection[str]) -> None:
+        """The NBSVM term (``model.nb_ngrams``) fitted on the training split, unless its weights
+        came from the folder the run starts from."""
+        nb = getattr(model, "nb", None)
+        if nb is None or "nb.weight" in loaded:
+            return
+        store = self.stores["train"]
+        starts = range(0, len(store), 256)
+        batches = (self.collate("train", list(range(s, min(s + 256, len(store))))) for s in starts)
+        found = nb.fit((b.tokens, b.labels) for b in batches)
+        log.info(
+            "NBSVM over word 1-%d-grams: fitted on %d training texts in %.0f s (%d of %d "
+            "buckets used, training accuracy %.2f%%)",
+            nb.n,
+            found["texts"],
+            found["seconds"],
+            found["buckets_used"],
+            nb.buckets,
+            100 * found["train_accuracy"],
+        )
 
     def example_lengths(self, split: str) -> tuple[Lengths, Lengths | None]:
         extra = int(self.cfg.model.pooling == "cls")  # the CLS position the model prepends

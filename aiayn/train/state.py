@@ -122,8 +122,9 @@ def build_optimizer(model: nn.Module, train: TrainConfig, fused: bool) -> torch.
     )
 
 
-def init_from(model: nn.Module, folder: str) -> None:
-    """``model``'s weights from the model folder ``folder`` where they fit (train.init_from)."""
+def init_from(model: nn.Module, folder: str) -> list[str]:
+    """``model``'s weights from the model folder ``folder`` where they fit (train.init_from);
+    returns the names of the tensors copied."""
     copied, fresh = init_from_model_dir(model, folder)
     log.info(
         "train.init_from: %d tensors from %s; initialised here: %s",
@@ -131,6 +132,7 @@ def init_from(model: nn.Module, folder: str) -> None:
         folder,
         ", ".join(fresh) or "none",
     )
+    return copied
 
 
 class TrainState:
@@ -165,9 +167,11 @@ class TrainState:
         run folder, all of it as its last checkpoint left it."""
         train = cfg.train
         torch.manual_seed(train.seed)
-        model = setup.place(task.build_model(cfg.model))
-        if train.init_from and resume is None:
-            init_from(model, train.init_from)
+        model = task.build_model(cfg.model)
+        if resume is None:  # (a checkpoint holds all the weights)
+            loaded = init_from(model, train.init_from) if train.init_from else []
+            task.fit_before_training(model, loaded)
+        model = setup.place(model)
         optimizer = build_optimizer(model, train, setup.fused_optimizer)
         state = cls(model, optimizer, setup.dist, cfg)
         if resume is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -143,6 +143,14 @@ class Task(ABC):
         net = KINDS[self.kind].model_class(model)
         freeze(net, self.cfg.train.freeze)
         return net
+
+    def fit_before_training(  # noqa: B027 (most kinds fit nothing)
+        self, model: nn.Module, loaded: Collection[str]
+    ) -> None:
+        """Estimate the parts of ``model`` that come from the data rather than from training (a
+        classifier's NBSVM term), unless ``loaded`` (the names of the tensors read from a model
+        folder, ``train.init_from``) holds them. Not called on resume: the checkpoint holds
+        them. None here."""
 
     @abstractmethod
     def epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
