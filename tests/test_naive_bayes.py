@@ -259,6 +259,24 @@ def test_resume_and_init_from_keep_the_fitted_term_without_fitting_again(tmp_pat
         train_run(build_run_config({**_values(tmp_path), **short}), tmp_path / "new")
 
 
+def test_resume_upgrades_naive_bayes_counts_in_the_saved_moving_average(tmp_path):
+    values = {**_values(tmp_path), "train.max_steps": 2, "train.ema_decay": 0.9}
+    run = tmp_path / "run"
+    train_run(build_run_config(values), run)
+    path = run / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    live = load_file(run / "checkpoints" / state["snapshot"])["nb.weight"]  # fitted, not trained
+    ema = state["ema"]
+    del ema["nb.weight"], ema["nb.bias"]  # the average as saved before NBSVM: counts
+    counts = torch.randint(0, 5, (len(live), 2)).float()
+    ema["nb.counts"], ema["nb.texts"] = counts, torch.tensor([8.0, 8.0])
+    torch.save(state, path)
+    train_run(build_run_config({**values, "train.max_steps": 3}), run, resume=True)
+    old = (counts + 1).log() - (counts.sum(0) + len(counts)).log()  # the counts' weights
+    averaged = load_file(run / "model.safetensors")["nb.weight"]  # the average, one update on
+    torch.testing.assert_close(averaged, 0.9 * old + 0.1 * live)
+
+
 def test_nb_scale_script_scores_scales_and_writes_the_best(tmp_path, capsys):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import nb_scale
