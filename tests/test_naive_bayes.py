@@ -216,7 +216,7 @@ def test_the_task_fits_on_the_training_split_and_trains_the_network_alone(tmp_pa
     task = ClassificationTask(cfg)
     task.setup(None)
     model = task.build_model(task.model_config(cfg.model)).train()
-    task.fit_before_training(model, [])
+    task.fit_before_training(model, ["embed.token.weight"])  # a masked LM's: fitted here
     everything = task.collate("train", list(range(16)))
     vocab = task.tokenizer.vocab_size
     again = NBSVM(2, 4096, 2, PAD, 1.0, vocab)
@@ -237,6 +237,9 @@ def test_the_task_fits_on_the_training_split_and_trains_the_network_alone(tmp_pa
     by_hand = F.cross_entropy(model(batch.tokens), batch.labels, reduction="sum")
     assert torch.allclose(stats.loss, alone) and torch.allclose(fused.loss, by_hand)
     assert not torch.allclose(fused.loss, stats.loss)
+    model.nb.weight.zero_()
+    task.fit_before_training(model, list(model.state_dict()))  # a classifier folder's: kept
+    assert not model.nb.weight.any()
 
 
 def test_resume_and_init_from_keep_the_fitted_term_without_fitting_again(tmp_path, monkeypatch):
@@ -268,7 +271,7 @@ def test_resume_upgrades_naive_bayes_counts_in_the_saved_moving_average(tmp_path
     live = load_file(run / "checkpoints" / state["snapshot"])["nb.weight"]  # fitted, not trained
     ema = state["ema"]
     del ema["nb.weight"], ema["nb.bias"]  # the average as saved before NBSVM: counts
-    counts = torch.randint(0, 5, (len(live), 2)).float()
+    counts = torch.randint(0, 5, (len(live), 2), generator=torch.Generator().manual_seed(0)).float()
     ema["nb.counts"], ema["nb.texts"] = counts, torch.tensor([8.0, 8.0])
     torch.save(state, path)
     train_run(build_run_config({**values, "train.max_steps": 3}), run, resume=True)

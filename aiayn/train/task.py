@@ -110,8 +110,9 @@ class Task(ABC):
     """The interface between the trainer and one model kind (see the module docstring).
 
     Lifecycle: ``setup`` (data + tokenizer) -> ``model_config`` (vocabulary size filled in) ->
-    ``build_model`` -> per epoch ``epoch_batches`` -> per micro-batch ``collate`` + ``loss``;
-    validation: ``valid_batches`` + ``loss``, and ``valid_metrics`` when due.
+    ``build_model`` -> ``fit_before_training`` (a new run) -> per epoch ``epoch_batches`` -> per
+    micro-batch ``collate`` + ``loss``; validation: ``valid_batches`` + ``loss``, and
+    ``valid_metrics`` when due.
     """
 
     #: the kind's name (config.json "kind", data.kind): its entry in aiayn.kinds.KINDS
