@@ -9,8 +9,8 @@ scale of ``--scales`` is then scored (accuracy and mean negative log-likelihood,
 ``network + scale × NBSVM``), as a translation's length penalty is chosen on val; the accuracy of
 NBSVM alone is printed with them. ``--write`` puts the most accurate scale (the smallest among
 ties) into the folder's config.json, which every later ``evaluate``, ``classify``, ``serve`` and
-``export`` then uses. The
-split should be held out from training: a split the model was trained on favours the network.
+``export`` then uses. The split should be held out from training: a split the model was trained
+on favours the network.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ which class, is what a network fitted by gradient descent in a few epochs learns
 
 :class:`NBSVM` holds the fitted model as one table of weights per bucket and class (the
 products r × w) and a bias, kept in the weights file. The task fits it once, on the training split,
-before the network's first update (:meth:`NBSVM.fit`). The classifier adds its scores, centred
-over the classes and times ``model.nb_scale``, to its logits **outside training** only (validation, evaluation, classification, export): shallow fusion, as an
-external language model's scores join a translation model's at decoding (Gulcehre et al. 2015), with
-the weight chosen on validation data. The network is trained alone: trained together, the term
+before the network's first update (:meth:`NBSVM.fit`; not again on resume, nor when the run starts
+from a folder that holds it). The classifier adds its scores, centred over the classes and times
+``model.nb_scale``, to its logits **outside training** only (validation, evaluation,
+classification, export): shallow fusion, as an external language model's scores join a
+translation model's at decoding (Gulcehre et al. 2015), with the weight chosen on validation data. The network is trained alone: trained together, the term
 gained nothing (docs/experiments/imdb.md, item 21).
 
 Words are rebuilt from the subword ids: a piece that begins with a space, or whose first character
